@@ -1,0 +1,69 @@
+"""What the checkpointing layer needs from an index of checkpoints (the registry).
+
+``checkpointing`` sits below ``registry`` and never imports it. Instead it talks to any object
+that satisfies :class:`CheckpointIndex`; :class:`ckptstore.registry.Registry` does. With no
+index, checkpointing still works from storage alone (``latest`` scans manifests).
+
+Example::
+
+    from ckptstore.checkpointing.index import CheckpointRecord
+
+    record = CheckpointRecord(uuid="...", trial_id=3, steps_completed=100, state="COMMITTED")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+from typing import Any, Protocol, runtime_checkable
+
+#: Checkpoint states, as Determined names them.
+PENDING = "PENDING"
+COMMITTED = "COMMITTED"
+PARTIALLY_DELETED = "PARTIALLY_DELETED"
+DELETED = "DELETED"
+STATES = (PENDING, COMMITTED, PARTIALLY_DELETED, DELETED)
+
+
+@dataclasses.dataclass
+class CheckpointRecord:
+    """One checkpoint as the index stores it. ``resources`` is ``{relpath: size}``."""
+
+    uuid: str
+    trial_id: int | None = None
+    experiment_id: int | None = None
+    steps_completed: int = 0
+    continue_id: Any = None
+    state: str = PENDING
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    metrics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    resources: dict[str, int] = dataclasses.field(default_factory=dict)
+    storage_url: str = ""
+    created_at: _dt.datetime | None = None
+
+
+@runtime_checkable
+class CheckpointIndex(Protocol):
+    """The calls checkpointing makes on the registry."""
+
+    def record_checkpoint(self, record: CheckpointRecord) -> None:
+        """Insert or update (by uuid) a checkpoint row; creates the trial/experiment rows
+        it refers to if missing."""
+
+    def set_checkpoint_state(
+        self, uuid: str, state: str, resources: dict[str, int] | None = None
+    ) -> None:
+        """Change a checkpoint's state (and its resource list, after a partial delete)."""
+
+    def checkpoint_records(
+        self,
+        *,
+        trial_id: int | None = None,
+        experiment_id: int | None = None,
+        states: tuple[str, ...] = (COMMITTED, PARTIALLY_DELETED),
+    ) -> list[CheckpointRecord]:
+        """Checkpoints filtered by trial/experiment and state, oldest first by
+        (steps_completed, created_at)."""
+
+    def protected_checkpoint_uuids(self) -> set[str]:
+        """UUIDs GC must never delete: registered as a model version (or otherwise pinned)."""

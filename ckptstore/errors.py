@@ -1,0 +1,119 @@
+"""Typed exceptions of ckptstore.
+
+Every error raised on purpose by ckptstore is a subclass of :class:`CkptstoreError`. Messages say
+what was wrong and what to do about it, and never contain credentials.
+
+Example::
+
+    import ckptstore
+    try:
+        ckptstore.load_checkpoint_model(checkpoint_uuid="no-such-uuid")
+    except ckptstore.errors.CheckpointNotFound as exc:
+        print(exc)
+"""
+
+from __future__ import annotations
+
+
+class CkptstoreError(Exception):
+    """Base class of every ckptstore error."""
+
+
+# --- storage -----------------------------------------------------------------------------------
+class StorageError(CkptstoreError):
+    """A storage operation failed."""
+
+
+class StorageNotFound(StorageError, FileNotFoundError):
+    """The bucket, container, prefix or object does not exist."""
+
+
+class StorageAuthError(StorageError):
+    """The credentials were missing, wrong or expired."""
+
+
+class StoragePermissionError(StorageError, PermissionError):
+    """The credentials are valid but lack a permission the operation needs."""
+
+
+class InvalidStoragePath(StorageError, ValueError):
+    """A key or relative path would escape the configured prefix, or is malformed."""
+
+
+class StorageUnavailable(StorageError):
+    """The storage service kept failing (5xx, throttling, timeouts) after all retries."""
+
+
+class InvalidStorageConfig(StorageError, ValueError):
+    """A storage URL or ``checkpoint_storage`` dict is malformed or names an unknown type."""
+
+
+class MissingDependency(CkptstoreError, ImportError):
+    """An optional package needed for a backend or feature is not installed."""
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+class CheckpointError(CkptstoreError):
+    """A checkpoint could not be written, read or found."""
+
+
+class CheckpointNotFound(CheckpointError, LookupError):
+    """No committed checkpoint with that UUID (or for that trial) exists."""
+
+
+class InvalidCheckpoint(CheckpointError):
+    """A checkpoint's MANIFEST.json or metadata.json is missing, malformed or unsafe."""
+
+
+class ChecksumMismatch(CheckpointError):
+    """A downloaded file's size or crc32c differs from the checkpoint's manifest."""
+
+
+class CheckpointConflict(CheckpointError):
+    """Two writers (e.g. two ranks of a sharded upload) produced the same file or UUID."""
+
+
+class BackgroundUploadError(CheckpointError):
+    """A background upload failed; raised from ``wait()`` or the next save."""
+
+
+class UnsafeCheckpointContent(CheckpointError):
+    """The checkpoint holds content that would execute code (pickle, Lambda layers) and the
+    caller did not allow it."""
+
+
+# --- registry ----------------------------------------------------------------------------------
+class RegistryError(CkptstoreError):
+    """The registry database could not be opened, migrated or written."""
+
+
+class TrialNotFound(RegistryError, LookupError):
+    """No trial with that id is registered."""
+
+
+class ExperimentNotFound(RegistryError, LookupError):
+    """No experiment with that id is registered."""
+
+
+class ModelNotFound(RegistryError, LookupError):
+    """No registered model with that name (or version) exists."""
+
+
+class ModelVersionConflict(RegistryError):
+    """A model name, version or alias is already taken."""
+
+
+# --- keras / experiments -----------------------------------------------------------------------
+class InvalidConfig(CkptstoreError, ValueError):
+    """An experiment config, hyperparameter or API argument is invalid."""
+
+
+class ModelLoadError(CkptstoreError):
+    """A checkpoint's model could not be rebuilt (unknown custom objects, missing files, ...)."""
+
+
+class ResumeError(CkptstoreError):
+    """Training state could not be restored exactly from a checkpoint."""
+
+
+__all__ = [name for name, obj in globals().items() if isinstance(obj, type) and issubclass(obj, Exception)]

@@ -1,0 +1,160 @@
+"""The storage contract every backend implements.
+
+A :class:`Storage` is rooted at one URL prefix (``s3://bucket/prefix``, ``/mnt/ckpts``, ...). All
+``key`` arguments are ``/``-separated paths *relative to that prefix*; ``""`` is the prefix
+itself. Keys are validated by :func:`ckptstore.storage_backends.paths.check_key` so nothing can
+be read or written outside the prefix.
+
+Example::
+
+    from ckptstore.storage_backends import open_storage
+
+    storage = open_storage("s3://my-bucket/ckpts")
+    storage.upload("/tmp/ckpt", "0b7c.../")
+    print(storage.list("0b7c..."))    # {"model.keras": 1234, "metadata.json": 210}
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Union
+
+#: Called with a number of bytes each time that many more bytes were transferred.
+ProgressCallback = Callable[[int], None]
+#: Chooses files by relative path: a callable, one glob, or several globs (any may match).
+Selector = Union[Callable[[str], bool], str, Iterable[str], None]
+
+
+class Storage(abc.ABC):
+    """Bytes and file trees under one storage prefix.
+
+    Subclasses implement the primitives below. ``url`` is the prefix URL with any credentials
+    removed; it is safe to log.
+    """
+
+    #: The scheme this backend serves, e.g. ``"s3"``; set by subclasses.
+    scheme: str = ""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __repr__(self) -> str:  # never shows credentials
+        return f"{type(self).__name__}({self.url!r})"
+
+    # ---- tree operations ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def upload(
+        self,
+        local_dir: str,
+        key: str,
+        paths: Iterable[str] | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> dict[str, int]:
+        """Upload files from ``local_dir`` to ``key/``; ``paths`` (relative, ``/``-separated)
+        limits which files. Empty directories are kept as zero-byte ``dir/`` markers on object
+        stores. Returns ``{relpath: size}`` of what was uploaded."""
+
+    @abc.abstractmethod
+    def download(
+        self,
+        key: str,
+        local_dir: str,
+        selector: Selector = None,
+        progress: ProgressCallback | None = None,
+    ) -> dict[str, int]:
+        """Download every file under ``key/`` (or those the selector chooses) into
+        ``local_dir``, recreating folders. Returns ``{relpath: size}`` of what was downloaded.
+        Raises :class:`~ckptstore.errors.StorageNotFound` when nothing exists under ``key``."""
+
+    @abc.abstractmethod
+    def list(self, key: str) -> dict[str, int]:
+        """``{relpath: size}`` of every file under ``key/`` (recursive); ``{}`` if none.
+        Directory markers appear with a trailing ``/`` and size 0."""
+
+    @abc.abstractmethod
+    def list_children(self, key: str) -> list[str]:
+        """Names of the immediate sub-folders of ``key/`` (no trailing slash), sorted."""
+
+    @abc.abstractmethod
+    def delete(self, key: str, globs: Iterable[str] | None = None) -> dict[str, int]:
+        """Delete everything under ``key/`` (or only files matching ``globs``). Idempotent:
+        already-missing files are fine. Returns what remains, ``{relpath: size}``."""
+
+    # ---- single objects -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def exists(self, key: str) -> bool:
+        """True if ``key`` is a file, or a folder with at least one file under it."""
+
+    @abc.abstractmethod
+    def read_bytes(self, key: str) -> bytes:
+        """The whole object at ``key``; :class:`~ckptstore.errors.StorageNotFound` if absent."""
+
+    @abc.abstractmethod
+    def write_bytes(self, key: str, data: bytes) -> None:
+        """Create or replace the object at ``key``."""
+
+    @abc.abstractmethod
+    def write_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` only if it does not exist, atomically (S3 ``IfNoneMatch``, GCS
+        ``ifGenerationMatch=0``, Azure ``If-None-Match: *``, local ``O_EXCL``). True if this
+        call created it, False if it already existed."""
+
+    # ---- helpers with default implementations -------------------------------------------------
+    def local_path(self, key: str) -> str | None:
+        """A local filesystem path for ``key`` when the storage is a local/shared file system
+        (lets callers write in place and rename); None for remote storage."""
+        return None
+
+    def rename_dir_into(self, local_dir: str, key: str) -> bool:
+        """Move a local staging folder to ``key`` without copying, if this backend can (local
+        file systems). Returns False when the caller must upload instead."""
+        return False
+
+    def validate(self) -> None:
+        """Write, read back and delete a probe object, as Determined does at start-up.
+        Raises a :class:`~ckptstore.errors.StorageError` subclass naming the URL on failure."""
+        import uuid
+
+        from ckptstore import errors
+
+        probe = f".ckptstore-validate-{uuid.uuid4().hex}"
+        payload = b"ckptstore validate probe"
+        self.write_bytes(probe, payload)
+        try:
+            got = self.read_bytes(probe)
+            if got != payload:
+                raise errors.StorageUnavailable(
+                    f"Storage {self.url} returned different bytes than were written to a probe "
+                    "object; check the endpoint and any proxy in between."
+                )
+        finally:
+            self.delete(probe)
+
+    @contextlib.contextmanager
+    def staged_dir(self) -> Iterator[str]:
+        """A temporary local folder removed on exit (for callers that build a tree to upload)."""
+        import shutil
+        import tempfile
+
+        path = tempfile.mkdtemp(prefix="ckptstore-")
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def close(self) -> None:
+        """Release pools and clients. The storage must not be used afterwards."""
+
+    def __enter__(self) -> Storage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def describe_sizes(files: Mapping[str, int]) -> str:
+    """``"3 files, 12.0 MiB"`` for log lines."""
+    total = sum(files.values())
+    return f"{len(files)} files, {total / 2**20:.1f} MiB"

@@ -1,0 +1,1 @@
+"""Pytest fixtures (filled in by the owning work item)."""
