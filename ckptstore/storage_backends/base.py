@@ -19,12 +19,11 @@ from __future__ import annotations
 import abc
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Union
 
 #: Called with a number of bytes each time that many more bytes were transferred.
 ProgressCallback = Callable[[int], None]
 #: Chooses files by relative path: a callable, one glob, or several globs (any may match).
-Selector = Union[Callable[[str], bool], str, Iterable[str], None]
+Selector = Callable[[str], bool] | str | Iterable[str] | None
 
 
 class Storage(abc.ABC):
@@ -144,7 +143,7 @@ class Storage(abc.ABC):
         finally:
             shutil.rmtree(path, ignore_errors=True)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook
         """Release pools and clients. The storage must not be used afterwards."""
 
     def __enter__(self) -> Storage:

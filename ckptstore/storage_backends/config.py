@@ -1,0 +1,148 @@
+"""Determined-style ``checkpoint_storage`` dicts -> (URL, storage options).
+
+Example::
+
+    from ckptstore.storage_backends.config import parse_storage_config, split_storage_config
+    storage_dict, gc = split_storage_config(
+        {"type": "s3", "bucket": "ckpts", "prefix": "exp", "save_trial_latest": 2}
+    )
+    url, options = parse_storage_config(storage_dict)   # ("s3://ckpts/exp", {})
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from ckptstore.errors import InvalidStorageConfig
+
+#: Determined's checkpoint garbage-collection keys; not storage settings.
+GC_KEYS = ("save_experiment_best", "save_trial_best", "save_trial_latest")
+
+#: Transfer/retry options any backend accepts (see ObjectStorage).
+COMMON_OPTIONS = ("concurrency", "part_size", "multipart_threshold", "max_attempts", "timeout")
+
+# type -> (required keys, optional keys)
+_SCHEMAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "s3": (("bucket",), ("prefix", "access_key", "secret_key", "endpoint_url", "region")),
+    "gcs": (("bucket",), ("prefix", "token", "project")),
+    "azure": (("container",), ("prefix", "connection_string", "account_url", "credential")),
+    "shared_fs": (("host_path",), ("storage_path", "container_path", "propagation")),
+    "directory": (("container_path",), ()),
+    "memory": ((), ("prefix",)),
+}
+
+
+def split_storage_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split a ``checkpoint_storage`` dict into (storage keys, GC keys).
+
+    The GC dict holds whichever of ``save_experiment_best``, ``save_trial_best`` and
+    ``save_trial_latest`` were present, for the checkpointing layer's retention policy.
+    """
+    if not isinstance(config, Mapping):
+        raise InvalidStorageConfig(
+            f"checkpoint_storage must be a dict. Received: {type(config).__name__}"
+        )
+    storage = {k: v for k, v in config.items() if k not in GC_KEYS}
+    gc = {k: v for k, v in config.items() if k in GC_KEYS}
+    for key, value in gc.items():
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise InvalidStorageConfig(
+                f"checkpoint_storage.{key} must be an int >= 0. Received: {key}={value!r}"
+            )
+    return storage, gc
+
+
+def _str(config: Mapping[str, Any], key: str) -> str:
+    value = config[key]
+    if not isinstance(value, str) or not value:
+        shown = "<hidden>" if key in ("access_key", "secret_key", "credential") else repr(value)
+        raise InvalidStorageConfig(
+            f"checkpoint_storage.{key} must be a non-empty string. Received: {key}={shown}"
+        )
+    return value
+
+
+def parse_storage_config(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Turn a ``checkpoint_storage`` dict into ``(url, storage_options)`` for open_storage.
+
+    Unknown keys and missing required keys raise
+    :class:`~ckptstore.errors.InvalidStorageConfig` naming the key; GC keys are ignored.
+    """
+    storage, _gc = split_storage_config(config)
+    kind = storage.get("type")
+    if kind is None:
+        raise InvalidStorageConfig(
+            f"checkpoint_storage is missing the required key 'type'; use one of {sorted(_SCHEMAS)}."
+        )
+    if kind not in _SCHEMAS:
+        raise InvalidStorageConfig(
+            f"checkpoint_storage.type {kind!r} is not supported; use one of {sorted(_SCHEMAS)}."
+        )
+    required, optional = _SCHEMAS[kind]
+    allowed = {"type", *required, *optional, *COMMON_OPTIONS}
+    for key in storage:
+        if key not in allowed:
+            raise InvalidStorageConfig(
+                f"checkpoint_storage has unknown key {key!r} for type {kind!r}; allowed keys: "
+                f"{sorted(allowed - {'type'})}."
+            )
+    for key in required:
+        if storage.get(key) in (None, ""):
+            raise InvalidStorageConfig(
+                f"checkpoint_storage of type {kind!r} is missing the required key {key!r}."
+            )
+    options = {k: storage[k] for k in COMMON_OPTIONS if k in storage}
+    prefix = storage.get("prefix") or ""
+    if prefix and not isinstance(prefix, str):
+        raise InvalidStorageConfig(
+            f"checkpoint_storage.prefix must be a string. Received: prefix={prefix!r}"
+        )
+    prefix = prefix.strip("/")
+    tail = f"/{quote(prefix, safe='/')}" if prefix else ""
+
+    if kind == "s3":
+        url = f"s3://{_str(storage, 'bucket')}{tail}"
+        for key in ("access_key", "secret_key", "endpoint_url", "region"):
+            if storage.get(key) is not None:
+                options[key] = _str(storage, key)
+    elif kind == "gcs":
+        url = f"gs://{_str(storage, 'bucket')}{tail}"
+        for key in ("token", "project"):
+            if storage.get(key) is not None:
+                options[key] = storage[key]
+    elif kind == "azure":
+        url = f"az://{_str(storage, 'container')}{tail}"
+        for key in ("connection_string", "account_url", "credential"):
+            if storage.get(key) is not None:
+                options[key] = storage[key]
+    elif kind == "shared_fs":
+        host = _str(storage, "host_path")
+        sub = storage.get("storage_path") or ""
+        if sub and not isinstance(sub, str):
+            raise InvalidStorageConfig(
+                f"checkpoint_storage.storage_path must be a string. Received: {sub!r}"
+            )
+        if os.path.isabs(sub):
+            real_host = os.path.abspath(host)
+            real_sub = os.path.abspath(sub)
+            if os.path.commonpath([real_host, real_sub]) != real_host:
+                raise InvalidStorageConfig(
+                    f"checkpoint_storage.storage_path {sub!r} must be inside host_path {host!r}."
+                )
+            url = real_sub
+        else:
+            url = os.path.join(host, sub) if sub else host
+            if ".." in sub.replace("\\", "/").split("/"):
+                raise InvalidStorageConfig(
+                    f"checkpoint_storage.storage_path {sub!r} may not contain '..'."
+                )
+    elif kind == "directory":
+        url = _str(storage, "container_path")
+    else:  # memory
+        url = f"memory://{prefix}"
+    return url, options

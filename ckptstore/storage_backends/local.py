@@ -1,0 +1,226 @@
+"""Local or shared file-system storage (plain paths and ``file://`` URLs).
+
+Files are written to a temporary sibling and renamed into place, so a reader never sees a
+half-written file; :meth:`LocalStorage.write_if_absent` uses an ``O_EXCL``-style hard link;
+:meth:`LocalStorage.rename_dir_into` moves a finished staging folder into place in one step.
+
+Example::
+
+    from ckptstore.storage_backends import open_storage
+    storage = open_storage("/mnt/checkpoints")
+    storage.write_bytes("exp1/note.txt", b"hello")
+    print(storage.local_path("exp1/note.txt"))   # /mnt/checkpoints/exp1/note.txt
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from ckptstore import errors
+from ckptstore.storage_backends.object_store import ObjectStorage, tmp_name
+from ckptstore.storage_backends.paths import check_key, join_key
+
+logger = logging.getLogger(__name__)
+
+_TMP_MARK = ".ckptstore-tmp-"
+
+
+def local_root_from_url(url: str) -> str:
+    """Absolute folder for a plain path or ``file://`` URL."""
+    if url.startswith("file://"):
+        parts = urlsplit(url)
+        if parts.netloc not in ("", "localhost"):
+            raise errors.InvalidStorageConfig(
+                f"file:// URL {url!r} names host {parts.netloc!r}; use file:///absolute/path "
+                "(three slashes) for a local folder."
+            )
+        path = unquote(parts.path)
+    elif url.startswith("file:"):
+        path = url[len("file:") :]
+    else:
+        path = url
+    if not path:
+        raise errors.InvalidStorageConfig(
+            "An empty local path was given; pass a folder such as /mnt/checkpoints."
+        )
+    if "\x00" in path:
+        raise errors.InvalidStorageConfig("A local storage path may not contain NUL bytes.")
+    return os.path.abspath(os.path.expanduser(path))
+
+
+class LocalStorage(ObjectStorage):
+    """Storage in a local (or mounted shared) folder.
+
+    Args:
+        url: a plain path (``/mnt/ckpts``, ``~/ckpts``, ``./ckpts``) or ``file:///mnt/ckpts``.
+            The folder is created on first write.
+        **options: the common :class:`ObjectStorage` options (concurrency, ...).
+    """
+
+    scheme = "file"
+
+    def __init__(self, url: str, **options: Any) -> None:
+        self.root = local_root_from_url(url)
+        super().__init__(f"file://{self.root}", "", **options)
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def object_url(self, name: str) -> str:
+        return f"file://{self._path(name)}"
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.root, *[p for p in name.split("/") if p])
+
+    def _is_transient(self, exc: BaseException) -> bool:
+        return False
+
+    def local_path(self, key: str) -> str | None:
+        return self._path(check_key(key))
+
+    def rename_dir_into(self, local_dir: str, key: str) -> bool:
+        target = self._path(check_key(key, allow_empty=False))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            os.rename(local_dir, target)
+        except OSError as exc:
+            if exc.errno in (errno.EXDEV, errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                logger.debug(
+                    "cannot rename %s into %s (%s); caller uploads", local_dir, target, exc
+                )
+                return False
+            raise self._translate(exc, key, False) from exc
+        return True
+
+    # ---- primitives ---------------------------------------------------------------------------
+    def _list_objects(self, prefix: str) -> dict[str, int]:
+        top = self._path(prefix)
+        if not os.path.isdir(top):
+            return {}
+        out: dict[str, int] = {}
+        for root, dirs, names in os.walk(top):
+            rel_root = os.path.relpath(root, self.root).replace(os.sep, "/")
+            rel_root = "" if rel_root == "." else rel_root
+            files = [n for n in names if _TMP_MARK not in n]
+            for name in files:
+                try:
+                    out[join_key(rel_root, name)] = os.path.getsize(os.path.join(root, name))
+                except FileNotFoundError:  # deleted while listing
+                    continue
+            if not dirs and not files and rel_root + "/" != prefix and root != top:
+                out[rel_root + "/"] = 0
+        return out
+
+    def _upload_file(self, name: str, path: str, size: int) -> None:
+        target = self._path(name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = tmp_name(target)
+        try:
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def _download_file(self, name: str, path: str, size: int) -> None:
+        shutil.copyfile(self._path(name), path)
+
+    def _read(self, name: str) -> bytes:
+        path = self._path(name)
+        if os.path.isdir(path):
+            raise FileNotFoundError(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+    def _write(self, name: str, data: bytes) -> None:
+        target = self._path(name)
+        if name.endswith("/"):
+            os.makedirs(target, exist_ok=True)
+            return
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = tmp_name(target)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def _write_if_absent(self, name: str, data: bytes) -> bool:
+        target = self._path(name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = tmp_name(target)
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, target)  # atomic create-only, complete content or nothing
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def _delete_objects(self, names: list[str]) -> None:
+        parents = set()
+        for name in names:
+            path = self._path(name)
+            try:
+                if name.endswith("/"):
+                    os.rmdir(path)
+                else:
+                    os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+            parents.add(os.path.dirname(path.rstrip(os.sep)))
+        # Folders emptied by this delete disappear, as they would on an object store.
+        for parent in sorted(parents, key=len, reverse=True):
+            self._prune(parent)
+
+    def _prune(self, folder: str) -> None:
+        while folder.startswith(self.root + os.sep):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                return
+            folder = os.path.dirname(folder)
+
+    def _is_object(self, name: str) -> bool:
+        return os.path.isfile(self._path(name))
+
+    # ---- overrides ----------------------------------------------------------------------------
+    def delete(self, key: str, globs: Iterable[str] | None = None) -> dict[str, int]:
+        if globs is not None:
+            return super().delete(key, globs)
+        path = self._path(check_key(key))
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                if path == self.root:
+                    for child in os.listdir(path):
+                        full = os.path.join(path, child)
+                        if os.path.isdir(full) and not os.path.islink(full):
+                            shutil.rmtree(full)
+                        else:
+                            os.unlink(full)
+                else:
+                    shutil.rmtree(path)
+                    self._prune(os.path.dirname(path))
+            elif os.path.lexists(path):
+                os.unlink(path)
+                self._prune(os.path.dirname(path))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise self._translate(exc, check_key(key), False) from exc
+        return {}

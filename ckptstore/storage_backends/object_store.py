@@ -1,0 +1,372 @@
+"""Tree operations shared by every backend, built on a handful of per-object primitives.
+
+A backend subclasses :class:`ObjectStorage` and implements ``_list_objects``, ``_upload_file``,
+``_download_file``, ``_read``, ``_write``, ``_write_if_absent``, ``_delete_objects`` and
+``_is_object`` on *full object names* (relative to the bucket/container/root), plus
+``_is_transient`` and ``_translate`` for retries and error mapping. Upload, download, list,
+delete with globs, selectors, directory markers, atomic local writes, concurrency and retries
+live here once.
+
+Example::
+
+    from ckptstore.storage_backends import open_storage
+    with open_storage("memory://demo", concurrency=4) as storage:
+        storage.write_bytes("a/b.txt", b"hi")
+        assert storage.list("a") == {"b.txt": 2}
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from ckptstore import errors
+from ckptstore.storage_backends.base import ProgressCallback, Selector, Storage, describe_sizes
+from ckptstore.storage_backends.paths import check_key, check_relpath, compile_selector, join_key
+from ckptstore.storage_backends.retry import RetryPolicy
+
+logger = logging.getLogger(__name__)
+
+#: Defaults for bulk transfer; every one can be overridden by a storage option of the same name.
+DEFAULT_CONCURRENCY = 16
+DEFAULT_PART_SIZE = 32 * 2**20
+DEFAULT_MULTIPART_THRESHOLD = 64 * 2**20
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise errors.InvalidStorageConfig(
+            f"Storage option {name} must be a positive int. Received: {name}={value!r}"
+        )
+    return value
+
+
+def walk_local_tree(local_dir: str) -> tuple[dict[str, int], list[str]]:
+    """``({relpath: size}, [empty folder relpaths])`` of a local folder, ``/``-separated."""
+    if not os.path.isdir(local_dir):
+        raise errors.StorageNotFound(
+            f"Local folder {local_dir!r} to upload does not exist; pass an existing folder."
+        )
+    files: dict[str, int] = {}
+    empty_dirs: list[str] = []
+    for root, dirs, names in os.walk(local_dir):
+        rel_root = os.path.relpath(root, local_dir).replace(os.sep, "/")
+        rel_root = "" if rel_root == "." else rel_root
+        for name in names:
+            full = os.path.join(root, name)
+            files[join_key(rel_root, name)] = os.path.getsize(full)
+        if not dirs and not names and rel_root:
+            empty_dirs.append(rel_root)
+    return files, empty_dirs
+
+
+def tmp_name(path: str) -> str:
+    """A sibling temporary name for atomic writes (temp + rename)."""
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}.ckptstore-tmp-{uuid.uuid4().hex[:12]}")
+
+
+class ObjectStorage(Storage):
+    """Base class of backends addressed by object name (everything except plain paths).
+
+    Args:
+        url: credential-free prefix URL (used in repr, logs and errors).
+        prefix: object-name prefix under the bucket/container, no leading or trailing ``/``.
+        concurrency: files (and parts of one big file) transferred at once. Default 16.
+        part_size: bytes per part of a multipart upload / ranged download. Default 32 MiB.
+        multipart_threshold: files at least this big go in parallel parts. Default 64 MiB.
+        max_attempts, timeout: see :class:`~ckptstore.storage_backends.retry.RetryPolicy`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "",
+        *,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        part_size: int = DEFAULT_PART_SIZE,
+        multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
+        max_attempts: int = 5,
+        timeout: float = 60.0,
+    ) -> None:
+        super().__init__(url)
+        self.prefix = prefix.strip("/")
+        self.concurrency = _positive_int("concurrency", concurrency)
+        self.part_size = _positive_int("part_size", part_size)
+        self.multipart_threshold = _positive_int("multipart_threshold", multipart_threshold)
+        self.retry = RetryPolicy(max_attempts=max_attempts, timeout=timeout)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    # ---- primitives a backend implements (full object names) ---------------------------------
+    def _list_objects(self, prefix: str) -> dict[str, int]:
+        """``{full name: size}`` of every object whose name starts with ``prefix``."""
+        raise NotImplementedError
+
+    def _upload_file(self, name: str, path: str, size: int) -> None:
+        raise NotImplementedError
+
+    def _download_file(self, name: str, path: str, size: int) -> None:
+        """Write object ``name`` to local ``path`` (a temporary name the caller renames)."""
+        raise NotImplementedError
+
+    def _read(self, name: str) -> bytes:
+        raise NotImplementedError
+
+    def _write(self, name: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _write_if_absent(self, name: str, data: bytes) -> bool:
+        raise NotImplementedError
+
+    def _delete_objects(self, names: list[str]) -> None:
+        """Delete these objects; missing ones are fine."""
+        raise NotImplementedError
+
+    def _is_object(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def _is_transient(self, exc: BaseException) -> bool:
+        """True for failures worth retrying (5xx, 429, timeouts, connection resets)."""
+        return isinstance(exc, (TimeoutError, ConnectionError))
+
+    def _translate(self, exc: BaseException, name: str, exhausted: bool) -> errors.StorageError:
+        """Map a client exception to a :mod:`ckptstore.errors` type naming the URL."""
+        return default_translate(exc, self.object_url(name), exhausted, self.retry.max_attempts)
+
+    def _close_clients(self) -> None:
+        """Release backend clients (called by :meth:`close`)."""
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def object_url(self, name: str) -> str:
+        """Credential-free URL of a full object name (for messages)."""
+        base = self.url.split("://", 1)[0] + "://" + self._bucket_label()
+        return f"{base}/{name}" if name else base
+
+    def _bucket_label(self) -> str:
+        rest = self.url.split("://", 1)[-1]
+        if self.prefix and rest.endswith("/" + self.prefix):
+            return rest[: -len(self.prefix) - 1]
+        return rest.rstrip("/")
+
+    def _name(self, key: str) -> str:
+        return join_key(self.prefix, check_key(key))
+
+    def _dir(self, key: str) -> str:
+        name = self._name(key)
+        return name + "/" if name else ""
+
+    def _call(self, fn, name: str, what: str):  # type: ignore[no-untyped-def]
+        return self.retry.call(
+            fn,
+            is_transient=self._is_transient,
+            translate=lambda exc, exhausted: self._translate(exc, name, exhausted),
+            what=f"{what} {self.object_url(name)}",
+        )
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        """The storage's thread pool for concurrent file transfers (created on first use)."""
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    max_workers=self.concurrency, thread_name_prefix="ckptstore-io"
+                )
+            return self._pool
+
+    def _run_all(self, jobs: list) -> None:  # type: ignore[type-arg]
+        """Run zero-arg callables on the pool; re-raise the first failure after all finish."""
+        if not jobs:
+            return
+        if len(jobs) == 1:
+            jobs[0]()
+            return
+        futures = [self.pool.submit(job) for job in jobs]
+        first: BaseException | None = None
+        for future in futures:
+            exc = future.exception()
+            if exc is not None and first is None:
+                first = exc
+        if first is not None:
+            raise first
+
+    # ---- Storage API --------------------------------------------------------------------------
+    def upload(
+        self,
+        local_dir: str,
+        key: str,
+        paths: Iterable[str] | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> dict[str, int]:
+        base = self._name(key)
+        files, empty_dirs = walk_local_tree(local_dir)
+        if paths is not None:
+            wanted = [check_relpath(p) for p in paths]
+            missing = [p for p in wanted if p not in files]
+            if missing:
+                raise errors.StorageNotFound(
+                    f"Files {missing[:5]} to upload are not in {local_dir!r}; pass paths "
+                    "relative to the folder, '/'-separated."
+                )
+            files = {p: files[p] for p in wanted}
+            empty_dirs = []
+        for relpath in files:
+            check_relpath(relpath)
+
+        def job(relpath: str, size: int):  # type: ignore[no-untyped-def]
+            def run() -> None:
+                name = join_key(base, relpath)
+                local = os.path.join(local_dir, *relpath.split("/"))
+                self._call(lambda: self._upload_file(name, local, size), name, "upload")
+                if progress is not None:
+                    progress(size)
+
+            return run
+
+        def marker(relpath: str):  # type: ignore[no-untyped-def]
+            def run() -> None:
+                name = join_key(base, relpath) + "/"
+                self._call(lambda: self._write(name, b""), name, "upload")
+
+            return run
+
+        # Big files first so they overlap with the many small ones.
+        order = sorted(files.items(), key=lambda item: -item[1])
+        self._run_all([job(r, s) for r, s in order] + [marker(d) for d in empty_dirs])
+        result = dict(files)
+        result.update({d + "/": 0 for d in empty_dirs})
+        logger.debug("uploaded %s to %s", describe_sizes(result), self.object_url(base))
+        return result
+
+    def download(
+        self,
+        key: str,
+        local_dir: str,
+        selector: Selector = None,
+        progress: ProgressCallback | None = None,
+    ) -> dict[str, int]:
+        base = self._name(key)
+        listing = self.list(key)
+        if not listing:
+            raise errors.StorageNotFound(
+                f"Nothing found under {self.object_url(base)}; check the key (checkpoint UUID) "
+                "and the storage URL."
+            )
+        chosen = compile_selector(selector)
+        selected = {r: s for r, s in listing.items() if chosen(r)}
+        os.makedirs(local_dir, exist_ok=True)
+
+        def job(relpath: str, size: int):  # type: ignore[no-untyped-def]
+            def run() -> None:
+                check_relpath(relpath)
+                local = os.path.join(local_dir, *relpath.rstrip("/").split("/"))
+                if relpath.endswith("/"):
+                    os.makedirs(local, exist_ok=True)
+                    return
+                os.makedirs(os.path.dirname(local), exist_ok=True)
+                name = join_key(base, relpath)
+                tmp = tmp_name(local)
+                try:
+                    self._call(lambda: self._download_file(name, tmp, size), name, "download")
+                    os.replace(tmp, local)
+                finally:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+                if progress is not None:
+                    progress(size)
+
+            return run
+
+        order = sorted(selected.items(), key=lambda item: -item[1])
+        self._run_all([job(r, s) for r, s in order])
+        return selected
+
+    def list(self, key: str) -> dict[str, int]:
+        prefix = self._dir(key)
+        found = self._call(lambda: self._list_objects(prefix), prefix, "list")
+        out = {}
+        for name, size in found.items():
+            rel = name[len(prefix) :]
+            if rel:
+                out[rel] = size
+        return dict(sorted(out.items()))
+
+    def list_children(self, key: str) -> list[str]:
+        children = {rel.split("/", 1)[0] for rel in self.list(key) if "/" in rel}
+        return sorted(children)
+
+    def delete(self, key: str, globs: Iterable[str] | None = None) -> dict[str, int]:
+        prefix = self._dir(key)
+        listing = self.list(key)
+        if globs is None:
+            doomed = [prefix + rel for rel in listing]
+            name = self._name(key)
+            if name and self._call(lambda: self._is_object(name), name, "stat"):
+                doomed.append(name)
+            remaining: dict[str, int] = {}
+        else:
+            chosen = compile_selector(list(globs))
+            doomed = [prefix + rel for rel in listing if chosen(rel)]
+            remaining = {r: s for r, s in listing.items() if not chosen(r)}
+        batch = 1000
+        chunks = [doomed[i : i + batch] for i in range(0, len(doomed), batch)]
+        self._run_all(
+            [
+                (lambda c=c: self._call(lambda: self._delete_objects(c), prefix, "delete"))
+                for c in chunks
+            ]
+        )
+        return remaining
+
+    def exists(self, key: str) -> bool:
+        name = self._name(key)
+        if name and self._call(lambda: self._is_object(name), name, "stat"):
+            return True
+        return bool(self.list(key))
+
+    def read_bytes(self, key: str) -> bytes:
+        name = self._name(key)
+        return self._call(lambda: self._read(name), name, "read")
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        name = join_key(self.prefix, check_relpath(key))
+        self._call(lambda: self._write(name, bytes(data)), name, "write")
+
+    def write_if_absent(self, key: str, data: bytes) -> bool:
+        name = join_key(self.prefix, check_relpath(key))
+        return self._call(lambda: self._write_if_absent(name, bytes(data)), name, "write")
+
+    def close(self) -> None:
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+        self._close_clients()
+
+
+def default_translate(
+    exc: BaseException, url: str, exhausted: bool, attempts: int
+) -> errors.StorageError:
+    """Generic mapping used when a backend has nothing more specific."""
+    if exhausted:
+        return errors.StorageUnavailable(
+            f"Storage at {url} kept failing after {attempts} attempts ({type(exc).__name__}); "
+            "check the endpoint and network, or raise max_attempts/timeout."
+        )
+    if isinstance(exc, FileNotFoundError):
+        return errors.StorageNotFound(
+            f"{url} does not exist; check the key and that the bucket/folder was created."
+        )
+    if isinstance(exc, PermissionError):
+        return errors.StoragePermissionError(
+            f"Permission denied on {url}; grant the credentials read/write access to it."
+        )
+    if isinstance(exc, (TimeoutError, ConnectionError, OSError)):
+        return errors.StorageUnavailable(
+            f"Storage at {url} failed ({type(exc).__name__}); check the endpoint and network."
+        )
+    return errors.StorageError(f"Storage operation on {url} failed ({type(exc).__name__}).")
