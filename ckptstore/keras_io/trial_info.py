@@ -116,11 +116,14 @@ class TrialInfo:
     hparams: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+_NOT_LOOKED_UP = object()
+
+
 class ClusterInfo:
     """What Determined's ``det.get_cluster_info()`` returns, for a trial run by ckptstore.
 
     ``latest_checkpoint`` is looked up in the registry on first access (and cached), so creating
-    the object never touches the database.
+    the object never touches the database; pass ``latest_checkpoint=`` (even None) to fix it.
 
     Example::
 
@@ -137,14 +140,14 @@ class ClusterInfo:
         storage: str | dict[str, Any] | None = None,
         registry: Any = None,
         data_config: dict[str, Any] | None = None,
-        latest_checkpoint: str | None = None,
+        latest_checkpoint: str | None | object = _NOT_LOOKED_UP,
     ) -> None:
         self.trial = trial
         self.storage = storage
         self.registry = registry
         self.data_config = dict(data_config or {})
-        self._latest: str | None = latest_checkpoint
-        self._looked_up = latest_checkpoint is not None
+        self._looked_up = latest_checkpoint is not _NOT_LOOKED_UP
+        self._latest: str | None = None if not self._looked_up else latest_checkpoint  # type: ignore[assignment]
 
     @property
     def hparams(self) -> dict[str, Any]:
