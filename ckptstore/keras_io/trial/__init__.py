@@ -1,0 +1,19 @@
+"""Determined's TFKerasTrial API on ckptstore: the trial class, its context, data helpers and the
+controller that trains in batches, validates, checkpoints and resumes.
+
+Example::
+
+    from ckptstore.keras import InMemorySequence, TFKerasTrial, TFKerasTrialContext
+"""
+
+from ckptstore.keras_io.trial.context import TFKerasExperimentalContext, TFKerasTrialContext
+from ckptstore.keras_io.trial.sequences import InMemorySequence, SequenceAdapter
+from ckptstore.keras_io.trial.trial import TFKerasTrial
+
+__all__ = [
+    "InMemorySequence",
+    "SequenceAdapter",
+    "TFKerasExperimentalContext",
+    "TFKerasTrial",
+    "TFKerasTrialContext",
+]

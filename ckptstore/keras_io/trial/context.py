@@ -1,0 +1,301 @@
+"""TFKerasTrialContext: what a TFKerasTrial sees of its trial (hparams, config, wrappers, fit args)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from ckptstore import errors
+
+logger = logging.getLogger(__name__)
+
+
+class _ArgNotProvided:
+    """Marks a ``configure_fit`` keyword that was not given (None is a real value for some)."""
+
+    def __repr__(self) -> str:
+        return "<not provided>"
+
+
+NOT_PROVIDED: Any = _ArgNotProvided()
+
+#: ``configure_fit`` keywords (Determined's) and Keras's defaults for them.
+FIT_DEFAULTS: dict[str, Any] = {
+    "verbose": False,
+    "class_weight": None,
+    "workers": None,
+    "use_multiprocessing": False,
+    "max_queue_size": 10,
+    "shuffle": None,
+    "validation_steps": None,
+}
+
+
+class _SingleProcess:
+    """Rank 0 of 1, used when no distributed context is given."""
+
+    rank = local_rank = cross_rank = 0
+    size = local_size = cross_size = 1
+
+    def get_rank(self) -> int:
+        return 0
+
+    def get_local_rank(self) -> int:
+        return 0
+
+    def get_size(self) -> int:
+        return 1
+
+    def get_num_agents(self) -> int:
+        return 1
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def gather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
+
+    allgather_local = allgather
+    gather_local = gather
+    broadcast_local = broadcast
+
+    def close(self) -> None:
+        pass
+
+
+def _default_distributed() -> Any:
+    try:
+        from ckptstore.checkpointing.distributed import DistributedContext
+    except ImportError:
+        return _SingleProcess()
+    single = getattr(DistributedContext, "single", None)
+    return single() if callable(single) else _SingleProcess()
+
+
+class TFKerasExperimentalContext:
+    """``context.experimental``: Determined's experimental features of the trial API.
+
+    ``cache_train_dataset`` / ``cache_validation_dataset`` are decorators for functions that
+    build a ``tf.data.Dataset``; here they cache the dataset in memory (``Dataset.cache()``).
+
+    Example::
+
+        @self.context.experimental.cache_train_dataset("mnist", "v1", shuffle=True)
+        def make_dataset():
+            return tf.data.Dataset.from_tensor_slices((x, y))
+    """
+
+    def cache_train_dataset(
+        self,
+        dataset_id: str,
+        dataset_version: str,
+        shuffle: bool = False,
+        skip_shuffle_at_epoch_end: bool = False,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        return self._cache(dataset_id, dataset_version, shuffle)
+
+    def cache_validation_dataset(
+        self, dataset_id: str, dataset_version: str, shuffle: bool = False
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        return self._cache(dataset_id, dataset_version, shuffle)
+
+    @staticmethod
+    def _cache(
+        dataset_id: str, version: str, shuffle: bool
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def decorator(make: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                ds = make(*args, **kwargs)
+                logger.info("caching dataset %s (version %s) in memory", dataset_id, version)
+                ds = ds.cache()
+                if shuffle:
+                    ds = ds.shuffle(1024, reshuffle_each_iteration=True)
+                return ds
+
+            return wrapped
+
+        return decorator
+
+
+class TFKerasTrialContext:
+    """The runtime information of one trial, passed to ``TFKerasTrial.__init__``.
+
+    Holds the trial's hyperparameters, the experiment config and its ``data`` section, the
+    distributed context (``.distributed``), experimental features (``.experimental``), and the
+    ``model.fit()`` settings from :meth:`configure_fit`. The trial controller creates it; tests
+    may create one directly.
+
+    Args:
+        hparams: the trial's hyperparameters (must hold ``global_batch_size`` for training).
+        experiment_config: the experiment config as a dict.
+        distributed: a DistributedContext; one process when omitted.
+        trial_id: the registry id of the trial, if any.
+        experiment_id: the registry id of the experiment, if any.
+        trial_seed: seed of this trial's random number generators.
+
+    Example::
+
+        context = TFKerasTrialContext({"global_batch_size": 32, "lr": 0.01})
+        context.get_hparam("lr")            # 0.01
+        context.configure_fit(workers=2)
+        context.configure_fit(shuffle=False)
+        context.fit_config["workers"]       # 2: later calls keep earlier settings
+    """
+
+    def __init__(
+        self,
+        hparams: dict[str, Any],
+        *,
+        experiment_config: dict[str, Any] | None = None,
+        distributed: Any = None,
+        trial_id: int | None = None,
+        experiment_id: int | None = None,
+        trial_seed: int = 0,
+    ) -> None:
+        self._hparams = dict(hparams)
+        self._config = dict(experiment_config or {})
+        self.distributed = distributed if distributed is not None else _default_distributed()
+        self.experimental = TFKerasExperimentalContext()
+        self.trial_id = trial_id
+        self.experiment_id = experiment_id
+        self.trial_seed = trial_seed
+        self._fit: dict[str, Any] = dict(FIT_DEFAULTS)
+        self.models: list[Any] = []
+        self.optimizers: list[Any] = []
+
+    # ---- hyperparameters and config -----------------------------------------------------------
+    def get_hparams(self) -> dict[str, Any]:
+        """A copy of every hyperparameter of this trial."""
+        return copy.deepcopy(self._hparams)
+
+    def get_hparam(self, name: str) -> Any:
+        """One hyperparameter; :class:`~ckptstore.errors.InvalidConfig` naming the known ones if
+        ``name`` is not defined."""
+        if name not in self._hparams:
+            known = ", ".join(sorted(self._hparams)) or "none"
+            raise errors.InvalidConfig(
+                f"Hyperparameter {name!r} is not defined for this trial (defined: {known}). "
+                f"Add it under `hyperparameters` in the experiment config."
+            )
+        return self._hparams[name]
+
+    def get_experiment_config(self) -> dict[str, Any]:
+        """The experiment config as a dict."""
+        return copy.deepcopy(self._config)
+
+    def get_data_config(self) -> dict[str, Any]:
+        """The experiment config's ``data`` section (``{}`` if none)."""
+        return copy.deepcopy(self._config.get("data") or {})
+
+    def get_trial_id(self) -> int | None:
+        return self.trial_id
+
+    def get_experiment_id(self) -> int | None:
+        return self.experiment_id
+
+    def get_trial_seed(self) -> int:
+        return self.trial_seed
+
+    def get_global_batch_size(self) -> int:
+        """The ``global_batch_size`` hyperparameter: records per batch across all workers."""
+        value = self.get_hparam("global_batch_size")
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise errors.InvalidConfig(
+                f"Hyperparameter global_batch_size must be a positive integer. Received: "
+                f"global_batch_size={value!r}."
+            )
+        return value
+
+    def get_per_slot_batch_size(self) -> int:
+        """``global_batch_size`` divided by the number of workers (slots)."""
+        size = self.distributed.get_size()
+        gbs = self.get_global_batch_size()
+        if gbs % size:
+            logger.warning(
+                "global_batch_size %d is not divisible by %d workers; using %d per worker",
+                gbs,
+                size,
+                gbs // size,
+            )
+        return max(1, gbs // size)
+
+    # ---- wrappers ---------------------------------------------------------------------------------
+    def wrap_model(self, model: Any) -> Any:
+        """Register ``model`` (call before compiling it) and return it for use in its place."""
+        self.models.append(model)
+        return model
+
+    def wrap_optimizer(self, optimizer: Any) -> Any:
+        """Register ``optimizer`` so its state is checkpointed, and return it."""
+        self.optimizers.append(optimizer)
+        return optimizer
+
+    def wrap_dataset(self, dataset: Any, shard_dataset: bool = True) -> Any:
+        """Shard a ``tf.data.Dataset`` so each worker sees its own part (with several workers and
+        ``shard_dataset=True``) and return it; wrap datasets right after creating them."""
+        size = self.distributed.get_size()
+        if shard_dataset and size > 1:
+            return dataset.shard(size, self.distributed.get_rank())
+        return dataset
+
+    # ---- fit settings -----------------------------------------------------------------------------
+    def configure_fit(
+        self,
+        verbose: bool | None = None,
+        class_weight: Any = NOT_PROVIDED,
+        workers: int | None = None,
+        use_multiprocessing: bool | None = None,
+        max_queue_size: int | None = None,
+        shuffle: bool | None = None,
+        validation_steps: Any = NOT_PROVIDED,
+    ) -> None:
+        """Settings for ``model.fit()``; keywords not given keep what earlier calls set.
+
+        Example::
+
+            self.context.configure_fit(verbose=False, workers=5)
+            self.context.configure_fit(use_multiprocessing=True)   # workers stays 5
+        """
+        given = {
+            "verbose": verbose,
+            "class_weight": class_weight,
+            "workers": workers,
+            "use_multiprocessing": use_multiprocessing,
+            "max_queue_size": max_queue_size,
+            "shuffle": shuffle,
+            "validation_steps": validation_steps,
+        }
+        for key in ("workers", "max_queue_size"):
+            value = given[key]
+            low = 0 if key == "workers" else 1
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < low
+            ):
+                raise errors.InvalidConfig(
+                    f"configure_fit({key}=...) needs an integer >= {low}. Received: {key}={value!r}."
+                )
+        vs = given["validation_steps"]
+        if vs is not NOT_PROVIDED and vs is not None and (not isinstance(vs, int) or vs < 1):
+            raise errors.InvalidConfig(
+                f"configure_fit(validation_steps=...) needs a positive integer or None. "
+                f"Received: validation_steps={vs!r}."
+            )
+        for key, value in given.items():
+            if key in ("class_weight", "validation_steps"):
+                if value is not NOT_PROVIDED:
+                    self._fit[key] = value
+            elif value is not None:
+                self._fit[key] = value
+
+    @property
+    def fit_config(self) -> dict[str, Any]:
+        """The merged ``configure_fit`` settings (a copy)."""
+        return dict(self._fit)
+
+
+__all__ = ["TFKerasExperimentalContext", "TFKerasTrialContext"]

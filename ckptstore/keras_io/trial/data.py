@@ -1,0 +1,242 @@
+"""The five training data types of a TFKerasTrial, read batch by batch with a resumable position.
+
+:func:`training_data` turns what ``build_training_data_loader()`` returned into a
+:class:`TrainingData`: ``next_batch()`` gives ``(x, y, sample_weight)``, ``position()`` /
+``restore(position)`` save and restore where in the data training is (pass and batch index), so a
+resumed trial continues at the next batch. NumPy arrays are shuffled per pass with a permutation
+seeded by (trial seed, pass) — the same on resume. ``tf.data.Dataset`` resumes by skipping the
+batches already seen in the current pass, which is exact for datasets whose order is
+deterministic. Validation data goes to ``model.evaluate`` as is (:func:`evaluate_kwargs`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import keras
+import numpy as np
+
+from ckptstore import errors
+from ckptstore.keras_io.trial.sequences import SequenceAdapter, _num_records, _slice
+
+logger = logging.getLogger(__name__)
+
+DATA_TYPES_HELP = (
+    "Return (x, y), (x, y, sample_weights), a tf.data.Dataset, a keras.utils.PyDataset "
+    "(Sequence) or a ckptstore.keras.SequenceAdapter."
+)
+
+
+def _is_tf_dataset(data: Any) -> bool:
+    import sys
+
+    tf = sys.modules.get("tensorflow")
+    return tf is not None and isinstance(data, tf.data.Dataset)
+
+
+def _as_triple(batch: Any) -> tuple[Any, Any, Any]:
+    if isinstance(batch, tuple) and len(batch) in (2, 3):
+        return (batch[0], batch[1], batch[2] if len(batch) == 3 else None)
+    if isinstance(batch, list) and len(batch) in (2, 3):
+        return _as_triple(tuple(batch))
+    raise errors.InvalidConfig(
+        "A training batch must be (inputs, targets) or (inputs, targets, sample_weights); "
+        f"received a {type(batch).__name__}. Make the data loader return such tuples."
+    )
+
+
+class TrainingData:
+    """Batches from one training data loader, with a position that survives a checkpoint."""
+
+    #: Batches in one pass over the data, None when unknown (e.g. a repeated tf.data.Dataset).
+    batches_per_pass: int | None = None
+    #: Records in one pass over the data, None when unknown.
+    records_per_pass: int | None = None
+
+    def __init__(self) -> None:
+        self.pass_index = 0
+        self.batch_index = 0
+        self._iter: Iterator[Any] | None = None
+
+    def position(self) -> dict[str, int]:
+        """Where the next batch comes from: ``{"pass": p, "batch": b}``."""
+        return {"pass": self.pass_index, "batch": self.batch_index}
+
+    def restore(self, position: dict[str, int]) -> None:
+        """Continue at ``position`` (from :meth:`position` saved in a checkpoint)."""
+        self.close()
+        self.pass_index = int(position.get("pass", 0))
+        self.batch_index = int(position.get("batch", 0))
+
+    def next_batch(self) -> tuple[Any, Any, Any]:
+        """The next ``(x, y, sample_weight)``; starts a new pass when one ends."""
+        for _ in range(2):
+            if self._iter is None:
+                self._iter = self._open(self.pass_index, self.batch_index)
+            try:
+                batch = next(self._iter)
+            except StopIteration:
+                self._end_pass()
+                continue
+            self.batch_index += 1
+            return _as_triple(batch)
+        raise errors.InvalidConfig(
+            "The training data loader produced no batches. Return non-empty training data."
+        )
+
+    def _end_pass(self) -> None:
+        self.close()
+        self.pass_index += 1
+        self.batch_index = 0
+        self._on_pass_end()
+
+    def _on_pass_end(self) -> None:
+        pass
+
+    def _open(self, pass_index: int, start: int) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop any loader threads/processes."""
+        if self._iter is not None:
+            close = getattr(self._iter, "close", None)
+            if callable(close):
+                close()
+            self._iter = None
+
+
+class ArrayData(TrainingData):
+    """``(x, y)`` / ``(x, y, sample_weights)`` NumPy data, batched by the per-slot batch size."""
+
+    def __init__(self, x: Any, y: Any, sw: Any, batch_size: int, shuffle: bool, seed: int) -> None:
+        super().__init__()
+        self.x, self.y, self.sw = x, np.asarray(y), (None if sw is None else np.asarray(sw))
+        self.n = _num_records(x)
+        if self.n != len(self.y):
+            raise errors.InvalidConfig(
+                f"Training data has {self.n} inputs but {len(self.y)} targets; pass x and y with "
+                "the same number of rows."
+            )
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.batches_per_pass = -(-self.n // batch_size)
+        self.records_per_pass = self.n
+
+    def _open(self, pass_index: int, start: int) -> Iterator[Any]:
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, pass_index]).permutation(self.n)
+        else:
+            order = np.arange(self.n)
+        for b in range(start, self.batches_per_pass or 0):
+            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
+            sw = None if self.sw is None else self.sw[idx]
+            yield (_slice(self.x, idx), self.y[idx], sw)
+
+
+class SequenceData(TrainingData):
+    """A ``keras.utils.PyDataset`` / ``InMemorySequence`` / :class:`SequenceAdapter`."""
+
+    def __init__(self, adapter: SequenceAdapter, shuffle: bool, seed: int) -> None:
+        super().__init__()
+        self.adapter = adapter
+        self.shuffle = shuffle
+        self.seed = seed
+        self.batches_per_pass = len(adapter)
+        size = getattr(adapter.sequence, "batch_size", None)
+        self.records_per_pass = None
+        if isinstance(size, int):
+            self.records_per_pass = _sequence_records(adapter.sequence, size)
+
+    def _open(self, pass_index: int, start: int) -> Iterator[Any]:
+        if not self.shuffle:
+            return self.adapter.iterate(start)
+        order = np.random.default_rng([self.seed, pass_index]).permutation(len(self.adapter))
+        seq = self.adapter.sequence
+        return (seq[int(i)] for i in order[start:])
+
+    def _on_pass_end(self) -> None:
+        self.adapter.on_epoch_end()
+
+
+class DatasetData(TrainingData):
+    """A ``tf.data.Dataset`` of batches; resuming skips the batches already seen in this pass."""
+
+    def __init__(self, dataset: Any) -> None:
+        super().__init__()
+        self.dataset = dataset
+        cardinality = int(dataset.cardinality())
+        self.batches_per_pass = cardinality if cardinality > 0 else None
+
+    def _open(self, pass_index: int, start: int) -> Iterator[Any]:
+        ds = self.dataset.skip(start) if start else self.dataset
+        for batch in ds:
+            yield tuple(batch) if isinstance(batch, (tuple, list)) else batch
+
+
+def _sequence_records(seq: Any, batch_size: int) -> int | None:
+    n = getattr(seq, "_n", None)
+    return n if isinstance(n, int) else len(seq) * batch_size
+
+
+def training_data(
+    data: Any,
+    *,
+    batch_size: int,
+    shuffle: bool | None,
+    seed: int,
+    workers: int | None = None,
+    use_multiprocessing: bool | None = None,
+    max_queue_size: int | None = None,
+) -> TrainingData:
+    """Wrap what ``build_training_data_loader()`` returned; InvalidConfig for other types."""
+    if isinstance(data, SequenceAdapter):
+        return SequenceData(data, bool(shuffle), seed)
+    if isinstance(data, keras.utils.PyDataset):
+        adapter = SequenceAdapter(
+            data,
+            use_multiprocessing=bool(use_multiprocessing),
+            workers=0 if workers is None else workers,
+            max_queue_size=max_queue_size or 10,
+        )
+        return SequenceData(adapter, bool(shuffle), seed)
+    if _is_tf_dataset(data):
+        if shuffle:
+            logger.info("configure_fit(shuffle=True) does not reorder a tf.data.Dataset")
+        return DatasetData(data)
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        sw = data[2] if len(data) == 3 else None
+        return ArrayData(
+            data[0], data[1], sw, batch_size, True if shuffle is None else shuffle, seed
+        )
+    raise errors.InvalidConfig(
+        f"build_training_data_loader() returned a {type(data).__name__}. {DATA_TYPES_HELP}"
+    )
+
+
+def evaluate_kwargs(data: Any, batch_size: int) -> dict[str, Any]:
+    """Keyword arguments for ``model.evaluate`` for validation data of any supported type."""
+    if isinstance(data, SequenceAdapter):
+        return {"x": data.sequence}
+    if isinstance(data, keras.utils.PyDataset) or _is_tf_dataset(data):
+        return {"x": data}
+    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
+        kwargs = {"x": data[0], "y": data[1], "batch_size": batch_size}
+        if len(data) == 3:
+            kwargs["sample_weight"] = data[2]
+        return kwargs
+    raise errors.InvalidConfig(
+        f"build_validation_data_loader() returned a {type(data).__name__}. {DATA_TYPES_HELP}"
+    )
+
+
+__all__ = [
+    "ArrayData",
+    "DatasetData",
+    "SequenceData",
+    "TrainingData",
+    "evaluate_kwargs",
+    "training_data",
+]
