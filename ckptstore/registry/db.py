@@ -1,0 +1,122 @@
+"""Short transactions against the registry database, retried and with clean errors.
+
+:class:`Database` owns the engine. ``write(fn)`` / ``read(fn)`` run ``fn(connection)`` in one
+transaction (SQLite writes use ``BEGIN IMMEDIATE``), retry lost races (see
+:mod:`ckptstore.registry.retry`) and turn driver errors into
+:class:`~ckptstore.errors.RegistryError` with the password removed.
+
+Example::
+
+    from ckptstore.registry.db import Database
+
+    db = Database("sqlite:///tmp/registry.db")
+    count = db.read(lambda conn: conn.exec_driver_sql("SELECT 1").scalar(), what="ping")
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
+
+from ckptstore import errors
+from ckptstore.registry.engine import WRITE_OPTION, make_engine, safe_url
+from ckptstore.registry.migrations import migrate
+from ckptstore.registry.retry import run_with_retry
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Database:
+    """A migrated registry database (see the module docstring)."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = make_engine(url)
+        self.url = safe_url(self.engine.url)
+        self._password = self.engine.url.password
+        self._closed = False
+        try:
+            self.version = migrate(self.engine)
+        except errors.CkptstoreError:
+            self.engine.dispose()
+            raise
+        except sa_exc.SQLAlchemyError as exc:
+            self.engine.dispose()
+            raise self._error("open and migrate the registry", exc) from None
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def insert(self, table: sa.Table) -> Any:
+        """A dialect-specific INSERT that supports ``on_conflict_do_*``."""
+        if self.dialect == "postgresql":
+            return postgresql.insert(table)
+        return sqlite.insert(table)
+
+    def write(self, fn: Callable[[sa.Connection], T], *, what: str) -> T:
+        """Run ``fn`` in a write transaction, retrying lost races."""
+        return self._run(fn, what=what, write=True)
+
+    def read(self, fn: Callable[[sa.Connection], T], *, what: str) -> T:
+        """Run ``fn`` in a read transaction, retrying lost races."""
+        return self._run(fn, what=what, write=False)
+
+    def _run(self, fn: Callable[[sa.Connection], T], *, what: str, write: bool) -> T:
+        if self._closed:
+            raise errors.RegistryError(
+                f"Registry {self.url} is closed; open a new Registry to {what}."
+            )
+
+        def attempt() -> T:
+            conn = self.engine.connect()
+            if write:
+                conn = conn.execution_options(**{WRITE_OPTION: True})
+            with conn, conn.begin():
+                return fn(conn)
+
+        try:
+            return run_with_retry(attempt, what=what)
+        except errors.CkptstoreError:
+            raise
+        except sa_exc.SQLAlchemyError as exc:
+            raise self._error(what, exc) from None
+
+    def bump_sequence(self, conn: sa.Connection, table: sa.Table) -> None:
+        """After inserting explicit ids on PostgreSQL, move the id sequence past them so later
+        auto-numbered rows do not collide. Never moves the sequence backwards."""
+        if self.dialect != "postgresql":
+            return
+        seq = conn.execute(sa.select(sa.func.pg_get_serial_sequence(table.name, "id"))).scalar_one()
+        if not seq:
+            return
+        conn.execute(
+            sa.text(
+                "SELECT setval(CAST(:seq AS regclass), GREATEST("
+                f"(SELECT COALESCE(MAX(id), 1) FROM {table.name}), "
+                f"(SELECT last_value FROM {seq})))"
+            ),
+            {"seq": seq},
+        )
+
+    def _error(self, what: str, exc: sa_exc.SQLAlchemyError) -> errors.RegistryError:
+        orig = getattr(exc, "orig", None) or exc
+        detail = str(orig).strip().splitlines()[0] if str(orig).strip() else ""
+        if self._password:
+            detail = detail.replace(self._password, "***")
+        return errors.RegistryError(
+            f"Registry {self.url} failed to {what}: {type(orig).__name__}: {detail}. "
+            "Check that the database server is running and reachable, the URL, user and "
+            "permissions are right, and (SQLite) the file is on a local, writable disk."
+        )
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.engine.dispose()

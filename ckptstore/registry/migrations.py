@@ -1,0 +1,133 @@
+"""Versioned schema migrations, applied in order when a registry is opened.
+
+The table ``ckptstore_schema_version`` holds one row per applied migration. Opening a registry
+reads the newest version without locking; only if migrations are missing does it take a lock
+(PostgreSQL ``pg_advisory_xact_lock``, SQLite ``BEGIN IMMEDIATE``), re-read the version and
+apply the rest in one transaction, so several processes opening a new database at once apply
+each migration exactly once.
+
+To change the schema, append a :class:`Migration` to :data:`MIGRATIONS`; never edit one that
+has shipped.
+
+Example::
+
+    from ckptstore.registry.engine import make_engine
+    from ckptstore.registry.migrations import migrate
+
+    version = migrate(make_engine("sqlite:///tmp/registry.db"))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from ckptstore import errors
+from ckptstore.registry import schema
+from ckptstore.registry.engine import WRITE_OPTION, safe_url
+from ckptstore.registry.retry import run_with_retry
+
+logger = logging.getLogger(__name__)
+
+#: Key of the PostgreSQL advisory lock held while migrating ("ckptstor" as an int64).
+ADVISORY_LOCK_KEY = 0x636B707473746F72
+
+
+@dataclasses.dataclass(frozen=True)
+class Migration:
+    """One schema step: ``apply(connection)`` runs inside the migration transaction."""
+
+    version: int
+    description: str
+    apply: Callable[[sa.Connection], None]
+
+
+_V1_TABLES = (
+    schema.experiments,
+    schema.trials,
+    schema.checkpoints,
+    schema.metrics,
+    schema.models,
+    schema.model_versions,
+    schema.model_aliases,
+)
+
+
+def _v1_initial_tables(conn: sa.Connection) -> None:
+    for table in _V1_TABLES:
+        table.create(conn, checkfirst=True)
+
+
+def _v2_checkpoint_order_index(conn: sa.Connection) -> None:
+    sa.Index(
+        "ix_checkpoints_trial_steps_created",
+        schema.checkpoints.c.trial_id,
+        schema.checkpoints.c.steps_completed,
+        schema.checkpoints.c.created_at,
+    ).create(conn, checkfirst=True)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "experiments, trials, checkpoints, metrics, models", _v1_initial_tables),
+    Migration(2, "index checkpoints by (trial, steps, created_at)", _v2_checkpoint_order_index),
+)
+LATEST_VERSION = MIGRATIONS[-1].version
+
+
+def current_version(conn: sa.Connection) -> int:
+    """The newest applied migration, 0 for an empty database."""
+    if not sa.inspect(conn).has_table(schema.schema_version.name):
+        return 0
+    value = conn.execute(sa.select(sa.func.max(schema.schema_version.c.version))).scalar()
+    return int(value or 0)
+
+
+def migrate(engine: Engine) -> int:
+    """Bring the database to :data:`LATEST_VERSION`; returns the version it is at."""
+
+    def read() -> int:
+        with engine.connect() as conn:
+            return current_version(conn)
+
+    version = run_with_retry(read, what="schema version check")
+    if version == LATEST_VERSION:
+        return version
+    if version > LATEST_VERSION:
+        raise errors.RegistryError(
+            f"Registry {safe_url(engine.url)} has schema version {version}, newer than this "
+            f"ckptstore understands ({LATEST_VERSION}). Upgrade ckptstore "
+            "(`pip install -U ckptstore`)."
+        )
+    return run_with_retry(lambda: _migrate_locked(engine), what="schema migration")
+
+
+def _migrate_locked(engine: Engine) -> int:
+    with engine.connect().execution_options(**{WRITE_OPTION: True}) as conn:
+        with conn.begin():
+            if engine.dialect.name == "postgresql":
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(ADVISORY_LOCK_KEY)))
+            schema.schema_version.create(conn, checkfirst=True)
+            version = current_version(conn)
+            for migration in MIGRATIONS:
+                if migration.version <= version:
+                    continue
+                logger.info(
+                    "Registry %s: applying schema migration %d (%s)",
+                    safe_url(engine.url),
+                    migration.version,
+                    migration.description,
+                )
+                migration.apply(conn)
+                conn.execute(
+                    schema.schema_version.insert().values(
+                        version=migration.version,
+                        description=migration.description,
+                        applied_at=schema.utcnow(),
+                    )
+                )
+                version = migration.version
+            return version

@@ -1,0 +1,688 @@
+"""The registry: experiments, trials, metrics, checkpoints and models in one database.
+
+Example::
+
+    from ckptstore.registry import Registry
+
+    with Registry("sqlite:///tmp/registry.db") as registry:  # or postgresql://user@host/db
+        exp = registry.create_experiment("mnist", config={"searcher": {"metric": "val_loss"}})
+        trial = registry.create_trial(experiment_id=exp, hparams={"lr": 0.01})
+        registry.report_metrics(trial, "validation", 100, {"val_loss": 0.3})
+        best = registry.best_checkpoint(experiment_id=exp)
+        model = registry.create_model("mnist-cnn")
+        if best is not None:
+            model.register_version(best.uuid)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from ckptstore import defaults, errors
+from ckptstore.checkpointing.index import (
+    COMMITTED,
+    PARTIALLY_DELETED,
+    STATES,
+    CheckpointRecord,
+)
+from ckptstore.registry import schema
+from ckptstore.registry.db import Database
+from ckptstore.registry.entities import (
+    RUN_STATES,
+    Checkpoint,
+    Experiment,
+    MetricRow,
+    Trial,
+    lookup_metric,
+)
+from ckptstore.registry.models import Model, ModelStore
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptstore.storage_backends.base import Storage
+
+logger = logging.getLogger(__name__)
+
+_LIVE_STATES = (COMMITTED, PARTIALLY_DELETED)
+#: Metric ``best_checkpoint`` uses when neither the call nor the experiment config names one.
+DEFAULT_METRIC = "val_loss"
+
+_E = schema.experiments
+_T = schema.trials
+_C = schema.checkpoints
+_M = schema.metrics
+
+
+class Registry:
+    """An index of experiments, trials, metrics, checkpoints and models.
+
+    Args:
+        url: ``sqlite:///path.db``, a plain file path (SQLite), or ``postgresql://`` /
+            ``postgres://user:password@host:port/db`` (psycopg 3). None uses
+            ``CKPTSTORE_REGISTRY`` or ``<ckptstore home>/registry.db`` (see
+            :mod:`ckptstore.defaults`). The schema is created or migrated on open.
+
+    The registry implements :class:`ckptstore.checkpointing.index.CheckpointIndex`, so it can be
+    passed to the checkpointing layer. It is safe to use from many processes and machines at
+    once (short transactions, retried when they lose a race). ``repr`` and error messages never
+    show the password.
+
+    Example::
+
+        with Registry() as registry:
+            ckpt = registry.latest_checkpoint(trial_id=7)
+    """
+
+    def __init__(self, url: str | None = None) -> None:
+        if url is None:
+            url = defaults.default_registry_url()
+        self._db = Database(url)
+        self._models = ModelStore(self._db, self)
+        logger.debug("Opened registry %s (schema version %d)", self._db.url, self._db.version)
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The database URL with the password hidden."""
+        return self._db.url
+
+    @property
+    def dialect(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._db.dialect
+
+    def close(self) -> None:
+        """Release the database connections. The registry must not be used afterwards."""
+        self._db.close()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Registry({self.url!r})"
+
+    # ---- experiments --------------------------------------------------------------------------
+    def create_experiment(
+        self,
+        name: str | None = None,
+        *,
+        config: Mapping[str, Any] | None = None,
+        description: str | None = None,
+        state: str = "ACTIVE",
+    ) -> int:
+        """Create an experiment and return its id."""
+        _check_run_state(state, "experiment")
+        now = schema.utcnow()
+        values = {
+            "name": name,
+            "config": dict(config or {}),
+            "description": description,
+            "state": state,
+            "created_at": now,
+            "updated_at": now,
+        }
+        return self._db.write(
+            lambda conn: int(conn.execute(_E.insert().values(**values)).inserted_primary_key[0]),
+            what="create an experiment",
+        )
+
+    def get_experiment(self, experiment_id: int) -> Experiment:
+        """The experiment with that id; :class:`~ckptstore.errors.ExperimentNotFound` if none."""
+
+        def fn(conn: sa.Connection) -> Experiment:
+            row = conn.execute(sa.select(_E).where(_E.c.id == experiment_id)).first()
+            if row is None:
+                raise _experiment_not_found(experiment_id)
+            return _experiment(row)
+
+        return self._db.read(fn, what="get an experiment")
+
+    def list_experiments(self) -> list[Experiment]:
+        """All experiments, by id."""
+        return self._db.read(
+            lambda conn: [_experiment(r) for r in conn.execute(sa.select(_E).order_by(_E.c.id))],
+            what="list experiments",
+        )
+
+    def set_experiment_state(self, experiment_id: int, state: str) -> None:
+        """Set an experiment's state (ACTIVE, PAUSED, COMPLETED, CANCELED, ERROR)."""
+        _check_run_state(state, "experiment")
+
+        def fn(conn: sa.Connection) -> None:
+            result = conn.execute(
+                _E.update()
+                .where(_E.c.id == experiment_id)
+                .values(state=state, updated_at=schema.utcnow())
+            )
+            if result.rowcount == 0:
+                raise _experiment_not_found(experiment_id)
+
+        self._db.write(fn, what="set an experiment's state")
+
+    # ---- trials -------------------------------------------------------------------------------
+    def create_trial(
+        self,
+        *,
+        experiment_id: int | None = None,
+        hparams: Mapping[str, Any] | None = None,
+        trial_id: int | None = None,
+        state: str = "ACTIVE",
+    ) -> int:
+        """Create a trial (numbered automatically unless ``trial_id`` is given); returns its id."""
+        _check_run_state(state, "trial")
+        if trial_id is not None:
+            _check_id(trial_id, "trial_id")
+
+        def fn(conn: sa.Connection) -> int:
+            if experiment_id is not None:
+                self._require_experiment(conn, experiment_id)
+            now = schema.utcnow()
+            values: dict[str, Any] = {
+                "experiment_id": experiment_id,
+                "hparams": dict(hparams or {}),
+                "state": state,
+                "created_at": now,
+                "updated_at": now,
+            }
+            if trial_id is None:
+                return int(conn.execute(_T.insert().values(**values)).inserted_primary_key[0])
+            stmt = self._db.insert(_T).values(id=trial_id, **values).on_conflict_do_nothing()
+            if conn.execute(stmt).rowcount == 0:
+                raise errors.RegistryError(
+                    f"Trial {trial_id} already exists in registry {self.url}. Use "
+                    "ensure_trial(trial_id) to reuse it, or omit trial_id to get a new one."
+                )
+            self._db.bump_sequence(conn, _T)
+            return trial_id
+
+        return self._db.write(fn, what="create a trial")
+
+    def ensure_trial(
+        self,
+        trial_id: int,
+        *,
+        experiment_id: int | None = None,
+        hparams: Mapping[str, Any] | None = None,
+    ) -> Trial:
+        """The trial with that id, created (with its experiment, if missing) when absent.
+        An existing trial keeps its values; only an unset experiment id is filled in."""
+        _check_id(trial_id, "trial_id")
+        if experiment_id is not None:
+            _check_id(experiment_id, "experiment_id")
+
+        def fn(conn: sa.Connection) -> Trial:
+            self._ensure_trial_row(conn, trial_id, experiment_id, hparams)
+            return _trial(conn.execute(sa.select(_T).where(_T.c.id == trial_id)).one())
+
+        return self._db.write(fn, what="ensure a trial")
+
+    def get_trial(self, trial_id: int) -> Trial:
+        """The trial with that id; :class:`~ckptstore.errors.TrialNotFound` if none."""
+
+        def fn(conn: sa.Connection) -> Trial:
+            row = conn.execute(sa.select(_T).where(_T.c.id == trial_id)).first()
+            if row is None:
+                raise _trial_not_found(trial_id)
+            return _trial(row)
+
+        return self._db.read(fn, what="get a trial")
+
+    def list_trials(self, experiment_id: int | None = None) -> list[Trial]:
+        """All trials (or an experiment's), by id."""
+        query = sa.select(_T).order_by(_T.c.id)
+        if experiment_id is not None:
+            query = query.where(_T.c.experiment_id == experiment_id)
+        return self._db.read(
+            lambda conn: [_trial(r) for r in conn.execute(query)], what="list trials"
+        )
+
+    def set_trial_state(self, trial_id: int, state: str) -> None:
+        """Set a trial's state (ACTIVE, COMPLETED, ERROR, CANCELED, PAUSED)."""
+        _check_run_state(state, "trial")
+
+        def fn(conn: sa.Connection) -> None:
+            result = conn.execute(
+                _T.update()
+                .where(_T.c.id == trial_id)
+                .values(state=state, updated_at=schema.utcnow())
+            )
+            if result.rowcount == 0:
+                raise _trial_not_found(trial_id)
+
+        self._db.write(fn, what="set a trial's state")
+
+    # ---- metrics ------------------------------------------------------------------------------
+    def report_metrics(
+        self, trial_id: int, group: str, steps_completed: int, metrics: Mapping[str, Any]
+    ) -> None:
+        """Record metrics a trial reported at ``steps_completed`` under ``group``
+        (``"training"``, ``"validation"`` or any other name)."""
+        if not isinstance(group, str) or not group:
+            raise errors.InvalidConfig(
+                f"Metric group must be a non-empty string such as 'training' or 'validation'. "
+                f"Received: group={group!r}"
+            )
+        _check_steps(steps_completed)
+        if not isinstance(metrics, Mapping):
+            raise errors.InvalidConfig(
+                f"metrics must be a dict of name -> value. Received: {type(metrics).__name__}"
+            )
+
+        def fn(conn: sa.Connection) -> None:
+            self._require_trial(conn, trial_id)
+            conn.execute(
+                _M.insert().values(
+                    trial_id=trial_id,
+                    group=group,
+                    steps_completed=int(steps_completed),
+                    metrics=dict(metrics),
+                    reported_at=schema.utcnow(),
+                )
+            )
+
+        self._db.write(fn, what="report metrics")
+
+    def get_metrics(self, trial_id: int, group: str | None = None) -> list[MetricRow]:
+        """A trial's reported metrics (optionally one group), ordered by steps."""
+
+        def fn(conn: sa.Connection) -> list[MetricRow]:
+            self._require_trial(conn, trial_id)
+            query = sa.select(_M).where(_M.c.trial_id == trial_id)
+            if group is not None:
+                query = query.where(_M.c.group == group)
+            query = query.order_by(_M.c.steps_completed, _M.c.id)
+            return [
+                MetricRow(
+                    trial_id=r.trial_id,
+                    group=r.group,
+                    steps_completed=int(r.steps_completed),
+                    metrics=dict(r.metrics),
+                    reported_at=schema.from_db_time(r.reported_at),
+                )
+                for r in conn.execute(query)
+            ]
+
+        return self._db.read(fn, what="get metrics")
+
+    # ---- checkpoints (CheckpointIndex protocol) -----------------------------------------------
+    def record_checkpoint(self, record: CheckpointRecord) -> None:
+        """Insert or update (by uuid) a checkpoint; creates its trial/experiment rows if
+        missing."""
+        values = _checkpoint_values(record)
+
+        def fn(conn: sa.Connection) -> None:
+            self._upsert_checkpoint(conn, record, values)
+
+        self._db.write(fn, what="record a checkpoint")
+
+    def set_checkpoint_state(
+        self, uuid: str, state: str, resources: dict[str, int] | None = None
+    ) -> None:
+        """Change a checkpoint's state (and resource list, after a partial delete)."""
+        _check_checkpoint_state(state)
+        values: dict[str, Any] = {"state": state, "updated_at": schema.utcnow()}
+        if resources is not None:
+            values["resources"] = {str(k): int(v) for k, v in resources.items()}
+
+        def fn(conn: sa.Connection) -> None:
+            result = conn.execute(_C.update().where(_C.c.uuid == uuid).values(**values))
+            if result.rowcount == 0:
+                raise _checkpoint_not_found(uuid)
+
+        self._db.write(fn, what="set a checkpoint's state")
+
+    def checkpoint_records(
+        self,
+        *,
+        trial_id: int | None = None,
+        experiment_id: int | None = None,
+        states: tuple[str, ...] | None = _LIVE_STATES,
+    ) -> list[CheckpointRecord]:
+        """Checkpoints filtered by trial/experiment and state, oldest first by
+        (steps_completed, created_at)."""
+        return [
+            c.to_record()
+            for c in self.list_checkpoints(
+                trial_id=trial_id, experiment_id=experiment_id, states=states
+            )
+        ]
+
+    def protected_checkpoint_uuids(self) -> set[str]:
+        """UUIDs registered as a model version; GC must never delete them."""
+        return self._models.protected_uuids()
+
+    # ---- checkpoints (Determined SDK names) ---------------------------------------------------
+    def get_checkpoint(self, uuid: str) -> Checkpoint:
+        """The checkpoint with that UUID, in any state;
+        :class:`~ckptstore.errors.CheckpointNotFound` if the registry has no such row."""
+
+        def fn(conn: sa.Connection) -> Checkpoint:
+            row = conn.execute(sa.select(_C).where(_C.c.uuid == str(uuid))).first()
+            if row is None:
+                raise _checkpoint_not_found(uuid)
+            return checkpoint_from_row(row)
+
+        return self._db.read(fn, what="get a checkpoint")
+
+    def list_checkpoints(
+        self,
+        trial_id: int | None = None,
+        experiment_id: int | None = None,
+        states: Iterable[str] | None = None,
+    ) -> list[Checkpoint]:
+        """Checkpoints, oldest first by (steps_completed, created_at). ``states`` None lists
+        every state; pass e.g. ``("COMMITTED",)`` to filter."""
+        query = sa.select(_C)
+        if trial_id is not None:
+            query = query.where(_C.c.trial_id == trial_id)
+        if experiment_id is not None:
+            query = query.where(_C.c.experiment_id == experiment_id)
+        if states is not None:
+            states = tuple(states)
+            for state in states:
+                _check_checkpoint_state(state)
+            query = query.where(_C.c.state.in_(states))
+        query = query.order_by(_C.c.steps_completed, _C.c.created_at, _C.c.uuid)
+        return self._db.read(
+            lambda conn: [checkpoint_from_row(r) for r in conn.execute(query)],
+            what="list checkpoints",
+        )
+
+    def latest_checkpoint(self, trial_id: int) -> Checkpoint | None:
+        """The trial's newest COMMITTED or PARTIALLY_DELETED checkpoint (most steps, then
+        newest), or None when it has none (also for a trial the registry does not know)."""
+        query = (
+            sa.select(_C)
+            .where(_C.c.trial_id == trial_id, _C.c.state.in_(_LIVE_STATES))
+            .order_by(_C.c.steps_completed.desc(), _C.c.created_at.desc(), _C.c.uuid.desc())
+            .limit(1)
+        )
+
+        def fn(conn: sa.Connection) -> Checkpoint | None:
+            row = conn.execute(query).first()
+            return None if row is None else checkpoint_from_row(row)
+
+        return self._db.read(fn, what="find the latest checkpoint")
+
+    def best_checkpoint(
+        self,
+        trial_id: int | None = None,
+        experiment_id: int | None = None,
+        metric: str | None = None,
+        smaller_is_better: bool | None = None,
+    ) -> Checkpoint | None:
+        """The live checkpoint with the best ``metric`` (of a trial, an experiment, or all).
+
+        ``metric``/``smaller_is_better`` default to the experiment config's
+        ``searcher.metric``/``searcher.smaller_is_better``, else ``"val_loss"``/True. A
+        checkpoint's metrics may be nested (``{"validation_metrics": {"val_loss": ...}}``) or
+        flat (``{"val_loss": ...}``); see :func:`~ckptstore.registry.entities.lookup_metric`.
+        Checkpoints without the metric are skipped; ties go to the most recent. None if no
+        checkpoint has the metric.
+        """
+        if metric is None or smaller_is_better is None:
+            searcher: dict[str, Any] = {}
+            if experiment_id is not None:
+                searcher = self.get_experiment(experiment_id).config.get("searcher") or {}
+            elif trial_id is not None:
+                trial = self.get_trial(trial_id)
+                if trial.experiment_id is not None:
+                    exp = self.get_experiment(trial.experiment_id)
+                    searcher = exp.config.get("searcher") or {}
+            if metric is None:
+                metric = searcher.get("metric") or DEFAULT_METRIC
+            if smaller_is_better is None:
+                smaller_is_better = bool(searcher.get("smaller_is_better", True))
+        candidates = self.list_checkpoints(
+            trial_id=trial_id, experiment_id=experiment_id, states=_LIVE_STATES
+        )
+        best: tuple[float, Checkpoint] | None = None
+        for ckpt in candidates:  # oldest first, so ">=" lets the most recent win ties
+            value = lookup_metric(ckpt.metrics, metric)
+            if value is None:
+                continue
+            score = -value if smaller_is_better else value
+            if best is None or score >= best[0]:
+                best = (score, ckpt)
+        return None if best is None else best[1]
+
+    # ---- models -------------------------------------------------------------------------------
+    def create_model(
+        self,
+        name: str,
+        description: str = "",
+        labels: Iterable[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Model:
+        """Create a registered model; :class:`~ckptstore.errors.ModelVersionConflict` if the
+        name is taken."""
+        return self._models.create(name, description, labels, metadata)
+
+    def get_model(self, name: str) -> Model:
+        """The registered model; :class:`~ckptstore.errors.ModelNotFound` if none."""
+        return self._models.get(name)
+
+    def list_models(self, include_archived: bool = False) -> list[Model]:
+        """Registered models by name (archived ones only if asked)."""
+        return self._models.list(include_archived)
+
+    # ---- storage is the source of truth -------------------------------------------------------
+    def reindex(self, storage: Storage) -> int:
+        """Rebuild checkpoint/trial/experiment rows from ``storage``; see
+        :func:`ckptstore.registry.reindex.reindex`. Returns the number of checkpoints found."""
+        from ckptstore.registry.reindex import reindex
+
+        return reindex(self, storage)
+
+    # ---- helpers shared with reindex/models ---------------------------------------------------
+    def _upsert_checkpoint(
+        self, conn: sa.Connection, record: CheckpointRecord, values: dict[str, Any]
+    ) -> None:
+        if record.experiment_id is not None:
+            self._ensure_experiment_row(conn, record.experiment_id)
+        if record.trial_id is not None:
+            self._ensure_trial_row(conn, record.trial_id, record.experiment_id, None)
+        update = {k: v for k, v in values.items() if k != "uuid"}
+        if record.created_at is None:
+            update.pop("created_at")
+        stmt = self._db.insert(_C).values(**values)
+        conn.execute(stmt.on_conflict_do_update(index_elements=[_C.c.uuid], set_=update))
+
+    def _ensure_experiment_row(self, conn: sa.Connection, experiment_id: int) -> None:
+        now = schema.utcnow()
+        stmt = (
+            self._db.insert(_E)
+            .values(
+                id=experiment_id,
+                name=None,
+                config={},
+                description=None,
+                state="ACTIVE",
+                created_at=now,
+                updated_at=now,
+            )
+            .on_conflict_do_nothing()
+        )
+        if conn.execute(stmt).rowcount:
+            self._db.bump_sequence(conn, _E)
+
+    def _ensure_trial_row(
+        self,
+        conn: sa.Connection,
+        trial_id: int,
+        experiment_id: int | None,
+        hparams: Mapping[str, Any] | None,
+    ) -> None:
+        if experiment_id is not None:
+            self._ensure_experiment_row(conn, experiment_id)
+        now = schema.utcnow()
+        stmt = (
+            self._db.insert(_T)
+            .values(
+                id=trial_id,
+                experiment_id=experiment_id,
+                hparams=dict(hparams or {}),
+                state="ACTIVE",
+                created_at=now,
+                updated_at=now,
+            )
+            .on_conflict_do_nothing()
+        )
+        if conn.execute(stmt).rowcount:
+            self._db.bump_sequence(conn, _T)
+        elif experiment_id is not None:
+            conn.execute(
+                _T.update()
+                .where(_T.c.id == trial_id, _T.c.experiment_id.is_(None))
+                .values(experiment_id=experiment_id, updated_at=now)
+            )
+
+    def _require_trial(self, conn: sa.Connection, trial_id: int) -> None:
+        if conn.execute(sa.select(_T.c.id).where(_T.c.id == trial_id)).first() is None:
+            raise _trial_not_found(trial_id)
+
+    def _require_experiment(self, conn: sa.Connection, experiment_id: int) -> None:
+        if conn.execute(sa.select(_E.c.id).where(_E.c.id == experiment_id)).first() is None:
+            raise _experiment_not_found(experiment_id)
+
+
+def open_registry(registry: Registry | str | None = None) -> Registry:
+    """A :class:`Registry` from a URL, None (the default registry) or an open registry
+    (returned as is)."""
+    if isinstance(registry, Registry):
+        return registry
+    if registry is None or isinstance(registry, str):
+        return Registry(registry)
+    if hasattr(registry, "__fspath__"):
+        return Registry(str(registry.__fspath__()))
+    raise errors.InvalidConfig(
+        "registry must be a URL string, a path, None or a ckptstore.registry.Registry. "
+        f"Received: {type(registry).__name__}"
+    )
+
+
+# ---- row conversion and validation ------------------------------------------------------------
+def checkpoint_from_row(row: Any) -> Checkpoint:
+    """A :class:`Checkpoint` from a ``checkpoints`` row."""
+    m = row._mapping
+    return Checkpoint(
+        uuid=m["uuid"],
+        trial_id=m["trial_id"],
+        experiment_id=m["experiment_id"],
+        steps_completed=int(m["steps_completed"]),
+        continue_id=m["continue_id"],
+        metadata=dict(m["metadata"] or {}),
+        metrics=dict(m["metrics"] or {}),
+        resources={str(k): int(v) for k, v in (m["resources"] or {}).items()},
+        state=m["state"],
+        storage_url=m["storage_url"],
+        created_at=schema.from_db_time(m["created_at"]),
+        updated_at=schema.from_db_time(m["updated_at"]),
+    )
+
+
+def _checkpoint_values(record: CheckpointRecord) -> dict[str, Any]:
+    if not isinstance(record, CheckpointRecord):
+        raise errors.InvalidConfig(
+            f"record_checkpoint needs a CheckpointRecord. Received: {type(record).__name__}"
+        )
+    if not record.uuid or not isinstance(record.uuid, str):
+        raise errors.InvalidConfig(
+            f"A checkpoint record needs a non-empty string uuid. Received: uuid={record.uuid!r}"
+        )
+    _check_checkpoint_state(record.state)
+    _check_steps(record.steps_completed)
+    for name in ("trial_id", "experiment_id"):
+        if getattr(record, name) is not None:
+            _check_id(getattr(record, name), name)
+    now = schema.utcnow()
+    return {
+        "uuid": record.uuid,
+        "trial_id": record.trial_id,
+        "experiment_id": record.experiment_id,
+        "steps_completed": int(record.steps_completed),
+        "continue_id": record.continue_id,
+        "state": record.state,
+        "metadata": dict(record.metadata or {}),
+        "metrics": dict(record.metrics or {}),
+        "resources": {str(k): int(v) for k, v in (record.resources or {}).items()},
+        "storage_url": record.storage_url or "",
+        "created_at": schema.to_db_time(record.created_at) if record.created_at else now,
+        "updated_at": now,
+    }
+
+
+def _experiment(row: Any) -> Experiment:
+    return Experiment(
+        id=row.id,
+        name=row.name,
+        config=dict(row.config or {}),
+        description=row.description,
+        state=row.state,
+        created_at=schema.from_db_time(row.created_at),
+        updated_at=schema.from_db_time(row.updated_at),
+    )
+
+
+def _trial(row: Any) -> Trial:
+    return Trial(
+        id=row.id,
+        experiment_id=row.experiment_id,
+        hparams=dict(row.hparams or {}),
+        state=row.state,
+        created_at=schema.from_db_time(row.created_at),
+        updated_at=schema.from_db_time(row.updated_at),
+    )
+
+
+def _check_run_state(state: str, what: str) -> None:
+    if state not in RUN_STATES:
+        raise errors.InvalidConfig(
+            f"Unknown {what} state. Received: state={state!r}; use one of {', '.join(RUN_STATES)}."
+        )
+
+
+def _check_checkpoint_state(state: str) -> None:
+    if state not in STATES:
+        raise errors.InvalidConfig(
+            f"Unknown checkpoint state. Received: state={state!r}; use one of {', '.join(STATES)}."
+        )
+
+
+def _check_id(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise errors.InvalidConfig(f"{name} must be a positive integer. Received: {name}={value!r}")
+
+
+def _check_steps(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise errors.InvalidConfig(
+            f"steps_completed must be a non-negative integer. Received: steps_completed={value!r}"
+        )
+
+
+def _trial_not_found(trial_id: Any) -> errors.TrialNotFound:
+    return errors.TrialNotFound(
+        f"No trial with id {trial_id!r} in the registry. Check the id (list_trials() shows "
+        "them), or create it with create_trial()/ensure_trial()."
+    )
+
+
+def _experiment_not_found(experiment_id: Any) -> errors.ExperimentNotFound:
+    return errors.ExperimentNotFound(
+        f"No experiment with id {experiment_id!r} in the registry. Check the id "
+        "(list_experiments() shows them) or create it with create_experiment()."
+    )
+
+
+def _checkpoint_not_found(uuid: Any) -> errors.CheckpointNotFound:
+    return errors.CheckpointNotFound(
+        f"No checkpoint with uuid {uuid!r} in the registry. Check the UUID (list_checkpoints() "
+        "shows them); if the checkpoint exists in storage, run reindex(storage) first."
+    )
