@@ -1,0 +1,262 @@
+"""``ckptstore checkpoint ...``: list, describe, download, verify and delete checkpoints.
+
+Example::
+
+    $ ckptstore checkpoint list --trial 3 --json
+    $ ckptstore checkpoint download 0b7c... -o ./ckpt --selector '*.keras'
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from typing import Any
+
+import click
+
+from ckptstore import errors
+from ckptstore.cli.output import emit_json, emit_record, emit_rows, human_size
+from ckptstore.cli.progress import transfer_progress
+from ckptstore.cli.state import CliState
+from ckptstore.cli.views import checkpoint_detail, checkpoint_view, model_versions_by_checkpoint
+
+logger = logging.getLogger(__name__)
+
+pass_state = click.make_pass_decorator(CliState)
+
+LIST_COLUMNS = (
+    ("uuid", "UUID"),
+    ("trial_id", "Trial"),
+    ("experiment_id", "Exp"),
+    ("steps_completed", "Steps"),
+    ("state", "State"),
+    ("metrics", "Metrics"),
+    ("created_at", "Created"),
+)
+ALL_STATES = ("PENDING", "COMMITTED", "PARTIALLY_DELETED", "DELETED")
+LIVE_STATES = ("COMMITTED", "PARTIALLY_DELETED")
+
+
+def find_checkpoint(state: CliState, uuid: str) -> Any:
+    """The registry row of ``uuid``; CheckpointNotFound naming both places looked at."""
+    try:
+        return state.registry().get_checkpoint(uuid)
+    except errors.CheckpointNotFound:
+        raise errors.CheckpointNotFound(
+            f"No checkpoint {uuid!r} in the registry {_safe(state)}. Check the UUID with "
+            "`ckptstore checkpoint list`, or run `ckptstore reindex` if the registry is out of "
+            "date with the storage."
+        ) from None
+
+
+def _safe(state: CliState) -> str:
+    registry = state._registry
+    return repr(registry) if registry is not None else "(not opened)"
+
+
+def read_committed_manifest(storage: Any, uuid: str) -> dict[str, Any]:
+    """The manifest of a committed checkpoint; CheckpointNotFound if nothing is stored."""
+    from ckptstore.checkpointing import format as ckpt_format
+
+    if not storage.exists(uuid):
+        raise errors.CheckpointNotFound(
+            f"Checkpoint {uuid} has no files in storage {storage.url}; it was deleted or lives "
+            "in another storage (pass --storage)."
+        )
+    return ckpt_format.read_manifest(storage, uuid)
+
+
+def download_checkpoint(
+    state: CliState, uuid: str, out_dir: str, selector: Any = None, *, label: str = "Downloading"
+) -> dict[str, int]:
+    """Download (with a progress bar on a terminal) and verify checkpoint ``uuid``."""
+    from ckptstore.checkpointing import format as ckpt_format
+
+    try:
+        record = state.registry().get_checkpoint(uuid)
+        storage = state.storage_for(record)
+    except errors.CheckpointNotFound:
+        storage = state.storage()  # not registered: try --storage directly
+    manifest = read_committed_manifest(storage, uuid)
+    select = ckpt_format.compile_selector(selector)
+    # The manifest and metadata always come along, so the folder stays self-describing.
+    wanted = {
+        rel: entry
+        for rel, entry in manifest["files"].items()
+        if select(rel) or rel == ckpt_format.METADATA_NAME
+    }
+    total = sum(int(e["size"]) for e in wanted.values())
+    os.makedirs(out_dir, exist_ok=True)
+    with transfer_progress(f"{label} {uuid[:8]}", total) as progress:
+        storage.download(uuid, out_dir, selector=lambda rel: rel in wanted, progress=progress)
+    checked = ckpt_format.verify_files(out_dir, manifest, lambda rel: rel in wanted)
+    with open(os.path.join(out_dir, ckpt_format.MANIFEST_NAME), "wb") as f:
+        f.write(ckpt_format.dump_json(manifest))
+    return checked
+
+
+@click.group()
+def checkpoint() -> None:
+    """List, describe, download, verify and delete checkpoints.
+
+    \b
+    Example:
+      ckptstore checkpoint list --trial 3
+      ckptstore checkpoint download 0b7c... -o ./ckpt
+    """
+
+
+@checkpoint.command("list")
+@click.option("--trial", "trial_id", type=int, help="Only this trial's checkpoints.")
+@click.option("--experiment", "experiment_id", type=int, help="Only this experiment's checkpoints.")
+@click.option("--all", "include_all", is_flag=True, help="Include PENDING and DELETED checkpoints.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@pass_state
+def list_cmd(
+    state: CliState,
+    trial_id: int | None,
+    experiment_id: int | None,
+    include_all: bool,
+    as_json: bool,
+) -> None:
+    """List checkpoints, oldest first.
+
+    \b
+    Example:
+      ckptstore checkpoint list --experiment 1 --json
+    """
+    registry = state.registry()
+    if trial_id is not None:
+        registry.get_trial(trial_id)  # TrialNotFound -> exit 3
+    if experiment_id is not None:
+        registry.get_experiment(experiment_id)
+    rows = registry.list_checkpoints(
+        trial_id=trial_id,
+        experiment_id=experiment_id,
+        states=ALL_STATES if include_all else LIVE_STATES,
+    )
+    emit_rows([checkpoint_view(c) for c in rows], LIST_COLUMNS, as_json)
+
+
+@checkpoint.command("describe")
+@click.argument("uuid")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@pass_state
+def describe_cmd(state: CliState, uuid: str, as_json: bool) -> None:
+    """Show one checkpoint: trial, steps, state, metrics, metadata and files.
+
+    \b
+    Example:
+      ckptstore checkpoint describe 0b7c4e1e-...
+    """
+    view = checkpoint_detail(find_checkpoint(state, uuid))
+    view["model_versions"] = model_versions_by_checkpoint(state.registry()).get(uuid, [])
+    if as_json:
+        emit_json(view)
+        return
+    resources = view.pop("resources")
+    view["size"] = human_size(view.pop("size_bytes"))
+    emit_record(view, False, title=f"Checkpoint {uuid}")
+    click.echo("files:")
+    for rel, size in sorted(resources.items()):
+        click.echo(f"  {rel}  ({human_size(size)})")
+
+
+@checkpoint.command("download")
+@click.argument("uuid")
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    help="Target folder (default ./UUID).",
+)
+@click.option(
+    "--selector",
+    "selectors",
+    multiple=True,
+    metavar="GLOB",
+    help="Only files matching (repeatable).",
+)
+@pass_state
+def download_cmd(
+    state: CliState, uuid: str, out_dir: str | None, selectors: tuple[str, ...]
+) -> None:
+    """Download a checkpoint and verify every file's size and crc32c.
+
+    \b
+    Example:
+      ckptstore checkpoint download 0b7c... -o ./ckpt --selector 'model.keras'
+    """
+    out_dir = out_dir or os.path.join(os.getcwd(), uuid)
+    checked = download_checkpoint(state, uuid, out_dir, list(selectors) or None)
+    total = sum(checked.values())
+    click.echo(f"Downloaded {len(checked)} files ({human_size(total)}) of {uuid} to {out_dir}")
+
+
+@checkpoint.command("verify")
+@click.argument("uuid")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@pass_state
+def verify_cmd(state: CliState, uuid: str, as_json: bool) -> None:
+    """Download a checkpoint to a temporary folder and check it against its manifest.
+
+    Exits 0 when every file matches, 5 when one is missing or damaged.
+
+    \b
+    Example:
+      ckptstore checkpoint verify 0b7c...
+    """
+    with tempfile.TemporaryDirectory(prefix="ckptstore-verify-") as tmp:
+        checked = download_checkpoint(state, uuid, tmp, label="Verifying")
+    result = {"uuid": uuid, "ok": True, "files": len(checked), "bytes": sum(checked.values())}
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(
+            f"OK: {uuid}: {len(checked)} files, {human_size(result['bytes'])} match the manifest"
+        )
+
+
+@checkpoint.command("delete")
+@click.argument("uuids", nargs=-1, required=True)
+@click.option(
+    "--glob",
+    "globs",
+    multiple=True,
+    metavar="GLOB",
+    help="Delete only matching files (repeatable).",
+)
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@pass_state
+def delete_cmd(state: CliState, uuids: tuple[str, ...], globs: tuple[str, ...], yes: bool) -> None:
+    """Delete checkpoints (or only some of their files with --glob).
+
+    Checkpoints registered as a model version are refused; delete the version first.
+
+    \b
+    Example:
+      ckptstore checkpoint delete 0b7c... --glob 'saved_model/*' -y
+    """
+    from ckptstore.checkpointing import CheckpointContext
+
+    registry = state.registry()
+    protected = registry.protected_checkpoint_uuids()
+    records = [find_checkpoint(state, uuid) for uuid in uuids]
+    for record in records:
+        if record.uuid in protected:
+            raise errors.InvalidConfig(
+                f"Checkpoint {record.uuid} is registered as a model version; delete that version "
+                "first (`ckptstore model describe NAME`)."
+            )
+    what = f"files matching {', '.join(globs)} of" if globs else ""
+    if not yes:
+        click.confirm(f"Delete {what} {len(records)} checkpoint(s)?", abort=True, err=True)
+    for record in records:
+        context = CheckpointContext(state.storage_for(record), index=registry)
+        try:
+            context.delete(record.uuid, globs=list(globs) or None)
+        finally:
+            context.close()
+        click.echo(f"Deleted {what + ' ' if what else ''}{record.uuid}")

@@ -1,0 +1,133 @@
+"""``ckptstore gc``, ``ckptstore reindex`` and ``ckptstore storage validate``.
+
+Example::
+
+    $ ckptstore gc --dry-run --save-trial-latest 2
+    $ ckptstore reindex
+    $ ckptstore storage validate
+"""
+
+from __future__ import annotations
+
+import click
+
+from ckptstore.cli.output import emit_json
+from ckptstore.cli.state import CliState
+
+pass_state = click.make_pass_decorator(CliState)
+
+
+@click.command()
+@click.option("--dry-run", is_flag=True, help="Only print what would be deleted.")
+@click.option(
+    "--save-trial-latest",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Newest checkpoints kept per trial.",
+)
+@click.option(
+    "--save-trial-best",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Best checkpoints kept per trial.",
+)
+@click.option(
+    "--save-experiment-best",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Best checkpoints kept per experiment.",
+)
+@click.option("--metric", default=None, help="Metric that ranks 'best' (default: the policy's).")
+@click.option(
+    "--larger-is-better", is_flag=True, help="Higher --metric is better (default: smaller)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@pass_state
+def gc(
+    state: CliState,
+    dry_run: bool,
+    save_trial_latest: int,
+    save_trial_best: int,
+    save_experiment_best: int,
+    metric: str | None,
+    larger_is_better: bool,
+    as_json: bool,
+) -> None:
+    """Delete checkpoints the retention policy no longer keeps (Determined's defaults).
+
+    Checkpoints registered as model versions are never deleted. Uncommitted leftovers older
+    than the grace period are removed too.
+
+    \b
+    Example:
+      ckptstore gc --dry-run
+      ckptstore gc --save-trial-latest 2 --save-trial-best 1 --metric val_loss
+    """
+    from ckptstore.checkpointing import CheckpointContext
+    from ckptstore.checkpointing.gc import GCPolicy
+
+    policy = GCPolicy.from_determined(
+        save_trial_latest=save_trial_latest,
+        save_trial_best=save_trial_best,
+        save_experiment_best=save_experiment_best,
+        metric=metric,
+        smaller_is_better=not larger_is_better,
+    )
+    context = CheckpointContext(state.storage(), index=state.registry(), gc_policy=policy)
+    try:
+        deleted = list(context.gc(dry_run=dry_run))
+    finally:
+        context.close()
+    if as_json:
+        emit_json({"dry_run": dry_run, "deleted": deleted})
+        return
+    verb = "Would delete" if dry_run else "Deleted"
+    for uuid in deleted:
+        click.echo(f"{verb} {uuid}")
+    click.echo(f"{verb} {len(deleted)} checkpoint(s).")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@pass_state
+def reindex(state: CliState, as_json: bool) -> None:
+    """Rebuild the registry's checkpoint rows from what is in storage.
+
+    Rows whose checkpoint no longer exists in storage are marked DELETED.
+
+    \b
+    Example:
+      ckptstore --storage s3://bucket/ckpts --registry sqlite:///new.db reindex
+    """
+    count = state.registry().reindex(state.storage())
+    if as_json:
+        emit_json({"storage": state.storage().url, "checkpoints": count})
+    else:
+        click.echo(f"Indexed {count} checkpoint(s) from {state.storage().url}")
+
+
+@click.group()
+def storage() -> None:
+    """Check the checkpoint storage.
+
+    \b
+    Example:
+      ckptstore --storage s3://bucket/ckpts storage validate
+    """
+
+
+@storage.command("validate")
+@pass_state
+def validate_cmd(state: CliState) -> None:
+    """Write, read back and delete a probe object (exit 4 on failure).
+
+    \b
+    Example:
+      ckptstore --storage gs://bucket/ckpts storage validate
+    """
+    target = state.storage()
+    target.validate()
+    click.echo(f"OK: {target.url} can be written, read and deleted")

@@ -1,0 +1,78 @@
+"""What every ``ckptstore`` verb shares: the storage and registry it was pointed at.
+
+Both are opened lazily (a verb that needs only the registry never touches storage) and closed
+when the command ends.
+
+Example::
+
+    state = CliState(storage_spec="/tmp/ckpts", registry_url="sqlite:////tmp/reg.db")
+    registry = state.registry()
+    storage = state.storage()
+    state.close()
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ckptstore import defaults
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptstore.registry import Registry
+    from ckptstore.storage_backends.base import Storage
+
+logger = logging.getLogger(__name__)
+
+
+class CliState:
+    """Lazily opened storage(s) and registry for one command invocation.
+
+    Example::
+
+        state = CliState(storage_spec=None, registry_url=None)  # env vars / defaults
+        print(state.storage_url)
+    """
+
+    def __init__(self, storage_spec: str | None = None, registry_url: str | None = None) -> None:
+        self.storage_url = storage_spec or defaults.default_storage_url()
+        self.registry_url = registry_url or defaults.default_registry_url()
+        self._registry: Registry | None = None
+        self._storages: dict[str, Storage] = {}
+
+    def registry(self) -> Registry:
+        """The registry (opened, and migrated, on first use)."""
+        if self._registry is None:
+            from ckptstore.registry import Registry
+
+            self._registry = Registry(self.registry_url)
+        return self._registry
+
+    def storage(self, url: str | None = None) -> Storage:
+        """The storage at ``url`` (default: ``--storage``), opened once per URL."""
+        key = url or self.storage_url
+        if key not in self._storages:
+            from ckptstore.storage_backends import open_storage
+
+            self._storages[key] = open_storage(key)
+        return self._storages[key]
+
+    def storage_for(self, record: Any) -> Storage:
+        """The storage a registry checkpoint row lives in (its own URL, else ``--storage``)."""
+        url = getattr(record, "storage_url", "") or None
+        return self.storage(url)
+
+    def close(self) -> None:
+        """Close everything opened; errors while closing are logged, not raised."""
+        for storage in self._storages.values():
+            try:
+                storage.close()
+            except Exception:  # noqa: BLE001
+                logger.debug("closing %r failed", storage, exc_info=True)
+        self._storages.clear()
+        if self._registry is not None:
+            try:
+                self._registry.close()
+            except Exception:  # noqa: BLE001
+                logger.debug("closing the registry failed", exc_info=True)
+            self._registry = None

@@ -1,0 +1,131 @@
+"""``ckptstore trial ...``: list and describe trials, write a trial's HTML report.
+
+Example::
+
+    $ ckptstore trial list --experiment 1
+    $ ckptstore trial describe 3 --json
+    $ ckptstore trial report 3 -o trial3.html
+"""
+
+from __future__ import annotations
+
+import click
+
+from ckptstore.cli.output import emit_json, emit_rows, format_cell, render_table
+from ckptstore.cli.state import CliState
+from ckptstore.cli.views import checkpoint_view, metric_view, trial_view
+
+pass_state = click.make_pass_decorator(CliState)
+
+LIST_COLUMNS = (
+    ("id", "ID"),
+    ("experiment_id", "Exp"),
+    ("state", "State"),
+    ("hparams", "Hyperparameters"),
+    ("created_at", "Created"),
+)
+
+
+@click.group()
+def trial() -> None:
+    """List and describe trials; write a trial's HTML report.
+
+    \b
+    Example:
+      ckptstore trial describe 3
+    """
+
+
+@trial.command("list")
+@click.option("--experiment", "experiment_id", type=int, help="Only this experiment's trials.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@pass_state
+def list_cmd(state: CliState, experiment_id: int | None, as_json: bool) -> None:
+    """List trials.
+
+    \b
+    Example:
+      ckptstore trial list --experiment 1 --json
+    """
+    registry = state.registry()
+    if experiment_id is not None:
+        registry.get_experiment(experiment_id)
+    emit_rows(
+        [trial_view(t) for t in registry.list_trials(experiment_id=experiment_id)],
+        LIST_COLUMNS,
+        as_json,
+    )
+
+
+def describe_trial(state: CliState, trial_id: int) -> dict:
+    """Trial fields, latest metrics per group, and its checkpoints."""
+    registry = state.registry()
+    view = trial_view(registry.get_trial(trial_id))
+    metrics = [metric_view(m) for m in registry.get_metrics(trial_id)]
+    latest: dict[str, dict] = {}
+    for row in metrics:
+        latest[row["group"]] = {"steps_completed": row["steps_completed"], **row["metrics"]}
+    view["latest_metrics"] = latest
+    view["metric_rows"] = len(metrics)
+    view["checkpoints"] = [checkpoint_view(c) for c in registry.list_checkpoints(trial_id=trial_id)]
+    return view
+
+
+@trial.command("describe")
+@click.argument("trial_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@pass_state
+def describe_cmd(state: CliState, trial_id: int, as_json: bool) -> None:
+    """Show a trial: hyperparameters, latest metrics and checkpoints.
+
+    \b
+    Example:
+      ckptstore trial describe 3
+    """
+    view = describe_trial(state, trial_id)
+    if as_json:
+        emit_json(view)
+        return
+    click.echo(
+        f"Trial {view['id']} (experiment {format_cell(view['experiment_id'])}): {view['state']}"
+    )
+    click.echo(f"created: {format_cell(view['created_at'])}")
+    click.echo("hyperparameters:")
+    for key, value in sorted(view["hparams"].items()):
+        click.echo(f"  {key}: {format_cell(value)}")
+    click.echo("latest metrics:")
+    for group, values in sorted(view["latest_metrics"].items()):
+        click.echo(f"  {group}: {format_cell(values)}")
+    click.echo("checkpoints:")
+    columns = (
+        ("uuid", "UUID"),
+        ("steps_completed", "Steps"),
+        ("state", "State"),
+        ("metrics", "Metrics"),
+    )
+    click.echo(render_table(view["checkpoints"], columns))
+
+
+@trial.command("report")
+@click.argument("trial_id", type=int)
+@click.option(
+    "-o",
+    "--output",
+    "out_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="HTML file to write.",
+)
+@pass_state
+def report_cmd(state: CliState, trial_id: int, out_path: str) -> None:
+    """Write one self-contained HTML page: metric curves, hyperparameters, checkpoints.
+
+    \b
+    Example:
+      ckptstore trial report 3 -o trial3.html
+    """
+    from ckptstore.reports import collect_trial_report, render_report, write_report
+
+    report = collect_trial_report(state.registry(), trial_id)
+    write_report(render_report(report), out_path)
+    click.echo(f"Wrote {out_path}")

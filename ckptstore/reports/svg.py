@@ -1,0 +1,165 @@
+"""Line charts as inline SVG, drawn with plain Python (no JavaScript, no external files).
+
+Example::
+
+    from ckptstore.reports.svg import Series, line_chart
+
+    svg = line_chart("loss", [Series("training", [(1, 0.9), (2, 0.5)])], x_label="steps")
+    assert svg.startswith("<svg")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from html import escape
+
+#: Colours of successive series (training, validation, ...), readable on white.
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+
+
+@dataclasses.dataclass
+class Series:
+    """One named line: ``points`` are ``(x, y)`` pairs; non-finite values are dropped."""
+
+    name: str
+    points: Sequence[tuple[float, float]]
+    color: str | None = None
+
+    def finite_points(self) -> list[tuple[float, float]]:
+        return sorted(
+            (float(x), float(y)) for x, y in self.points if math.isfinite(x) and math.isfinite(y)
+        )
+
+
+def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """About ``count`` round tick values covering ``[low, high]``."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return [0.0]
+    if high <= low:
+        return [low]
+    raw = (high - low) / max(count, 1)
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    first = math.ceil(low / step) * step
+    ticks = []
+    value = first
+    while value <= high + step * 1e-9:
+        ticks.append(round(value, 12))
+        value += step
+    return ticks or [low]
+
+
+def format_tick(value: float) -> str:
+    """Short label: ``1000`` -> ``1k``, ``0.000123`` -> ``1.23e-04``."""
+    if value == 0:
+        return "0"
+    if abs(value) >= 1e4 and float(value).is_integer():
+        return f"{value / 1000:g}k"
+    if abs(value) < 1e-3 or abs(value) >= 1e6:
+        return f"{value:.2e}"
+    return f"{value:.4g}"
+
+
+def line_chart(
+    title: str,
+    series: Sequence[Series],
+    *,
+    x_label: str = "batches",
+    width: int = 520,
+    height: int = 280,
+) -> str:
+    """An ``<svg>`` element with one ``<polyline>`` per series that has points, axes with
+    round ticks, a legend and a title. Series without finite points are listed as "no data"."""
+    left, right, top, bottom = 64, 16, 34, 46
+    plot_w, plot_h = width - left - right, height - top - bottom
+    drawn = [(s, s.finite_points()) for s in series]
+    all_points = [p for _, pts in drawn for p in pts]
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
+        f"<title>{escape(title)}</title>",
+        f'<rect x="0" y="0" width="{width}" height="{height}" fill="#ffffff"/>',
+        f'<text x="{width / 2:.1f}" y="20" text-anchor="middle" font-size="14" '
+        f'font-weight="bold">{escape(title)}</text>',
+    ]
+    if not all_points:
+        parts.append(
+            f'<text x="{width / 2:.1f}" y="{height / 2:.1f}" text-anchor="middle" '
+            'font-size="13" fill="#666">no data</text></svg>'
+        )
+        return "".join(parts)
+
+    xs = [p[0] for p in all_points]
+    ys = [p[1] for p in all_points]
+    x_lo, x_hi = min(xs), max(xs)
+    y_lo, y_hi = min(ys), max(ys)
+    if x_hi == x_lo:
+        x_lo, x_hi = x_lo - 1, x_hi + 1
+    if y_hi == y_lo:
+        pad = abs(y_lo) * 0.1 or 1.0
+        y_lo, y_hi = y_lo - pad, y_hi + pad
+    else:
+        pad = (y_hi - y_lo) * 0.05
+        y_lo, y_hi = y_lo - pad, y_hi + pad
+
+    def sx(x: float) -> float:
+        return left + (x - x_lo) / (x_hi - x_lo) * plot_w
+
+    def sy(y: float) -> float:
+        return top + plot_h - (y - y_lo) / (y_hi - y_lo) * plot_h
+
+    # grid and ticks
+    for tick in nice_ticks(y_lo, y_hi):
+        y = sy(tick)
+        parts.append(
+            f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#e5e5e5"/>'
+        )
+        parts.append(
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11" '
+            f'fill="#444">{escape(format_tick(tick))}</text>'
+        )
+    for tick in nice_ticks(x_lo, x_hi):
+        x = sx(tick)
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" stroke="#f0f0f0"/>'
+        )
+        parts.append(
+            f'<text x="{x:.1f}" y="{top + plot_h + 16}" text-anchor="middle" font-size="11" '
+            f'fill="#444">{escape(format_tick(tick))}</text>'
+        )
+    parts.append(
+        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#888"/>'
+    )
+    parts.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{height - 8}" text-anchor="middle" '
+        f'font-size="12" fill="#333">{escape(x_label)}</text>'
+    )
+
+    # lines, markers and legend
+    legend_x = left + 8
+    for index, (item, pts) in enumerate(drawn):
+        color = item.color or PALETTE[index % len(PALETTE)]
+        label = item.name if pts else f"{item.name} (no data)"
+        legend_y = top + 14 + 16 * index
+        parts.append(
+            f'<line x1="{legend_x}" y1="{legend_y - 4}" x2="{legend_x + 18}" y2="{legend_y - 4}" '
+            f'stroke="{color}" stroke-width="2.5"/>'
+            f'<text x="{legend_x + 24}" y="{legend_y}" font-size="11" fill="#222">{escape(label)}</text>'
+        )
+        if not pts:
+            continue
+        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+        parts.append(
+            f'<polyline class="series" data-series="{escape(item.name)}" points="{coords}" '
+            f'fill="none" stroke="{color}" stroke-width="2"/>'
+        )
+        if len(pts) <= 60:
+            for x, y in pts:
+                parts.append(
+                    f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{color}">'
+                    f"<title>{escape(item.name)}: step {format_tick(x)}, {y:.6g}</title></circle>"
+                )
+    parts.append("</svg>")
+    return "".join(parts)
