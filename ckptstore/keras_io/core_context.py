@@ -63,6 +63,7 @@ class Context:
         info: trial_info.ClusterInfo,
         registry: Any,
         owns_registry: bool = False,
+        owns_distributed: bool = True,
     ) -> None:
         self.checkpoint = checkpoint
         self.train = train
@@ -71,6 +72,7 @@ class Context:
         self.info = info
         self.registry = registry
         self._owns_registry = owns_registry
+        self._owns_distributed = owns_distributed
         self._closed = False
 
     @property
@@ -119,8 +121,9 @@ class Context:
             self.preempt.close()
             with contextlib.suppress(Exception):
                 self.checkpoint.close()
-            with contextlib.suppress(Exception):
-                self.distributed.close()
+            if self._owns_distributed:
+                with contextlib.suppress(Exception):
+                    self.distributed.close()
             if self._owns_registry:
                 with contextlib.suppress(Exception):
                     self.registry.close()
@@ -226,6 +229,7 @@ def init(
     preempt_signals: bool = True,
     set_trial_state: bool = False,
     checkpoint_storage: Any = None,
+    close_distributed: bool = True,
 ) -> Iterator[Context]:
     """Open the core context of a trial; a context manager yielding :class:`Context`.
 
@@ -249,6 +253,8 @@ def init(
         set_trial_state: on exit the chief marks the trial COMPLETED (clean exit), PAUSED
             (preempted) or ERROR (exception). Off by default: the trial row keeps its state, so
             a script run several times (resume) is not marked finished by the first run.
+        close_distributed: close ``distributed`` on exit (as Determined does); False keeps the
+            channel open for a caller that owns it.
 
     On exit, waits for background uploads (a failure is raised), restores signal handlers and
     closes the distributed channel, checkpoint context and (if opened here) the registry.
@@ -278,7 +284,7 @@ def init(
         hparams = trial_info.parse_json_env(trial_info.HPARAMS_ENV)
     hparams = dict(hparams) if hparams is not None else None
 
-    owns_distributed = distributed is None
+    owns_distributed = distributed is None or close_distributed
     distributed = distributed if distributed is not None else _single_distributed()
     owns_registry = not isinstance(registry, Registry)
     reg = None
@@ -313,6 +319,7 @@ def init(
             info=info,
             registry=reg,
             owns_registry=owns_registry,
+            owns_distributed=close_distributed,
         )
     except BaseException:
         if preempt is not None:

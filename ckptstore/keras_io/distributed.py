@@ -142,6 +142,20 @@ def _port_from_env() -> int | None:
     return int(raw)
 
 
+def shard_batch_size(global_batch_size: int, size: int) -> int:
+    """``global_batch_size // size``; InvalidConfig when it is not a positive multiple of ``size``."""
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int):
+        raise errors.InvalidConfig(
+            f"global_batch_size must be an int. Received: global_batch_size={global_batch_size!r}."
+        )
+    if global_batch_size < size or global_batch_size % size:
+        raise errors.InvalidConfig(
+            f"global_batch_size must be a positive multiple of the number of workers ({size}) so "
+            f"every worker gets the same batch size. Received: global_batch_size={global_batch_size}."
+        )
+    return global_batch_size // size
+
+
 class DistributedContext(_BaseDistributedContext):
     """Determined's ``core.DistributedContext`` with :meth:`from_tf_config`.
 
@@ -153,6 +167,10 @@ class DistributedContext(_BaseDistributedContext):
         distributed, strategy = DistributedContext.from_tf_config()
         print(distributed.rank, distributed.size, strategy.num_replicas_in_sync)
     """
+
+    def shard_batch_size(self, global_batch_size: int) -> int:
+        """This worker's batch size, so that all workers together use ``global_batch_size``."""
+        return shard_batch_size(global_batch_size, self.size)
 
     @classmethod
     def from_tf_config(
@@ -205,4 +223,4 @@ class DistributedContext(_BaseDistributedContext):
         return cls(rank=0, size=1), strategy
 
 
-__all__ = ["DistributedContext", "TFClusterLayout", "parse_tf_config"]
+__all__ = ["DistributedContext", "TFClusterLayout", "parse_tf_config", "shard_batch_size"]

@@ -1,0 +1,389 @@
+"""Load Keras models from checkpoints: from a local folder, or by trial / UUID from storage.
+
+A checkpoint written by ``DeterminedCallback`` holds ``model.keras`` (architecture, weights,
+optimizer state) and, for the final checkpoint, an inference SavedModel in ``saved_model/``.
+:func:`load_model_from_checkpoint_path` prefers the ``.keras`` file and falls back to the
+SavedModel (inference only). :func:`load_checkpoint_model` finds the checkpoint through the
+registry (or by scanning storage when the registry does not know it), downloads it with checksum
+verification into a temporary folder, and loads it.
+
+Example::
+
+    import ckptstore
+
+    model = ckptstore.load_checkpoint_model(trial_id=3)                   # latest of trial 3
+    model = ckptstore.load_checkpoint_model(trial_id=3, best_by="val_loss")
+    model = ckptstore.load_checkpoint_model(checkpoint_uuid="0b7c...", storage="s3://b/ckpts")
+    predictions = model.predict(x)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from ckptstore import errors
+
+logger = logging.getLogger(__name__)
+
+#: The name DeterminedCallback gives the Keras file inside a checkpoint.
+MODEL_FILENAME = "model.keras"
+#: The folder DeterminedCallback exports the inference SavedModel to.
+SAVED_MODEL_DIRNAME = "saved_model"
+#: The SavedModel endpoint ``model.export()`` writes.
+SERVE_ENDPOINT = "serve"
+
+_UNKNOWN_CLASS = re.compile(r"Could not locate (?:class|function) '([^']+)'")
+
+
+# ---- local folder --------------------------------------------------------------------------------
+def _find_keras_file(path: str) -> str | None:
+    if os.path.isfile(path) and path.endswith(".keras"):
+        return path
+    preferred = os.path.join(path, MODEL_FILENAME)
+    if os.path.isfile(preferred):
+        return preferred
+    candidates = sorted(n for n in os.listdir(path) if n.endswith(".keras"))
+    if len(candidates) == 1:
+        return os.path.join(path, candidates[0])
+    if len(candidates) > 1:
+        raise errors.ModelLoadError(
+            f"Checkpoint folder {path} holds several .keras files {candidates} and no "
+            f"{MODEL_FILENAME}; pass the path of the one to load."
+        )
+    return None
+
+
+def _find_saved_model(path: str) -> str | None:
+    for candidate in (os.path.join(path, SAVED_MODEL_DIRNAME), path):
+        if os.path.isfile(os.path.join(candidate, "saved_model.pb")):
+            return candidate
+    return None
+
+
+def _load_keras_file(
+    keras_file: str, compile: bool, custom_objects: Mapping[str, Any] | None, safe_mode: bool
+) -> Any:
+    import keras
+
+    try:
+        return keras.saving.load_model(
+            keras_file,
+            compile=compile,
+            custom_objects=dict(custom_objects) if custom_objects else None,
+            safe_mode=safe_mode,
+        )
+    except (TypeError, ValueError) as exc:
+        message = str(exc)
+        if "safe_mode" in message and ("Lambda" in message or "lambda" in message):
+            raise errors.UnsafeCheckpointContent(
+                f"{keras_file} contains a Lambda layer holding Python bytecode, which could run "
+                "arbitrary code, so it was not loaded. If you trust this checkpoint, pass "
+                "safe_mode=False."
+            ) from exc
+        missing = _UNKNOWN_CLASS.search(message)
+        if missing or "could not be deserialized" in message:
+            what = f"'{missing.group(1)}'" if missing else "a custom layer, loss or metric"
+            raise errors.ModelLoadError(
+                f"{keras_file} uses {what}, which Keras does not know. Import the module that "
+                "defines it (decorated with @keras.saving.register_keras_serializable()) or pass "
+                f"custom_objects={{{what if missing else repr('Name')}: TheClass}}."
+            ) from exc
+        raise errors.ModelLoadError(f"Keras could not load {keras_file}: {exc}") from exc
+    except OSError as exc:
+        raise errors.ModelLoadError(f"Could not read {keras_file}: {exc}") from exc
+
+
+class SavedModelPredictor:
+    """Inference-only wrapper of a SavedModel with several inputs (``predict`` and ``__call__``).
+
+    Example::
+
+        predictor = SavedModelPredictor("ckpt/saved_model")
+        y = predictor.predict({"a": xa, "b": xb})
+    """
+
+    def __init__(self, path: str, endpoint: str = SERVE_ENDPOINT) -> None:
+        import tensorflow as tf
+
+        self.path = path
+        self._loaded = tf.saved_model.load(path)
+        self._fn = getattr(self._loaded, endpoint)
+
+    def __call__(self, inputs: Any) -> Any:
+        return self._fn(inputs)
+
+    def predict(self, x: Any, batch_size: int = 32, verbose: Any = 0, **_: Any) -> Any:
+        """Run the endpoint over ``x`` in batches; returns NumPy arrays."""
+        import numpy as np
+        import tensorflow as tf
+
+        first = next(iter(x.values())) if isinstance(x, Mapping) else x
+        n = len(first)
+        outputs = []
+        for start in range(0, n, batch_size):
+            if isinstance(x, Mapping):
+                batch = {k: v[start : start + batch_size] for k, v in x.items()}
+            else:
+                batch = x[start : start + batch_size]
+            outputs.append(tf.nest.map_structure(lambda t: t.numpy(), self._fn(batch)))
+        return tf.nest.map_structure(lambda *parts: np.concatenate(parts), *outputs)
+
+
+def _load_saved_model(path: str) -> Any:
+    import keras
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(path)
+    signature = loaded.signatures.get("serving_default")
+    if signature is not None:
+        _, kwargs = signature.structured_input_signature
+        if len(kwargs) == 1:
+            spec = next(iter(kwargs.values()))
+            inputs = keras.Input(shape=tuple(spec.shape[1:]), dtype=spec.dtype.name)
+            layer = keras.layers.TFSMLayer(path, call_endpoint=SERVE_ENDPOINT)
+            return keras.Model(inputs, layer(inputs), name="saved_model_inference")
+    return SavedModelPredictor(path)
+
+
+def load_model_from_checkpoint_path(
+    path: str,
+    compile: bool = True,
+    custom_objects: Mapping[str, Any] | None = None,
+    safe_mode: bool = True,
+) -> Any:
+    """A Keras model from a local checkpoint folder (or a ``.keras`` file).
+
+    Loads ``model.keras`` (or the folder's only ``*.keras``) with its optimizer state. When there
+    is none, falls back to the inference SavedModel in ``saved_model/`` (or ``path`` itself),
+    wrapped as a ``keras.Model`` around ``keras.layers.TFSMLayer`` (a :class:`SavedModelPredictor`
+    when it has several inputs): good for ``predict()``, not for training.
+
+    Raises:
+        ModelLoadError: no model files, unknown custom objects (pass ``custom_objects``), or an
+            unreadable file.
+        UnsafeCheckpointContent: a Lambda layer under ``safe_mode=True``.
+
+    Example::
+
+        model = load_model_from_checkpoint_path("/tmp/ckpt", compile=False)
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise errors.ModelLoadError(
+            f"Checkpoint path {path} does not exist; download the checkpoint first "
+            "(CheckpointContext.download) or use ckptstore.load_checkpoint_model()."
+        )
+    keras_file = _find_keras_file(path)
+    if keras_file is not None:
+        logger.info("Loading Keras model from %s", keras_file)
+        return _load_keras_file(keras_file, compile, custom_objects, safe_mode)
+    saved_model = _find_saved_model(path)
+    if saved_model is not None:
+        logger.info(
+            "No .keras file in %s; loading the SavedModel %s for inference", path, saved_model
+        )
+        return _load_saved_model(saved_model)
+    raise errors.ModelLoadError(
+        f"Checkpoint folder {path} has no model: expected {MODEL_FILENAME} (or one *.keras file) "
+        f"or an inference SavedModel in {SAVED_MODEL_DIRNAME}/saved_model.pb. Found: "
+        f"{sorted(os.listdir(path)) if os.path.isdir(path) else path}."
+    )
+
+
+# ---- by trial / uuid -----------------------------------------------------------------------------
+def _metric_value(metrics: Mapping[str, Any] | None, name: str) -> float | None:
+    if not metrics:
+        return None
+    for scope in (
+        metrics,
+        metrics.get("validation_metrics") or {},
+        metrics.get("avg_metrics") or {},
+    ):
+        value = scope.get(name) if isinstance(scope, Mapping) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def _scan_trial(storage: Any, trial_id: int, best_by: str | None, smaller_is_better: bool) -> str:
+    """Find a trial's latest/best checkpoint from storage alone (no registry row)."""
+    from ckptstore.checkpointing.format import scan_checkpoints
+
+    records = [r for r in scan_checkpoints(storage) if r.trial_id == trial_id]
+    if not records:
+        raise errors.TrialNotFound(
+            f"Trial {trial_id} is not in the registry and {storage.url} holds no checkpoint of "
+            "it. Check the trial id, or pass the registry=/storage= it was trained with."
+        )
+    if best_by is None:
+        return max(records, key=lambda r: (r.steps_completed, r.created_at or 0)).uuid
+    scored = [(v, r) for r in records if (v := _metric_value(r.metrics, best_by)) is not None]
+    if not scored:
+        raise errors.CheckpointNotFound(
+            f"No checkpoint of trial {trial_id} in {storage.url} has the metric {best_by!r}; "
+            "use a metric the trial reported with its checkpoints, or drop best_by."
+        )
+    pick = min if smaller_is_better else max
+    return pick(scored, key=lambda vr: vr[0])[1].uuid
+
+
+def resolve_checkpoint(
+    registry: Any,
+    storage: Any,
+    trial_id: int | None,
+    checkpoint_uuid: str | None,
+    best_by: str | None = None,
+    smaller_is_better: bool = True,
+) -> tuple[str, str | None]:
+    """``(uuid, storage_url or None)`` of the checkpoint to load (see :func:`load_checkpoint_model`)."""
+    from ckptstore.checkpointing.format import is_committed
+
+    if (trial_id is None) == (checkpoint_uuid is None):
+        raise errors.InvalidConfig(
+            "Pass exactly one of trial_id= (its latest or best checkpoint) or checkpoint_uuid=. "
+            f"Received: trial_id={trial_id!r}, checkpoint_uuid={checkpoint_uuid!r}."
+        )
+    if checkpoint_uuid is not None:
+        try:
+            row = registry.get_checkpoint(checkpoint_uuid)
+            if row.state in ("COMMITTED", "PARTIALLY_DELETED"):
+                return row.uuid, row.storage_url or None
+        except errors.CheckpointNotFound:
+            pass
+        if storage is not None and is_committed(storage(), checkpoint_uuid):
+            return checkpoint_uuid, None
+        raise errors.CheckpointNotFound(
+            f"No committed checkpoint {checkpoint_uuid!r} in the registry or in storage; check "
+            "the UUID (`ckptstore checkpoint list`) and the storage=/registry= arguments."
+        )
+    assert trial_id is not None
+    try:
+        registry.get_trial(trial_id)
+    except errors.TrialNotFound:
+        return _scan_trial(storage(), trial_id, best_by, smaller_is_better), None
+    if best_by is None:
+        row = registry.latest_checkpoint(trial_id)
+    else:
+        row = registry.best_checkpoint(
+            trial_id=trial_id, metric=best_by, smaller_is_better=smaller_is_better
+        )
+    if row is None:
+        what = "checkpoint" if best_by is None else f"checkpoint with the metric {best_by!r}"
+        raise errors.CheckpointNotFound(
+            f"Trial {trial_id} has no committed {what} yet; train it (with a checkpointing "
+            "callback) first, or load by checkpoint_uuid=."
+        )
+    return row.uuid, row.storage_url or None
+
+
+def load_checkpoint_model(
+    trial_id: int | None = None,
+    checkpoint_uuid: str | None = None,
+    *,
+    storage: Any = None,
+    registry: Any = None,
+    best_by: str | None = None,
+    smaller_is_better: bool = True,
+    compile: bool = True,
+    custom_objects: Mapping[str, Any] | None = None,
+    safe_mode: bool = True,
+) -> Any:
+    """Download, verify and load the model of a checkpoint.
+
+    Args:
+        trial_id: load this trial's latest checkpoint (or its best by ``best_by``).
+        checkpoint_uuid: load this checkpoint. Pass exactly one of the two.
+        storage: where the checkpoint lives (URL, dict or Storage). Default: the storage URL the
+            registry recorded for the checkpoint, else ``CKPTSTORE_STORAGE`` / the default folder.
+        registry: a Registry or URL; default ``CKPTSTORE_REGISTRY`` / the default SQLite file.
+            A trial or UUID the registry does not know is looked for in storage.
+        best_by: a validation metric name; picks the trial's best checkpoint by it.
+        smaller_is_better: direction of ``best_by``.
+        compile, custom_objects, safe_mode: as for ``keras.saving.load_model``.
+
+    Raises:
+        TrialNotFound, CheckpointNotFound, ChecksumMismatch, ModelLoadError,
+        UnsafeCheckpointContent, InvalidConfig (from :mod:`ckptstore.errors`).
+
+    Example::
+
+        model = ckptstore.load_checkpoint_model(trial_id=3, best_by="val_accuracy",
+                                                smaller_is_better=False)
+    """
+    from ckptstore import defaults
+    from ckptstore.checkpointing import CheckpointContext
+    from ckptstore.keras_io.trial_info import storage_from_env
+    from ckptstore.registry import Registry, open_registry
+    from ckptstore.storage_backends import open_storage
+
+    opened: list[Any] = []
+
+    def storage_for(url: str | None = None) -> Any:
+        spec = storage if storage is not None else (url or storage_from_env())
+        spec = spec or defaults.default_storage_url()
+        if hasattr(spec, "download") and hasattr(spec, "list"):
+            return spec
+        if isinstance(spec, Mapping):
+            from ckptstore.storage_backends import split_storage_config
+
+            spec = split_storage_config(dict(spec))[0]
+        opened.append(open_storage(spec))
+        return opened[-1]
+
+    owns_registry = not isinstance(registry, Registry)
+    reg = open_registry(registry)
+    try:
+        uuid, recorded_url = resolve_checkpoint(
+            reg, storage_for, trial_id, checkpoint_uuid, best_by, smaller_is_better
+        )
+        store = storage_for(recorded_url)
+        ckpt = CheckpointContext(store, verify=True)
+        tmp = tempfile.mkdtemp(prefix=f"ckptstore-load-{uuid[:8]}-")
+        try:
+            logger.info("Downloading checkpoint %s from %s", uuid, store.url)
+            ckpt.download(uuid, tmp)
+            model = load_model_from_checkpoint_path(
+                tmp, compile=compile, custom_objects=custom_objects, safe_mode=safe_mode
+            )
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if _find_keras_file(tmp) is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            # A SavedModel may read assets lazily: keep the files while the model lives.
+            import weakref
+
+            weakref.finalize(model, shutil.rmtree, tmp, True)
+        with _suppress():
+            ckpt.close()
+        return model
+    finally:
+        for s in opened:
+            with _suppress():
+                s.close()
+        if owns_registry:
+            with _suppress():
+                reg.close()
+
+
+def _suppress() -> Any:
+    import contextlib
+
+    return contextlib.suppress(Exception)
+
+
+__all__ = [
+    "MODEL_FILENAME",
+    "SAVED_MODEL_DIRNAME",
+    "SavedModelPredictor",
+    "load_checkpoint_model",
+    "load_model_from_checkpoint_path",
+    "resolve_checkpoint",
+]
