@@ -1,0 +1,73 @@
+"""Checkpoints that are never half-written: the format, the commit protocol, background and
+sharded uploads, retention (GC) and the collectives they need.
+
+Example::
+
+    from ckptstore.checkpointing import CheckpointContext, GCPolicy
+
+    ctx = CheckpointContext("s3://bucket/ckpts", trial_id=1,
+                            gc_policy=GCPolicy.from_determined(metric="val_loss"))
+    uuid = ctx.upload("/tmp/ckpt", {"steps_completed": 100}, background=True)
+    ctx.wait()
+"""
+
+from __future__ import annotations
+
+from ckptstore.checkpointing.context import CheckpointContext
+from ckptstore.checkpointing.distributed import DistributedContext, DummyDistributed
+from ckptstore.checkpointing.format import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    METADATA_NAME,
+    build_manifest,
+    is_committed,
+    list_committed,
+    read_manifest,
+    read_metadata,
+    scan_checkpoints,
+    verify_files,
+)
+from ckptstore.checkpointing.gc import (
+    AnyOf,
+    BestN,
+    ExperimentBestN,
+    GCPolicy,
+    KeepAll,
+    LatestN,
+)
+from ckptstore.checkpointing.index import (
+    COMMITTED,
+    DELETED,
+    PARTIALLY_DELETED,
+    PENDING,
+    CheckpointIndex,
+    CheckpointRecord,
+)
+
+__all__ = [
+    "AnyOf",
+    "BestN",
+    "COMMITTED",
+    "CheckpointContext",
+    "CheckpointIndex",
+    "CheckpointRecord",
+    "DELETED",
+    "DistributedContext",
+    "DummyDistributed",
+    "ExperimentBestN",
+    "FORMAT_VERSION",
+    "GCPolicy",
+    "KeepAll",
+    "LatestN",
+    "MANIFEST_NAME",
+    "METADATA_NAME",
+    "PARTIALLY_DELETED",
+    "PENDING",
+    "build_manifest",
+    "is_committed",
+    "list_committed",
+    "read_manifest",
+    "read_metadata",
+    "scan_checkpoints",
+    "verify_files",
+]

@@ -1,0 +1,150 @@
+"""Garbage collection: apply a retention policy to a trial's checkpoints and remove
+uncommitted leftovers.
+
+GC is idempotent and tolerant: files already gone are fine, a failure on one checkpoint is
+logged and the others are still processed. It never deletes a protected checkpoint (registered
+as a model version, pinned, or the one the current run resumed from) nor an upload in flight.
+
+Example::
+
+    from ckptstore.checkpointing.collector import collect
+    from ckptstore.checkpointing.gc import LatestN
+
+    deleted = collect(storage, policy=LatestN(2), trial_id=7)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ckptstore import errors
+from ckptstore.checkpointing import commit
+from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing.gc import GCContext, GCPolicy
+from ckptstore.checkpointing.index import DELETED, CheckpointIndex, CheckpointRecord
+
+logger = logging.getLogger(__name__)
+
+#: Uncommitted folders younger than this are left alone (they may be uploads in progress).
+DEFAULT_GRACE_SECONDS = 3600.0
+
+
+def _same_storage(record: CheckpointRecord, storage_url: str) -> bool:
+    return not record.storage_url or record.storage_url == storage_url
+
+
+def _candidates(
+    storage: Any,
+    index: CheckpointIndex | None,
+    trial_id: int | None,
+    experiment_id: int | None,
+    storage_url: str,
+) -> tuple[list[CheckpointRecord], list[CheckpointRecord]]:
+    """(the trial's committed checkpoints, the experiment's), oldest first."""
+    if index is not None:
+        trial = index.checkpoint_records(trial_id=trial_id)
+        if trial_id is None:
+            trial = [r for r in trial if r.trial_id is None]
+        experiment = (
+            index.checkpoint_records(experiment_id=experiment_id)
+            if experiment_id is not None
+            else []
+        )
+    else:
+        scanned = fmt.scan_checkpoints(storage, storage_url)
+        trial = [r for r in scanned if r.trial_id == trial_id]
+        experiment = (
+            [r for r in scanned if r.experiment_id == experiment_id]
+            if experiment_id is not None
+            else []
+        )
+    trial = fmt.sort_records(r for r in trial if _same_storage(r, storage_url))
+    return trial, fmt.sort_records(experiment)
+
+
+def collect(
+    storage: Any,
+    *,
+    policy: GCPolicy | None,
+    index: CheckpointIndex | None = None,
+    trial_id: int | None = None,
+    experiment_id: int | None = None,
+    protected: Iterable[str] = (),
+    in_flight: Iterable[str] = (),
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    storage_url: str | None = None,
+    dry_run: bool = False,
+) -> list[str]:
+    """Delete the trial's checkpoints ``policy`` does not keep, then uncommitted leftovers
+    older than ``grace_seconds``. Returns the deleted (or, with ``dry_run``, deletable) names.
+
+    ``policy=None`` keeps every committed checkpoint (only leftovers are removed).
+    """
+    url = storage_url or storage.url
+    keep = set(protected) | set(in_flight)
+    if index is not None:
+        keep |= set(index.protected_checkpoint_uuids())
+    doomed: list[str] = []
+    if policy is not None:
+        trial, experiment = _candidates(storage, index, trial_id, experiment_id, url)
+        flags = policy.should_preserve(trial, context=GCContext(experiment_checkpoints=experiment))
+        doomed = [
+            r.uuid for r, flag in zip(trial, flags, strict=True) if not flag and r.uuid not in keep
+        ]
+    deleted: list[str] = []
+    for uuid in doomed:
+        if dry_run:
+            deleted.append(uuid)
+            continue
+        try:
+            commit.delete_checkpoint(storage, uuid, index)
+            deleted.append(uuid)
+        except errors.CkptstoreError as exc:
+            logger.warning("GC could not delete checkpoint %s: %s", uuid, exc)
+    deleted += _collect_leftovers(storage, index, keep, grace_seconds, dry_run)
+    if deleted:
+        logger.info("GC %s %s in %s", "would delete" if dry_run else "deleted", deleted, url)
+    return deleted
+
+
+def _collect_leftovers(
+    storage: Any,
+    index: CheckpointIndex | None,
+    keep: set[str],
+    grace_seconds: float,
+    dry_run: bool,
+) -> list[str]:
+    now = time.time()
+    removed = []
+    for name in storage.list_children(""):
+        if name.startswith(fmt.STAGING_PREFIX):
+            uuid = name[len(fmt.STAGING_PREFIX) :]
+        elif fmt.is_checkpoint_name(name):
+            uuid = name
+        else:
+            continue
+        if uuid in keep:
+            continue
+        try:
+            if name == uuid and storage.exists(f"{uuid}/{fmt.MANIFEST_NAME}"):
+                continue  # committed (or a damaged manifest: left for a human to look at)
+            started = commit.leftover_started_at(storage, name)
+            if started is None:
+                logger.debug("GC leaves %s alone: cannot tell its age.", name)
+                continue
+            if now - started < grace_seconds:
+                continue
+            if not dry_run:
+                storage.delete(name)
+                if index is not None and name == uuid:
+                    try:
+                        index.set_checkpoint_state(uuid, DELETED, resources={})
+                    except errors.CkptstoreError:
+                        pass  # not in the index: nothing to update
+            removed.append(name)
+        except errors.CkptstoreError as exc:
+            logger.warning("GC could not remove the uncommitted folder %s: %s", name, exc)
+    return removed

@@ -1,0 +1,238 @@
+"""The commit and delete protocols on storage, without any context or threads.
+
+Commit: (remote) a pending marker -> the files -> ``metadata.json`` -> ``MANIFEST.json``
+create-only, last -> marker removed. On a local file system a finished staging folder is
+renamed into place instead of uploading. Full delete removes the manifest first, so a delete
+cut short leaves an uncommitted folder (ignored by readers, removed by GC), never a checkpoint
+with missing files.
+
+Example::
+
+    from ckptstore.checkpointing import commit, format as ckpt_format
+    metadata = ckpt_format.build_metadata(uuid, {"steps_completed": 10})
+    record = commit.commit_dir(storage, uuid, "/tmp/ckpt", metadata)
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ckptstore import errors
+from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing.index import (
+    DELETED,
+    PARTIALLY_DELETED,
+    PENDING,
+    CheckpointIndex,
+    CheckpointRecord,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class PreparedFiles:
+    """The user's files of one checkpoint folder and their manifest entries."""
+
+    def __init__(self, local_dir: str) -> None:
+        self.local_dir = local_dir
+        self.files = fmt.local_files(local_dir)
+        self.entries = fmt.manifest_entries(self.files)
+        top = set(os.listdir(local_dir))
+        #: True when the folder holds reserved names we must not upload (so upload by list).
+        self.has_reserved = bool(top & fmt.RESERVED_NAMES)
+        if self.has_reserved:
+            # Uploading an explicit list loses empty-folder markers; keep the manifest honest.
+            self.entries = {r: e for r, e in self.entries.items() if not r.endswith("/")}
+
+    def upload_to(self, storage: Any, uuid: str) -> dict[str, int]:
+        """Upload these files to ``uuid/``."""
+        if not self.entries:
+            return {}
+        paths = None if not self.has_reserved else list(self.entries)
+        return storage.upload(self.local_dir, uuid, paths=paths)
+
+
+def manifest_for(uuid: str, entries: Mapping[str, Any], metadata_bytes: bytes) -> dict[str, Any]:
+    """A manifest of ``entries`` plus ``metadata.json``."""
+    files = dict(entries)
+    files[fmt.METADATA_NAME] = {
+        "size": len(metadata_bytes),
+        "crc32c": fmt.crc32c_bytes(metadata_bytes),
+    }
+    return {
+        "format_version": fmt.FORMAT_VERSION,
+        "uuid": uuid,
+        "files": dict(sorted(files.items())),
+    }
+
+
+def write_pending_marker(storage: Any, uuid: str) -> None:
+    """Date the start of an upload so GC can tell a stale leftover from a live upload."""
+    info = {"started_at": time.time(), "host": os.uname().nodename, "pid": os.getpid()}
+    storage.write_bytes(f"{uuid}/{fmt.PENDING_MARKER_NAME}", fmt.dump_json(info))
+
+
+def remove_pending_marker(storage: Any, uuid: str) -> None:
+    try:
+        storage.delete(f"{uuid}/{fmt.PENDING_MARKER_NAME}")
+    except errors.StorageError as exc:  # harmless: the manifest already committed it
+        logger.warning("Could not remove the pending marker of %s: %s", uuid, exc)
+
+
+def write_manifest(storage: Any, uuid: str, manifest: Mapping[str, Any]) -> None:
+    """Write ``MANIFEST.json`` create-only: the commit point."""
+    if not storage.write_if_absent(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.dump_json(manifest)):
+        raise errors.CheckpointConflict(
+            f"Checkpoint {uuid} in {storage.url} already has a manifest: another writer "
+            "committed the same UUID. Save again to get a new UUID."
+        )
+
+
+def record_pending(
+    index: CheckpointIndex | None, uuid: str, metadata: Mapping[str, Any], storage_url: str
+) -> None:
+    if index is None:
+        return
+    record = fmt.record_from({"uuid": uuid, "files": {}}, metadata, storage_url)
+    record.state = PENDING
+    index.record_checkpoint(record)
+
+
+def record_committed(
+    index: CheckpointIndex | None,
+    manifest: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    storage_url: str,
+) -> CheckpointRecord:
+    record = fmt.record_from(manifest, metadata, storage_url)
+    if index is not None:
+        index.record_checkpoint(record)
+    return record
+
+
+def commit_dir(
+    storage: Any,
+    uuid: str,
+    local_dir: str,
+    metadata: Mapping[str, Any],
+    *,
+    owned: bool = False,
+    index: CheckpointIndex | None = None,
+    storage_url: str | None = None,
+) -> CheckpointRecord:
+    """Commit the files of ``local_dir`` as checkpoint ``uuid`` with ``metadata``.
+
+    With ``owned`` the folder belongs to ckptstore: on a local file system it is renamed into
+    place (no copy), otherwise it is removed after the upload.
+    """
+    url = storage_url or storage.url
+    prepared = PreparedFiles(local_dir)
+    meta_bytes = fmt.dump_json(metadata)
+    manifest = manifest_for(uuid, prepared.entries, meta_bytes)
+    record_pending(index, uuid, metadata, url)
+    renamed = False
+    if owned and not prepared.has_reserved and storage.local_path(uuid) is not None:
+        with open(os.path.join(local_dir, fmt.METADATA_NAME), "wb") as f:
+            f.write(meta_bytes)
+        renamed = storage.rename_dir_into(local_dir, uuid)
+        if not renamed:
+            os.unlink(os.path.join(local_dir, fmt.METADATA_NAME))
+    if not renamed:
+        write_pending_marker(storage, uuid)
+        prepared.upload_to(storage, uuid)
+        storage.write_bytes(f"{uuid}/{fmt.METADATA_NAME}", meta_bytes)
+    write_manifest(storage, uuid, manifest)
+    if not renamed:
+        remove_pending_marker(storage, uuid)
+        if owned:
+            shutil.rmtree(local_dir, ignore_errors=True)
+    logger.info(
+        "Committed checkpoint %s (%d files) to %s", uuid, len(manifest["files"]), storage.url
+    )
+    return record_committed(index, manifest, metadata, url)
+
+
+# ---- deletes -----------------------------------------------------------------------------------
+def delete_checkpoint(storage: Any, uuid: str, index: CheckpointIndex | None = None) -> None:
+    """Delete the whole checkpoint: the manifest first (uncommit), then everything."""
+    fmt.check_storage_id(uuid)
+    storage.delete(f"{uuid}/{fmt.MANIFEST_NAME}")
+    storage.delete(uuid)
+    if index is not None:
+        index.set_checkpoint_state(uuid, DELETED, resources={})
+    logger.info("Deleted checkpoint %s from %s", uuid, storage.url)
+
+
+def delete_files(
+    storage: Any,
+    uuid: str,
+    globs: Iterable[str],
+    index: CheckpointIndex | None = None,
+) -> str:
+    """Delete the files of checkpoint ``uuid`` matching ``globs``; returns the new state.
+
+    The manifest is rewritten (listing what remains, marked partially deleted) *before* the
+    files go, so it never lists a file that is missing. ``metadata.json`` is always kept; when
+    no other file remains the whole checkpoint is deleted (state DELETED).
+    """
+    globs = [globs] if isinstance(globs, str) else list(globs)
+    select = fmt.compile_selector(globs)
+    manifest = fmt.read_manifest(storage, uuid)
+    files = manifest["files"]
+    doomed = [r for r in files if r != fmt.METADATA_NAME and select(r)]
+    if not doomed:
+        logger.info("delete(%s, globs=%s): nothing matched.", uuid, globs)
+        return PARTIALLY_DELETED if manifest.get("partially_deleted") else "COMMITTED"
+    remaining = {r: e for r, e in files.items() if r not in doomed}
+    if not set(remaining) - {fmt.METADATA_NAME}:
+        delete_checkpoint(storage, uuid, index)
+        return DELETED
+    new_manifest = dict(manifest, files=remaining, partially_deleted=True)
+    storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.dump_json(new_manifest))
+    storage.delete(uuid, globs=[_glob.escape(r) for r in doomed])
+    if index is not None:
+        index.set_checkpoint_state(
+            uuid, PARTIALLY_DELETED, resources={r: e["size"] for r, e in remaining.items()}
+        )
+    logger.info("Deleted %d files of checkpoint %s (globs=%s)", len(doomed), uuid, globs)
+    return PARTIALLY_DELETED
+
+
+# ---- leftovers ---------------------------------------------------------------------------------
+def leftover_started_at(storage: Any, name: str) -> float | None:
+    """When an uncommitted folder was started (epoch seconds), or None if unknown.
+
+    Uses the pending marker, else ``metadata.json``'s ``created_at``, else (local file systems)
+    the newest modification time inside the folder.
+    """
+    try:
+        info = json.loads(storage.read_bytes(f"{name}/{fmt.PENDING_MARKER_NAME}"))
+        if isinstance(info.get("started_at"), (int, float)):
+            return float(info["started_at"])
+    except (errors.StorageNotFound, ValueError, AttributeError):
+        pass
+    try:
+        meta = json.loads(storage.read_bytes(f"{name}/{fmt.METADATA_NAME}"))
+        created = fmt.parse_created_at(meta.get("created_at"))
+        if created is not None:
+            return created.timestamp()
+    except (errors.StorageNotFound, ValueError, AttributeError):
+        pass
+    path = storage.local_path(name)
+    if path is not None and os.path.isdir(path):
+        newest = os.path.getmtime(path)
+        for root, dirs, files in os.walk(path):
+            for entry in dirs + files:
+                try:
+                    newest = max(newest, os.lstat(os.path.join(root, entry)).st_mtime)
+                except FileNotFoundError:
+                    continue
+        return newest
+    return None

@@ -1,0 +1,433 @@
+"""``CheckpointContext``: Determined's ``core_context.checkpoint`` on any storage."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import uuid as _uuid
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from ckptstore import errors
+from ckptstore.checkpointing import commit, sharded
+from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing.collector import DEFAULT_GRACE_SECONDS, collect
+from ckptstore.checkpointing.distributed import DistributedContext
+from ckptstore.checkpointing.gc import GCPolicy
+from ckptstore.checkpointing.index import CheckpointIndex
+from ckptstore.checkpointing.uploader import BackgroundUploader, snapshot_dir
+from ckptstore.storage_backends import Storage, open_storage
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointContext:
+    """Save, load, delete and garbage-collect checkpoints, with Determined's method names.
+
+    A checkpoint is a folder ``<storage>/<uuid>/`` committed by its ``MANIFEST.json``; see
+    :mod:`ckptstore.checkpointing.format`.
+
+    Args:
+        storage: a :class:`~ckptstore.storage_backends.Storage`, a URL (``s3://b/p``,
+            ``/mnt/ckpts``) or a Determined ``checkpoint_storage`` dict.
+        index: an object implementing
+            :class:`~ckptstore.checkpointing.index.CheckpointIndex` (the registry). Without it,
+            everything works from storage alone.
+        trial_id, experiment_id: written into each checkpoint's metadata; scope of GC.
+        distributed: a :class:`DistributedContext` (default: one process).
+        gc_policy: a :class:`~ckptstore.checkpointing.gc.GCPolicy` or a dict of Determined's
+            keys (``save_trial_latest``, ...); run after every commit. None keeps everything.
+        verify: check sizes and crc32c of downloaded files (``False`` skips it).
+        max_in_flight: background uploads running at once; the caller blocks beyond it.
+        storage_url: the storage URL recorded in the index (default ``storage.url``).
+        gc_grace_seconds: uncommitted folders younger than this are not removed by GC.
+
+    Example::
+
+        from ckptstore.checkpointing import CheckpointContext
+
+        with CheckpointContext("/tmp/ckpts", trial_id=1) as ctx:
+            with ctx.store_path({"steps_completed": 10}) as (path, uuid):
+                open(f"{path}/weights.txt", "w").write("...")
+            with ctx.restore_path(uuid) as path:
+                print(open(f"{path}/weights.txt").read())
+    """
+
+    def __init__(
+        self,
+        storage: Storage | str | Mapping[str, Any],
+        *,
+        index: CheckpointIndex | None = None,
+        trial_id: int | None = None,
+        experiment_id: int | None = None,
+        distributed: DistributedContext | None = None,
+        gc_policy: GCPolicy | Mapping[str, Any] | None = None,
+        verify: bool = True,
+        max_in_flight: int = 2,
+        storage_url: str | None = None,
+        gc_grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    ) -> None:
+        self._owns_storage = not isinstance(storage, Storage)
+        self.storage: Storage = open_storage(storage)
+        self.storage_url = storage_url or self.storage.url
+        self.index = index
+        self.trial_id = trial_id
+        self.experiment_id = experiment_id
+        self.distributed = distributed or DistributedContext.single()
+        self.gc_policy = GCPolicy.from_config(
+            dict(gc_policy) if isinstance(gc_policy, Mapping) else gc_policy
+        )
+        self.verify = bool(verify)
+        if isinstance(gc_grace_seconds, bool) or not isinstance(gc_grace_seconds, (int, float)):
+            raise errors.InvalidConfig(
+                f"gc_grace_seconds must be a number. Received: gc_grace_seconds={gc_grace_seconds!r}"
+            )
+        self.gc_grace_seconds = float(gc_grace_seconds)
+        self._uploader = BackgroundUploader(max_in_flight)
+        self._protected: set[str] = set()
+        self._gc_executor = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-gc")
+        self._gc_lock = threading.Lock()  # one collection at a time
+        self._gc_flag_lock = threading.Lock()
+        self._gc_future: Future[list[str]] | None = None
+        self._gc_queued = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"CheckpointContext({self.storage!r}, trial_id={self.trial_id!r})"
+
+    # ---- saving ------------------------------------------------------------------------------
+    def upload(
+        self,
+        ckpt_dir: str | os.PathLike[str],
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        shard: bool = False,
+        background: bool = False,
+    ) -> str:
+        """Save the files of ``ckpt_dir`` as a new checkpoint; returns its UUID.
+
+        With ``background=True`` the files are copied first and uploaded on a worker thread;
+        the call returns at once (blocking only while ``max_in_flight`` uploads run). With
+        ``shard=True`` every rank must call it and uploads its own files into one checkpoint.
+        """
+        self._check_open()
+        self._uploader.raise_pending_error()
+        ckpt_dir = os.fspath(ckpt_dir)
+        if not os.path.isdir(ckpt_dir):
+            raise errors.InvalidConfig(
+                f"ckpt_dir {ckpt_dir!r} is not a folder; pass the folder holding the "
+                "checkpoint files."
+            )
+        if shard and self.distributed.size > 1:
+            if background:
+                raise errors.InvalidConfig(
+                    "background=True is not supported with shard=True across several workers; "
+                    "use background=False for sharded uploads."
+                )
+            uuid = sharded.agree_on_uuid(self.storage, self.distributed)
+            sharded.commit_sharded(
+                self.storage,
+                self.distributed,
+                uuid,
+                ckpt_dir,
+                metadata,
+                build_metadata=self._build_metadata,
+                index=self.index,
+                storage_url=self.storage_url,
+            )
+            self._after_commit()
+            return uuid
+        self._check_chief(shard)
+        uuid = str(_uuid.uuid4())
+        full_metadata = self._build_metadata(uuid, metadata)
+        if not background:
+            self._commit(uuid, ckpt_dir, full_metadata, owned=False)
+            return uuid
+        self._uploader.acquire_slot()
+        try:
+            staging = self._staging_dir(uuid, create=False)
+            snapshot_dir(ckpt_dir, staging)
+        except BaseException:
+            self._uploader.release_slot()
+            raise
+        self._submit(uuid, staging, full_metadata)
+        return uuid
+
+    @contextlib.contextmanager
+    def store_path(
+        self,
+        metadata: Mapping[str, Any] | None = None,
+        shard: bool = False,
+        *,
+        background: bool = False,
+    ) -> Iterator[tuple[str, str]]:
+        """Yield ``(path, uuid)``: write the checkpoint files into ``path``; they are committed
+        when the block exits (discarded if it raises). On a local file system ``path`` is a
+        staging folder beside the final one that is renamed into place. With
+        ``background=True`` the folder is handed over (moved, not copied) and uploaded on a
+        worker thread."""
+        self._check_open()
+        self._uploader.raise_pending_error()
+        if shard and self.distributed.size > 1:
+            if background:
+                raise errors.InvalidConfig(
+                    "background=True is not supported with shard=True across several workers."
+                )
+            uuid = sharded.agree_on_uuid(self.storage, self.distributed)
+            path = tempfile.mkdtemp(prefix=f"ckptstore-shard-{uuid}-")
+            try:
+                yield path, uuid
+                sharded.commit_sharded(
+                    self.storage,
+                    self.distributed,
+                    uuid,
+                    path,
+                    metadata,
+                    build_metadata=self._build_metadata,
+                    index=self.index,
+                    storage_url=self.storage_url,
+                )
+            finally:
+                shutil.rmtree(path, ignore_errors=True)
+            self._after_commit()
+            return
+        self._check_chief(shard)
+        uuid = str(_uuid.uuid4())
+        path = self._staging_dir(uuid, create=True)
+        try:
+            yield path, uuid
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        try:
+            full_metadata = self._build_metadata(uuid, metadata)
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        if not background:
+            try:
+                self._commit(uuid, path, full_metadata, owned=True)
+            finally:
+                shutil.rmtree(path, ignore_errors=True)
+            return
+        try:
+            self._uploader.acquire_slot()
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        self._submit(uuid, path, full_metadata)
+
+    def _build_metadata(self, uuid: str, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+        return fmt.build_metadata(
+            uuid, metadata, trial_id=self.trial_id, experiment_id=self.experiment_id
+        )
+
+    def _check_chief(self, shard: bool) -> None:
+        if not shard and self.distributed.rank != 0:
+            raise errors.InvalidConfig(
+                f"Only the chief (rank 0) may save a non-sharded checkpoint; this is rank "
+                f"{self.distributed.rank}. Save on rank 0 only, or pass shard=True on every rank."
+            )
+
+    def _staging_dir(self, uuid: str, *, create: bool) -> str:
+        """A folder we own for ``uuid``: beside the final one on local storage, else in /tmp."""
+        local = self.storage.local_path(fmt.STAGING_PREFIX + uuid)
+        if local is not None:
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            if create:
+                os.makedirs(local)
+            return local
+        path = tempfile.mkdtemp(prefix=f"ckptstore-{uuid}-")
+        if not create:
+            os.rmdir(path)
+        return path
+
+    def _commit(self, uuid: str, local_dir: str, metadata: dict[str, Any], *, owned: bool) -> None:
+        commit.commit_dir(
+            self.storage,
+            uuid,
+            local_dir,
+            metadata,
+            owned=owned,
+            index=self.index,
+            storage_url=self.storage_url,
+        )
+        self._after_commit()
+
+    def _submit(self, uuid: str, staging: str, metadata: dict[str, Any]) -> None:
+        self._uploader.submit(
+            uuid,
+            lambda: self._commit(uuid, staging, metadata, owned=True),
+            cleanup=lambda: shutil.rmtree(staging, ignore_errors=True),
+        )
+
+    # ---- loading -----------------------------------------------------------------------------
+    def _manifest(self, storage_id: str) -> dict[str, Any]:
+        try:
+            return fmt.read_manifest(self.storage, storage_id)
+        except errors.InvalidCheckpoint:
+            if not self.storage.exists(storage_id):
+                raise errors.CheckpointNotFound(
+                    f"No checkpoint {storage_id} in {self.storage.url}; check the UUID and the "
+                    "storage URL (list them with ckptstore.checkpointing.format.list_committed)."
+                ) from None
+            raise
+
+    def download(
+        self, storage_id: str, ckpt_dir: str | os.PathLike[str], selector: Any = None
+    ) -> None:
+        """Download committed checkpoint ``storage_id`` (or the files ``selector`` picks: a
+        callable on relative paths, a glob or a list of globs) into ``ckpt_dir``, verifying
+        sizes and checksums unless ``verify=False``."""
+        self._check_open()
+        manifest = self._manifest(storage_id)
+        listed = set(manifest["files"])
+        select = fmt.compile_selector(selector)
+        ckpt_dir = os.fspath(ckpt_dir)
+        self.storage.download(
+            storage_id, ckpt_dir, selector=lambda rel: rel in listed and bool(select(rel))
+        )
+        if self.verify:
+            fmt.verify_files(ckpt_dir, manifest, select)
+
+    @contextlib.contextmanager
+    def restore_path(self, storage_id: str, selector: Any = None) -> Iterator[str]:
+        """Yield a local folder holding committed checkpoint ``storage_id``. On a local file
+        system this is the checkpoint folder itself (verified; treat it as read-only);
+        otherwise a temporary download removed on exit."""
+        self._check_open()
+        local = self.storage.local_path(storage_id)
+        if local is not None and os.path.isdir(local):
+            manifest = self._manifest(storage_id)
+            if self.verify:
+                fmt.verify_files(local, manifest, selector)
+            yield local
+            return
+        path = tempfile.mkdtemp(prefix=f"ckptstore-restore-{storage_id}-")
+        try:
+            self.download(storage_id, path, selector=selector)
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def get_metadata(self, storage_id: str) -> dict[str, Any]:
+        """The ``metadata.json`` of committed checkpoint ``storage_id``."""
+        self._check_open()
+        self._manifest(storage_id)
+        return fmt.read_metadata(self.storage, storage_id)
+
+    def latest_checkpoint(self, trial_id: int | None = None) -> str | None:
+        """UUID of the newest committed checkpoint (most steps, then newest) of ``trial_id``
+        (default: this context's trial; all checkpoints if neither is set), or None."""
+        trial_id = self.trial_id if trial_id is None else trial_id
+        if self.index is not None:
+            records = self.index.checkpoint_records(trial_id=trial_id)
+        else:
+            records = fmt.scan_checkpoints(self.storage, self.storage_url)
+            if trial_id is not None:
+                records = [r for r in records if r.trial_id == trial_id]
+        records = fmt.sort_records(records)
+        return records[-1].uuid if records else None
+
+    # ---- deleting ----------------------------------------------------------------------------
+    def delete(self, storage_id: str, globs: Iterable[str] | None = None) -> None:
+        """Delete checkpoint ``storage_id``, or only its files matching ``globs`` (it is then
+        PARTIALLY_DELETED, with a manifest listing what remains)."""
+        self._check_open()
+        fmt.check_storage_id(storage_id)
+        if globs is None:
+            commit.delete_checkpoint(self.storage, storage_id, self.index)
+            return
+        self._manifest(storage_id)
+        commit.delete_files(self.storage, storage_id, globs, self.index)
+
+    def protect(self, uuid: str) -> None:
+        """Never let GC delete ``uuid`` (e.g. the checkpoint this run resumed from)."""
+        self._protected.add(fmt.check_storage_id(uuid))
+
+    @property
+    def protected(self) -> frozenset[str]:
+        """UUIDs pinned with :meth:`protect`."""
+        return frozenset(self._protected)
+
+    def gc(self, dry_run: bool = False) -> list[str]:
+        """Apply the GC policy now and remove stale uncommitted folders; returns what was
+        deleted (or would be, with ``dry_run``)."""
+        self._check_open()
+        with self._gc_lock:
+            return self._collect(dry_run)
+
+    def _collect(self, dry_run: bool = False) -> list[str]:
+        return collect(
+            self.storage,
+            policy=self.gc_policy,
+            index=self.index,
+            trial_id=self.trial_id,
+            experiment_id=self.experiment_id,
+            protected=self._protected,
+            in_flight=self._uploader.in_flight,
+            grace_seconds=self.gc_grace_seconds,
+            storage_url=self.storage_url,
+            dry_run=dry_run,
+        )
+
+    def _after_commit(self) -> None:
+        """Queue one background GC run (coalesced) after a commit, on the chief."""
+        if self.gc_policy is None or self.distributed.rank != 0 or self._closed:
+            return
+        with self._gc_flag_lock:
+            if self._gc_queued:
+                return
+            self._gc_queued = True
+
+        def run() -> list[str]:
+            with self._gc_flag_lock:
+                self._gc_queued = False
+            with self._gc_lock:
+                try:
+                    return self._collect()
+                except Exception as exc:  # GC must never break training
+                    logger.warning("Background GC failed: %s", exc)
+                    return []
+
+        self._gc_future = self._gc_executor.submit(run)
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def wait(self) -> None:
+        """Block until every background upload is committed (and the GC it triggered ran);
+        raise :class:`~ckptstore.errors.BackgroundUploadError` for the first failure."""
+        try:
+            self._uploader.wait()
+        finally:
+            future = self._gc_future
+            if future is not None:
+                future.result()
+
+    def close(self) -> None:
+        """Wait for background work, then release threads (and the storage if we opened it).
+        A background failure is raised after everything is released."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            self._uploader.close()
+            self._gc_executor.shutdown(wait=True)
+            if self._owns_storage:
+                self.storage.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.CheckpointError("This CheckpointContext was closed; create a new one.")
+
+    def __enter__(self) -> CheckpointContext:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

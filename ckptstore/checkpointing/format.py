@@ -1,0 +1,432 @@
+"""The on-storage checkpoint format: ``<prefix>/<uuid>/`` with ``metadata.json`` and, written
+last and create-only, ``MANIFEST.json``.
+
+The manifest lists every file of the checkpoint (relative path, size, crc32c). It is the commit:
+a folder without a valid manifest is not a checkpoint, readers ignore it and GC removes it.
+
+Example::
+
+    from ckptstore.checkpointing import format as ckpt_format
+    from ckptstore.storage_backends import open_storage
+
+    storage = open_storage("/tmp/ckpts")
+    for uuid in ckpt_format.list_committed(storage):
+        print(uuid, ckpt_format.read_metadata(storage, uuid)["steps_completed"])
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import platform
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import google_crc32c
+
+from ckptstore import errors
+from ckptstore.checkpointing.index import COMMITTED, PARTIALLY_DELETED, CheckpointRecord
+from ckptstore.storage_backends.paths import compile_selector as _compile_selector
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_NAME = "MANIFEST.json"
+METADATA_NAME = "metadata.json"
+#: Written first by a remote upload, removed after the commit; its timestamp dates leftovers.
+PENDING_MARKER_NAME = ".ckptstore-pending.json"
+#: Local staging folders beside the final one are named ``<STAGING_PREFIX><uuid>``.
+STAGING_PREFIX = ".ckptstore-staging-"
+#: Names inside a checkpoint folder that ckptstore writes itself.
+RESERVED_NAMES = frozenset({MANIFEST_NAME, METADATA_NAME, PENDING_MARKER_NAME})
+FORMAT_VERSION = 1
+
+_CHUNK = 8 * 2**20
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_CRC_RE = re.compile(r"^[0-9a-f]{8}$")
+
+
+# ---- checksums ---------------------------------------------------------------------------------
+def crc32c_bytes(data: bytes) -> str:
+    """The crc32c of ``data`` as 8 lowercase hex digits."""
+    return f"{google_crc32c.value(data):08x}"
+
+
+def crc32c_file(path: str) -> str:
+    """The crc32c of the file at ``path`` as 8 lowercase hex digits (streamed)."""
+    checksum = google_crc32c.Checksum()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            checksum.update(chunk)
+    return checksum.digest().hex()
+
+
+# ---- ids and paths -----------------------------------------------------------------------------
+def check_storage_id(storage_id: str) -> str:
+    """Return ``storage_id`` if it is a safe single folder name, else raise InvalidConfig."""
+    if not isinstance(storage_id, str) or not _ID_RE.match(storage_id) or ".." in storage_id:
+        raise errors.InvalidConfig(
+            "A checkpoint storage_id must be one folder name such as a UUID (letters, digits, "
+            f"'.', '_', '-'). Received: storage_id={storage_id!r}"
+        )
+    return storage_id
+
+
+def check_relpath(relpath: str, *, where: str = "manifest") -> str:
+    """Reject absolute paths, ``..``, empty segments and backslashes in a checkpoint entry."""
+    bad = (
+        not isinstance(relpath, str)
+        or not relpath
+        or relpath.startswith("/")
+        or "\\" in relpath
+        or "\x00" in relpath
+        or re.match(r"^[A-Za-z]:", relpath) is not None
+    )
+    if not bad:
+        parts = relpath.rstrip("/").split("/")
+        bad = any(part in ("", ".", "..") for part in parts)
+    if bad:
+        raise errors.InvalidCheckpoint(
+            f"Unsafe entry {relpath!r} in the checkpoint {where}: entries must be relative "
+            "paths inside the checkpoint folder (no absolute paths, no '..'). Do not load this "
+            "checkpoint; re-save it with ckptstore."
+        )
+    return relpath
+
+
+def compile_selector(selector: Any) -> Callable[[str], bool]:
+    """A predicate from a selector: None (all), a callable, one glob, or several globs
+    (the same rules as the storage backends: ``*`` crosses ``/``, a folder name selects its
+    contents)."""
+    try:
+        return _compile_selector(selector)
+    except errors.InvalidStoragePath as exc:
+        raise errors.InvalidConfig(str(exc)) from None
+
+
+# ---- local trees -------------------------------------------------------------------------------
+def local_files(local_dir: str, *, skip_reserved: bool = True) -> dict[str, str]:
+    """``{relpath: absolute path}`` of every file under ``local_dir``; empty folders appear as
+    ``"dir/"`` entries. Top-level reserved names are skipped (with a log line) by default."""
+    if not os.path.isdir(local_dir):
+        raise errors.InvalidConfig(
+            f"Checkpoint folder {local_dir!r} does not exist or is not a folder; pass the "
+            "folder your checkpoint files were written to."
+        )
+    found: dict[str, str] = {}
+    for root, dirs, files in os.walk(local_dir):
+        dirs.sort()
+        rel_root = os.path.relpath(root, local_dir).replace(os.sep, "/")
+        prefix = "" if rel_root == "." else rel_root + "/"
+        if prefix and not dirs and not files:
+            found[prefix] = root
+        for name in sorted(files):
+            rel = prefix + name
+            if skip_reserved and rel in RESERVED_NAMES:
+                logger.warning(
+                    "Skipping %s in %s: ckptstore writes that file itself.", rel, local_dir
+                )
+                continue
+            found[rel] = os.path.join(root, name)
+    return found
+
+
+def build_manifest(local_dir: str, *, uuid: str | None = None) -> dict[str, Any]:
+    """The manifest of every file under ``local_dir`` (``metadata.json`` included, the manifest
+    itself excluded): ``{"format_version", "uuid", "files": {relpath: {"size", "crc32c"}}}``."""
+    files: dict[str, dict[str, Any]] = {}
+    for rel, path in local_files(local_dir, skip_reserved=False).items():
+        if rel in (MANIFEST_NAME, PENDING_MARKER_NAME):
+            continue
+        files[rel] = _entry_for(rel, path)
+    return {"format_version": FORMAT_VERSION, "uuid": uuid, "files": files}
+
+
+def _entry_for(rel: str, path: str) -> dict[str, Any]:
+    if rel.endswith("/"):
+        return {"size": 0, "crc32c": crc32c_bytes(b"")}
+    return {"size": os.path.getsize(path), "crc32c": crc32c_file(path)}
+
+
+def manifest_entries(files: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Manifest entries for ``{relpath: absolute path}`` (see :func:`local_files`)."""
+    return {rel: _entry_for(rel, path) for rel, path in files.items()}
+
+
+def dump_json(obj: Mapping[str, Any]) -> bytes:
+    """Stable, readable JSON bytes for manifests and metadata."""
+    return (json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n").encode()
+
+
+def verify_files(
+    local_dir: str, manifest: Mapping[str, Any], selector: Any = None
+) -> dict[str, int]:
+    """Check size and crc32c of every manifest file the selector picks under ``local_dir``.
+
+    Returns ``{relpath: size}`` of what was checked; raises :class:`ChecksumMismatch` naming
+    the first file that is missing or differs.
+    """
+    select = compile_selector(selector)
+    checked: dict[str, int] = {}
+    for rel, entry in manifest["files"].items():
+        if not select(rel):
+            continue
+        path = os.path.join(local_dir, *rel.rstrip("/").split("/"))
+        if rel.endswith("/"):
+            os.makedirs(path, exist_ok=True)
+            continue
+        if not os.path.isfile(path):
+            raise errors.ChecksumMismatch(
+                f"File {rel!r} listed in the checkpoint manifest is missing from {local_dir!r}; "
+                "the download was incomplete or the checkpoint was damaged. Retry the download."
+            )
+        size = os.path.getsize(path)
+        if size != entry["size"]:
+            raise errors.ChecksumMismatch(
+                f"File {rel!r} has {size} bytes but the checkpoint manifest says "
+                f"{entry['size']}; the copy is damaged. Retry the download, or pass "
+                "verify=False to skip verification at your own risk."
+            )
+        crc = crc32c_file(path)
+        if crc != entry["crc32c"]:
+            raise errors.ChecksumMismatch(
+                f"File {rel!r} has crc32c {crc} but the checkpoint manifest says "
+                f"{entry['crc32c']}; the copy is damaged. Retry the download, or pass "
+                "verify=False to skip verification at your own risk."
+            )
+        checked[rel] = size
+    return checked
+
+
+# ---- manifest and metadata on storage ----------------------------------------------------------
+def parse_manifest(data: bytes, uuid: str) -> dict[str, Any]:
+    """Parse and validate manifest bytes; raises InvalidCheckpoint naming what is wrong."""
+    where = f"{uuid}/{MANIFEST_NAME}"
+    try:
+        manifest = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise errors.InvalidCheckpoint(
+            f"{where} is not valid JSON ({exc}); the checkpoint is damaged or was not written "
+            "by ckptstore."
+        ) from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise errors.InvalidCheckpoint(
+            f"{where} has no 'files' mapping; the checkpoint is damaged or was not written by "
+            "ckptstore."
+        )
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise errors.InvalidCheckpoint(
+            f"{where} has format_version={version!r}; this ckptstore reads versions up to "
+            f"{FORMAT_VERSION}. Upgrade ckptstore to read it."
+        )
+    if manifest.get("uuid") not in (None, uuid):
+        raise errors.InvalidCheckpoint(
+            f"{where} names checkpoint {manifest.get('uuid')!r}, not {uuid!r}; the folder was "
+            "copied or renamed. Copy checkpoints with their folder name unchanged."
+        )
+    for rel, entry in manifest["files"].items():
+        check_relpath(rel, where=where)
+        ok = (
+            isinstance(entry, dict)
+            and isinstance(entry.get("size"), int)
+            and entry["size"] >= 0
+            and isinstance(entry.get("crc32c"), str)
+            and _CRC_RE.match(entry["crc32c"]) is not None
+        )
+        if not ok:
+            raise errors.InvalidCheckpoint(
+                f"{where} has a malformed entry for {rel!r}: {entry!r} (expected size and "
+                "crc32c); the checkpoint is damaged."
+            )
+    return manifest
+
+
+def read_manifest(storage: Any, uuid: str) -> dict[str, Any]:
+    """The validated manifest of checkpoint ``uuid``; InvalidCheckpoint if missing or bad."""
+    check_storage_id(uuid)
+    try:
+        data = storage.read_bytes(f"{uuid}/{MANIFEST_NAME}")
+    except errors.StorageNotFound:
+        raise errors.InvalidCheckpoint(
+            f"{uuid}/{MANIFEST_NAME} does not exist in {storage.url}: checkpoint {uuid} was "
+            "never committed (or is being written). Use a committed checkpoint UUID."
+        ) from None
+    return parse_manifest(data, uuid)
+
+
+def read_metadata(storage: Any, uuid: str) -> dict[str, Any]:
+    """The parsed ``metadata.json`` of checkpoint ``uuid``; InvalidCheckpoint if missing/bad."""
+    check_storage_id(uuid)
+    where = f"{uuid}/{METADATA_NAME}"
+    try:
+        data = storage.read_bytes(where)
+    except errors.StorageNotFound:
+        raise errors.InvalidCheckpoint(
+            f"{where} does not exist in {storage.url}; the checkpoint is incomplete."
+        ) from None
+    try:
+        metadata = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise errors.InvalidCheckpoint(f"{where} is not valid JSON ({exc}).") from None
+    if not isinstance(metadata, dict):
+        raise errors.InvalidCheckpoint(f"{where} is not a JSON object.")
+    return metadata
+
+
+def is_committed(storage: Any, uuid: str) -> bool:
+    """True if ``uuid`` has a valid manifest (a committed checkpoint)."""
+    try:
+        read_manifest(storage, uuid)
+    except errors.InvalidCheckpoint:
+        return False
+    return True
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """True if ``name`` could be a checkpoint folder (not a staging or hidden folder)."""
+    return bool(_ID_RE.match(name)) and ".." not in name
+
+
+def _checkpoint_children(storage: Any) -> list[str]:
+    return [name for name in storage.list_children("") if is_checkpoint_name(name)]
+
+
+def _try_manifest(storage: Any, uuid: str) -> dict[str, Any] | None:
+    try:
+        data = storage.read_bytes(f"{uuid}/{MANIFEST_NAME}")
+    except errors.StorageNotFound:
+        logger.debug("Ignoring %s in %s: no manifest (not committed).", uuid, storage.url)
+        return None
+    try:
+        return parse_manifest(data, uuid)
+    except errors.InvalidCheckpoint as exc:
+        logger.warning("Ignoring %s in %s: not a checkpoint. %s", uuid, storage.url, exc)
+        return None
+
+
+def list_committed(storage: Any) -> list[str]:
+    """UUIDs of the committed checkpoints under the storage prefix, sorted by name. Folders
+    without a valid manifest are skipped (a warning for a malformed one)."""
+    return [u for u in _checkpoint_children(storage) if _try_manifest(storage, u) is not None]
+
+
+def parse_created_at(value: Any) -> _dt.datetime | None:
+    """``created_at`` from metadata as an aware UTC datetime (None if absent or bad)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = _dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=_dt.timezone.utc)
+    return parsed
+
+
+def record_from(
+    manifest: Mapping[str, Any], metadata: Mapping[str, Any], storage_url: str
+) -> CheckpointRecord:
+    """The :class:`CheckpointRecord` that a manifest and metadata describe. Used both when a
+    checkpoint is committed and by :func:`scan_checkpoints`, so a reindex reproduces it."""
+    metrics = metadata.get("metrics")
+    return CheckpointRecord(
+        uuid=str(metadata.get("uuid") or manifest.get("uuid")),
+        trial_id=metadata.get("trial_id"),
+        experiment_id=metadata.get("experiment_id"),
+        steps_completed=int(metadata.get("steps_completed") or 0),
+        continue_id=metadata.get("continue_id"),
+        state=PARTIALLY_DELETED if manifest.get("partially_deleted") else COMMITTED,
+        metadata=dict(metadata),
+        metrics=dict(metrics) if isinstance(metrics, dict) else {},
+        resources={rel: entry["size"] for rel, entry in manifest["files"].items()},
+        storage_url=storage_url,
+        created_at=parse_created_at(metadata.get("created_at")),
+    )
+
+
+def scan_checkpoints(storage: Any, storage_url: str | None = None) -> list[CheckpointRecord]:
+    """Records (COMMITTED or PARTIALLY_DELETED) of every committed checkpoint in storage,
+    oldest first by (steps_completed, created_at). Used by ``Registry.reindex``."""
+    records = []
+    for uuid in _checkpoint_children(storage):
+        manifest = _try_manifest(storage, uuid)
+        if manifest is None:
+            continue
+        try:
+            metadata = read_metadata(storage, uuid)
+        except errors.InvalidCheckpoint as exc:
+            logger.warning("Ignoring %s in %s: %s", uuid, storage.url, exc)
+            continue
+        metadata.setdefault("uuid", uuid)
+        records.append(record_from(manifest, metadata, storage_url or storage.url))
+    return sort_records(records)
+
+
+def sort_records(records: Iterable[CheckpointRecord]) -> list[CheckpointRecord]:
+    """Oldest first by (steps_completed, created_at, uuid)."""
+    epoch = _dt.datetime.min.replace(tzinfo=_dt.timezone.utc)
+    return sorted(records, key=lambda r: (r.steps_completed or 0, r.created_at or epoch, r.uuid))
+
+
+# ---- metadata ----------------------------------------------------------------------------------
+def framework_versions() -> dict[str, str]:
+    """Python, and TensorFlow/Keras versions if they are already imported (never imports them)."""
+    versions = {"python": platform.python_version()}
+    for name in ("tensorflow", "keras"):
+        module = sys.modules.get(name)
+        version = getattr(module, "__version__", None) if module is not None else None
+        if isinstance(version, str):
+            versions[name] = version
+    return versions
+
+
+def utc_now_iso() -> str:
+    """The current UTC time in ISO 8601 with microseconds."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat()
+
+
+def build_metadata(
+    uuid: str,
+    user_metadata: Mapping[str, Any] | None,
+    *,
+    trial_id: int | None = None,
+    experiment_id: int | None = None,
+) -> dict[str, Any]:
+    """The full ``metadata.json`` content: the caller's keys plus ckptstore's own fields.
+
+    ``steps_completed``, ``continue_id``, ``epoch``, ``metrics``, ``trial_id`` and
+    ``experiment_id`` come from ``user_metadata`` when it has them.
+    """
+    from ckptstore import __version__
+
+    user = dict(user_metadata or {})
+    for key in ("uuid", "format_version", "ckptstore_version", "created_at"):
+        if key in user:
+            logger.warning("Ignoring metadata key %r: ckptstore sets it.", key)
+            user.pop(key)
+    metadata: dict[str, Any] = dict(user)
+    metadata.update(
+        uuid=uuid,
+        trial_id=user.get("trial_id", trial_id),
+        experiment_id=user.get("experiment_id", experiment_id),
+        continue_id=user.get("continue_id"),
+        steps_completed=user.get("steps_completed", 0),
+        epoch=user.get("epoch"),
+        metrics=user.get("metrics") or {},
+        format_version=FORMAT_VERSION,
+        framework_versions=framework_versions(),
+        ckptstore_version=__version__,
+        created_at=utc_now_iso(),
+    )
+    try:
+        json.dumps(metadata, allow_nan=True)
+    except (TypeError, ValueError) as exc:
+        raise errors.InvalidConfig(
+            f"Checkpoint metadata must be JSON-serializable ({exc}); convert values such as "
+            "numpy scalars with float()/int() first."
+        ) from None
+    return metadata

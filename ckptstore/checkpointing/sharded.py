@@ -1,0 +1,172 @@
+"""Sharded checkpoints: every rank uploads its own files into one checkpoint.
+
+The chief picks the UUID, writes the pending marker and broadcasts the UUID; the ranks exchange
+their file lists (two ranks writing the same path is a :class:`CheckpointConflict` on every
+rank) and metadata (merged; a key with different values is a conflict); each rank uploads its
+files; the chief writes ``metadata.json`` and the manifest once every rank has finished. Each
+phase ends with an allgather of every rank's status, so all ranks fail together instead of
+hanging.
+
+Example::
+
+    uuid = agree_on_uuid(storage, dist)
+    commit_sharded(storage, dist, uuid, "/tmp/my-shard", {"steps_completed": 5}, ...)
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid as _uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ckptstore import errors
+from ckptstore.checkpointing import commit
+from ckptstore.checkpointing.distributed import DistributedContext
+from ckptstore.checkpointing.index import CheckpointIndex
+
+logger = logging.getLogger(__name__)
+
+
+def _all_ok(
+    dist: DistributedContext, error: BaseException | None, payload: Any = None
+) -> list[Any]:
+    """Allgather ``payload`` or an error; raise on every rank if any rank failed."""
+    mine = {"error": f"{type(error).__name__}: {error}"} if error is not None else {"ok": payload}
+    statuses = dist.allgather(mine)
+    failed = [(rank, s["error"]) for rank, s in enumerate(statuses) if "error" in s]
+    if failed:
+        if error is not None:
+            raise error
+        rank, message = failed[0]
+        raise errors.CheckpointError(
+            f"Sharded checkpoint failed on rank {rank}: {message}. See that rank's log."
+        )
+    return [s["ok"] for s in statuses]
+
+
+def agree_on_uuid(storage: Any, dist: DistributedContext) -> str:
+    """The chief's new checkpoint UUID on every rank (after the chief wrote the marker)."""
+    error = None
+    uuid = None
+    if dist.rank == 0:
+        uuid = str(_uuid.uuid4())
+        try:
+            commit.write_pending_marker(storage, uuid)
+        except Exception as exc:
+            error = exc
+    status = dist.broadcast({"uuid": uuid, "error": None if error is None else str(error)})
+    if status["error"] is not None:
+        if error is not None:
+            raise error
+        raise errors.CheckpointError(
+            f"The chief could not start a sharded checkpoint: {status['error']}"
+        )
+    return status["uuid"]
+
+
+def merge_metadata(per_rank: list[Mapping[str, Any] | None]) -> dict[str, Any]:
+    """Merge the ranks' metadata dicts (nested dicts recursively). The same key with different
+    values on two ranks raises :class:`CheckpointConflict`."""
+    merged: dict[str, Any] = {}
+    owner: dict[str, int] = {}
+
+    def merge(into: dict[str, Any], new: Mapping[str, Any], rank: int, path: str) -> None:
+        for key, value in new.items():
+            where = f"{path}{key}"
+            if key not in into:
+                into[key] = value
+                owner[where] = rank
+            elif isinstance(into[key], dict) and isinstance(value, dict):
+                merge(into[key], value, rank, where + ".")
+            elif into[key] != value:
+                raise errors.CheckpointConflict(
+                    f"Sharded checkpoint metadata key {where!r} is {into[key]!r} on rank "
+                    f"{owner.get(where, 0)} but {value!r} on rank {rank}; give it the same "
+                    "value on every rank or set it on one rank only."
+                )
+
+    for rank, metadata in enumerate(per_rank):
+        merge(merged, metadata or {}, rank, "")
+    return merged
+
+
+def check_conflicts(per_rank_paths: list[list[str]]) -> None:
+    """Raise :class:`CheckpointConflict` if two ranks have a file at the same path."""
+    seen: dict[str, int] = {}
+    for rank, paths in enumerate(per_rank_paths):
+        for path in paths:
+            if path.endswith("/"):
+                continue  # empty folders may exist on several ranks
+            if path in seen:
+                raise errors.CheckpointConflict(
+                    f"Ranks {seen[path]} and {rank} both wrote {path!r} to one sharded "
+                    "checkpoint; each rank must write different files (e.g. put the rank in "
+                    "the file name)."
+                )
+            seen[path] = rank
+
+
+def commit_sharded(
+    storage: Any,
+    dist: DistributedContext,
+    uuid: str,
+    local_dir: str,
+    user_metadata: Mapping[str, Any] | None,
+    *,
+    build_metadata: Callable[[str, Mapping[str, Any]], dict[str, Any]],
+    index: CheckpointIndex | None = None,
+    storage_url: str | None = None,
+) -> str:
+    """Upload this rank's files of ``local_dir`` into checkpoint ``uuid``; every rank calls it.
+    ``build_metadata(uuid, merged_user_metadata)`` makes the final metadata on the chief."""
+    url = storage_url or storage.url
+    prepared = None
+    error: BaseException | None = None
+    try:
+        prepared = commit.PreparedFiles(local_dir)
+    except Exception as exc:
+        error = exc
+    listing = _all_ok(
+        dist,
+        error,
+        {
+            "paths": list(prepared.entries) if prepared else [],
+            "metadata": dict(user_metadata or {}),
+        },
+    )
+    check_conflicts([item["paths"] for item in listing])
+    merged_user = merge_metadata([item["metadata"] for item in listing])
+
+    metadata = None
+    if dist.rank == 0:
+        metadata = build_metadata(uuid, merged_user)
+        commit.record_pending(index, uuid, metadata, url)
+    error = None
+    try:
+        assert prepared is not None
+        prepared.upload_to(storage, uuid)
+    except Exception as exc:
+        error = exc
+    entries_per_rank = _all_ok(dist, error, prepared.entries if prepared else {})
+
+    error = None
+    if dist.rank == 0:
+        try:
+            assert metadata is not None
+            entries: dict[str, Any] = {}
+            for rank_entries in entries_per_rank:
+                entries.update(rank_entries)
+            meta_bytes = commit.fmt.dump_json(metadata)
+            manifest = commit.manifest_for(uuid, entries, meta_bytes)
+            storage.write_bytes(f"{uuid}/{commit.fmt.METADATA_NAME}", meta_bytes)
+            commit.write_manifest(storage, uuid, manifest)
+            commit.remove_pending_marker(storage, uuid)
+            commit.record_committed(index, manifest, metadata, url)
+            logger.info(
+                "Committed sharded checkpoint %s from %d ranks to %s", uuid, dist.size, storage.url
+            )
+        except Exception as exc:
+            error = exc
+    _all_ok(dist, error)
+    return uuid
