@@ -1,0 +1,164 @@
+"""CheckpointContext save/load/delete on real storage backends (local files, memory, S3)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ckptstore import errors
+from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import format as fmt
+from tests.checkpointing._helpers import MemoryIndex, make_tree, read_tree
+
+FILES = {
+    "model.keras": os.urandom(20_000),
+    "optimizer/state.bin": os.urandom(3000),
+    "optimizer/extra.txt": b"e",
+    "assets/vocab.txt": b"a b c",
+}
+
+
+@pytest.fixture(params=("file", "memory", "s3"))
+def url(request, storage_url_factory) -> str:
+    return storage_url_factory(request.param)
+
+
+def test_upload_download_get_metadata(url, tmp_path):
+    index = MemoryIndex()
+    src = make_tree(str(tmp_path / "src"), FILES)
+    with CheckpointContext(url, index=index, trial_id=3) as ctx:
+        uuid = ctx.upload(src, {"steps_completed": 7, "metrics": {"loss": 1.5}})
+        ctx.download(uuid, str(tmp_path / "out"))
+        got = read_tree(str(tmp_path / "out"))
+        assert {k: v for k, v in got.items() if k != "metadata.json"} == FILES
+        assert ctx.get_metadata(uuid)["steps_completed"] == 7
+        assert ctx.latest_checkpoint() == uuid
+        # selector: a callable, a glob or a list of globs
+        ctx.download(uuid, str(tmp_path / "sel"), selector=lambda p: p.startswith("optimizer/"))
+        assert set(read_tree(str(tmp_path / "sel"))) == {
+            "optimizer/state.bin",
+            "optimizer/extra.txt",
+        }
+        ctx.download(uuid, str(tmp_path / "sel2"), selector="*.keras")
+        assert set(read_tree(str(tmp_path / "sel2"))) == {"model.keras"}
+    # The index saw PENDING, then COMMITTED with the manifest's resources.
+    states = [c[2] for c in index.calls if c[1] == uuid]
+    assert states == ["PENDING", "COMMITTED"]
+    record = index.records[uuid]
+    assert record.resources == {
+        **{k: len(v) for k, v in FILES.items()},
+        "metadata.json": record.resources["metadata.json"],
+    }
+    assert record.metrics == {"loss": 1.5} and record.trial_id == 3
+    assert record.storage_url
+
+
+def test_store_path_and_restore_path(url, tmp_path):
+    with CheckpointContext(url, trial_id=1) as ctx:
+        with ctx.store_path({"steps_completed": 10}) as (path, uuid):
+            make_tree(path, FILES)
+            assert not fmt.is_committed(ctx.storage, uuid)
+        assert fmt.is_committed(ctx.storage, uuid)
+        with ctx.restore_path(uuid) as path:
+            got = read_tree(path)
+        assert {
+            k: v for k, v in got.items() if k not in ("metadata.json", "MANIFEST.json")
+        } == FILES
+        assert ctx.latest_checkpoint(trial_id=1) == uuid
+        assert ctx.latest_checkpoint(trial_id=2) is None
+        # No staging folder is left behind.
+        assert ctx.storage.list_children("") == [uuid]
+
+
+def test_store_path_discards_the_checkpoint_when_the_block_raises(url):
+    with CheckpointContext(url) as ctx:
+        with pytest.raises(RuntimeError):
+            with ctx.store_path() as (path, uuid):
+                make_tree(path, {"a": b"1"})
+                raise RuntimeError("training crashed")
+        assert fmt.list_committed(ctx.storage) == []
+        assert ctx.storage.list("") == {}
+
+
+def test_local_store_path_renames_the_staging_folder(storage_url_factory):
+    root = storage_url_factory("file")
+    with CheckpointContext(root) as ctx:
+        with ctx.store_path() as (path, uuid):
+            assert os.path.dirname(path) == root
+            assert os.path.basename(path) == fmt.STAGING_PREFIX + uuid
+            make_tree(path, {"big.bin": b"x" * 1000})
+            inode = os.stat(os.path.join(path, "big.bin")).st_ino
+        # Same inode: moved, not copied.
+        assert os.stat(os.path.join(root, uuid, "big.bin")).st_ino == inode
+        with ctx.restore_path(uuid) as restored:
+            assert restored == os.path.join(root, uuid)
+
+
+def test_latest_checkpoint_orders_by_steps(url, tmp_path):
+    src = make_tree(str(tmp_path / "src"), {"w": b"1"})
+    with CheckpointContext(url, trial_id=5) as ctx:
+        a = ctx.upload(src, {"steps_completed": 30})
+        ctx.upload(src, {"steps_completed": 10})
+        assert ctx.latest_checkpoint() == a
+        c = ctx.upload(src, {"steps_completed": 30})  # same steps: newer wins
+        assert ctx.latest_checkpoint() == c
+
+
+def test_delete_whole_and_partial(url, tmp_path):
+    index = MemoryIndex()
+    src = make_tree(str(tmp_path / "src"), FILES)
+    with CheckpointContext(url, index=index) as ctx:
+        uuid = ctx.upload(src)
+        ctx.delete(uuid, globs=["optimizer/*"])
+        manifest = fmt.read_manifest(ctx.storage, uuid)
+        assert set(manifest["files"]) == {"model.keras", "assets/vocab.txt", "metadata.json"}
+        assert manifest["partially_deleted"] is True
+        assert not any(k.startswith("optimizer/") for k in ctx.storage.list(uuid))
+        assert index.records[uuid].state == "PARTIALLY_DELETED"
+        assert set(index.records[uuid].resources) == set(manifest["files"])
+        [record] = fmt.scan_checkpoints(ctx.storage)
+        assert record.state == "PARTIALLY_DELETED"
+        # What remains still downloads and verifies.
+        ctx.download(uuid, str(tmp_path / "rest"))
+        assert set(read_tree(str(tmp_path / "rest"))) == {
+            "model.keras",
+            "assets/vocab.txt",
+            "metadata.json",
+        }
+        # A glob that matches nothing changes nothing; deleting the rest deletes it all.
+        ctx.delete(uuid, globs=["nothing*"])
+        ctx.delete(uuid, globs=["*"])
+        assert index.records[uuid].state == "DELETED"
+        assert ctx.storage.list(uuid) == {}
+        other = ctx.upload(src)
+        ctx.delete(other)
+        ctx.delete(other)  # idempotent
+        assert fmt.list_committed(ctx.storage) == []
+        with pytest.raises(errors.CheckpointNotFound):
+            ctx.download(other, str(tmp_path / "gone"))
+        with pytest.raises(errors.CheckpointNotFound):
+            ctx.delete(other, globs=["*.keras"])
+
+
+def test_non_chief_cannot_save_unsharded(tmp_path):
+    from ckptstore.checkpointing import DistributedContext
+
+    dist = DistributedContext(rank=1, size=2, port=1)  # never connects: no collective is called
+    with CheckpointContext(str(tmp_path / "s"), distributed=dist) as ctx:
+        with pytest.raises(errors.InvalidConfig, match="rank 0"):
+            ctx.upload(make_tree(str(tmp_path / "src"), {"a": b"1"}))
+
+
+def test_bad_arguments_are_reported(tmp_path):
+    with pytest.raises(errors.InvalidConfig, match="max_in_flight"):
+        CheckpointContext(str(tmp_path / "s"), max_in_flight=0)
+    with pytest.raises(errors.InvalidConfig, match="gc_policy"):
+        CheckpointContext(str(tmp_path / "s"), gc_policy="latest")
+    with pytest.raises(errors.InvalidConfig, match="Unknown GC policy keys"):
+        CheckpointContext(str(tmp_path / "s"), gc_policy={"save_latest": 1})
+    with CheckpointContext(str(tmp_path / "s")) as ctx:
+        with pytest.raises(errors.InvalidConfig, match="not a folder"):
+            ctx.upload(str(tmp_path / "missing"))
+    with pytest.raises(errors.CheckpointError, match="closed"):
+        ctx.upload(str(tmp_path))
