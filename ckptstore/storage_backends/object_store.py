@@ -100,7 +100,11 @@ class ObjectStorage(Storage):
         self.multipart_threshold = _positive_int("multipart_threshold", multipart_threshold)
         self.retry = RetryPolicy(max_attempts=max_attempts, timeout=timeout)
         self._pool: ThreadPoolExecutor | None = None
+        self._parts_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+
+    #: Names per ``_delete_objects`` call (batches run concurrently on the pool).
+    _delete_batch: int = 1000
 
     # ---- primitives a backend implements (full object names) ---------------------------------
     def _list_objects(self, prefix: str) -> dict[str, int]:
@@ -177,6 +181,48 @@ class ObjectStorage(Storage):
                     max_workers=self.concurrency, thread_name_prefix="ckptstore-io"
                 )
             return self._pool
+
+    @property
+    def parts_pool(self) -> ThreadPoolExecutor:
+        """A second pool for the parts of one big file (files run on :attr:`pool`; parts must
+        not wait on the same pool or a full pool would deadlock)."""
+        with self._pool_lock:
+            if self._parts_pool is None:
+                self._parts_pool = ThreadPoolExecutor(
+                    max_workers=self.concurrency, thread_name_prefix="ckptstore-part"
+                )
+            return self._parts_pool
+
+    def _part_ranges(self, size: int) -> list[tuple[int, int]]:
+        """``[(start, length), ...]`` covering ``size`` bytes in ``part_size`` pieces."""
+        return [
+            (start, min(self.part_size, size - start)) for start in range(0, size, self.part_size)
+        ]
+
+    def _ranged_download(self, name: str, path: str, size: int, fetch) -> None:  # type: ignore[no-untyped-def]
+        """Fill local ``path`` with ``size`` bytes by calling ``fetch(start, length) -> bytes``
+        for every part concurrently on :attr:`parts_pool` (each part retried on its own)."""
+        with open(path, "wb") as f:
+            f.truncate(size)
+            fd = f.fileno()
+
+            def part(start: int, length: int) -> None:
+                data = self._call(lambda: fetch(start, length), name, "download part")
+                if len(data) != length:
+                    raise errors.StorageUnavailable(
+                        f"Short read from {self.object_url(name)} at offset {start}: got "
+                        f"{len(data)} of {length} bytes; retry the download."
+                    )
+                os.pwrite(fd, data, start)
+
+            futures = [self.parts_pool.submit(part, s, n) for s, n in self._part_ranges(size)]
+            first = None
+            for future in futures:
+                exc = future.exception()
+                if exc is not None and first is None:
+                    first = exc
+            if first is not None:
+                raise first
 
     def _run_all(self, jobs: list) -> None:  # type: ignore[type-arg]
         """Run zero-arg callables on the pool; re-raise the first failure after all finish."""
@@ -312,7 +358,7 @@ class ObjectStorage(Storage):
             chosen = compile_selector(list(globs))
             doomed = [prefix + rel for rel in listing if chosen(rel)]
             remaining = {r: s for r, s in listing.items() if not chosen(r)}
-        batch = 1000
+        batch = self._delete_batch
         chunks = [doomed[i : i + batch] for i in range(0, len(doomed), batch)]
         self._run_all(
             [
@@ -342,9 +388,10 @@ class ObjectStorage(Storage):
 
     def close(self) -> None:
         with self._pool_lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+            for pool in (self._pool, self._parts_pool):
+                if pool is not None:
+                    pool.shutdown(wait=True)
+            self._pool = self._parts_pool = None
         self._close_clients()
 
 

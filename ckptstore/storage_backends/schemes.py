@@ -63,6 +63,8 @@ def backend_class(scheme: str) -> type[Storage]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        if (exc.name or "").startswith("ckptstore"):
+            raise
         raise MissingDependency(
             f"Storage scheme {scheme!r} needs a package that is not installed "
             f"({exc.name or exc}); run: {entry.install}"

@@ -147,17 +147,16 @@ def fake_gcs_binary() -> str:
 
 
 def start_gcs(workdir: str, timeout: float = 60) -> ServerHandle:
+    # The memory backend: fake-gcs-server's filesystem backend silently drops objects whose
+    # name ends in "/" (the folder markers real GCS keeps), so it would not emulate GCS.
     port = free_port()
-    root = os.path.join(workdir, "gcs-data")
-    os.makedirs(root, exist_ok=True)
     endpoint = f"http://127.0.0.1:{port}"
     cmd = [
         fake_gcs_binary(),
         "-scheme", "http",
         "-host", "127.0.0.1",
         "-port", str(port),
-        "-backend", "filesystem",
-        "-filesystem-root", root,
+        "-backend", "memory",
         "-external-url", endpoint,
         "-public-host", f"127.0.0.1:{port}",
         "-log-level", "error",

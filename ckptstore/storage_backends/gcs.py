@@ -1,0 +1,238 @@
+"""Google Cloud Storage (``gs://bucket/prefix`` or ``gcs://``) on google-cloud-storage.
+
+Big files upload as parallel parts joined with GCS *compose* (a parallel composite upload) and
+download as parallel ranged reads; ``write_if_absent`` uses ``ifGenerationMatch=0``. With
+``STORAGE_EMULATOR_HOST`` set (fake-gcs-server) the client talks to the emulator anonymously.
+
+Example::
+
+    from ckptstore.storage_backends import open_storage
+    storage = open_storage("gs://my-bucket/ckpts", concurrency=16)
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import google.api_core.exceptions as gexc
+import google.auth.exceptions
+import requests
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage as gcs
+
+from ckptstore import errors
+from ckptstore.storage_backends.object_store import ObjectStorage, default_translate
+from ckptstore.storage_backends.urls import split_bucket_url
+
+_COMPOSE_LIMIT = 32
+
+
+class GCSStorage(ObjectStorage):
+    """Storage in a Google Cloud Storage bucket.
+
+    Args:
+        url: ``gs://bucket/prefix`` (``gcs://`` also accepted).
+        token: ``"anon"`` for anonymous access, a path to a service-account JSON file, or None
+            for Application Default Credentials (anonymous when ``STORAGE_EMULATOR_HOST`` is set).
+        project: billing project (optional).
+        **options: the common :class:`ObjectStorage` options.
+    """
+
+    scheme = "gs"
+
+    def __init__(
+        self, url: str, *, token: str | None = None, project: str | None = None, **options: Any
+    ) -> None:
+        scheme = url.split("://", 1)[0].lower()
+        self.bucket_name, prefix = split_bucket_url(url, scheme)
+        super().__init__(f"gs://{self.bucket_name}/{prefix}".rstrip("/"), prefix, **options)
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+        try:
+            if token == "anon" or (token is None and emulator):
+                client = gcs.Client(
+                    project=project or os.environ.get("GOOGLE_CLOUD_PROJECT") or "ckptstore",
+                    credentials=AnonymousCredentials(),
+                )
+            elif token:
+                client = gcs.Client.from_service_account_json(token, project=project)
+            else:
+                client = gcs.Client(project=project)
+        except (google.auth.exceptions.DefaultCredentialsError, OSError, ValueError) as exc:
+            raise errors.StorageAuthError(
+                f"No usable Google credentials for {self.url} ({type(exc).__name__}); run "
+                "`gcloud auth application-default login`, set GOOGLE_APPLICATION_CREDENTIALS, "
+                "or pass token='anon' for public buckets."
+            ) from None
+        pool = min(256, max(10, self.concurrency * 4))
+        adapter = requests.adapters.HTTPAdapter(pool_connections=pool, pool_maxsize=pool)
+        client._http.mount("http://", adapter)
+        client._http.mount("https://", adapter)
+        self._client = client
+        self._bucket = client.bucket(self.bucket_name)
+
+    # ---- errors -------------------------------------------------------------------------------
+    def _is_transient(self, exc: BaseException) -> bool:
+        if isinstance(exc, (gexc.TooManyRequests, gexc.ServerError)):
+            return True
+        if isinstance(
+            exc,
+            (
+                requests.exceptions.ConnectionError,
+                requests.exceptions.Timeout,
+                requests.exceptions.ChunkedEncodingError,
+                ConnectionError,
+                TimeoutError,
+            ),
+        ):
+            return True
+        status = getattr(getattr(exc, "response", None), "status_code", 0) or 0
+        return status >= 500 or status == 429
+
+    def _translate(self, exc: BaseException, name: str, exhausted: bool) -> errors.StorageError:
+        url = self.object_url(name)
+        if exhausted:
+            return default_translate(exc, url, True, self.retry.max_attempts)
+        if isinstance(exc, gexc.NotFound):
+            return errors.StorageNotFound(
+                f"{url} does not exist; check that bucket gs://{self.bucket_name} exists and "
+                "the key is right."
+            )
+        if isinstance(exc, (gexc.Unauthorized, google.auth.exceptions.GoogleAuthError)):
+            return errors.StorageAuthError(
+                f"GCS rejected the credentials for {url}; refresh them "
+                "(gcloud auth application-default login) or fix GOOGLE_APPLICATION_CREDENTIALS."
+            )
+        if isinstance(exc, gexc.Forbidden):
+            return errors.StoragePermissionError(
+                f"Access denied to {url}; grant the account roles/storage.objectAdmin on the "
+                "bucket."
+            )
+        if isinstance(exc, requests.exceptions.RequestException):
+            return errors.StorageUnavailable(
+                f"GCS request to {url} failed ({type(exc).__name__}); check "
+                "STORAGE_EMULATOR_HOST / the network."
+            )
+        return errors.StorageError(
+            f"GCS request to {url} failed ({type(exc).__name__}); see the cause above."
+        )
+
+    # ---- primitives ---------------------------------------------------------------------------
+    @property
+    def _timeout(self) -> float:
+        return self.retry.timeout
+
+    def _list_objects(self, prefix: str) -> dict[str, int]:
+        blobs = self._client.list_blobs(
+            self.bucket_name, prefix=prefix or None, timeout=self._timeout, retry=None
+        )
+        return {blob.name: int(blob.size or 0) for blob in blobs}
+
+    def _upload_file(self, name: str, path: str, size: int) -> None:
+        if size < self.multipart_threshold:
+            self._bucket.blob(name).upload_from_filename(
+                path, timeout=self._timeout, retry=None, checksum=None
+            )
+            return
+        self._composite_upload(name, path, size)
+
+    def _composite_upload(self, name: str, path: str, size: int) -> None:
+        """Upload parts as temporary objects in parallel, then compose them into ``name``."""
+        tag = uuid.uuid4().hex[:12]
+        part_names: list[str] = []
+
+        def part(index: int, start: int, length: int) -> None:
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read(length)
+            blob = self._bucket.blob(part_names[index])
+            self._call(
+                lambda: blob.upload_from_string(
+                    data, timeout=self._timeout, retry=None, checksum=None
+                ),
+                part_names[index],
+                "upload part",
+            )
+
+        ranges = self._part_ranges(size)
+        part_names.extend(f"{name}.ckptstore-part-{tag}-{i:05d}" for i in range(len(ranges)))
+        created = list(part_names)
+        try:
+            futures = [self.parts_pool.submit(part, i, s, n) for i, (s, n) in enumerate(ranges)]
+            for future in futures:
+                future.result()
+            level = 0
+            while len(part_names) > 1 or level == 0:
+                groups = [
+                    part_names[i : i + _COMPOSE_LIMIT]
+                    for i in range(0, len(part_names), _COMPOSE_LIMIT)
+                ]
+                if len(groups) == 1:
+                    self._compose(name, groups[0])
+                    break
+                level += 1
+                merged = [
+                    f"{name}.ckptstore-part-{tag}-L{level}-{i:05d}" for i in range(len(groups))
+                ]
+                created.extend(merged)
+                for target, group in zip(merged, groups, strict=True):
+                    self._compose(target, group)
+                part_names = merged
+        finally:
+            for leftover in created:
+                try:
+                    self._bucket.blob(leftover).delete(timeout=self._timeout, retry=None)
+                except gexc.NotFound:
+                    pass
+
+    def _compose(self, target: str, sources: list[str]) -> None:
+        blob = self._bucket.blob(target)
+        blob.compose([self._bucket.blob(s) for s in sources], timeout=self._timeout, retry=None)
+
+    def _download_file(self, name: str, path: str, size: int) -> None:
+        blob = self._bucket.blob(name)
+        if size < self.multipart_threshold:
+            blob.download_to_filename(path, timeout=self._timeout, retry=None, checksum=None)
+            return
+
+        def fetch(start: int, length: int) -> bytes:
+            return blob.download_as_bytes(
+                start=start,
+                end=start + length - 1,
+                timeout=self._timeout,
+                retry=None,
+                checksum=None,
+            )
+
+        self._ranged_download(name, path, size, fetch)
+
+    def _read(self, name: str) -> bytes:
+        return self._bucket.blob(name).download_as_bytes(timeout=self._timeout, retry=None)
+
+    def _write(self, name: str, data: bytes) -> None:
+        self._bucket.blob(name).upload_from_string(data, timeout=self._timeout, retry=None)
+
+    def _write_if_absent(self, name: str, data: bytes) -> bool:
+        try:
+            self._bucket.blob(name).upload_from_string(
+                data, if_generation_match=0, timeout=self._timeout, retry=None
+            )
+        except gexc.PreconditionFailed:
+            return False
+        return True
+
+    def _delete_objects(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                self._bucket.blob(name).delete(timeout=self._timeout, retry=None)
+            except gexc.NotFound:
+                pass
+
+    _delete_batch = 50
+
+    def _is_object(self, name: str) -> bool:
+        return self._bucket.blob(name).exists(timeout=self._timeout, retry=None)
+
+    def _close_clients(self) -> None:
+        self._client._http.close()

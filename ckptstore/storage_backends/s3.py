@@ -1,0 +1,249 @@
+"""Amazon S3 and S3-compatible storage (``s3://bucket/prefix``) on boto3.
+
+Bulk transfers use boto3's transfer manager (parallel multipart upload, parallel ranged
+download); ``write_if_absent`` is ``PutObject`` with ``IfNoneMatch="*"``. The endpoint comes
+from ``endpoint_url`` or the ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` environment
+variables; credentials from ``access_key``/``secret_key`` or boto3's usual chain.
+
+Example::
+
+    from ckptstore.storage_backends import open_storage
+    storage = open_storage("s3://my-bucket/ckpts", endpoint_url="http://127.0.0.1:9000",
+                           concurrency=32, part_size=64 * 2**20)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import boto3
+import botocore.exceptions
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+
+from ckptstore import errors
+from ckptstore.storage_backends.object_store import ObjectStorage, default_translate
+from ckptstore.storage_backends.urls import split_bucket_url
+
+_NOT_FOUND = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
+_AUTH = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+    "AuthorizationHeaderMalformed",
+    "InvalidClientTokenId",
+    "UnrecognizedClientException",
+}
+_PERMISSION = {"AccessDenied", "403", "AllAccessDisabled", "AccountProblem"}
+_TRANSIENT = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "InternalError",
+    "ServiceUnavailable",
+    "503",
+    "500",
+    "502",
+    "504",
+    "429",
+    "ConditionalRequestConflict",
+}
+_CODE_IN_TEXT = re.compile(r"An error occurred \(([^)]+)\)")
+
+
+def _error_code(exc: BaseException) -> tuple[str, int]:
+    """(S3 error code, HTTP status) of a botocore/boto3 exception, ("", 0) if none."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        err = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0
+        return str(err.get("Code", "")), int(status)
+    cause = exc.__cause__ or exc.__context__
+    if (
+        cause is not None
+        and cause is not exc
+        and isinstance(cause, botocore.exceptions.ClientError)
+    ):
+        return _error_code(cause)
+    match = _CODE_IN_TEXT.search(str(exc))
+    return (match.group(1), 0) if match else ("", 0)
+
+
+class S3Storage(ObjectStorage):
+    """Storage in an S3 bucket (AWS or any S3-compatible server).
+
+    Args:
+        url: ``s3://bucket`` or ``s3://bucket/prefix``.
+        access_key, secret_key: static credentials (else boto3's default chain).
+        endpoint_url: S3-compatible endpoint (else ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``).
+        region: bucket region (else ``AWS_DEFAULT_REGION`` / boto3 config).
+        **options: the common :class:`ObjectStorage` options (concurrency, part_size,
+            multipart_threshold, max_attempts, timeout).
+    """
+
+    scheme = "s3"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        **options: Any,
+    ) -> None:
+        self.bucket, prefix = split_bucket_url(url, "s3")
+        super().__init__(f"s3://{self.bucket}/{prefix}".rstrip("/"), prefix, **options)
+        if (access_key is None) != (secret_key is None):
+            raise errors.InvalidStorageConfig(
+                f"Storage {self.url}: give both access_key and secret_key, or neither to use "
+                "the default AWS credential chain."
+            )
+        self.endpoint_url = (
+            endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or None
+        )
+        pool = min(256, max(10, self.concurrency * 4))
+        config = Config(
+            connect_timeout=self.retry.timeout,
+            read_timeout=self.retry.timeout,
+            retries={"total_max_attempts": 1, "mode": "standard"},
+            max_pool_connections=pool,
+            s3={"addressing_style": "path"} if self.endpoint_url else None,
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        session = boto3.session.Session(
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            region_name=region,
+        )
+        self._client = session.client("s3", endpoint_url=self.endpoint_url, config=config)
+        self._transfer = TransferConfig(
+            multipart_threshold=self.multipart_threshold,
+            multipart_chunksize=self.part_size,
+            max_concurrency=self.concurrency,
+            use_threads=True,
+        )
+
+    # ---- errors -------------------------------------------------------------------------------
+    def _is_transient(self, exc: BaseException) -> bool:
+        if isinstance(
+            exc,
+            (
+                botocore.exceptions.EndpointConnectionError,
+                botocore.exceptions.ConnectionClosedError,
+                botocore.exceptions.ConnectTimeoutError,
+                botocore.exceptions.ReadTimeoutError,
+                botocore.exceptions.ResponseStreamingError,
+                botocore.exceptions.IncompleteReadError,
+                ConnectionError,
+                TimeoutError,
+            ),
+        ):
+            return True
+        code, status = _error_code(exc)
+        return code in _TRANSIENT or status >= 500 or status == 429
+
+    def _translate(self, exc: BaseException, name: str, exhausted: bool) -> errors.StorageError:
+        url = self.object_url(name)
+        if exhausted:
+            return default_translate(exc, url, True, self.retry.max_attempts)
+        if isinstance(exc, botocore.exceptions.NoCredentialsError):
+            return errors.StorageAuthError(
+                f"No AWS credentials found for {url}; set AWS_ACCESS_KEY_ID/"
+                "AWS_SECRET_ACCESS_KEY, a profile, or access_key/secret_key in the config."
+            )
+        code, status = _error_code(exc)
+        if code == "NoSuchBucket":
+            return errors.StorageNotFound(
+                f"Bucket s3://{self.bucket} does not exist ({url}); create it or fix the "
+                "bucket name / endpoint_url."
+            )
+        if code in _NOT_FOUND or status == 404:
+            return errors.StorageNotFound(f"{url} does not exist; check the key and prefix.")
+        if code in _AUTH:
+            return errors.StorageAuthError(
+                f"S3 rejected the credentials for {url} ({code}); check the access key, secret "
+                "key, session token and clock."
+            )
+        if code in _PERMISSION or status == 403:
+            return errors.StoragePermissionError(
+                f"Access denied to {url} ({code or status}); grant s3:GetObject/PutObject/"
+                "ListBucket/DeleteObject on the bucket and prefix."
+            )
+        if isinstance(exc, botocore.exceptions.BotoCoreError) and not code:
+            return errors.StorageUnavailable(
+                f"S3 request to {url} failed ({type(exc).__name__}); check endpoint_url and "
+                "the network."
+            )
+        return errors.StorageError(
+            f"S3 request to {url} failed ({code or type(exc).__name__}); see the cause above."
+        )
+
+    # ---- primitives ---------------------------------------------------------------------------
+    def _list_objects(self, prefix: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        paginator = self._client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+            for item in page.get("Contents", ()):
+                out[item["Key"]] = int(item["Size"])
+        return out
+
+    def _upload_file(self, name: str, path: str, size: int) -> None:
+        self._client.upload_file(path, self.bucket, name, Config=self._transfer)
+
+    def _download_file(self, name: str, path: str, size: int) -> None:
+        self._client.download_file(self.bucket, name, path, Config=self._transfer)
+
+    def _read(self, name: str) -> bytes:
+        return self._client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
+
+    def _write(self, name: str, data: bytes) -> None:
+        self._client.put_object(Bucket=self.bucket, Key=name, Body=data)
+
+    def _write_if_absent(self, name: str, data: bytes) -> bool:
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=name, Body=data, IfNoneMatch="*")
+        except botocore.exceptions.ClientError as exc:
+            code, status = _error_code(exc)
+            if code == "PreconditionFailed" or status == 412:
+                return False
+            raise
+        return True
+
+    def _delete_objects(self, names: list[str]) -> None:
+        if not names:
+            return
+        response = self._client.delete_objects(
+            Bucket=self.bucket,
+            Delete={"Objects": [{"Key": n} for n in names], "Quiet": True},
+        )
+        failed = [e for e in response.get("Errors", ()) if e.get("Code") != "NoSuchKey"]
+        if failed:
+            first = failed[0]
+            raise botocore.exceptions.ClientError(
+                {"Error": {"Code": first.get("Code", ""), "Message": first.get("Message", "")}},
+                "DeleteObjects",
+            )
+
+    def _is_object(self, name: str) -> bool:
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=name)
+        except botocore.exceptions.ClientError as exc:
+            code, status = _error_code(exc)
+            if code in _NOT_FOUND or status == 404:
+                return False
+            raise
+        return True
+
+    def _close_clients(self) -> None:
+        self._client.close()
