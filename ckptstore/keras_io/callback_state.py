@@ -1,0 +1,210 @@
+"""The training state a checkpoint keeps besides the model: ``callback_state.json``.
+
+Everything here is JSON (never pickle): the epoch, ``steps_completed``, ``continue_id``, the
+state of every stateful callback in the ``fit()`` list (``get_state()``/``load_state()``), RNG
+states (Python ``random``, NumPy, TensorFlow's global generator, Keras's global seed generator)
+and model variables that the ``.keras`` format leaves out (e.g. ``SeedGenerator`` states of
+``Dropout`` layers), so a resumed run draws the same random numbers.
+
+Example::
+
+    state = TrainingState(epoch=3, steps_completed=120, continue_id=7)
+    write_state("/tmp/ckpt", state)
+    assert read_state("/tmp/ckpt").epoch == 3
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import random
+import sys
+from typing import Any
+
+import numpy as np
+
+from ckptstore import errors
+
+logger = logging.getLogger(__name__)
+
+#: File name of the training state inside a checkpoint.
+STATE_FILENAME = "callback_state.json"
+STATE_VERSION = 1
+
+
+@dataclasses.dataclass
+class TrainingState:
+    """What :class:`~ckptstore.keras_io.callback.DeterminedCallback` needs to resume exactly.
+
+    ``epoch`` is the number of *completed* epochs (the epoch to start from on resume).
+    ``epoch_complete`` is false when training was preempted in the middle of an epoch; that
+    epoch then restarts from its first batch on resume.
+    """
+
+    epoch: int = 0
+    steps_completed: int = 0
+    continue_id: Any = None
+    epoch_complete: bool = True
+    callbacks: dict[str, Any] = dataclasses.field(default_factory=dict)
+    rng: dict[str, Any] = dataclasses.field(default_factory=dict)
+    extra_variables: dict[str, Any] = dataclasses.field(default_factory=dict)
+    version: int = STATE_VERSION
+
+    def to_json(self) -> str:
+        try:
+            return json.dumps(dataclasses.asdict(self), default=_json_default)
+        except (TypeError, ValueError) as exc:
+            raise errors.CheckpointError(
+                f"The training state could not be written as JSON: {exc}. Every stateful "
+                "callback's get_state() must return JSON-able values (dicts, lists, str, "
+                "numbers, bools, None)."
+            ) from exc
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainingState:
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise errors.InvalidCheckpoint(
+                f"{STATE_FILENAME} is not valid JSON ({exc}); the checkpoint is damaged. "
+                "Resume from another checkpoint."
+            ) from exc
+        if not isinstance(raw, dict):
+            raise errors.InvalidCheckpoint(f"{STATE_FILENAME} must hold a JSON object.")
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if hasattr(value, "numpy"):
+        return np.asarray(value.numpy()).tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def write_state(ckpt_dir: str, state: TrainingState) -> None:
+    """Write ``callback_state.json`` into ``ckpt_dir``."""
+    with open(os.path.join(ckpt_dir, STATE_FILENAME), "w", encoding="utf-8") as f:
+        f.write(state.to_json())
+
+
+def read_state(ckpt_dir: str) -> TrainingState | None:
+    """The state in ``ckpt_dir``, or None when the checkpoint has none (weights only)."""
+    path = os.path.join(ckpt_dir, STATE_FILENAME)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return TrainingState.from_json(f.read())
+
+
+# ---- RNG ----------------------------------------------------------------------------------------
+def capture_rng() -> dict[str, Any]:
+    """The state of every global random generator we know of, as JSON-able data."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    rng: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+    }
+    if "tensorflow" in sys.modules:
+        try:
+            import tensorflow as tf
+
+            gen = tf.random.get_global_generator()
+            rng["tensorflow"] = {
+                "state": gen.state.numpy().tolist(),
+                "algorithm": int(gen.algorithm),
+            }
+        except Exception as exc:  # noqa: BLE001 - best effort, logged
+            logger.debug("TensorFlow global generator state not captured: %s", exc)
+    gen = _keras_global_seed_generator()
+    if gen is not None:
+        rng["keras_global_seed"] = np.asarray(gen.state.numpy()).tolist()
+    return rng
+
+
+def restore_rng(rng: dict[str, Any]) -> None:
+    """Put back what :func:`capture_rng` recorded (unknown keys are ignored)."""
+    if "python" in rng:
+        version, internal, gauss = rng["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "numpy" in rng:
+        name, keys, pos, has_gauss, cached = rng["numpy"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    if "tensorflow" in rng and "tensorflow" in sys.modules:
+        import tensorflow as tf
+
+        gen = tf.random.get_global_generator()
+        gen.reset(np.asarray(rng["tensorflow"]["state"], dtype=np.int64))
+    if "keras_global_seed" in rng:
+        from keras.src.random.seed_generator import global_seed_generator
+
+        gen = global_seed_generator()
+        gen.state.assign(np.asarray(rng["keras_global_seed"], dtype=gen.state.dtype))
+
+
+def _keras_global_seed_generator() -> Any:
+    if "keras" not in sys.modules:
+        return None
+    try:
+        from keras.src.backend.common import global_state
+
+        return global_state.get_global_attribute("global_seed_generator")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+# ---- variables the .keras format leaves out --------------------------------------------------
+def capture_extra_variables(model: Any, saved_ids: set[int]) -> dict[str, Any]:
+    """``{path: value}`` of the model's variables that are not in ``saved_ids`` and are not
+    metric accumulators (metrics reset every epoch): mainly ``SeedGenerator`` states."""
+    metric_ids = {id(v) for v in getattr(model, "metrics_variables", [])}
+    out: dict[str, Any] = {}
+    for variable in model.variables:
+        if id(variable) in saved_ids or id(variable) in metric_ids:
+            continue
+        out[variable.path] = {
+            "dtype": str(variable.dtype),
+            "value": np.asarray(variable.numpy()).tolist(),
+        }
+    return out
+
+
+def restore_extra_variables(model: Any, extra: dict[str, Any]) -> None:
+    """Assign values recorded by :func:`capture_extra_variables` back by variable path."""
+    by_path = {v.path: v for v in model.variables}
+    for path, item in extra.items():
+        variable = by_path.get(path)
+        if variable is None:
+            logger.warning(
+                "Checkpoint holds state for variable %r which this model does not have; ignored.",
+                path,
+            )
+            continue
+        variable.assign(np.asarray(item["value"], dtype=item["dtype"]))
+
+
+# ---- callbacks -------------------------------------------------------------------------------
+def stateful_callbacks(callbacks: list[Any]) -> dict[str, Any]:
+    """``{key: callback}`` for every callback with ``get_state`` and ``load_state``.
+
+    Keys are the class name, suffixed ``_1``, ``_2``... for repeats, in list order, so the same
+    ``fit()`` call maps states back to the same callbacks.
+    """
+    out: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+    for cb in callbacks:
+        if not (
+            callable(getattr(cb, "get_state", None)) and callable(getattr(cb, "load_state", None))
+        ):
+            continue
+        name = type(cb).__name__
+        n = counts.get(name, 0)
+        counts[name] = n + 1
+        out[name if n == 0 else f"{name}_{n}"] = cb
+    return out

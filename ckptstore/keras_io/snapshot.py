@@ -1,0 +1,347 @@
+"""Snapshot a Keras model's full training state in host/device memory, write it later.
+
+Keras's own ``model.save()`` reads every variable, copies it into an in-memory HDF5 file, copies
+that again into a zip archive, and does all of it while ``fit()`` waits. To keep training moving,
+ckptstore splits the save in two:
+
+1. :func:`take_snapshot` (foreground, fast): reads the *value* of every variable the ``.keras``
+   format stores (layer weights, every optimizer slot and ``iterations``). On TensorFlow a
+   variable read returns a tensor that shares the variable's buffer; the next update of that
+   variable copies the buffer first (TensorFlow's copy-on-write for shared variable buffers), so
+   the read is both cheap and a true point-in-time copy. On JAX values are immutable already.
+2. :func:`write_keras_archive` (background thread): writes a standard ``model.keras`` zip
+   (``config.json``, ``metadata.json``, ``model.weights.h5``) from the snapshot with the same
+   HDF5 layout Keras's ``saving_lib`` uses, so ``keras.models.load_model`` reads it back with
+   the optimizer state intact. The model config is serialised once per layout, not per save.
+
+The layout (which HDF5 group and key each variable goes to) is computed once per model by
+:class:`StateLayout` with the same walk Keras's saver does.
+
+Example::
+
+    layout = StateLayout.of(model)
+    snap = take_snapshot(layout)          # fast, in the training thread
+    write_keras_archive(snap, "/tmp/ckpt/model.keras")   # slow, in any thread
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+import zipfile
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+#: Name of the model archive inside a checkpoint.
+MODEL_FILENAME = "model.keras"
+_CONFIG = "config.json"
+_METADATA = "metadata.json"
+_WEIGHTS = "model.weights.h5"
+_ASSETS = "assets"
+_COPY_CHUNK = 16 * 2**20
+
+
+@dataclasses.dataclass
+class _Entry:
+    """One HDF5 dataset: ``<group>/vars/<key>``, from a variable or a fixed array."""
+
+    group: str
+    key: str
+    variable: Any = None
+    constant: np.ndarray | None = None
+
+
+@dataclasses.dataclass
+class StateLayout:
+    """Where every piece of a model's state goes in ``model.weights.h5``; built once per model.
+
+    ``groups`` keeps the order and the ``name`` attributes of HDF5 groups as Keras writes them.
+    ``dynamic`` is true when some layer saved values that are not variables (they are then
+    re-collected at every snapshot, in the foreground).
+
+    Example::
+
+        layout = StateLayout.of(model)
+        print(len(layout.entries), "arrays")
+    """
+
+    model: Any
+    entries: list[_Entry]
+    groups: dict[str, dict[str, Any] | None]
+    config_json: str
+    assets_dir: str | None
+    dynamic: bool
+
+    @classmethod
+    def of(cls, model: Any) -> StateLayout:
+        """Walk ``model`` the way ``keras.saving`` does and record its layout."""
+        from keras.src.saving import serialization_lib
+
+        with serialization_lib.ObjectSharingScope():
+            config_json = json.dumps(serialization_lib.serialize_keras_object(model))
+        recorder = _Recorder()
+        assets_root = tempfile.mkdtemp(prefix="ckptstore-assets-")
+        _walk(model, recorder, "", set(), assets_root)
+        if not any(os.scandir(assets_root)):
+            shutil.rmtree(assets_root, ignore_errors=True)
+            assets_root = None
+        return cls(
+            model=model,
+            entries=recorder.entries,
+            groups=recorder.groups,
+            config_json=config_json,
+            assets_dir=assets_root,
+            dynamic=recorder.dynamic,
+        )
+
+    def close(self) -> None:
+        """Remove the temporary assets copy, if any."""
+        if self.assets_dir:
+            shutil.rmtree(self.assets_dir, ignore_errors=True)
+            self.assets_dir = None
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """Point-in-time values of every entry of a :class:`StateLayout`."""
+
+    layout: StateLayout
+    values: list[Any]
+
+    @property
+    def nbytes(self) -> int:
+        """Total size of the snapshot's arrays in bytes."""
+        total = 0
+        for value in self.values:
+            size = getattr(value, "nbytes", None)
+            if size is None:
+                shape = getattr(value, "shape", ())
+                itemsize = np.dtype(str(getattr(value, "dtype", "float32").name)).itemsize
+                size = int(np.prod(shape)) * itemsize
+            total += int(size)
+        return total
+
+
+class _Recorder:
+    """Collects what ``save_own_variables`` would write, without writing anything."""
+
+    def __init__(self) -> None:
+        self.entries: list[_Entry] = []
+        self.groups: dict[str, dict[str, Any] | None] = {}
+        self.dynamic = False
+        self._path = ""
+        self._metadata: dict[str, Any] | None = None
+
+    def make(self, path: str, metadata: dict[str, Any] | None = None) -> _Recorder:
+        self._path = path
+        self._metadata = metadata
+        if metadata:
+            self.groups.setdefault(path, metadata)
+        return self
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.groups.setdefault(self._path, self._metadata)
+        if _is_variable(value):
+            self.entries.append(_Entry(self._path, str(key), variable=value))
+        else:
+            self.dynamic = True
+            self.entries.append(_Entry(self._path, str(key), constant=np.array(value)))
+
+    def add_variables(self, variables: list[Any]) -> None:
+        for i, variable in enumerate(variables):
+            self[str(i)] = variable
+
+
+def _is_variable(value: Any) -> bool:
+    from keras import Variable
+
+    return isinstance(value, Variable)
+
+
+def _walk(saveable: Any, store: _Recorder, inner_path: str, visited: set[int], assets: str) -> None:
+    """Mirror of ``keras.src.saving.saving_lib._save_state`` that records instead of writing.
+
+    Optimizers save ``variable.numpy()`` copies; here they are recorded as the variables
+    themselves so the snapshot can read them cheaply later.
+    """
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+    from keras.src.saving import saving_lib
+    from keras.src.saving.keras_saveable import KerasSaveable
+
+    if id(saveable) in visited:
+        return
+    if hasattr(saveable, "save_own_variables"):
+        name = getattr(saveable, "name", None)
+        metadata = {"name": name} if isinstance(name, str) else None
+        store.make(inner_path, metadata=metadata)
+        if isinstance(saveable, BaseOptimizer):
+            store.add_variables(list(saveable.variables))
+        else:
+            saveable.save_own_variables(store)
+    if hasattr(saveable, "save_assets"):
+        target = os.path.join(assets, inner_path) if inner_path else assets
+        os.makedirs(target, exist_ok=True)
+        saveable.save_assets(target)
+        if not any(os.scandir(target)) and target != assets:
+            os.rmdir(target)
+    visited.add(id(saveable))
+
+    for child_attr, child in saving_lib._walk_saveable(saveable):
+        child_path = f"{inner_path}/{child_attr}" if inner_path else child_attr
+        if isinstance(child, KerasSaveable):
+            _walk(child, store, child_path, visited, assets)
+        elif isinstance(child, (list, dict, tuple)):
+            _walk_container(child, store, child_path, visited, assets, set())
+
+
+def _walk_container(
+    container: Any,
+    store: _Recorder,
+    inner_path: str,
+    visited: set[int],
+    assets: str,
+    visited_containers: set[int],
+) -> None:
+    from keras.src.saving import saving_lib
+    from keras.src.saving.keras_saveable import KerasSaveable
+    from keras.src.utils import naming
+
+    if id(container) in visited_containers:
+        return
+    visited_containers.add(id(container))
+    used_names: dict[str, int] = {}
+    items = list(container.values()) if isinstance(container, dict) else container
+    for item in items:
+        if isinstance(item, KerasSaveable):
+            name = saving_lib._get_unique_name(
+                naming.to_snake_case(item.__class__.__name__), used_names
+            )
+            _walk(item, store, f"{inner_path}/{name}", visited, assets)
+        elif isinstance(item, (list, dict, tuple)):
+            name = saving_lib._get_unique_name("container", used_names)
+            _walk_container(
+                item, store, f"{inner_path}/{name}", visited, assets, visited_containers
+            )
+
+
+def _read_value(variable: Any) -> Any:
+    """A point-in-time value of ``variable`` that later updates cannot change."""
+    import keras
+
+    backend = keras.backend.backend()
+    value = variable.value
+    if backend == "tensorflow":
+        read = getattr(value, "read_value", None)
+        if read is not None:
+            return read()
+        import tensorflow as tf
+
+        return tf.identity(value)
+    if backend == "jax":
+        return value  # immutable
+    return keras.ops.copy(value)
+
+
+def take_snapshot(layout: StateLayout) -> Snapshot:
+    """Read every variable of ``layout`` now (cheap; see the module docstring)."""
+    if layout.dynamic:
+        # Some layer saves non-variable state: re-record it so constants are current.
+        fresh = StateLayout.of(layout.model)
+        layout.close()
+        layout.entries, layout.groups, layout.assets_dir = (
+            fresh.entries,
+            fresh.groups,
+            fresh.assets_dir,
+        )
+    values = [
+        _read_value(e.variable) if e.variable is not None else e.constant for e in layout.entries
+    ]
+    return Snapshot(layout=layout, values=values)
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        return np.asarray(value)  # zero-copy for host tensors
+    except Exception:  # noqa: BLE001 - fall back to Keras's converter (e.g. GPU tensors)
+        from keras import ops
+
+        return ops.convert_to_numpy(value)
+
+
+def _write_weights_h5(snapshot: Snapshot, path: str) -> None:
+    import h5py
+    from keras.src import backend
+
+    layout = snapshot.layout
+    by_group: dict[str, list[tuple[str, Any]]] = {}
+    for entry, value in zip(layout.entries, snapshot.values):
+        by_group.setdefault(entry.group, []).append((entry.key, value))
+    with h5py.File(path, "w") as h5:
+        for group_path, metadata in layout.groups.items():
+            group = h5.create_group(f"{group_path}/vars" if group_path else "vars")
+            for k, v in (metadata or {}).items():
+                group.attrs[k] = v
+            for key, value in by_group.get(group_path, []):
+                array = _to_numpy(value)
+                if backend.standardize_dtype(array.dtype) == "bfloat16":
+                    ds = group.create_dataset(key, data=array)
+                    ds.attrs["dtype"] = "bfloat16"
+                else:
+                    group.create_dataset(key, data=array)
+
+
+def write_keras_archive(snapshot: Snapshot, path: str, *, scratch_dir: str | None = None) -> int:
+    """Write ``snapshot`` as a standard ``.keras`` zip at ``path``; returns its size in bytes.
+
+    ``scratch_dir`` (default: the folder of ``path``) holds the temporary HDF5 file.
+    """
+    import datetime
+
+    import keras
+
+    layout = snapshot.layout
+    scratch = scratch_dir or os.path.dirname(os.path.abspath(path))
+    fd, h5_path = tempfile.mkstemp(prefix=".weights-", suffix=".h5", dir=scratch)
+    os.close(fd)
+    try:
+        _write_weights_h5(snapshot, h5_path)
+        metadata = {
+            "keras_version": keras.__version__,
+            "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S"),
+        }
+        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
+            zf.writestr(_METADATA, json.dumps(metadata))
+            zf.writestr(_CONFIG, layout.config_json)
+            size = os.path.getsize(h5_path)
+            info = zipfile.ZipInfo(_WEIGHTS, date_time=_now_tuple())
+            info.compress_type = zipfile.ZIP_STORED
+            info.file_size = size
+            with open(h5_path, "rb") as src, zf.open(info, "w", force_zip64=True) as dst:
+                shutil.copyfileobj(src, dst, _COPY_CHUNK)
+            if layout.assets_dir:
+                for root, _dirs, files in os.walk(layout.assets_dir):
+                    for name in files:
+                        full = os.path.join(root, name)
+                        rel = os.path.relpath(full, layout.assets_dir).replace(os.sep, "/")
+                        zf.write(full, f"{_ASSETS}/{rel}")
+    finally:
+        try:
+            os.remove(h5_path)
+        except FileNotFoundError:
+            pass
+    return os.path.getsize(path)
+
+
+def _now_tuple() -> tuple[int, int, int, int, int, int]:
+    import time
+
+    return time.localtime()[:6]
