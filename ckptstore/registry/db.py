@@ -60,6 +60,12 @@ class Database:
             return postgresql.insert(table)
         return sqlite.insert(table)
 
+    @staticmethod
+    def inserted(conn: sa.Connection, stmt: Any) -> bool:
+        """Run an ``INSERT ... ON CONFLICT DO NOTHING`` on a table with an ``id`` column; True
+        if it inserted a row. (RETURNING, because psycopg reports no rowcount for it.)"""
+        return conn.execute(stmt.returning(sa.literal_column("1"))).first() is not None
+
     def write(self, fn: Callable[[sa.Connection], T], *, what: str) -> T:
         """Run ``fn`` in a write transaction, retrying lost races."""
         return self._run(fn, what=what, write=True)

@@ -63,12 +63,11 @@ def _v1_initial_tables(conn: sa.Connection) -> None:
 
 
 def _v2_checkpoint_order_index(conn: sa.Connection) -> None:
-    sa.Index(
-        "ix_checkpoints_trial_steps_created",
-        schema.checkpoints.c.trial_id,
-        schema.checkpoints.c.steps_completed,
-        schema.checkpoints.c.created_at,
-    ).create(conn, checkfirst=True)
+    # Plain DDL: an sa.Index object would attach itself to the shared Table and leak into v1.
+    conn.exec_driver_sql(
+        "CREATE INDEX IF NOT EXISTS ix_checkpoints_trial_steps_created "
+        "ON checkpoints (trial_id, steps_completed, created_at)"
+    )
 
 
 MIGRATIONS: tuple[Migration, ...] = (

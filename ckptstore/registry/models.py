@@ -196,7 +196,7 @@ class ModelStore:
 
         def fn(conn: sa.Connection) -> Model:
             stmt = self._db.insert(_MO).values(**values).on_conflict_do_nothing()
-            if conn.execute(stmt).rowcount == 0:
+            if not self._db.inserted(conn, stmt):
                 raise errors.ModelVersionConflict(
                     f"A model named {name!r} already exists. Use get_model({name!r}) to add "
                     "versions to it, or choose another name."

@@ -193,7 +193,7 @@ class Registry:
             if trial_id is None:
                 return int(conn.execute(_T.insert().values(**values)).inserted_primary_key[0])
             stmt = self._db.insert(_T).values(id=trial_id, **values).on_conflict_do_nothing()
-            if conn.execute(stmt).rowcount == 0:
+            if not self._db.inserted(conn, stmt):
                 raise errors.RegistryError(
                     f"Trial {trial_id} already exists in registry {self.url}. Use "
                     "ensure_trial(trial_id) to reuse it, or omit trial_id to get a new one."
@@ -419,8 +419,9 @@ class Registry:
     ) -> Checkpoint | None:
         """The live checkpoint with the best ``metric`` (of a trial, an experiment, or all).
 
-        ``metric``/``smaller_is_better`` default to the experiment config's
-        ``searcher.metric``/``searcher.smaller_is_better``, else ``"val_loss"``/True. A
+        ``metric`` defaults to the experiment config's ``searcher.metric``, else
+        ``"val_loss"``; ``smaller_is_better`` to ``searcher.smaller_is_better`` when the metric
+        is the config's, else True. A
         checkpoint's metrics may be nested (``{"validation_metrics": {"val_loss": ...}}``) or
         flat (``{"val_loss": ...}``); see :func:`~ckptstore.registry.entities.lookup_metric`.
         Checkpoints without the metric are skipped; ties go to the most recent. None if no
@@ -435,10 +436,14 @@ class Registry:
                 if trial.experiment_id is not None:
                     exp = self.get_experiment(trial.experiment_id)
                     searcher = exp.config.get("searcher") or {}
+            configured = searcher.get("metric")
             if metric is None:
-                metric = searcher.get("metric") or DEFAULT_METRIC
+                metric = configured or DEFAULT_METRIC
             if smaller_is_better is None:
-                smaller_is_better = bool(searcher.get("smaller_is_better", True))
+                # The config's direction belongs to the config's metric only.
+                smaller_is_better = (
+                    bool(searcher.get("smaller_is_better", True)) if metric == configured else True
+                )
         candidates = self.list_checkpoints(
             trial_id=trial_id, experiment_id=experiment_id, states=_LIVE_STATES
         )
@@ -509,7 +514,7 @@ class Registry:
             )
             .on_conflict_do_nothing()
         )
-        if conn.execute(stmt).rowcount:
+        if self._db.inserted(conn, stmt):
             self._db.bump_sequence(conn, _E)
 
     def _ensure_trial_row(
@@ -534,7 +539,7 @@ class Registry:
             )
             .on_conflict_do_nothing()
         )
-        if conn.execute(stmt).rowcount:
+        if self._db.inserted(conn, stmt):
             self._db.bump_sequence(conn, _T)
         elif experiment_id is not None:
             conn.execute(
