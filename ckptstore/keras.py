@@ -21,6 +21,7 @@ import sys as _sys
 
 from ckptstore.keras_io.callback import DeterminedCallback
 from ckptstore.keras_io.callbacks import Callback, EarlyStopping, ReduceLROnPlateau
+from ckptstore.keras_io.determined_weights import load_determined_checkpoint
 from ckptstore.keras_io.keras_context import KerasContext, init
 from ckptstore.keras_io.loaders import load_checkpoint_model, load_model_from_checkpoint_path
 from ckptstore.keras_io.tensorboard import TensorBoard
@@ -50,5 +51,6 @@ __all__ = [
     "callbacks",
     "init",
     "load_checkpoint_model",
+    "load_determined_checkpoint",
     "load_model_from_checkpoint_path",
 ]

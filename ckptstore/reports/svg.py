@@ -72,7 +72,7 @@ def line_chart(
 ) -> str:
     """An ``<svg>`` element with one ``<polyline>`` per series that has points, axes with
     round ticks, a legend and a title. Series without finite points are listed as "no data"."""
-    left, right, top, bottom = 64, 16, 34, 46
+    left, right, top, bottom = 64, 16, 48, 46
     plot_w, plot_h = width - left - right, height - top - bottom
     drawn = [(s, s.finite_points()) for s in series]
     all_points = [p for _, pts in drawn for p in pts]
@@ -138,16 +138,17 @@ def line_chart(
     )
 
     # lines, markers and legend
-    legend_x = left + 8
+    legend_x = float(left)
     for index, (item, pts) in enumerate(drawn):
         color = item.color or PALETTE[index % len(PALETTE)]
         label = item.name if pts else f"{item.name} (no data)"
-        legend_y = top + 14 + 16 * index
+        legend_y = top - 10
         parts.append(
             f'<line x1="{legend_x}" y1="{legend_y - 4}" x2="{legend_x + 18}" y2="{legend_y - 4}" '
             f'stroke="{color}" stroke-width="2.5"/>'
             f'<text x="{legend_x + 24}" y="{legend_y}" font-size="11" fill="#222">{escape(label)}</text>'
         )
+        legend_x += 34 + 7 * len(label)
         if not pts:
             continue
         coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
