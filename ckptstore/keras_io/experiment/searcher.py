@@ -1,0 +1,253 @@
+"""Hyperparameter search on Optuna: samplers, pruners and where the study lives.
+
+Searchers map to Optuna as follows:
+
+- ``single``: no study; one trial with the constant hyperparameters.
+- ``random``: ``RandomSampler``; ``tpe`` (ckptstore extension): ``TPESampler``;
+  ``grid``: ``GridSampler`` over each hyperparameter's ``count`` points / ``vals``.
+- ``adaptive_asha``: ``RandomSampler`` with ``SuccessiveHalvingPruner`` (``mode: standard``) or
+  ``HyperbandPruner`` (``aggressive``/``conservative``); ``divisor`` is the reduction factor and
+  the first rung is at ``max_length / divisor**(max_rungs-1)`` batches. Trials report the
+  searcher metric after every validation and stop when pruned.
+
+Where the study is stored (:func:`optuna_storage_url`):
+
+- registry on PostgreSQL: the registry's own database, in a separate schema ``optuna`` (so
+  Optuna's tables never clash with the registry's). Several machines can then work on one
+  search: each runs ``ckptstore experiment resume ID`` against the same registry.
+- registry in a SQLite file ``reg.db``: a sibling file ``reg.optuna.db``.
+- anything else (in-memory SQLite): a file under ``<ckptstore home>/optuna/``.
+
+The study of experiment N is named ``ckptstore-experiment-N``. Optuna's trial has the user
+attribute ``ckptstore_trial_id`` linking it to the registry trial.
+
+Example::
+
+    searcher = Searcher(config, experiment_id=3, registry_url="sqlite:////tmp/reg.db")
+    hparams, optuna_id = searcher.ask()
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from ckptstore import defaults, errors
+from ckptstore.keras_io.experiment.config import ExperimentConfig, Hyperparameter, nest_hparams
+
+logger = logging.getLogger(__name__)
+
+TRIAL_ATTR = "ckptstore_trial_id"
+OPTUNA_SCHEMA = "optuna"
+_PRIMITIVE = (str, int, float, bool, type(None))
+
+
+def study_name(experiment_id: int) -> str:
+    return f"ckptstore-experiment-{experiment_id}"
+
+
+def optuna_storage_url(registry_url: str) -> tuple[str, dict[str, Any]]:
+    """``(url, engine_kwargs)`` of the Optuna storage that goes with a registry URL."""
+    url = registry_url
+    if url.startswith(("postgres://", "postgresql://", "postgresql+psycopg://")):
+        url = url.replace("postgres://", "postgresql://", 1)
+        if url.startswith("postgresql://"):
+            url = "postgresql+psycopg://" + url[len("postgresql://") :]
+        _ensure_pg_schema(url)
+        return url, {"connect_args": {"options": f"-csearch_path={OPTUNA_SCHEMA}"}}
+    path: Path | None = None
+    if url.startswith("sqlite:///"):
+        rest = url[len("sqlite:///") :]
+        if rest and rest != ":memory:":
+            path = Path(rest)
+    elif "://" not in url:
+        path = Path(url)
+    if path is not None:
+        target = path.with_name(path.stem + ".optuna.db")
+    else:
+        target = defaults.home() / "optuna" / "studies.db"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{target}", {"connect_args": {"timeout": 60}}
+
+
+def _ensure_pg_schema(url: str) -> None:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"CREATE SCHEMA IF NOT EXISTS {OPTUNA_SCHEMA}"))
+    except sa.exc.IntegrityError:
+        pass  # another process created it at the same moment
+    finally:
+        engine.dispose()
+
+
+def _storage(registry_url: str) -> Any:
+    import optuna
+
+    url, engine_kwargs = optuna_storage_url(registry_url)
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    except Exception as exc:  # noqa: BLE001 - reported with the fix
+        raise errors.RegistryError(
+            f"Could not open the Optuna study storage for this registry ({type(exc).__name__}). "
+            "Check that the registry database is reachable and writable."
+        ) from exc
+
+
+def _categorical_choices(hp: Hyperparameter) -> tuple[list[Any], bool]:
+    values = list(hp.vals if hp.type == "categorical" else hp.grid_values())
+    if all(isinstance(v, _PRIMITIVE) for v in values):
+        return values, False
+    return list(range(len(values))), True  # lists/dicts: choose an index
+
+
+class Searcher:
+    """Proposes hyperparameters for new trials and judges pruning, on an Optuna study.
+
+    Args:
+        config: the experiment config.
+        experiment_id: the registry id of the experiment (names the study).
+        registry_url: the registry's URL, with password (see :func:`optuna_storage_url`).
+    """
+
+    def __init__(self, config: ExperimentConfig, experiment_id: int, registry_url: str) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.config = config
+        self.experiment_id = experiment_id
+        s = config.searcher
+        seed = config.experiment_seed + experiment_id
+        if s.name == "grid":
+            space = {
+                hp.name: _categorical_choices(hp)[0]
+                for hp in config.hyperparameters
+                if hp.type != "const"
+            }
+            sampler: Any = optuna.samplers.GridSampler(space or {"_": [0]}, seed=seed)
+        elif s.name == "tpe":
+            sampler = optuna.samplers.TPESampler(seed=seed)
+        else:
+            sampler = optuna.samplers.RandomSampler(seed=seed)
+        self.study = optuna.create_study(
+            storage=_storage(registry_url),
+            study_name=study_name(experiment_id),
+            sampler=sampler,
+            pruner=self._pruner(),
+            direction="minimize" if s.smaller_is_better else "maximize",
+            load_if_exists=True,
+        )
+
+    def _pruner(self) -> Any:
+        import optuna
+
+        s = self.config.searcher
+        if s.name != "adaptive_asha":
+            return optuna.pruners.NopPruner()
+        gbs = self._gbs_guess()
+        max_batches = s.max_length.to_batches(gbs, self.config.records_per_epoch or 1)
+        min_resource = max(1, math.floor(max_batches / s.divisor ** (s.max_rungs - 1)))
+        if s.mode == "standard":
+            return optuna.pruners.SuccessiveHalvingPruner(
+                min_resource=min_resource, reduction_factor=s.divisor
+            )
+        return optuna.pruners.HyperbandPruner(
+            min_resource=min_resource, max_resource=max_batches, reduction_factor=s.divisor
+        )
+
+    def _gbs_guess(self) -> int:
+        for hp in self.config.hyperparameters:
+            if hp.name == "global_batch_size":
+                values = hp.grid_values() if hp.type in ("const", "categorical") else [hp.minval]
+                return int(values[0])
+        return 1
+
+    def ask(self) -> tuple[dict[str, Any], int]:
+        """``(nested hparams, optuna trial id)`` for a new trial."""
+        trial = self.study.ask()
+        return self._suggest(trial), trial._trial_id
+
+    def _suggest(self, trial: Any) -> dict[str, Any]:
+        grid = self.config.searcher.name == "grid"
+        flat: dict[str, Any] = {}
+        for hp in self.config.hyperparameters:
+            if hp.type == "const":
+                flat[hp.name] = hp.val
+            elif hp.type == "categorical" or grid:
+                choices, by_index = _categorical_choices(hp)
+                picked = trial.suggest_categorical(hp.name, choices)
+                values = list(hp.vals if hp.type == "categorical" else hp.grid_values())
+                flat[hp.name] = values[picked] if by_index else picked
+            elif hp.type == "int":
+                flat[hp.name] = trial.suggest_int(hp.name, int(hp.minval), int(hp.maxval))
+            elif hp.type == "double":
+                flat[hp.name] = trial.suggest_float(hp.name, float(hp.minval), float(hp.maxval))
+            else:  # log: minval/maxval are exponents of base
+                low, high = hp.base ** float(hp.minval), hp.base ** float(hp.maxval)
+                flat[hp.name] = trial.suggest_float(hp.name, low, high, log=True)
+        return nest_hparams(flat)
+
+    def link(self, optuna_id: int, trial_id: int) -> None:
+        """Record which registry trial an Optuna trial belongs to."""
+        self.study._storage.set_trial_user_attr(optuna_id, TRIAL_ATTR, trial_id)
+
+    def adopt(self, trial_id: int, flat_params: dict[str, Any] | None = None) -> int:
+        """A new Optuna trial for a registry trial that lost its link (the runner was killed
+        between creating the two); returns the Optuna trial id."""
+        trial = self.study.ask()
+        self.link(trial._trial_id, trial_id)
+        return trial._trial_id
+
+    def optuna_ids(self) -> dict[int, int]:
+        """``{registry trial id: optuna trial id}`` for every linked Optuna trial."""
+        out = {}
+        for t in self.study.get_trials(deepcopy=False):
+            tid = t.user_attrs.get(TRIAL_ATTR)
+            if tid is not None:
+                out[int(tid)] = t._trial_id
+        return out
+
+    def fail_unlinked(self) -> None:
+        """Mark running Optuna trials with no registry trial as failed (left by a killed runner)."""
+        import optuna
+
+        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if TRIAL_ATTR not in t.user_attrs:
+                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+
+    def is_finished(self, optuna_id: int) -> bool:
+        return self.study._storage.get_trial(optuna_id).state.is_finished()
+
+    def tell(self, optuna_id: int, value: float | None) -> None:
+        """Finish an Optuna trial with its final searcher metric (failed when None)."""
+        import optuna
+
+        if self.is_finished(optuna_id):
+            return
+        number = self.study._storage.get_trial(optuna_id).number
+        if value is None or not math.isfinite(value):
+            self.study.tell(number, state=optuna.trial.TrialState.FAIL)
+        else:
+            self.study.tell(number, value)
+
+    def should_prune(self, optuna_id: int, step: int, value: float) -> bool:
+        """Report an intermediate value; True when the pruner stops the trial (it is then told
+        PRUNED)."""
+        import optuna
+
+        if self.config.searcher.name != "adaptive_asha":
+            return False
+        trial = optuna.trial.Trial(self.study, optuna_id)
+        trial.report(value, step)
+        if trial.should_prune():
+            number = self.study._storage.get_trial(optuna_id).number
+            self.study.tell(number, state=optuna.trial.TrialState.PRUNED)
+            return True
+        return False
+
+
+__all__ = ["Searcher", "optuna_storage_url", "study_name"]

@@ -1,0 +1,441 @@
+"""The trial controller: trains a TFKerasTrial in workloads of batches, validates, checkpoints,
+reports metrics to the registry and resumes exactly from the trial's latest checkpoint.
+
+Scheduling follows Determined: training runs in workloads of at most ``scheduling_unit``
+batches that end at every ``min_validation_period`` and ``min_checkpoint_period`` boundary; the
+trial always validates and checkpoints when it reaches ``searcher.max_length``, when a callback
+stops training, when the searcher prunes it, and (checkpoint only) when it is preempted.
+
+A checkpoint holds ``model.keras`` (architecture, weights, full optimizer state),
+``callback_state.json`` (callback states, RNG states, steps — see
+:mod:`ckptstore.keras_io.callback_state`) and ``workload_sequencer.json`` (the position in the
+training data and the schedule). Resuming rebuilds the model with ``build_model()``, loads those
+and continues at the next batch.
+
+Example::
+
+    with ckptstore.core.init(storage="/tmp/ckpts", trial_id=1, hparams=hparams) as core_context:
+        result = TrialController(MNISTTrial, core_context, config).run()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+
+from ckptstore import errors
+from ckptstore.keras_io import callback_state
+from ckptstore.keras_io.experiment.config import ExperimentConfig, parse_config
+from ckptstore.keras_io.experiment.metrics import searcher_metric_value
+from ckptstore.keras_io.trial import data as data_mod
+from ckptstore.keras_io.trial.context import TFKerasTrialContext
+from ckptstore.keras_io.trial.trial import TFKerasTrial
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILENAME = "model.keras"
+SEQUENCER_FILENAME = "workload_sequencer.json"
+
+#: Called after each validation with (batches_trained, searcher metric value); True prunes.
+PruneHook = Callable[[int, float], bool]
+
+
+@dataclasses.dataclass
+class TrialResult:
+    """How a trial run ended."""
+
+    batches_trained: int
+    status: str  # "completed", "stopped_early", "pruned", "preempted"
+    last_validation: dict[str, float] = dataclasses.field(default_factory=dict)
+    searcher_metric: float | None = None
+    latest_checkpoint: str | None = None
+
+
+def _to_float(value: Any) -> Any:
+    if isinstance(value, (np.generic, np.ndarray)):
+        return np.asarray(value).item()
+    if hasattr(value, "numpy"):
+        return np.asarray(value.numpy()).item()
+    return value
+
+
+def _mean_logs(logs: list[dict[str, Any]]) -> dict[str, float]:
+    if not logs:
+        return {}
+    out = {}
+    for key in logs[-1]:
+        values = [float(_to_float(entry[key])) for entry in logs if key in entry]
+        out[key] = float(np.mean(values))
+    return out
+
+
+class TrialController:
+    """Runs one trial of a :class:`TFKerasTrial` subclass inside a core context.
+
+    Args:
+        trial_class: the user's ``TFKerasTrial`` subclass.
+        core_context: what ``ckptstore.core.init(...)`` yielded (storage, registry, trial id,
+            hparams, preemption).
+        config: the experiment config (an :class:`ExperimentConfig` or a raw dict).
+        trial_seed: seed for Python, NumPy, TensorFlow and Keras random generators.
+        prune_hook: called after each validation with the searcher metric; True stops the trial
+            (adaptive search).
+
+    Example::
+
+        result = TrialController(MyTrial, core_context, config, trial_seed=7).run()
+        print(result.status, result.last_validation)
+    """
+
+    def __init__(
+        self,
+        trial_class: type[TFKerasTrial],
+        core_context: Any,
+        config: ExperimentConfig | dict[str, Any],
+        *,
+        trial_seed: int = 0,
+        prune_hook: PruneHook | None = None,
+    ) -> None:
+        if not (isinstance(trial_class, type) and issubclass(trial_class, TFKerasTrial)):
+            raise errors.InvalidConfig(
+                f"The entrypoint must name a subclass of ckptstore.keras.TFKerasTrial. "
+                f"Received: {trial_class!r}."
+            )
+        self.trial_class = trial_class
+        self.core = core_context
+        self.config = config if isinstance(config, ExperimentConfig) else parse_config(config)
+        self.trial_seed = int(trial_seed)
+        self.prune_hook = prune_hook
+        self.batches_trained = 0
+        self.last_validation_at: int | None = None
+        self.last_checkpoint_at: int | None = None
+        self.last_validation: dict[str, float] = {}
+        self.latest_checkpoint: str | None = None
+
+    # ---- set-up ---------------------------------------------------------------------------------
+    def _build(self) -> None:
+        info = self.core.info
+        keras.utils.set_random_seed(self.trial_seed)
+        self.context = TFKerasTrialContext(
+            dict(info.trial.hparams),
+            experiment_config=self.config.raw,
+            distributed=self.core.distributed,
+            trial_id=info.trial.trial_id,
+            experiment_id=info.trial.experiment_id,
+            trial_seed=self.trial_seed,
+        )
+        self.trial = self.trial_class(self.context)
+        if type(self.trial).session_config is not TFKerasTrial.session_config:
+            if self.trial.session_config() is not None:
+                logger.warning(
+                    "session_config() is ignored under TensorFlow 2; configure TensorFlow with "
+                    "tf.config (threads, devices) at the top of model_def.py instead."
+                )
+        self.model = self.trial.build_model()
+        if not isinstance(self.model, keras.Model):
+            raise errors.InvalidConfig(
+                f"build_model() must return a compiled keras.Model; it returned a "
+                f"{type(self.model).__name__}."
+            )
+        if not getattr(self.model, "compiled", False) or self.model.optimizer is None:
+            raise errors.InvalidConfig(
+                "build_model() returned a model that is not compiled. Call "
+                "model.compile(optimizer=..., loss=...) before returning it."
+            )
+        fit = self.context.fit_config
+        self.gbs = self.context.get_global_batch_size()
+        self.batch_size = self.context.get_per_slot_batch_size()
+        self.train_data = data_mod.training_data(
+            self.trial.build_training_data_loader(),
+            batch_size=self.batch_size,
+            shuffle=fit["shuffle"],
+            seed=self.trial_seed,
+            workers=fit["workers"],
+            use_multiprocessing=fit["use_multiprocessing"],
+            max_queue_size=fit["max_queue_size"],
+        )
+        self.val_data = self.trial.build_validation_data_loader()
+        data_mod.evaluate_kwargs(self.val_data, self.batch_size)  # type check now, not later
+        self.user_callbacks = list(self.trial.keras_callbacks() or [])
+        self.callbacks = keras.callbacks.CallbackList(
+            self.user_callbacks, add_history=False, add_progbar=False, model=self.model
+        )
+        self._schedule()
+
+    def _schedule(self) -> None:
+        cfg = self.config
+        rpe = cfg.records_per_epoch or self.train_data.records_per_pass
+        self.max_batches = cfg.searcher.max_length.to_batches(self.gbs, rpe)
+        self.val_period = (
+            cfg.min_validation_period.to_batches(self.gbs, rpe)
+            if cfg.min_validation_period
+            else None
+        )
+        self.ckpt_period = (
+            cfg.min_checkpoint_period.to_batches(self.gbs, rpe)
+            if cfg.min_checkpoint_period
+            else None
+        )
+        if cfg.records_per_epoch:
+            self.batches_per_epoch: int | None = max(1, math.ceil(cfg.records_per_epoch / self.gbs))
+        else:
+            self.batches_per_epoch = self.train_data.batches_per_pass
+        logger.info(
+            "Trial %s: %d batches of %d records, validation every %s, checkpoint every %s batches",
+            self.context.trial_id,
+            self.max_batches,
+            self.gbs,
+            self.val_period,
+            self.ckpt_period,
+        )
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def _ensure_built(self) -> None:
+        if not self.model.built or not self.model.trainable_variables:
+            position = self.train_data.position()
+            x, _, _ = self.train_data.next_batch()
+            self.model(x)
+            self.train_data.restore(position)
+        self.model.optimizer.build(self.model.trainable_variables)
+
+    def _restore(self, uuid: str) -> None:
+        trial_id = self.context.trial_id
+        with self.core.checkpoint.restore_path(uuid) as path:
+            state = callback_state.read_state(path)
+            seq_path = os.path.join(path, SEQUENCER_FILENAME)
+            sequencer = {}
+            if os.path.exists(seq_path):
+                with open(seq_path, encoding="utf-8") as f:
+                    sequencer = json.load(f)
+            model_file = os.path.join(path, MODEL_FILENAME)
+            if not os.path.exists(model_file):
+                raise errors.ResumeError(
+                    f"Checkpoint {uuid} has no {MODEL_FILENAME}; it was not written by a "
+                    "TFKerasTrial. Start the trial from scratch or pick another checkpoint."
+                )
+            self._ensure_built()
+            same_trial = state is not None and state.continue_id == trial_id
+            if same_trial:
+                self._load_weights(model_file, uuid)
+            else:  # warm start: weights only, fresh optimizer and schedule
+                logger.info(
+                    "Warm-starting trial %s from checkpoint %s (weights only)", trial_id, uuid
+                )
+                self.model.load_weights(model_file, skip_mismatch=False)
+                for var in self.model.optimizer.variables:
+                    var.assign(np.zeros(var.shape, dtype=var.dtype))
+                return
+        assert state is not None
+        self.batches_trained = int(state.steps_completed)
+        self.last_validation_at = sequencer.get("last_validation_at")
+        self.last_checkpoint_at = self.batches_trained
+        self.last_validation = dict(sequencer.get("last_validation") or {})
+        if "data_position" in sequencer:
+            self.train_data.restore(sequencer["data_position"])
+        for key, cb in callback_state.stateful_callbacks(self.user_callbacks).items():
+            if key in state.callbacks:
+                cb.load_state(state.callbacks[key])
+        if state.extra_variables:
+            callback_state.restore_extra_variables(self.model, state.extra_variables)
+        callback_state.restore_rng(state.rng)
+        self.latest_checkpoint = uuid
+        logger.info(
+            "Resumed trial %s from checkpoint %s at batch %d", trial_id, uuid, self.batches_trained
+        )
+
+    def _load_weights(self, model_file: str, uuid: str) -> None:
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.model.load_weights(model_file)
+        for w in caught:
+            if "Skipping variable loading for optimizer" in str(w.message):
+                raise errors.ResumeError(
+                    f"The optimizer state in checkpoint {uuid} does not fit the model built by "
+                    f"build_model() ({w.message}). Use the same model and optimizer as the run "
+                    "that wrote the checkpoint."
+                )
+
+    def _checkpoint(self) -> str:
+        trial_id = self.context.trial_id
+        epochs = self.batches_trained // self.batches_per_epoch if self.batches_per_epoch else 0
+        metadata = {
+            "steps_completed": self.batches_trained,
+            "continue_id": trial_id,
+            "epoch": epochs,
+            "framework": "ckptstore.keras.TFKerasTrial",
+            "metrics": {"validation_metrics": dict(self.last_validation)},
+            "hparams": self.context.get_hparams(),
+        }
+        states = {
+            key: cb.get_state()
+            for key, cb in callback_state.stateful_callbacks(self.user_callbacks).items()
+        }
+        state = callback_state.TrainingState(
+            epoch=epochs,
+            steps_completed=self.batches_trained,
+            continue_id=trial_id,
+            epoch_complete=bool(self.batches_per_epoch)
+            and self.batches_trained % self.batches_per_epoch == 0,
+            callbacks=states,
+            rng=callback_state.capture_rng(),
+        )
+        sequencer = {
+            "batches_trained": self.batches_trained,
+            "data_position": self.train_data.position(),
+            "last_validation_at": self.last_validation_at,
+            "last_validation": self.last_validation,
+        }
+        with self.core.checkpoint.store_path(metadata) as (path, uuid):
+            self.model.save(os.path.join(path, MODEL_FILENAME))
+            callback_state.write_state(path, state)
+            with open(os.path.join(path, SEQUENCER_FILENAME), "w", encoding="utf-8") as f:
+                json.dump(sequencer, f)
+            for cb in self.user_callbacks:
+                hook = getattr(cb, "on_checkpoint_end", None)
+                if callable(hook):
+                    hook(path)
+        self.last_checkpoint_at = self.batches_trained
+        self.latest_checkpoint = uuid
+        logger.info("Trial %s: checkpoint %s at batch %d", trial_id, uuid, self.batches_trained)
+        return uuid
+
+    # ---- training ---------------------------------------------------------------------------------
+    def _next_boundary(self) -> int:
+        end = self.max_batches
+        for period in (self.val_period, self.ckpt_period):
+            if period:
+                end = min(end, (self.batches_trained // period + 1) * period)
+        return min(end, self.batches_trained + self.config.scheduling_unit)
+
+    def _train_workload(self, n: int) -> dict[str, float]:
+        fit = self.context.fit_config
+        for cb in self.user_callbacks:
+            hook = getattr(cb, "on_train_workload_begin", None)
+            if callable(hook):
+                hook(self.batches_trained, n, {})
+        logs: list[dict[str, Any]] = []
+        bpe = self.batches_per_epoch
+        for _ in range(n):
+            if bpe and self.batches_trained % bpe == 0:
+                self.callbacks.on_epoch_begin(self.batches_trained // bpe)
+            step = self.batches_trained % bpe if bpe else self.batches_trained
+            self.callbacks.on_train_batch_begin(step)
+            x, y, sw = self.train_data.next_batch()
+            batch_logs = self.model.train_on_batch(
+                x, y, sample_weight=sw, class_weight=fit["class_weight"], return_dict=True
+            )
+            self.batches_trained += 1
+            logs.append(batch_logs)
+            self.callbacks.on_train_batch_end(step, batch_logs)
+            if bpe and self.batches_trained % bpe == 0:
+                self.callbacks.on_epoch_end(self.batches_trained // bpe - 1, {})
+            if self.model.stop_training:
+                break
+        metrics = _mean_logs(logs)
+        for cb in self.user_callbacks:
+            hook = getattr(cb, "on_train_workload_end", None)
+            if callable(hook):
+                hook(self.batches_trained, dict(metrics))
+        self.core.train.report_training_metrics(self.batches_trained, metrics)
+        return metrics
+
+    def _validate(self) -> dict[str, float]:
+        fit = self.context.fit_config
+        kwargs = data_mod.evaluate_kwargs(self.val_data, self.batch_size)
+        logs = self.model.evaluate(
+            **kwargs,
+            steps=fit["validation_steps"],
+            callbacks=self.callbacks,
+            verbose=1 if fit["verbose"] else 0,
+            return_dict=True,
+        )
+        metrics = {f"val_{k}": float(_to_float(v)) for k, v in logs.items()}
+        self.last_validation = metrics
+        self.last_validation_at = self.batches_trained
+        self.core.train.report_validation_metrics(self.batches_trained, metrics)
+        logger.info(
+            "Trial %s: validation at batch %d: %s",
+            self.context.trial_id,
+            self.batches_trained,
+            metrics,
+        )
+        return metrics
+
+    def _searcher_value(self, metrics: dict[str, float]) -> float:
+        metric = self.config.searcher.metric
+        value = searcher_metric_value(metrics, metric)
+        if value is None:
+            raise errors.InvalidConfig(
+                f"searcher.metric {metric!r} is not among the validation metrics "
+                f"{sorted(metrics)}. Set `searcher.metric` to one of them."
+            )
+        return value
+
+    def run(self) -> TrialResult:
+        """Train to ``searcher.max_length`` (or until stopped, pruned or preempted)."""
+        self._build()
+        latest = self.core.info.latest_checkpoint
+        if latest:
+            self._restore(latest)
+            protect = getattr(self.core.checkpoint, "protect", None)
+            if callable(protect):
+                protect(latest)
+        status = "completed"
+        self.model.stop_training = False
+        self.callbacks.on_train_begin()
+        try:
+            if (
+                self.config.perform_initial_validation
+                and self.batches_trained == 0
+                and self.last_validation_at is None
+            ):
+                self._searcher_value(self._validate())
+            while self.batches_trained < self.max_batches:
+                n = self._next_boundary() - self.batches_trained
+                self._train_workload(n)
+                at_end = self.batches_trained >= self.max_batches or self.model.stop_training
+                if at_end or (self.val_period and self.batches_trained % self.val_period == 0):
+                    value = self._searcher_value(self._validate())
+                    if self.prune_hook is not None and not at_end:
+                        if self.prune_hook(self.batches_trained, value):
+                            status = "pruned"
+                            break
+                if self.model.stop_training:
+                    status = "stopped_early"
+                    break
+                if self.ckpt_period and self.batches_trained % self.ckpt_period == 0:
+                    if self.batches_trained < self.max_batches:
+                        self._checkpoint()
+                if self.core.preempt.should_preempt():
+                    status = "preempted"
+                    break
+            if self.last_validation_at != self.batches_trained and status != "preempted":
+                self._validate()
+            if self.last_checkpoint_at != self.batches_trained:
+                self._checkpoint()
+            if status == "preempted":
+                self.core.preempt.acknowledge_preemption_signal()
+        finally:
+            self.train_data.close()
+        self.callbacks.on_train_end()
+        metric = searcher_metric_value(self.last_validation, self.config.searcher.metric)
+        return TrialResult(
+            batches_trained=self.batches_trained,
+            status=status,
+            last_validation=dict(self.last_validation),
+            searcher_metric=metric,
+            latest_checkpoint=self.latest_checkpoint,
+        )
+
+
+__all__ = ["TrialController", "TrialResult", "searcher_metric_value"]
