@@ -1,0 +1,174 @@
+"""``ckptstore experiment``: create, resume, describe and list experiments (issue 5).
+
+The global ``--storage`` / ``--registry`` options of ``ckptstore`` apply; ``--storage`` given
+explicitly (or ``CKPTSTORE_STORAGE``) overrides the config's ``checkpoint_storage``.
+
+Example::
+
+    $ ckptstore experiment create examples/mnist_tfkeras_trial/const.yaml examples/mnist_tfkeras_trial
+    $ ckptstore experiment describe 1
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import click
+
+from ckptstore import defaults
+
+logger = logging.getLogger(__name__)
+
+
+def _targets(ctx: click.Context) -> tuple[str | None, str | None]:
+    """(storage, registry) from the parent ``ckptstore`` command. Storage is None unless
+    ``--storage`` named something other than ``CKPTSTORE_STORAGE``/the default, so the config's
+    ``checkpoint_storage`` applies when the option was not given."""
+    storage = getattr(ctx.obj, "storage_url", None)
+    registry = getattr(ctx.obj, "registry_url", None)
+    if storage == defaults.default_storage_url():
+        storage = None
+    return storage, registry
+
+
+def _setup_logging() -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+
+@click.group("experiment")
+def experiment() -> None:
+    """Run experiments (TFKerasTrial classes or training scripts) with hyperparameter search.
+
+    \b
+    Example:
+      ckptstore experiment create const.yaml .
+      ckptstore experiment describe 1
+    """
+
+
+@experiment.command("create")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("model_dir", type=click.Path(file_okay=False))
+@click.option("--no-run", is_flag=True, help="Only record the experiment; run it with resume.")
+@click.pass_context
+def create_cmd(ctx: click.Context, config: str, model_dir: str, no_run: bool) -> None:
+    """Check CONFIG, record the experiment and run its trials from MODEL_DIR.
+
+    \b
+    Example:
+      ckptstore experiment create examples/mnist_tfkeras_trial/const.yaml examples/mnist_tfkeras_trial
+    """
+    from ckptstore.keras_io.experiment import create_experiment
+
+    _setup_logging()
+    storage, registry = _targets(ctx)
+    exp_id = create_experiment(
+        config, model_dir, storage=storage, registry=registry, run=not no_run
+    )
+    click.echo(f"Created experiment {exp_id}")
+
+
+@experiment.command("resume")
+@click.argument("experiment_id", type=int)
+@click.pass_context
+def resume_cmd(ctx: click.Context, experiment_id: int) -> None:
+    """Continue every unfinished trial of EXPERIMENT_ID from its latest checkpoint, then start
+    the trials the searcher still wants.
+
+    \b
+    Example:
+      ckptstore experiment resume 1
+    """
+    from ckptstore.keras_io.experiment import resume_experiment
+
+    _setup_logging()
+    storage, registry = _targets(ctx)
+    resume_experiment(experiment_id, storage=storage, registry=registry)
+    click.echo(f"Experiment {experiment_id} resumed")
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+@experiment.command("describe")
+@click.argument("experiment_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def describe_cmd(ctx: click.Context, experiment_id: int, as_json: bool) -> None:
+    """Show the trials of EXPERIMENT_ID, their hparams, best metric and best checkpoint.
+
+    \b
+    Example:
+      ckptstore experiment describe 1 --json
+    """
+    from ckptstore.keras_io.experiment import describe_experiment
+
+    _, registry = _targets(ctx)
+    info = describe_experiment(experiment_id, registry=registry)
+    if as_json:
+        click.echo(json.dumps(info, indent=2, default=str))
+        return
+    click.echo(
+        f"Experiment {info['id']} ({info['state']}) {info['description']}\n"
+        f"searcher {info['searcher']}, metric {info['metric']} "
+        f"({'smaller' if info['smaller_is_better'] else 'larger'} is better), "
+        f"{len(info['trials'])}/{info['max_trials']} trials"
+    )
+    header = ("trial", "state", "batches", "best " + info["metric"], "best checkpoint", "hparams")
+    rows = [
+        (
+            str(t["id"]),
+            t["state"],
+            str(t["batches_trained"]),
+            _fmt(t["best_metric"]),
+            t["best_checkpoint"] or "-",
+            json.dumps(t["hparams"], sort_keys=True),
+        )
+        for t in info["trials"]
+    ]
+    _table(header, rows)
+    click.echo(
+        f"best trial {_fmt(info['best_trial'])}: {info['metric']}={_fmt(info['best_metric'])}, "
+        f"checkpoint {_fmt(info['best_checkpoint'])}"
+    )
+
+
+@experiment.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def list_cmd(ctx: click.Context, as_json: bool) -> None:
+    """List experiments.
+
+    \b
+    Example:
+      ckptstore experiment list --json
+    """
+    from ckptstore.keras_io.experiment import list_experiments
+
+    _, registry = _targets(ctx)
+    items = list_experiments(registry=registry)
+    if as_json:
+        click.echo(json.dumps(items, indent=2, default=str))
+        return
+    header = ("id", "state", "searcher", "trials", "description")
+    rows = [
+        (str(e["id"]), e["state"], str(e["searcher"]), str(e["trials"]), e["description"])
+        for e in items
+    ]
+    _table(header, rows)
+
+
+__all__ = ["experiment"]
