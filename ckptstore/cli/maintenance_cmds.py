@@ -44,10 +44,12 @@ pass_state = click.make_pass_decorator(CliState)
 @click.option(
     "--larger-is-better", is_flag=True, help="Higher --metric is better (default: smaller)."
 )
+@click.option("--trial", "trial_id", type=int, help="Only this trial (default: every trial).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @pass_state
 def gc(
     state: CliState,
+    trial_id: int | None,
     dry_run: bool,
     save_trial_latest: int,
     save_trial_best: int,
@@ -58,7 +60,7 @@ def gc(
 ) -> None:
     """Delete checkpoints the retention policy no longer keeps (Determined's defaults).
 
-    Checkpoints registered as model versions are never deleted. Uncommitted leftovers older
+    The policy applies per trial, like Determined's checkpoint_storage GC keys. Checkpoints registered as model versions are never deleted. Uncommitted leftovers older
     than the grace period are removed too.
 
     \b
@@ -76,11 +78,21 @@ def gc(
         metric=metric,
         smaller_is_better=not larger_is_better,
     )
-    context = CheckpointContext(state.storage(), index=state.registry(), gc_policy=policy)
-    try:
-        deleted = list(context.gc(dry_run=dry_run))
-    finally:
-        context.close()
+    registry = state.registry()
+    trials = [registry.get_trial(trial_id)] if trial_id is not None else registry.list_trials()
+    deleted: list[str] = []
+    for trial in trials:
+        context = CheckpointContext(
+            state.storage(),
+            index=registry,
+            trial_id=trial.id,
+            experiment_id=trial.experiment_id,
+            gc_policy=policy,
+        )
+        try:
+            deleted += [u for u in context.gc(dry_run=dry_run) if u not in deleted]
+        finally:
+            context.close()
     if as_json:
         emit_json({"dry_run": dry_run, "deleted": deleted})
         return
