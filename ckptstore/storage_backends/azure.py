@@ -1,0 +1,194 @@
+"""Azure Blob Storage (``az://container/prefix``, ``abfs://container@account.dfs.core.windows.net/prefix``)
+on azure-storage-blob.
+
+Big files upload as parallel staged blocks and download as parallel ranged reads (the SDK's
+``max_concurrency``); ``write_if_absent`` is ``upload_blob(overwrite=False)``, i.e.
+``If-None-Match: *``. Credentials come from ``connection_string`` or
+``AZURE_STORAGE_CONNECTION_STRING``, else ``account_url`` (+ ``credential``).
+
+Example::
+
+    from ckptstore.storage_backends import open_storage
+    storage = open_storage("az://ckpts/exp1", connection_string="DefaultEndpointsProtocol=...")
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import azure.core.exceptions as aexc
+from azure.storage.blob import BlobServiceClient
+
+from ckptstore import errors
+from ckptstore.storage_backends.object_store import ObjectStorage, default_translate
+from ckptstore.storage_backends.urls import split_bucket_url
+
+
+def _account_from_netloc(url: str) -> tuple[str, str | None]:
+    """``abfs://container@account.dfs.core.windows.net/p`` -> (``az://container/p``, account URL)."""
+    scheme, rest = url.split("://", 1)
+    netloc, _, path = rest.partition("/")
+    if "@" not in netloc:
+        return f"az://{rest}", None
+    container, _, host = netloc.partition("@")
+    account = host.split(".", 1)[0]
+    if not container or not account or ":" in container:
+        raise errors.InvalidStorageConfig(
+            f"{scheme}:// URL must look like {scheme}://container@account.dfs.core.windows.net/"
+            "prefix; credentials belong in connection_string or credential, not the URL."
+        )
+    return f"az://{container}/{path}", f"https://{account}.blob.core.windows.net"
+
+
+class AzureStorage(ObjectStorage):
+    """Storage in an Azure Blob container.
+
+    Args:
+        url: ``az://container/prefix`` or ``abfs[s]://container@account.dfs.core.windows.net/prefix``.
+        connection_string: full connection string (else env ``AZURE_STORAGE_CONNECTION_STRING``).
+        account_url: ``https://<account>.blob.core.windows.net`` when not using a connection
+            string; ``credential`` is then an account key, SAS token or azure-identity credential.
+        **options: the common :class:`ObjectStorage` options.
+    """
+
+    scheme = "az"
+    _delete_batch = 50
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        connection_string: str | None = None,
+        account_url: str | None = None,
+        credential: Any = None,
+        **options: Any,
+    ) -> None:
+        az_url, url_account = _account_from_netloc(url)
+        self.container_name, prefix = split_bucket_url(az_url, "az")
+        super().__init__(f"az://{self.container_name}/{prefix}".rstrip("/"), prefix, **options)
+        account_url = account_url or url_account
+        connection_string = connection_string or (
+            None if account_url else os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+        )
+        kwargs = {
+            "max_single_put_size": self.multipart_threshold,
+            "max_block_size": self.part_size,
+            "max_single_get_size": min(self.multipart_threshold, 256 * 2**20),
+            "max_chunk_get_size": self.part_size,
+            "connection_timeout": self.retry.timeout,
+            "read_timeout": self.retry.timeout,
+            "retry_total": 0,
+        }
+        try:
+            if connection_string:
+                service = BlobServiceClient.from_connection_string(connection_string, **kwargs)
+            elif account_url:
+                service = BlobServiceClient(account_url, credential=credential, **kwargs)
+            else:
+                raise errors.InvalidStorageConfig(
+                    f"Storage {self.url} needs Azure credentials: set "
+                    "AZURE_STORAGE_CONNECTION_STRING, or pass connection_string, or account_url "
+                    "(+ credential)."
+                )
+        except (ValueError, TypeError) as exc:
+            raise errors.InvalidStorageConfig(
+                f"Storage {self.url}: the Azure connection string or account_url is malformed "
+                f"({type(exc).__name__}); copy it again from the portal."
+            ) from None
+        self._service = service
+        self._container = service.get_container_client(self.container_name)
+
+    # ---- errors -------------------------------------------------------------------------------
+    def _is_transient(self, exc: BaseException) -> bool:
+        if isinstance(
+            exc,
+            (
+                aexc.ServiceRequestError,
+                aexc.ServiceResponseError,
+                aexc.IncompleteReadError,
+                ConnectionError,
+                TimeoutError,
+            ),
+        ):
+            return True
+        status = getattr(exc, "status_code", 0) or 0
+        return status >= 500 or status == 429
+
+    def _translate(self, exc: BaseException, name: str, exhausted: bool) -> errors.StorageError:
+        url = self.object_url(name)
+        if exhausted:
+            return default_translate(exc, url, True, self.retry.max_attempts)
+        raw = getattr(exc, "error_code", "") or ""
+        code = str(getattr(raw, "value", raw))
+        status = getattr(exc, "status_code", 0) or 0
+        if code == "ContainerNotFound":
+            return errors.StorageNotFound(
+                f"Container az://{self.container_name} does not exist ({url}); create it or fix "
+                "the container name / account."
+            )
+        if isinstance(exc, aexc.ResourceNotFoundError) or status == 404:
+            return errors.StorageNotFound(f"{url} does not exist; check the key and prefix.")
+        if isinstance(exc, aexc.ClientAuthenticationError) or code in (
+            "AuthenticationFailed",
+            "InvalidAuthenticationInfo",
+        ):
+            return errors.StorageAuthError(
+                f"Azure rejected the credentials for {url} ({code or 'authentication failed'}); "
+                "check the account key / SAS token in the connection string."
+            )
+        if status == 403:
+            return errors.StoragePermissionError(
+                f"Access denied to {url} ({code or 403}); grant the identity the Storage Blob "
+                "Data Contributor role on the container."
+            )
+        if isinstance(exc, aexc.AzureError) and not status:
+            return errors.StorageUnavailable(
+                f"Azure request to {url} failed ({type(exc).__name__}); check the endpoint and "
+                "network."
+            )
+        return errors.StorageError(
+            f"Azure request to {url} failed ({code or type(exc).__name__}); see the cause above."
+        )
+
+    # ---- primitives ---------------------------------------------------------------------------
+    def _list_objects(self, prefix: str) -> dict[str, int]:
+        blobs = self._container.list_blobs(name_starts_with=prefix or None)
+        return {blob.name: int(blob.size or 0) for blob in blobs}
+
+    def _upload_file(self, name: str, path: str, size: int) -> None:
+        with open(path, "rb") as f:
+            self._container.upload_blob(
+                name, f, length=size, overwrite=True, max_concurrency=self.concurrency
+            )
+
+    def _download_file(self, name: str, path: str, size: int) -> None:
+        stream = self._container.download_blob(name, max_concurrency=self.concurrency)
+        with open(path, "wb") as f:
+            stream.readinto(f)
+
+    def _read(self, name: str) -> bytes:
+        return self._container.download_blob(name).readall()
+
+    def _write(self, name: str, data: bytes) -> None:
+        self._container.upload_blob(name, data, overwrite=True)
+
+    def _write_if_absent(self, name: str, data: bytes) -> bool:
+        try:
+            self._container.upload_blob(name, data, overwrite=False)
+        except aexc.ResourceExistsError:
+            return False
+        return True
+
+    def _delete_objects(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                self._container.delete_blob(name)
+            except aexc.ResourceNotFoundError:
+                pass
+
+    def _is_object(self, name: str) -> bool:
+        return self._container.get_blob_client(name).exists()
+
+    def _close_clients(self) -> None:
+        self._service.close()

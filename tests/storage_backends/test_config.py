@@ -1,0 +1,125 @@
+"""Determined checkpoint_storage dicts, URL schemes and the lazy backend table."""
+
+import os
+
+import pytest
+
+from ckptstore import errors
+from ckptstore.storage_backends import open_storage, parse_storage_config, split_storage_config
+from ckptstore.storage_backends.schemes import BACKENDS, backend_class, register_backend
+
+
+@pytest.mark.parametrize(
+    "config, url, options",
+    [
+        ({"type": "s3", "bucket": "b", "prefix": "/p/q/"}, "s3://b/p/q", {}),
+        (
+            {"type": "s3", "bucket": "b", "access_key": "AK", "secret_key": "SK",
+             "endpoint_url": "http://127.0.0.1:1"},
+            "s3://b",
+            {"access_key": "AK", "secret_key": "SK", "endpoint_url": "http://127.0.0.1:1"},
+        ),
+        ({"type": "gcs", "bucket": "g", "prefix": "x"}, "gs://g/x", {}),
+        ({"type": "azure", "container": "c", "connection_string": "cs"}, "az://c", {"connection_string": "cs"}),
+        ({"type": "shared_fs", "host_path": "/mnt/nfs", "storage_path": "ckpts"}, "/mnt/nfs/ckpts", {}),
+        ({"type": "shared_fs", "host_path": "/mnt/nfs", "storage_path": "/mnt/nfs/a"}, "/mnt/nfs/a", {}),
+        ({"type": "directory", "container_path": "/data/ckpts"}, "/data/ckpts", {}),
+        ({"type": "s3", "bucket": "b", "concurrency": 4, "save_trial_latest": 2}, "s3://b", {"concurrency": 4}),
+    ],
+)  # fmt: skip
+def test_parse_storage_config(config, url, options):
+    assert parse_storage_config(config) == (url, options)
+
+
+@pytest.mark.parametrize(
+    "config, key",
+    [
+        ({"bucket": "b"}, "'type'"),
+        ({"type": "ftp"}, "'ftp'"),
+        ({"type": "s3"}, "'bucket'"),
+        ({"type": "s3", "bucket": "b", "bukcet_typo": 1}, "'bukcet_typo'"),
+        ({"type": "gcs", "bucket": "b", "container": "c"}, "'container'"),
+        ({"type": "azure"}, "'container'"),
+        ({"type": "shared_fs"}, "'host_path'"),
+        ({"type": "shared_fs", "host_path": "/a", "storage_path": "/elsewhere"}, "storage_path"),
+        ({"type": "shared_fs", "host_path": "/a", "storage_path": "../up"}, "storage_path"),
+        ({"type": "directory"}, "'container_path'"),
+        ({"type": "s3", "bucket": "b", "save_trial_best": -1}, "save_trial_best"),
+    ],
+)
+def test_bad_config_names_the_key(config, key):
+    with pytest.raises(errors.InvalidStorageConfig) as info:
+        open_storage(config)
+    assert key in str(info.value)
+
+
+def test_secret_not_echoed_in_config_errors():
+    with pytest.raises(errors.InvalidStorageConfig) as info:
+        parse_storage_config({"type": "s3", "bucket": "b", "secret_key": 12345678})
+    assert "12345678" not in str(info.value)
+
+
+def test_split_storage_config_returns_gc_keys():
+    storage, gc = split_storage_config(
+        {"type": "directory", "container_path": "/x", "save_experiment_best": 1,
+         "save_trial_best": 2, "save_trial_latest": 3}
+    )  # fmt: skip
+    assert storage == {"type": "directory", "container_path": "/x"}
+    assert gc == {"save_experiment_best": 1, "save_trial_best": 2, "save_trial_latest": 3}
+
+
+def test_dict_opens_local_storage(tmp_path):
+    storage = open_storage({"type": "shared_fs", "host_path": str(tmp_path), "storage_path": "c"})
+    storage.write_bytes("k", b"v")
+    assert (tmp_path / "c" / "k").read_bytes() == b"v"
+
+
+def test_every_scheme_resolves_to_a_class():
+    for scheme in BACKENDS:
+        assert backend_class(scheme).__name__.endswith("Storage")
+
+
+def test_missing_package_names_the_pip_command():
+    register_backend("ckpttest", "no_such_package_xyz.mod:Cls", "pip install no-such-package-xyz")
+    try:
+        with pytest.raises(errors.MissingDependency, match="pip install no-such-package-xyz"):
+            open_storage("ckpttest://x")
+    finally:
+        BACKENDS.pop("ckpttest")
+    with pytest.raises(errors.InvalidStorageConfig):
+        register_backend("x", "no-colon")
+
+
+def test_unknown_scheme_and_bad_specs():
+    with pytest.raises(errors.InvalidStorageConfig, match="Unknown storage URL scheme"):
+        open_storage("nosuchproto://bucket/x")
+    with pytest.raises(errors.InvalidStorageConfig):
+        open_storage(42)  # type: ignore[arg-type]
+    with pytest.raises(errors.InvalidStorageConfig):
+        open_storage("")
+    with pytest.raises(errors.InvalidStorageConfig, match="positive int"):
+        open_storage("memory://x", concurrency=0)
+    with pytest.raises(errors.InvalidStorageConfig, match="not accepted"):
+        open_storage("memory://x", bogus_option=1)
+
+
+def test_credentials_in_bucket_urls_are_rejected_without_echo():
+    with pytest.raises(errors.InvalidStorageConfig) as info:
+        open_storage("s3://AKIA:hunter2@bucket/x")
+    assert "hunter2" not in str(info.value)
+
+
+def test_generic_fsspec_fallback_round_trip(tmp_path):
+    from ckptstore.storage_backends.fsspec_generic import FsspecStorage
+
+    storage = FsspecStorage(f"file://{tmp_path}")
+    (tmp_path / "src" / "d").mkdir(parents=True)
+    (tmp_path / "src" / "d" / "f.bin").write_bytes(b"abc")
+    assert storage.upload(str(tmp_path / "src"), "ck") == {"d/f.bin": 3}
+    assert storage.list("ck") == {"d/f.bin": 3}
+    assert storage.write_if_absent("lock", b"1") is True
+    assert storage.write_if_absent("lock", b"2") is False
+    storage.download("ck", str(tmp_path / "out"))
+    assert (tmp_path / "out" / "d" / "f.bin").read_bytes() == b"abc"
+    assert storage.delete("ck") == {}
+    assert os.path.exists(tmp_path / "lock")
