@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid as _uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -110,6 +111,13 @@ def collect(
     return deleted
 
 
+def _is_uuid(name: str) -> bool:
+    try:
+        return str(_uuid.UUID(name)) == name.lower()
+    except ValueError:
+        return False
+
+
 def _collect_leftovers(
     storage: Any,
     index: CheckpointIndex | None,
@@ -120,12 +128,9 @@ def _collect_leftovers(
     now = time.time()
     removed = []
     for name in storage.list_children(""):
-        if name.startswith(fmt.STAGING_PREFIX):
-            uuid = name[len(fmt.STAGING_PREFIX) :]
-        elif fmt.is_checkpoint_name(name):
-            uuid = name
-        else:
-            continue
+        uuid = name[len(fmt.STAGING_PREFIX) :] if name.startswith(fmt.STAGING_PREFIX) else name
+        if not _is_uuid(uuid):
+            continue  # only folders ckptstore itself names are ever removed
         if uuid in keep:
             continue
         try:

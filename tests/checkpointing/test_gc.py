@@ -1,0 +1,211 @@
+"""Retention policies (table tests) and garbage collection on local files and S3."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from ckptstore import errors
+from ckptstore.checkpointing import (
+    AnyOf,
+    BestN,
+    CheckpointContext,
+    CheckpointRecord,
+    ExperimentBestN,
+    GCPolicy,
+    KeepAll,
+    LatestN,
+)
+from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing.gc import GCContext
+from tests.checkpointing._helpers import MemoryIndex, make_tree
+
+
+def records(losses, trial_id=1, prefix="t1"):
+    """Checkpoints at steps 1..n with the given val_loss (None: no metric)."""
+    return [
+        CheckpointRecord(
+            uuid=f"{prefix}-{i}",
+            trial_id=trial_id,
+            steps_completed=i + 1,
+            metrics={} if loss is None else {"val_loss": loss},
+        )
+        for i, loss in enumerate(losses)
+    ]
+
+
+LOSSES = [0.5, 0.2, 0.9, None, 0.4]  # best: step 2 (0.2); worst: step 3 (0.9); latest: step 5
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        (LatestN(1), [0, 0, 0, 0, 1]),
+        (LatestN(2), [0, 0, 0, 1, 1]),
+        (LatestN(0), [0, 0, 0, 0, 0]),
+        (LatestN(9), [1, 1, 1, 1, 1]),
+        (BestN(1, "val_loss"), [0, 1, 0, 0, 0]),
+        (BestN(2, "val_loss"), [0, 1, 0, 0, 1]),
+        (BestN(1, "val_loss", smaller_is_better=False), [0, 0, 1, 0, 0]),
+        (BestN(1, "val_loss", keep_without_metric=True), [0, 1, 0, 1, 0]),
+        (BestN(1, "accuracy"), [0, 0, 0, 0, 0]),
+        (AnyOf([LatestN(1), BestN(1, "val_loss")]), [0, 1, 0, 0, 1]),
+        (AnyOf([]), [0, 0, 0, 0, 0]),
+        (KeepAll(), [1, 1, 1, 1, 1]),
+        (GCPolicy.from_determined(metric="val_loss"), [0, 1, 0, 0, 1]),
+        (GCPolicy.from_determined(), [0, 0, 0, 0, 1]),
+        (GCPolicy.from_determined(save_trial_latest=0, save_trial_best=0), [0, 0, 0, 0, 0]),
+        (
+            GCPolicy.from_determined(
+                save_trial_latest=2, save_trial_best=2, metric="val_loss", smaller_is_better=False
+            ),
+            [1, 0, 1, 1, 1],
+        ),
+    ],
+)
+def test_policy_table(policy, expected):
+    flags = policy.should_preserve(records(LOSSES), context=GCContext())
+    assert [int(f) for f in flags] == expected
+
+
+def test_best_reads_nested_validation_metrics_and_ignores_non_numbers():
+    recs = records([None, None, None])
+    recs[0].metrics = {"validation_metrics": {"val_loss": 0.1}}
+    recs[1].metrics = {"val_loss": "n/a"}
+    recs[2].metrics = {"val_loss": float("nan")}
+    assert BestN(1, "val_loss").should_preserve(recs) == [True, False, False]
+
+
+def test_experiment_best_keeps_a_trials_checkpoint_only_if_best_in_the_experiment():
+    mine = records([0.5, 0.3], trial_id=1, prefix="t1")
+    other = records([0.1, 0.4], trial_id=2, prefix="t2")
+    context = GCContext(experiment_checkpoints=mine + other)
+    assert ExperimentBestN(1, "val_loss").should_preserve(mine, context=context) == [False, False]
+    assert ExperimentBestN(2, "val_loss").should_preserve(mine, context=context) == [False, True]
+    policy = GCPolicy.from_determined(
+        save_trial_latest=0, save_trial_best=0, save_experiment_best=3, metric="val_loss"
+    )
+    assert policy.should_preserve(mine, context=context) == [False, True]
+
+
+def test_bad_policy_arguments():
+    with pytest.raises(errors.InvalidConfig, match="Received: n=-1"):
+        LatestN(-1)
+    with pytest.raises(errors.InvalidConfig, match="save_trial_best"):
+        GCPolicy.from_determined(save_trial_best="1")
+    with pytest.raises(errors.InvalidConfig, match="metric"):
+        BestN(1, "")
+
+
+# ---- collection on real storage ----------------------------------------------------------------
+def save_series(ctx, tmp_path, losses, *, trial_id=None):
+    src = make_tree(str(tmp_path / "src"), {"model.bin": os.urandom(100), "opt/s.bin": b"s"})
+    uuids = []
+    for step, loss in enumerate(losses, start=1):
+        metrics = {} if loss is None else {"val_loss": loss}
+        meta = {"steps_completed": step, "metrics": metrics}
+        if trial_id is not None:
+            meta["trial_id"] = trial_id
+        uuids.append(ctx.upload(src, meta))
+    return uuids
+
+
+def test_gc_from_storage_metadata(local_and_s3_url, tmp_path):
+    policy = GCPolicy.from_determined(save_trial_latest=1, save_trial_best=1, metric="val_loss")
+    with CheckpointContext(local_and_s3_url, trial_id=1) as other_trial:
+        others = save_series(other_trial, tmp_path, [0.7, 0.8])
+    with CheckpointContext(local_and_s3_url, trial_id=2, gc_policy=policy) as ctx:
+        ctx.gc_policy = None  # save everything first, then collect on demand
+        uuids = save_series(ctx, tmp_path, LOSSES)
+        ctx.gc_policy = policy
+        ctx.protect(uuids[0])  # e.g. the checkpoint this run resumed from
+        expected = [uuids[2], uuids[3]]
+        assert sorted(ctx.gc(dry_run=True)) == sorted(expected)
+        assert len(fmt.list_committed(ctx.storage)) == 7  # dry run deleted nothing
+        assert sorted(ctx.gc()) == sorted(expected)
+        kept = {uuids[0], uuids[1], uuids[4]}
+        assert set(fmt.list_committed(ctx.storage)) == kept | set(others)
+        assert ctx.gc() == []  # idempotent
+        for uuid in expected:
+            assert ctx.storage.list(uuid) == {}
+
+
+def test_gc_after_each_commit_with_index_and_protection(local_and_s3_url, tmp_path):
+    index = MemoryIndex()
+    with CheckpointContext(local_and_s3_url, index=index, trial_id=1, experiment_id=1) as t1:
+        save_series(t1, tmp_path, [0.05])
+        best_of_experiment = t1.latest_checkpoint()
+    policy = {
+        "save_trial_latest": 1,
+        "save_trial_best": 0,
+        "save_experiment_best": 2,
+        "metric": "val_loss",
+    }
+    with CheckpointContext(
+        local_and_s3_url, index=index, trial_id=2, experiment_id=1, gc_policy=policy
+    ) as ctx:
+        first = save_series(ctx, tmp_path, [0.5])[0]
+        index.protected.add(first)  # registered as a model version
+        uuids = save_series(ctx, tmp_path, [0.9, 0.1, 0.8, 0.7])
+        ctx.wait()
+        # latest (0.7), experiment top-2 = {t1's 0.05, this trial's 0.1}, protected first
+        kept = {first, uuids[1], uuids[3]}
+        mine = {r.uuid for r in index.checkpoint_records(trial_id=2)}
+        assert mine == kept
+        assert set(fmt.list_committed(ctx.storage)) == kept | {best_of_experiment}
+        assert index.records[uuids[0]].state == "DELETED"
+        assert index.records[uuids[2]].state == "DELETED"
+
+
+def test_gc_tolerates_files_already_gone(storage_url_factory, tmp_path):
+    index = MemoryIndex()
+    with CheckpointContext(storage_url_factory("file"), index=index, trial_id=1) as ctx:
+        uuids = save_series(ctx, tmp_path, [0.3, 0.2, 0.1])
+        ctx.storage.delete(uuids[0])  # someone removed it by hand
+        ctx.storage.delete(f"{uuids[1]}/model.bin")
+        ctx.gc_policy = LatestN(1)
+        assert sorted(ctx.gc()) == sorted(uuids[:2])
+        assert fmt.list_committed(ctx.storage) == [uuids[2]]
+
+
+def write_leftover(storage, name, started_at):
+    storage.write_bytes(f"{name}/weights.bin", b"partial")
+    storage.write_bytes(
+        f"{name}/{fmt.PENDING_MARKER_NAME}", json.dumps({"started_at": started_at}).encode()
+    )
+
+
+def test_gc_removes_only_stale_uncommitted_leftovers(local_and_s3_url, tmp_path):
+    with CheckpointContext(local_and_s3_url, gc_grace_seconds=600) as ctx:
+        [good] = save_series(ctx, tmp_path, [0.1])
+        stale, fresh = (
+            "aaaaaaaa-0000-4000-8000-000000000001",
+            "aaaaaaaa-0000-4000-8000-000000000002",
+        )
+        write_leftover(ctx.storage, stale, time.time() - 3600)
+        write_leftover(ctx.storage, fresh, time.time())
+        ctx.storage.write_bytes("not-a-checkpoint/readme.txt", b"left alone")  # no marker
+        assert ctx.gc() == [stale]
+        assert ctx.storage.list(stale) == {}
+        assert ctx.storage.exists(f"{fresh}/weights.bin")
+        assert ctx.storage.exists("not-a-checkpoint/readme.txt")
+        assert fmt.list_committed(ctx.storage) == [good]
+        ctx.protect(fresh)
+        ctx.gc_grace_seconds = 0
+        assert ctx.gc() == []  # protected even when stale
+
+
+def test_gc_removes_stale_local_staging_folders(storage_url_factory):
+    root = storage_url_factory("file")
+    with CheckpointContext(root, gc_grace_seconds=60) as ctx:
+        staging = os.path.join(root, fmt.STAGING_PREFIX + "bbbbbbbb-0000-4000-8000-000000000001")
+        make_tree(staging, {"w.bin": b"half"})
+        assert ctx.gc() == []  # too young
+        old = time.time() - 3600
+        for path in (os.path.join(staging, "w.bin"), staging):
+            os.utime(path, (old, old))
+        assert ctx.gc() == [os.path.basename(staging)]
+        assert not os.path.exists(staging)
