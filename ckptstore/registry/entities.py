@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import math
 from typing import Any
 
 from ckptstore.checkpointing.index import CheckpointRecord
@@ -103,21 +104,25 @@ class Checkpoint:
 def lookup_metric(metrics: dict[str, Any], name: str) -> float | None:
     """Find metric ``name`` in a checkpoint's metrics, or None.
 
-    Looked up, in order: ``metrics["validation_metrics"][name]`` (Determined's nested form),
-    ``metrics[name]`` (flat form), then ``metrics[<any other nested dict>][name]`` (e.g.
-    ``training_metrics``, ``avg_metrics``). Only numbers count (booleans do not).
+    Looked up, in order: ``metrics[name]`` (flat form), ``metrics["validation_metrics"][name]``
+    (Determined's nested form) -- the same order GC's
+    :func:`ckptstore.checkpointing.gc.metric_value` uses -- then, as a fallback,
+    ``metrics[<any other nested dict>][name]`` (e.g. ``training_metrics``). Only finite
+    numbers count (not booleans, NaN or infinities).
     """
 
     def number(value: Any) -> float | None:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            value = float(value)
+            return value if math.isfinite(value) else None
         return None
 
+    found = number(metrics.get(name))
+    if found is not None:
+        return found
     nested = metrics.get("validation_metrics")
     if isinstance(nested, dict) and number(nested.get(name)) is not None:
         return number(nested[name])
-    if number(metrics.get(name)) is not None:
-        return number(metrics[name])
     for key, value in metrics.items():
         if key != "validation_metrics" and isinstance(value, dict):
             found = number(value.get(name))

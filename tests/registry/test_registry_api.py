@@ -247,3 +247,16 @@ def test_closed_registry_refuses_work(registry_url):
     reg.close()  # idempotent
     with pytest.raises(errors.RegistryError, match="closed"):
         reg.list_trials()
+
+
+def test_lookup_metric_forms():
+    from ckptstore.registry import lookup_metric
+
+    assert lookup_metric({"val_loss": 1}, "val_loss") == 1.0
+    assert lookup_metric({"validation_metrics": {"val_loss": 2.5}}, "val_loss") == 2.5
+    assert lookup_metric({"val_loss": 1, "validation_metrics": {"val_loss": 2}}, "val_loss") == 1.0
+    assert lookup_metric({"training_metrics": {"loss": 3}}, "loss") == 3.0
+    assert lookup_metric({"val_loss": True}, "val_loss") is None
+    assert lookup_metric({"val_loss": float("nan")}, "val_loss") is None
+    assert lookup_metric({"val_loss": "0.1"}, "val_loss") is None
+    assert lookup_metric({}, "val_loss") is None
