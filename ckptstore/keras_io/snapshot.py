@@ -283,7 +283,7 @@ def _write_weights_h5(snapshot: Snapshot, path: str) -> None:
 
     layout = snapshot.layout
     by_group: dict[str, list[tuple[str, Any]]] = {}
-    for entry, value in zip(layout.entries, snapshot.values):
+    for entry, value in zip(layout.entries, snapshot.values, strict=True):
         by_group.setdefault(entry.group, []).append((entry.key, value))
     with h5py.File(path, "w") as h5:
         for group_path, metadata in layout.groups.items():
