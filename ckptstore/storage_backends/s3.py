@@ -136,6 +136,11 @@ class S3Storage(ObjectStorage):
 
     # ---- errors -------------------------------------------------------------------------------
     def _is_transient(self, exc: BaseException) -> bool:
+        # boto3/s3transfer wrap the last streaming/timeout error of their own retries in
+        # RetriesExceededError; classify what it wraps (a stalled download is transient).
+        last = getattr(exc, "last_exception", None)
+        if isinstance(last, BaseException) and last is not exc:
+            return self._is_transient(last)
         if isinstance(
             exc,
             (
