@@ -87,8 +87,20 @@ def remove_pending_marker(storage: Any, uuid: str) -> None:
 
 
 def write_manifest(storage: Any, uuid: str, manifest: Mapping[str, Any]) -> None:
-    """Write ``MANIFEST.json`` create-only: the commit point."""
-    if not storage.write_if_absent(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.dump_json(manifest)):
+    """Write ``MANIFEST.json`` create-only: the commit point.
+
+    A retried create whose first try did reach the server (only the answer was lost) finds
+    the manifest already there; if it holds exactly our bytes, the commit is ours.
+    """
+    key = f"{uuid}/{fmt.MANIFEST_NAME}"
+    data = fmt.dump_json(manifest)
+    if not storage.write_if_absent(key, data):
+        try:
+            if storage.read_bytes(key) == data:
+                logger.debug("Manifest of %s already written by a retried request.", uuid)
+                return
+        except errors.StorageNotFound:
+            pass
         raise errors.CheckpointConflict(
             f"Checkpoint {uuid} in {storage.url} already has a manifest: another writer "
             "committed the same UUID. Save again to get a new UUID."
