@@ -70,10 +70,11 @@ def import_determined(
         ("pickles_skipped", "Pickles skipped"),
     )
     emit_rows(rows, columns, as_json)
-    skipped = sum(1 for item in imported if item.pickles_skipped)
-    if skipped and not as_json:
-        click.echo(
-            f"Note: pickled files of {skipped} checkpoint(s) were copied but not read; pass "
-            "--trust-pickle to import epoch/continue_id from them.",
-            err=True,
-        )
+    for item in imported:
+        if item.pickles_skipped:
+            click.echo(
+                f"Warning: {item.source}: pickled file(s) {', '.join(item.pickles_skipped)} were "
+                "copied but not read (pickles can run code when read); pass --trust-pickle to "
+                "import epoch/continue_id from them.",
+                err=True,
+            )
