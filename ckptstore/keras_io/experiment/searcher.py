@@ -105,6 +105,23 @@ def _categorical_choices(hp: Hyperparameter) -> tuple[list[Any], bool]:
     return list(range(len(values))), True  # lists/dicts: choose an index
 
 
+def _grid_sampler_class() -> Any:
+    import optuna
+
+    class AskTellGridSampler(optuna.samplers.GridSampler):
+        """Optuna's grid sampler without its ``study.stop()`` once the grid is used up (that
+        only works inside ``study.optimize``); the runner stops at ``max_trials`` itself."""
+
+        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+            return None
+
+    return AskTellGridSampler
+
+
+def _AskTellGridSampler(space: dict[str, list[Any]], seed: int) -> Any:  # noqa: N802
+    return _grid_sampler_class()(space, seed=seed)
+
+
 class Searcher:
     """Proposes hyperparameters for new trials and judges pruning, on an Optuna study.
 
@@ -128,7 +145,7 @@ class Searcher:
                 for hp in config.hyperparameters
                 if hp.type != "const"
             }
-            sampler: Any = optuna.samplers.GridSampler(space or {"_": [0]}, seed=seed)
+            sampler: Any = _AskTellGridSampler(space or {"_": [0]}, seed=seed)
         elif s.name == "tpe":
             sampler = optuna.samplers.TPESampler(seed=seed)
         else:
