@@ -1,0 +1,78 @@
+"""A process killed with SIGKILL at random points while saving never leaves a checkpoint that
+readers return incomplete; the next save works and GC cleans the leftovers."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptstore.checkpointing import CheckpointContext, KeepAll
+from ckptstore.checkpointing import format as fmt
+from tests.checkpointing._helpers import make_tree
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def check_committed_checkpoints(
+    ctx: CheckpointContext, tmp_path: Path, already_checked: set[str] = frozenset()
+) -> list[str]:
+    """Download and verify every committed checkpoint not checked before; check latest."""
+    committed = fmt.list_committed(ctx.storage)
+    for uuid in set(committed) - set(already_checked):
+        out = tmp_path / f"dl-{uuid}"
+        ctx.download(uuid, str(out))  # verifies every size and crc32c
+        metadata = ctx.get_metadata(uuid)
+        assert (out / "step.txt").read_text() == str(metadata["steps_completed"])
+    latest = ctx.latest_checkpoint()
+    assert latest is None or latest in committed
+    if latest is not None:
+        with ctx.restore_path(latest) as path:
+            assert os.path.exists(os.path.join(path, "step.txt"))
+    return committed
+
+
+@pytest.mark.slow
+def test_sigkill_during_saves_never_exposes_a_partial_checkpoint(local_and_s3_url, tmp_path):
+    rng = random.Random(1234)
+    url = local_and_s3_url
+    seen: set[str] = set()
+    for iteration in range(6):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.checkpointing.kill_worker", url, str(iteration)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.05, 1.0))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            proc.stdout.close()
+        with CheckpointContext(url, trial_id=1) as ctx:
+            committed = check_committed_checkpoints(ctx, tmp_path / f"it{iteration}", seen)
+        seen |= set(committed)
+    assert seen, "the worker never committed a checkpoint; kill later"
+
+    # The next save and resume work, and GC removes every leftover of the killed saves.
+    with CheckpointContext(url, trial_id=1, gc_policy=KeepAll(), gc_grace_seconds=0) as ctx:
+        src = make_tree(str(tmp_path / "next"), {"step.txt": b"100000"})
+        uuid = ctx.upload(src, {"steps_completed": 100000})
+        assert ctx.latest_checkpoint() == uuid
+        ctx.wait()
+        leftovers = set(ctx.storage.list_children("")) - set(fmt.list_committed(ctx.storage))
+        assert leftovers, "no kill landed inside a save; the test did not test anything"
+        ctx.gc()
+        committed = set(fmt.list_committed(ctx.storage))
+        assert uuid in committed and seen <= committed
+        children = ctx.storage.list_children("")
+        assert set(children) == committed, "uncommitted leftovers were not collected"
+        check_committed_checkpoints(ctx, tmp_path / "final")
