@@ -1,0 +1,239 @@
+"""Loaders: every path of load_model_from_checkpoint_path / load_checkpoint_model, each error,
+and examples/batch_inference.py end to end (local files + SQLite, and S3)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+import ckptstore
+from ckptstore import errors
+from ckptstore.core import init
+from ckptstore.keras_io.loaders import load_model_from_checkpoint_path
+from ckptstore.registry import Registry
+
+REPO = Path(__file__).resolve().parents[2]
+X = np.linspace(-1, 1, 24, dtype="float32").reshape(8, 3)
+
+
+def tiny_model(seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def save_checkpoint(storage, registry, trial_id, model, steps, val_loss=None, files=("keras",)):
+    """Write a checkpoint the way DeterminedCallback lays it out; returns its UUID."""
+    metadata = {"steps_completed": steps}
+    if val_loss is not None:
+        metadata["metrics"] = {"val_loss": val_loss}
+    with init(storage=storage, registry=registry, trial_id=trial_id, preempt_signals=False) as ctx:
+        with ctx.checkpoint.store_path(metadata) as (path, uuid):
+            if "keras" in files:
+                model.save(os.path.join(path, "model.keras"))
+            if "saved_model" in files:
+                model.export(os.path.join(path, "saved_model"), verbose=False)
+            if not files:
+                Path(path, "notes.txt").write_text("no model here")
+    return uuid
+
+
+@pytest.fixture
+def where(tmp_path):
+    return str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'registry.db'}"
+
+
+def test_latest_best_and_uuid(where):
+    storage, registry = where
+    models = [tiny_model(seed) for seed in range(3)]
+    uuids = [
+        save_checkpoint(storage, registry, 5, m, steps=10 * (i + 1), val_loss=loss)
+        for i, (m, loss) in enumerate(zip(models, [0.5, 0.1, 0.3], strict=True))
+    ]
+    expected = [m.predict(X, verbose=0) for m in models]
+
+    latest = ckptstore.load_checkpoint_model(trial_id=5, storage=storage, registry=registry)
+    np.testing.assert_allclose(latest.predict(X, verbose=0), expected[2], rtol=1e-6)
+    assert latest.optimizer is not None and latest.optimizer.built
+
+    best = ckptstore.load_checkpoint_model(
+        trial_id=5, storage=storage, registry=registry, best_by="val_loss"
+    )
+    np.testing.assert_allclose(best.predict(X, verbose=0), expected[1], rtol=1e-6)
+    worst = ckptstore.load_checkpoint_model(
+        trial_id=5, registry=registry, best_by="val_loss", smaller_is_better=False
+    )  # storage comes from the URL the registry recorded
+    np.testing.assert_allclose(worst.predict(X, verbose=0), expected[0], rtol=1e-6)
+
+    by_uuid = ckptstore.load_checkpoint_model(
+        checkpoint_uuid=uuids[0], storage=storage, registry=registry, compile=False
+    )
+    np.testing.assert_allclose(by_uuid.predict(X, verbose=0), expected[0], rtol=1e-6)
+
+
+def test_storage_scan_when_the_registry_does_not_know(where, tmp_path):
+    storage, registry = where
+    model = tiny_model()
+    uuid = save_checkpoint(storage, registry, 9, model, steps=3, val_loss=0.2)
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    by_trial = ckptstore.load_checkpoint_model(trial_id=9, storage=storage, registry=empty)
+    by_best = ckptstore.load_checkpoint_model(
+        trial_id=9, storage=storage, registry=empty, best_by="val_loss"
+    )
+    by_uuid = ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, storage=storage, registry=empty)
+    for loaded in (by_trial, by_best, by_uuid):
+        np.testing.assert_allclose(
+            loaded.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-6
+        )
+
+
+def test_saved_model_fallback(where, tmp_path):
+    storage, registry = where
+    model = tiny_model()
+    uuid = save_checkpoint(storage, registry, 2, model, steps=1, files=("saved_model",))
+    loaded = ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry)
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-5)
+    # and from a local folder directly
+    model.export(str(tmp_path / "local" / "saved_model"), verbose=False)
+    local = load_model_from_checkpoint_path(str(tmp_path / "local"))
+    np.testing.assert_allclose(local.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-5)
+
+
+def test_local_path_accepts_any_single_keras_file(tmp_path):
+    model = tiny_model()
+    model.save(str(tmp_path / "whatever.keras"))
+    loaded = load_model_from_checkpoint_path(str(tmp_path))
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+    model.save(str(tmp_path / "other.keras"))
+    with pytest.raises(errors.ModelLoadError, match="several .keras files"):
+        load_model_from_checkpoint_path(str(tmp_path))
+
+
+def test_unknown_trial_and_uuid(where):
+    storage, registry = where
+    with pytest.raises(errors.TrialNotFound, match="Trial 404"):
+        ckptstore.load_checkpoint_model(trial_id=404, storage=storage, registry=registry)
+    with pytest.raises(errors.CheckpointNotFound, match="no-such-uuid"):
+        ckptstore.load_checkpoint_model(
+            checkpoint_uuid="no-such-uuid", storage=storage, registry=registry
+        )
+    with Registry(registry) as reg:
+        reg.ensure_trial(7)
+    with pytest.raises(errors.CheckpointNotFound, match="Trial 7 has no committed"):
+        ckptstore.load_checkpoint_model(trial_id=7, storage=storage, registry=registry)
+    with pytest.raises(errors.InvalidConfig, match="exactly one"):
+        ckptstore.load_checkpoint_model(storage=storage, registry=registry)
+
+
+def test_missing_model_files(where):
+    storage, registry = where
+    uuid = save_checkpoint(storage, registry, 3, None, steps=1, files=())
+    with pytest.raises(errors.ModelLoadError, match=r"expected model\.keras"):
+        ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, storage=storage, registry=registry)
+
+
+def test_checksum_mismatch(where):
+    storage, registry = where
+    uuid = save_checkpoint(storage, registry, 4, tiny_model(), steps=1)
+    target = Path(storage, uuid, "model.keras")
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    with pytest.raises(errors.ChecksumMismatch, match="model.keras"):
+        ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, storage=storage, registry=registry)
+
+
+@keras.saving.register_keras_serializable(package="ckptstore_test_loaders")
+class Doubler(keras.layers.Layer):
+    def call(self, x):
+        return x * 2.0
+
+
+def test_unknown_custom_objects_then_custom_objects(where):
+    storage, registry = where
+    model = keras.Sequential([keras.Input((3,)), Doubler(), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    uuid = save_checkpoint(storage, registry, 6, model, steps=1)
+    registered = keras.saving.get_custom_objects()
+    saved = dict(registered)
+    registered.clear()
+    try:
+        with pytest.raises(errors.ModelLoadError, match="custom_objects"):
+            ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry)
+        loaded = ckptstore.load_checkpoint_model(
+            checkpoint_uuid=uuid,
+            registry=registry,
+            custom_objects={"ckptstore_test_loaders>Doubler": Doubler},
+        )
+    finally:
+        registered.update(saved)
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+
+
+def test_lambda_needs_safe_mode_off(where):
+    storage, registry = where
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Lambda(lambda x: x + 1.0), keras.layers.Dense(1)]
+    )
+    uuid = save_checkpoint(storage, registry, 8, model, steps=1)
+    with pytest.raises(errors.UnsafeCheckpointContent, match="safe_mode=False"):
+        ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry)
+    loaded = ckptstore.load_checkpoint_model(
+        checkpoint_uuid=uuid, registry=registry, safe_mode=False
+    )
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+
+
+def _run_batch_inference(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL="2", **(env_extra or {}))
+    return subprocess.run(
+        [sys.executable, str(REPO / "examples" / "batch_inference.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+
+
+@pytest.mark.slow
+def test_batch_inference_example(where, tmp_path, storage_url_factory):
+    storage, registry = where
+    model = tiny_model()
+    uuid = save_checkpoint(storage, registry, 11, model, steps=5, val_loss=0.4)
+    np.save(tmp_path / "x.npy", X)
+    np.savetxt(tmp_path / "x.csv", X, delimiter=",")
+    expected = model.predict(X, verbose=0)
+
+    out = tmp_path / "out" / "preds.npy"
+    done = _run_batch_inference(
+        "--trial-id", "11", "--best-by", "val_loss", "--input", str(tmp_path / "x.npy"),
+        "--output", str(out), "--registry", registry,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    np.testing.assert_allclose(np.load(out), expected, rtol=1e-6)
+
+    s3_prefix = storage_url_factory("s3")
+    done = _run_batch_inference(
+        "--uuid", uuid, "--input", str(tmp_path / "x.csv"), "--output",
+        f"{s3_prefix}/preds.csv", "--registry", registry,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    from ckptstore.storage_backends import open_storage
+
+    with open_storage(s3_prefix) as s3:
+        got = np.loadtxt(s3.read_bytes("preds.csv").decode().splitlines(), delimiter=",")
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+    missing = _run_batch_inference(
+        "--uuid", "nope", "--input", str(tmp_path / "x.npy"), "--output", str(out),
+        "--registry", registry, "--storage", storage,
+    )  # fmt: skip
+    assert missing.returncode == 2
+    assert "CheckpointNotFound" in missing.stderr
