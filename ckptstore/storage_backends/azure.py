@@ -18,6 +18,8 @@ import os
 from typing import Any
 
 import azure.core.exceptions as aexc
+import requests
+from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobServiceClient
 
 from ckptstore import errors
@@ -80,6 +82,13 @@ class AzureStorage(ObjectStorage):
             "read_timeout": self.retry.timeout,
             "retry_total": 0,
         }
+        # Enough pooled connections for every file and block in flight (default is 10).
+        pool = min(256, max(10, self.concurrency * 4))
+        session = requests.Session()
+        adapter = requests.adapters.HTTPAdapter(pool_connections=pool, pool_maxsize=pool)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        kwargs["transport"] = RequestsTransport(session=session, session_owner=True)
         try:
             if connection_string:
                 service = BlobServiceClient.from_connection_string(connection_string, **kwargs)

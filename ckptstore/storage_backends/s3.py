@@ -20,7 +20,7 @@ from typing import Any
 
 import boto3
 import botocore.exceptions
-from boto3.s3.transfer import TransferConfig
+from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.config import Config
 
 from ckptstore import errors
@@ -133,6 +133,9 @@ class S3Storage(ObjectStorage):
             max_concurrency=self.concurrency,
             use_threads=True,
         )
+        # One transfer manager per storage: its thread pool bounds parts *and* files together,
+        # instead of a new pool per file.
+        self._manager = create_transfer_manager(self._client, self._transfer)
 
     # ---- errors -------------------------------------------------------------------------------
     def _is_transient(self, exc: BaseException) -> bool:
@@ -204,10 +207,10 @@ class S3Storage(ObjectStorage):
         return out
 
     def _upload_file(self, name: str, path: str, size: int) -> None:
-        self._client.upload_file(path, self.bucket, name, Config=self._transfer)
+        self._manager.upload(path, self.bucket, name).result()
 
     def _download_file(self, name: str, path: str, size: int) -> None:
-        self._client.download_file(self.bucket, name, path, Config=self._transfer)
+        self._manager.download(self.bucket, name, path).result()
 
     def _read(self, name: str) -> bytes:
         return self._client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
@@ -251,4 +254,5 @@ class S3Storage(ObjectStorage):
         return True
 
     def _close_clients(self) -> None:
+        self._manager.shutdown()
         self._client.close()
