@@ -129,6 +129,7 @@ class FsspecStorage(ObjectStorage):
         return True
 
     def _delete_objects(self, names: list[str]) -> None:
+        parents = set()
         for name in names:
             path = self._path(name.rstrip("/"))
             try:
@@ -138,6 +139,17 @@ class FsspecStorage(ObjectStorage):
                     self.fs.rm_file(path)
             except FileNotFoundError:
                 pass
+            parents.add(path.rsplit("/", 1)[0])
+        # Folders this delete emptied disappear, as on an object store (no-op on those).
+        for parent in sorted(parents, key=len, reverse=True):
+            while parent.startswith(self.root + "/"):
+                try:
+                    if not self.fs.isdir(parent) or self.fs.ls(parent, detail=False):
+                        break
+                    self.fs.rmdir(parent)
+                except (OSError, NotImplementedError):
+                    break
+                parent = parent.rsplit("/", 1)[0]
 
     def _is_object(self, name: str) -> bool:
         return self.fs.isfile(self._path(name))

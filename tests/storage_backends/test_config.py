@@ -119,6 +119,9 @@ def test_generic_fsspec_fallback_round_trip(tmp_path):
     assert storage.list("ck") == {"d/f.bin": 3}
     assert storage.write_if_absent("lock", b"1") is True
     assert storage.write_if_absent("lock", b"2") is False
+    storage.write_bytes("ck/other/x.txt", b"x")
+    assert storage.delete("ck", globs=["other/*"]) == {"d/f.bin": 3}
+    assert storage.list("ck") == {"d/f.bin": 3}
     storage.download("ck", str(tmp_path / "out"))
     assert (tmp_path / "out" / "d" / "f.bin").read_bytes() == b"abc"
     assert storage.delete("ck") == {}
