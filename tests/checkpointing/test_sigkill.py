@@ -64,12 +64,12 @@ def test_sigkill_during_saves_never_exposes_a_partial_checkpoint(local_and_s3_ur
 
     # The next save and resume work, and GC removes every leftover of the killed saves.
     with CheckpointContext(url, trial_id=1, gc_policy=KeepAll(), gc_grace_seconds=0) as ctx:
+        leftovers = set(ctx.storage.list_children("")) - set(fmt.list_committed(ctx.storage))
+        assert leftovers, "no kill landed inside a save; the test did not test anything"
         src = make_tree(str(tmp_path / "next"), {"step.txt": b"100000"})
         uuid = ctx.upload(src, {"steps_completed": 100000})
         assert ctx.latest_checkpoint() == uuid
         ctx.wait()
-        leftovers = set(ctx.storage.list_children("")) - set(fmt.list_committed(ctx.storage))
-        assert leftovers, "no kill landed inside a save; the test did not test anything"
         ctx.gc()
         committed = set(fmt.list_committed(ctx.storage))
         assert uuid in committed and seen <= committed
