@@ -260,3 +260,27 @@ def test_upstream_down_closes_client(upstream):
         conn = _conn(proxy, timeout=5)
         with pytest.raises((ConnectionError, http.client.HTTPException)):
             _get(conn, 10)
+
+
+def test_faults_aimed_at_matching_requests(proxy):
+    proxy.fail_next(1, status=500, match="PUT /target")
+    conn = _conn(proxy)
+    assert _get(conn, 10) == (200, _payload(10))  # not matching: forwarded
+    conn.request("PUT", "/other", body=b"a")
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.read()
+    assert proxy.pending == 1
+    conn.request("PUT", "/target", body=b"a")
+    resp = conn.getresponse()
+    assert resp.status == 500 and resp.read()
+    assert proxy.pending == 0
+
+
+def test_reset_in_response_after_the_server_acted(proxy):
+    proxy.reset_next(1, after_bytes=0, match="PUT ", in_response=True)
+    conn = _conn(proxy)
+    with pytest.raises((ConnectionError, http.client.HTTPException)):
+        conn.request("PUT", "/acted", body=b"q" * 1000)
+        conn.getresponse().read()
+    assert _Handler.seen == ["PUT /acted"]  # the server got the whole request
+    assert proxy.stats["faults"]["reset"] == 1

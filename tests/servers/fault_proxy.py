@@ -60,6 +60,11 @@ class Fault:
     kind: str
     status: int = 503
     after_bytes: int = 0
+    #: Only requests whose request line (``b"PUT /bucket/key HTTP/1.1"``) contains this.
+    match: bytes | None = None
+    #: Count ``after_bytes`` from the end of the request (the server got all of it), so the
+    #: fault hits the response: "the request succeeded but the answer was lost".
+    in_response: bool = False
 
 
 class _Reset(Exception):
@@ -194,22 +199,39 @@ class FaultProxy:
         self.stop()
 
     # ---- fault controls (thread-safe) ------------------------------------------------------------
-    def fail_next(self, count: int = 1, status: int = 503) -> None:
-        """Answer the next ``count`` requests with HTTP ``status`` (not forwarded)."""
-        with self._lock:
-            self._queue.extend(Fault("http", status=status) for _ in range(count))
+    def fail_next(self, count: int = 1, status: int = 503, *, match: str | None = None) -> None:
+        """Answer the next ``count`` requests with HTTP ``status`` (not forwarded). With
+        ``match``, only requests whose request line contains it (e.g. ``"PUT "`` or a key)."""
+        self._enqueue(count, Fault("http", status=status, match=_b(match)))
 
-    def reset_next(self, count: int = 1, after_bytes: int = 0) -> None:
+    def reset_next(
+        self,
+        count: int = 1,
+        after_bytes: int = 0,
+        *,
+        match: str | None = None,
+        in_response: bool = False,
+    ) -> None:
         """Reset the connection after ``after_bytes`` bytes of each of the next ``count``
-        requests' exchange (request + response)."""
-        with self._lock:
-            self._queue.extend(Fault("reset", after_bytes=after_bytes) for _ in range(count))
+        (matching) requests' exchange (request + response). With ``in_response`` the bytes
+        are counted from the end of the request: the server acted on it, the answer is lost."""
+        fault = Fault("reset", after_bytes=after_bytes, match=_b(match), in_response=in_response)
+        self._enqueue(count, fault)
 
-    def stall_next(self, count: int = 1, after_bytes: int = 0) -> None:
+    def stall_next(self, count: int = 1, after_bytes: int = 0, *, match: str | None = None) -> None:
         """Stop moving bytes after ``after_bytes`` bytes of each of the next ``count``
-        requests' exchange; the connection stays open until released."""
+        (matching) requests' exchange; the connection stays open until released."""
+        self._enqueue(count, Fault("stall", after_bytes=after_bytes, match=_b(match)))
+
+    def _enqueue(self, count: int, fault: Fault) -> None:
         with self._lock:
-            self._queue.extend(Fault("stall", after_bytes=after_bytes) for _ in range(count))
+            self._queue.extend(fault for _ in range(count))
+
+    @property
+    def pending(self) -> int:
+        """Queued faults not yet used."""
+        with self._lock:
+            return len(self._queue)
 
     def throttle(self, bytes_per_s: float | None) -> None:
         """Limit every connection to ``bytes_per_s`` in each direction (None: unlimited)."""
@@ -286,11 +308,13 @@ class FaultProxy:
         with self._lock:
             self._stats["faults"][kind] += 1
 
-    def _fault_for_next_request(self) -> Fault | None:
+    def _fault_for_next_request(self, request_line: bytes) -> Fault | None:
         with self._lock:
             self._stats["requests"] += 1
-            if self._queue:
-                return self._queue.popleft()
+            for i, fault in enumerate(self._queue):
+                if fault.match is None or fault.match in request_line:
+                    del self._queue[i]
+                    return fault
             if self._random_p and self._random_kinds and self._rng.random() < self._random_p:
                 fault = self._rng.choice(self._random_kinds)
                 if fault.kind in ("reset", "stall"):
@@ -381,7 +405,7 @@ class FaultProxy:
                 await self._pump_raw(conn, reader, uwriter)
                 return
             method, length, chunked, expect = _parse_head(head)
-            fault = self._fault_for_next_request()
+            fault = self._fault_for_next_request(head.split(b"\r\n", 1)[0])
             conn.fault = None
             if fault is not None and fault.kind == "http":
                 self._count_fault("http")
@@ -389,7 +413,7 @@ class FaultProxy:
                     await _drain_body(reader, length, chunked)
                 await _send_canned(cwriter, fault.status, head_only=(method == "HEAD"))
                 raise _Close()
-            if fault is not None:
+            if fault is not None and not fault.in_response:
                 conn.fault = fault
                 conn.fault_at = conn.bytes + fault.after_bytes
             await self._move(conn, head, uwriter)
@@ -403,6 +427,10 @@ class FaultProxy:
                         return
                     remaining -= len(data)
                     await self._move(conn, data, uwriter)
+            if fault is not None and fault.in_response:
+                # After Expect: 100-continue the body may still follow; count from here anyway.
+                conn.fault = fault
+                conn.fault_at = conn.bytes + fault.after_bytes
 
     async def _forward_chunked(
         self, conn: _Conn, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -469,6 +497,10 @@ class FaultProxy:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(release.wait(), self.max_stall_s)
         raise _Close()
+
+
+def _b(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
 
 
 def _parse_head(head: bytes) -> tuple[str, int, bool, bool]:
