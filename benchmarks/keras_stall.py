@@ -54,15 +54,25 @@ def state_mb(model) -> float:
 
 
 def timed_epoch_end(callback, sink: list[float]) -> None:
-    """Record how long each ``on_epoch_end`` of ``callback`` takes."""
-    original = callback.on_epoch_end
+    """Record how long ``callback`` holds fit() up between epochs: its ``on_epoch_end`` plus the
+    following ``on_epoch_begin`` (DeterminedCallback saves there, after the other callbacks'
+    ``on_epoch_end``), summed per epoch."""
+    end, begin = callback.on_epoch_end, callback.on_epoch_begin
+    pending: list[float] = []
 
     def on_epoch_end(epoch, logs=None):
         started = time.perf_counter()
-        original(epoch, logs)
-        sink.append(time.perf_counter() - started)
+        end(epoch, logs)
+        pending.append(time.perf_counter() - started)
+
+    def on_epoch_begin(epoch, logs=None):
+        started = time.perf_counter()
+        begin(epoch, logs)
+        if pending:
+            sink.append(pending.pop() + time.perf_counter() - started)
 
     callback.on_epoch_end = on_epoch_end
+    callback.on_epoch_begin = on_epoch_begin
 
 
 def run_fit(model, data, epochs: int, callbacks: list) -> float:

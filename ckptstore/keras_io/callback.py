@@ -158,6 +158,7 @@ class DeterminedCallback(keras.callbacks.Callback):
         self._callbacks: list[Any] = []
         self._pending_callback_states: dict[str, Any] | None = None
         self._loaded = False
+        self._pending_save: dict[str, Any] | None = None
 
         self._steps_completed = 0
         self._last_reported_steps = 0
@@ -195,6 +196,7 @@ class DeterminedCallback(keras.callbacks.Callback):
         self._last_save_final = False
         self._saved_in_fit = False
         self._last_epoch_complete = True
+        self._pending_save = None
         self.resumed = False
         self._ensure_optimizer_built()
         if self._checkpoint is not None and not self._loaded:
@@ -208,6 +210,9 @@ class DeterminedCallback(keras.callbacks.Callback):
                 self._writer = CheckpointWriter(self._core.checkpoint)
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._pending_save is not None:
+            pending, self._pending_save = self._pending_save, None
+            self._save(**pending)
         if self._pending_callback_states is not None:
             self._apply_callback_states(self._pending_callback_states)
             self._pending_callback_states = None
@@ -266,10 +271,21 @@ class DeterminedCallback(keras.callbacks.Callback):
             complete and self._checkpoint_epochs > 0 and (epoch + 1) % self._checkpoint_epochs == 0
         )
         if self._preempted or periodic or last_epoch:
-            self._save(logs, complete=complete, final=last_epoch and not self._preempted)
+            # Saved at the next epoch begin (or train end), once every other callback's
+            # on_epoch_end has run: their state and any change they make (e.g. the learning rate
+            # ReduceLROnPlateau sets) belong to this checkpoint.
+            self._pending_save = {
+                "logs": logs,
+                "complete": complete,
+                "final": last_epoch and not self._preempted,
+            }
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         try:
+            if self._pending_save is not None:
+                pending, self._pending_save = self._pending_save, None
+                pending["final"] = not self._preempted
+                self._save(**pending)
             trained = self._steps_completed > self._saved_steps
             needs_final = (
                 not self._preempted
