@@ -16,6 +16,8 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -49,6 +51,10 @@ class Database:
         except sa_exc.SQLAlchemyError as exc:
             self.engine.dispose()
             raise self._error("open and migrate the registry", exc) from None
+        # A forked child must not reuse the parent's pooled connections (they share sockets
+        # and SQLite file locks); it opens its own on first use.
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _drop_inherited_pool(ref))
 
     @property
     def dialect(self) -> str:
@@ -126,3 +132,9 @@ class Database:
         if not self._closed:
             self._closed = True
             self.engine.dispose()
+
+
+def _drop_inherited_pool(ref: weakref.ref[Database]) -> None:
+    db = ref()
+    if db is not None and not db._closed:
+        db.engine.dispose(close=False)

@@ -121,3 +121,26 @@ def test_concurrent_first_open_migrates_once(registry_url):
                 sa.select(schema.schema_version.c.version).order_by(schema.schema_version.c.version)
             ).scalars()
             assert list(applied) == [m.version for m in migrations.MIGRATIONS]
+
+
+def test_forked_child_gets_its_own_connections(registry_url):
+    import os
+
+    with Registry(registry_url) as registry:
+        registry.create_trial(trial_id=1)  # the parent's pool now holds a connection
+        pid = os.fork()
+        if pid == 0:  # child: write through the inherited Registry object
+            code = 1
+            try:
+                registry.record_checkpoint(
+                    CheckpointRecord(uuid="from-child", trial_id=1, state="COMMITTED")
+                )
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        registry.record_checkpoint(
+            CheckpointRecord(uuid="from-parent", trial_id=1, state="COMMITTED")
+        )
+        assert {c.uuid for c in registry.list_checkpoints()} == {"from-child", "from-parent"}
