@@ -38,14 +38,14 @@ from typing import Any
 
 from ckptstore import defaults, errors
 from ckptstore.keras_io import trial_info
-from ckptstore.keras_io.experiment.config import ExperimentConfig, load_config, parse_config
-from ckptstore.keras_io.experiment.metrics import searcher_metric_value
-from ckptstore.keras_io.experiment.worker import (
+from ckptstore.keras_io.experiment.common import (
     MODEL_DIR_ENV,
     OPTUNA_TRIAL_ENV,
     RUNNER_KEY,
     experiment_config,
 )
+from ckptstore.keras_io.experiment.config import ExperimentConfig, load_config, parse_config
+from ckptstore.keras_io.experiment.metrics import searcher_metric_value
 
 logger = logging.getLogger(__name__)
 

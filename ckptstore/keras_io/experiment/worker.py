@@ -20,20 +20,9 @@ from typing import Any
 
 from ckptstore import errors
 from ckptstore.keras_io import trial_info
+from ckptstore.keras_io.experiment.common import MODEL_DIR_ENV, OPTUNA_TRIAL_ENV, experiment_config
 
 logger = logging.getLogger(__name__)
-
-MODEL_DIR_ENV = "CKPTSTORE_MODEL_DIR"
-OPTUNA_TRIAL_ENV = "CKPTSTORE_OPTUNA_TRIAL"
-#: Key of the experiment config (as stored in the registry) holding runner settings.
-RUNNER_KEY = "_ckptstore"
-
-
-def experiment_config(registry: Any, experiment_id: int) -> dict[str, Any]:
-    """The user's config of an experiment, without the runner's own key."""
-    raw = dict(registry.get_experiment(experiment_id).config or {})
-    raw.pop(RUNNER_KEY, None)
-    return raw
 
 
 def import_trial_class(model_dir: str, module_name: str, attr: str) -> Any:
