@@ -320,14 +320,14 @@ def load_checkpoint_model(
     from ckptstore.checkpointing import CheckpointContext
     from ckptstore.keras_io.trial_info import storage_from_env
     from ckptstore.registry import Registry, open_registry
-    from ckptstore.storage_backends import open_storage
+    from ckptstore.storage_backends import Storage, open_storage
 
     opened: list[Any] = []
 
     def storage_for(url: str | None = None) -> Any:
         spec = storage if storage is not None else (url or storage_from_env())
         spec = spec or defaults.default_storage_url()
-        if hasattr(spec, "download") and hasattr(spec, "list"):
+        if isinstance(spec, Storage):
             return spec
         if isinstance(spec, Mapping):
             from ckptstore.storage_backends import split_storage_config
