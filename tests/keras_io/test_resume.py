@@ -82,6 +82,7 @@ def test_clean_stop_then_resume_and_warm_start(tmp_path):
     run_worker(tmp_path, "--epochs", "1", "--tag", "first")
     got = run_worker(tmp_path, "--epochs", "3", "--tag", "second")
     assert got["resumed"] and got["epochs_run"] == 2
+    assert got["steps_completed"] == ref["steps_completed"] == 12
     assert_same_state(load_arrays(straight), load_arrays(tmp_path, "second"))
 
     # warm start: another continue_id takes only the weights: epoch 0, fresh optimizer
