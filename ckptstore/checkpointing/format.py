@@ -43,6 +43,9 @@ STAGING_PREFIX = ".ckptstore-staging-"
 #: Names inside a checkpoint folder that ckptstore writes itself.
 RESERVED_NAMES = frozenset({MANIFEST_NAME, METADATA_NAME, PENDING_MARKER_NAME})
 FORMAT_VERSION = 1
+#: The largest ``metadata.json`` ckptstore writes or reads (1 MiB). Metadata is copied into
+#: the registry and read on every listing; keep big things in checkpoint files instead.
+MAX_METADATA_BYTES = 2**20
 
 _CHUNK = 8 * 2**20
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -121,6 +124,13 @@ def local_files(local_dir: str, *, skip_reserved: bool = True) -> dict[str, str]
         dirs.sort()
         rel_root = os.path.relpath(root, local_dir).replace(os.sep, "/")
         prefix = "" if rel_root == "." else rel_root + "/"
+        for name in dirs + files:
+            if os.path.islink(os.path.join(root, name)):
+                raise errors.InvalidConfig(
+                    f"{prefix + name!r} in checkpoint folder {local_dir!r} is a symbolic link; "
+                    "ckptstore does not follow links (they could point outside the folder). "
+                    "Copy the file into the folder instead."
+                )
         if prefix and not dirs and not files:
             found[prefix] = root
         for name in sorted(files):
@@ -268,6 +278,11 @@ def read_metadata(storage: Any, uuid: str) -> dict[str, Any]:
         raise errors.InvalidCheckpoint(
             f"{where} does not exist in {storage.url}; the checkpoint is incomplete."
         ) from None
+    if len(data) > MAX_METADATA_BYTES:
+        raise errors.InvalidCheckpoint(
+            f"{where} has {len(data)} bytes, over the {MAX_METADATA_BYTES}-byte limit of "
+            "metadata.json; it was not parsed. The checkpoint was not written by ckptstore."
+        )
     try:
         metadata = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -403,6 +418,11 @@ def build_metadata(
     """
     from ckptstore import __version__
 
+    if user_metadata is not None and not isinstance(user_metadata, Mapping):
+        raise errors.InvalidConfig(
+            "Checkpoint metadata must be a dict of JSON-serializable values. Received: "
+            f"{type(user_metadata).__name__}"
+        )
     user = dict(user_metadata or {})
     for key in ("uuid", "format_version", "ckptstore_version", "created_at"):
         if key in user:
@@ -423,10 +443,16 @@ def build_metadata(
         created_at=utc_now_iso(),
     )
     try:
-        json.dumps(metadata, allow_nan=True)
+        size = len(dump_json(metadata))
     except (TypeError, ValueError) as exc:
         raise errors.InvalidConfig(
             f"Checkpoint metadata must be JSON-serializable ({exc}); convert values such as "
             "numpy scalars with float()/int() first."
         ) from None
+    if size > MAX_METADATA_BYTES:
+        raise errors.InvalidConfig(
+            f"Checkpoint metadata is {size} bytes as JSON, over the limit of "
+            f"{MAX_METADATA_BYTES} bytes (MAX_METADATA_BYTES); save large data as a file in "
+            "the checkpoint folder instead."
+        )
     return metadata
