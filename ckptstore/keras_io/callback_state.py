@@ -98,8 +98,16 @@ def read_state(ckpt_dir: str) -> TrainingState | None:
     path = os.path.join(ckpt_dir, STATE_FILENAME)
     if not os.path.exists(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        return TrainingState.from_json(f.read())
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise errors.InvalidCheckpoint(
+            f"{STATE_FILENAME} is not UTF-8 JSON ({exc}); it was not read (a pickle or a "
+            "damaged file). Resume from another checkpoint."
+        ) from None
+    return TrainingState.from_json(text)
 
 
 # ---- RNG ----------------------------------------------------------------------------------------
