@@ -1,0 +1,249 @@
+"""DeterminedCallback in one process: what a checkpoint holds, schedules, metrics, errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+
+import h5py
+import keras
+import numpy as np
+import pytest
+
+import ckptstore as det
+from ckptstore import errors
+from ckptstore.keras_io import snapshot as snapshot_lib
+
+
+def tiny_model(optimizer: str = "adam") -> keras.Model:
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(6, activation="relu"), keras.layers.Dense(3)]
+    )
+    opt = keras.optimizers.Adam(0.01) if optimizer == "adam" else keras.optimizers.SGD(0.1, 0.9)
+    model.compile(
+        opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["acc"]
+    )
+    return model
+
+
+X = np.random.RandomState(0).rand(32, 4).astype("float32")
+Y = (X.sum(axis=1) * 1.5).astype("int64") % 3
+
+
+def fit(model, callbacks, epochs=2, **kw):
+    return model.fit(
+        X,
+        Y,
+        batch_size=8,
+        epochs=epochs,
+        shuffle=False,
+        validation_data=(X, Y),
+        verbose=0,
+        callbacks=callbacks,
+        **kw,
+    )
+
+
+@pytest.fixture
+def init(tmp_path):
+    def make(storage=None, trial_id=1):
+        return det.core.init(
+            storage=storage or str(tmp_path / "ckpts"),
+            registry=f"sqlite:///{tmp_path / 'reg.db'}",
+            trial_id=trial_id,
+            preempt_signals=False,
+        )
+
+    return make
+
+
+def committed(ctx) -> list:
+    return ctx.registry.list_checkpoints(trial_id=ctx.trial_id)
+
+
+# ---- arguments --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        ({"checkpoint_epochs": -1}, "checkpoint_epochs"),
+        ({"checkpoint_epochs": 1.5}, "checkpoint_epochs"),
+        ({"train_metrics_report_period": 0}, "train_metrics_report_period"),
+        ({"train_metrics_report_period": "batch"}, "train_metrics_report_period"),
+        ({"export_saved_model": "sometimes"}, "export_saved_model"),
+        ({"preempt_check_period": -2}, "preempt_check_period"),
+    ],
+)
+def test_bad_arguments_name_the_value(init, kwargs, needle):
+    with init() as ctx:
+        with pytest.raises(errors.InvalidConfig, match=needle) as info:
+            det.keras.DeterminedCallback(ctx, None, 1, **kwargs)
+        assert "Received" in str(info.value)
+
+
+def test_continue_id_must_be_json(init):
+    with init() as ctx, pytest.raises(errors.InvalidConfig, match="continue_id"):
+        det.keras.DeterminedCallback(ctx, None, object())
+
+
+# ---- what a checkpoint holds ------------------------------------------------------------------
+def test_checkpoint_contents_and_schedule(init, tmp_path):
+    with init() as ctx:
+        model = tiny_model()
+        cb = det.keras.DeterminedCallback(ctx, None, 1, checkpoint_epochs=2)
+        fit(model, [cb], epochs=4)
+        rows = committed(ctx)
+        assert [r.steps_completed for r in rows] == [8, 16]  # epochs 2 and 4
+        last = rows[-1]
+        assert last.uuid == cb.last_checkpoint
+        path = tmp_path / "ckpts" / last.uuid
+        names = set(os.listdir(path))
+        assert {"model.keras", "callback_state.json", "metadata.json", "MANIFEST.json"} <= names
+        assert "saved_model" in names  # final checkpoint, export_saved_model="final"
+        assert "saved_model" not in os.listdir(tmp_path / "ckpts" / rows[0].uuid)
+        meta = json.loads((path / "metadata.json").read_text())
+        assert meta["continue_id"] == 1 and meta["steps_completed"] == 16 and meta["epoch"] == 4
+        assert "val_loss" in meta["metrics"]
+        state = json.loads((path / "callback_state.json").read_text())
+        assert state["epoch"] == 4 and state["epoch_complete"] is True
+        assert {"python", "numpy"} <= set(state["rng"])
+        # the archive is a normal .keras file with the full optimizer state
+        loaded = keras.models.load_model(path / "model.keras")
+        for a, b in zip(model.optimizer.variables, loaded.optimizer.variables, strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        assert int(loaded.optimizer.iterations.numpy()) == 16
+        # metrics went to the registry
+        val = ctx.registry.get_metrics(ctx.trial_id, "validation")
+        assert [m.steps_completed for m in val] == [4, 8, 12, 16]
+
+
+def test_checkpoint_epochs_zero_saves_only_at_end(init):
+    with init() as ctx:
+        cb = det.keras.DeterminedCallback(
+            ctx, None, 1, checkpoint_epochs=0, export_saved_model="never"
+        )
+        fit(tiny_model(), [cb], epochs=3)
+        assert [r.steps_completed for r in committed(ctx)] == [12]
+
+
+def test_batch_metric_reporting(init):
+    with init() as ctx:
+        cb = det.keras.DeterminedCallback(
+            ctx, None, 1, train_metrics_report_period=3, export_saved_model="never"
+        )
+        fit(tiny_model(), [cb], epochs=2)
+        steps = [m.steps_completed for m in ctx.registry.get_metrics(ctx.trial_id, "training")]
+        assert steps == [3, 6]
+
+
+def test_snapshot_archive_matches_keras_layout_and_is_point_in_time(tmp_path):
+    model = tiny_model()
+    fit(model, [], epochs=1)
+    layout = snapshot_lib.StateLayout.of(model)
+    snap = snapshot_lib.take_snapshot(layout)
+    expected = [v.numpy().copy() for v in model.weights + model.optimizer.variables]
+    fit(model, [], epochs=1)  # changes every variable after the snapshot
+    snapshot_lib.write_keras_archive(snap, str(tmp_path / "snap.keras"))
+    model.save(tmp_path / "ref.keras")
+
+    def tree(path):
+        with zipfile.ZipFile(path) as z:
+            h5 = h5py.File(io.BytesIO(z.read("model.weights.h5")), "r")
+            items = []
+            h5.visititems(lambda n, o: items.append((n, dict(o.attrs), getattr(o, "shape", None))))
+            return items, sorted(z.namelist())
+
+    assert tree(tmp_path / "snap.keras") == tree(tmp_path / "ref.keras")
+    loaded = keras.models.load_model(tmp_path / "snap.keras")
+    got = [v.numpy() for v in loaded.weights + loaded.optimizer.variables]
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(loaded.optimizer.iterations.numpy()) == 4
+
+
+# ---- resume errors ----------------------------------------------------------------------------
+def test_resume_with_other_optimizer_is_an_error(init):
+    with init() as ctx:
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        fit(tiny_model("adam"), [cb], epochs=1)
+        uuid = cb.last_checkpoint
+    with init() as ctx:
+        cb = det.keras.DeterminedCallback(ctx, uuid, 1)
+        with pytest.raises(errors.ResumeError, match="optimizer"):
+            fit(tiny_model("sgd"), [cb], epochs=2)
+
+
+def test_unknown_checkpoint_is_an_error(init):
+    with init() as ctx:
+        cb = det.keras.DeterminedCallback(ctx, "00000000-0000-0000-0000-000000000000", 1)
+        with pytest.raises(errors.CheckpointNotFound):
+            fit(tiny_model(), [cb], epochs=1)
+
+
+def test_warm_start_loads_weights_only_and_protects(init):
+    with init() as ctx:
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        trained = tiny_model()
+        fit(trained, [cb], epochs=2)
+        uuid = cb.last_checkpoint
+    with init(trial_id=2) as ctx:
+        model = tiny_model()
+        cb = det.keras.DeterminedCallback(ctx, uuid, continue_id=2, export_saved_model="never")
+        history = fit(model, [cb], epochs=0)  # on_train_begin only: load, no training
+        assert history.history == {} or not history.history.get("loss")
+        for a, b in zip(trained.weights, model.weights, strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        assert int(model.optimizer.iterations.numpy()) == 0
+        assert cb.resumed is False
+        assert uuid in ctx.checkpoint.protected
+
+
+# ---- background failures surface --------------------------------------------------------------
+def test_failed_background_save_raises_from_fit(init, s3_server):
+    with pytest.raises(errors.BackgroundUploadError):
+        with init(storage="s3://ckptstore-no-such-bucket/x") as ctx:
+            cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+            fit(tiny_model(), [cb], epochs=3)
+
+
+# ---- stateful callbacks -----------------------------------------------------------------------
+def test_stateful_callbacks_round_trip_json():
+    stop = det.keras.EarlyStopping(monitor="val_loss", patience=3)
+    plateau = det.keras.ReduceLROnPlateau(monitor="val_loss", patience=2)
+    stop.on_train_begin()
+    plateau.on_train_begin()
+    stop.wait, stop.best, stop.best_epoch = 2, 0.25, 4
+    plateau.wait, plateau.cooldown_counter, plateau.best = 1, 3, float("inf")
+    s1 = json.loads(json.dumps(stop.get_state()))
+    s2 = json.loads(json.dumps(plateau.get_state()))
+    fresh_stop = det.keras.EarlyStopping(monitor="val_loss", patience=3)
+    fresh_plateau = det.keras.ReduceLROnPlateau(monitor="val_loss", patience=2)
+    fresh_stop.load_state(s1)
+    fresh_plateau.load_state(s2)
+    assert (fresh_stop.wait, fresh_stop.best, fresh_stop.best_epoch) == (2, 0.25, 4)
+    assert (fresh_plateau.wait, fresh_plateau.cooldown_counter) == (1, 3)
+    assert fresh_plateau.best == float("inf")
+
+
+def test_callback_state_applied_after_on_train_begin(init):
+    """Keras's EarlyStopping resets itself in on_train_begin; the restored state must win."""
+    with init() as ctx:
+        stop = det.keras.EarlyStopping(monitor="val_loss", patience=100, min_delta=1e-9)
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        fit(tiny_model(), [cb, stop], epochs=2)
+        saved = stop.get_state()
+        uuid = cb.last_checkpoint
+    with init() as ctx:
+        stop2 = det.keras.EarlyStopping(monitor="val_loss", patience=100, min_delta=1e-9)
+        seen = {}
+
+        class Probe(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                seen.setdefault("state", stop2.get_state())
+
+        cb = det.keras.DeterminedCallback(ctx, uuid, 1, export_saved_model="never")
+        fit(tiny_model(), [cb, stop2, Probe()], epochs=3)
+        assert seen["state"] == saved
