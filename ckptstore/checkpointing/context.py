@@ -108,12 +108,16 @@ class CheckpointContext:
         *,
         shard: bool = False,
         background: bool = False,
+        move: bool = False,
     ) -> str:
         """Save the files of ``ckpt_dir`` as a new checkpoint; returns its UUID.
 
-        With ``background=True`` the files are copied first and uploaded on a worker thread;
-        the call returns at once (blocking only while ``max_in_flight`` uploads run). With
-        ``shard=True`` every rank must call it and uploads its own files into one checkpoint.
+        With ``background=True`` the files are snapshotted first (copied, or cloned where the
+        file system can) and uploaded on a worker thread; the call returns once the snapshot
+        is taken (and blocks while ``max_in_flight`` uploads run). With ``move=True`` the
+        caller hands ``ckpt_dir`` over: it is moved or uploaded from in place, never copied,
+        and removed afterwards. With ``shard=True`` every rank must call it and uploads its
+        own files into one checkpoint.
         """
         self._check_open()
         self._uploader.raise_pending_error()
@@ -146,12 +150,17 @@ class CheckpointContext:
         uuid = str(_uuid.uuid4())
         full_metadata = self._build_metadata(uuid, metadata)
         if not background:
-            self._commit(uuid, ckpt_dir, full_metadata, owned=False)
+            self._commit(uuid, ckpt_dir, full_metadata, owned=move)
+            if move:
+                shutil.rmtree(ckpt_dir, ignore_errors=True)
             return uuid
         self._uploader.acquire_slot()
         try:
-            staging = self._staging_dir(uuid, create=False)
-            snapshot_dir(ckpt_dir, staging)
+            if move:
+                staging = ckpt_dir
+            else:
+                staging = self._staging_dir(uuid, create=False)
+                snapshot_dir(ckpt_dir, staging)
         except BaseException:
             self._uploader.release_slot()
             raise

@@ -159,3 +159,34 @@ def test_background_commit_triggers_gc(storage_url_factory, tmp_path):
         uuids = [ctx.upload(src, {"steps_completed": s}, background=True) for s in range(5)]
         ctx.wait()
         assert sorted(fmt.list_committed(ctx.storage)) == sorted(uuids[-2:])
+
+
+def test_snapshot_copies_large_files_in_ranges(tmp_path, monkeypatch):
+    from ckptstore.checkpointing import uploader
+
+    monkeypatch.setattr(uploader, "_RANGE", 4096)  # many ranges on a small file
+    files = {"big.bin": os.urandom(100_000), "d/empty.bin": b"", "d/e/small": b"s"}
+    src = make_tree(str(tmp_path / "src"), files)
+    uploader.snapshot_dir(src, str(tmp_path / "snap"))
+    assert read_tree(str(tmp_path / "snap")) == files
+    assert (
+        os.stat(tmp_path / "snap" / "big.bin").st_ino
+        != os.stat(tmp_path / "src" / "big.bin").st_ino
+    )
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_upload_with_move_hands_the_folder_over(storage_url_factory, tmp_path, background):
+    files = {"w.bin": os.urandom(1000), "sub/x": b"x"}
+    for kind in ("file", "memory"):
+        src = make_tree(str(tmp_path / f"src-{kind}"), files)
+        inode = os.stat(os.path.join(src, "w.bin")).st_ino
+        with CheckpointContext(storage_url_factory(kind)) as ctx:
+            uuid = ctx.upload(src, {"steps_completed": 1}, background=background, move=True)
+            ctx.wait()
+            assert not os.path.exists(src)
+            with ctx.restore_path(uuid) as path:
+                got = read_tree(path)
+                if kind == "file":  # renamed into place on a local file system
+                    assert os.stat(os.path.join(path, "w.bin")).st_ino == inode
+            assert {k: v for k, v in got.items() if k in files} == files
