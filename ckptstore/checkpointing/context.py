@@ -90,6 +90,8 @@ class CheckpointContext:
         self.gc_grace_seconds = float(gc_grace_seconds)
         self._uploader = BackgroundUploader(max_in_flight)
         self._protected: set[str] = set()
+        self._in_use: dict[str, int] = {}  # local checkpoints yielded by restore_path
+        self._protected_lock = threading.Lock()
         self._gc_executor = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-gc")
         self._gc_lock = threading.Lock()  # one collection at a time
         self._gc_flag_lock = threading.Lock()
@@ -312,10 +314,14 @@ class CheckpointContext:
         self._check_open()
         local = self.storage.local_path(storage_id)
         if local is not None and os.path.isdir(local):
-            manifest = self._manifest(storage_id)
-            if self.verify:
-                fmt.verify_files(local, manifest, selector)
-            yield local
+            self._use(storage_id, +1)  # background GC must not delete it while in use
+            try:
+                manifest = self._manifest(storage_id)
+                if self.verify:
+                    fmt.verify_files(local, manifest, selector)
+                yield local
+            finally:
+                self._use(storage_id, -1)
             return
         path = tempfile.mkdtemp(prefix=f"ckptstore-restore-{storage_id}-")
         try:
@@ -323,6 +329,14 @@ class CheckpointContext:
             yield path
         finally:
             shutil.rmtree(path, ignore_errors=True)
+
+    def _use(self, storage_id: str, delta: int) -> None:
+        with self._protected_lock:
+            count = self._in_use.get(storage_id, 0) + delta
+            if count:
+                self._in_use[storage_id] = count
+            else:
+                self._in_use.pop(storage_id, None)
 
     def get_metadata(self, storage_id: str) -> dict[str, Any]:
         """The ``metadata.json`` of committed checkpoint ``storage_id``."""
@@ -357,12 +371,15 @@ class CheckpointContext:
 
     def protect(self, uuid: str) -> None:
         """Never let GC delete ``uuid`` (e.g. the checkpoint this run resumed from)."""
-        self._protected.add(fmt.check_storage_id(uuid))
+        fmt.check_storage_id(uuid)
+        with self._protected_lock:
+            self._protected.add(uuid)
 
     @property
     def protected(self) -> frozenset[str]:
         """UUIDs pinned with :meth:`protect`."""
-        return frozenset(self._protected)
+        with self._protected_lock:
+            return frozenset(self._protected)
 
     def gc(self, dry_run: bool = False) -> list[str]:
         """Apply the GC policy now and remove stale uncommitted folders; returns what was
@@ -378,12 +395,16 @@ class CheckpointContext:
             index=self.index,
             trial_id=self.trial_id,
             experiment_id=self.experiment_id,
-            protected=self._protected,
+            protected=self._protected_now(),
             in_flight=self._uploader.in_flight,
             grace_seconds=self.gc_grace_seconds,
             storage_url=self.storage_url,
             dry_run=dry_run,
         )
+
+    def _protected_now(self) -> set[str]:
+        with self._protected_lock:
+            return self._protected | set(self._in_use)
 
     def _after_commit(self) -> None:
         """Queue one background GC run (coalesced) after a commit, on the chief."""

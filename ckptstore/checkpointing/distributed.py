@@ -77,7 +77,8 @@ class DistributedContext:
             (default: 0 and 1).
         chief_ip: the address rank 0 listens on and the others connect to.
         port: the chief's port (default ``CKPTSTORE_DIST_PORT`` or 29411).
-        timeout: seconds to wait for peers to connect and for each collective.
+        timeout: seconds to wait for all peers to connect. Collectives then wait as long as
+            the slowest rank needs (a rank that dies closes its socket, which is detected).
 
     Example::
 
@@ -185,7 +186,7 @@ class DistributedContext:
                     f"{self.chief_ip}:{self.port} within {self.timeout:.0f}s; check that every "
                     "rank started and uses the same chief_ip and port."
                 ) from None
-            conn.settimeout(self.timeout)
+            conn.settimeout(self.timeout)  # for the hello only
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             hello = _recv(conn)
             peer_rank = hello.get("rank") if isinstance(hello, dict) else None
@@ -198,6 +199,7 @@ class DistributedContext:
                 conn.close()
                 logger.warning("Rejected a distributed peer with hello %r.", hello)
                 continue
+            conn.settimeout(None)  # collectives wait as long as the slowest rank needs
             self._peers[peer_rank] = conn
         logger.debug("Chief connected to %d workers.", len(self._peers))
 
@@ -216,6 +218,7 @@ class DistributedContext:
                     ) from None
                 time.sleep(0.05)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(None)  # collectives wait as long as the slowest rank needs
         _send(sock, {"rank": self.rank, "size": self.size})
         self._chief = sock
 

@@ -209,3 +209,14 @@ def test_gc_removes_stale_local_staging_folders(storage_url_factory):
             os.utime(path, (old, old))
         assert ctx.gc() == [os.path.basename(staging)]
         assert not os.path.exists(staging)
+
+
+def test_gc_spares_a_local_checkpoint_while_restore_path_uses_it(storage_url_factory, tmp_path):
+    with CheckpointContext(storage_url_factory("file"), trial_id=1) as ctx:
+        old, new = save_series(ctx, tmp_path, [0.2, 0.1])
+        ctx.gc_policy = LatestN(1)
+        with ctx.restore_path(old) as path:
+            assert ctx.gc() == []
+            assert os.path.isfile(os.path.join(path, "model.bin"))
+        assert ctx.gc() == [old]
+        assert fmt.list_committed(ctx.storage) == [new]
