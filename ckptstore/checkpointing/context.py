@@ -161,6 +161,7 @@ class CheckpointContext:
             if move:
                 staging = ckpt_dir
             else:
+                fmt.local_files(ckpt_dir)  # refuses symlinks before the snapshot follows them
                 staging = self._staging_dir(uuid, create=False)
                 snapshot_dir(ckpt_dir, staging)
         except BaseException:
@@ -312,6 +313,7 @@ class CheckpointContext:
         system this is the checkpoint folder itself (verified; treat it as read-only);
         otherwise a temporary download removed on exit."""
         self._check_open()
+        fmt.check_storage_id(storage_id)
         local = self.storage.local_path(storage_id)
         if local is not None and os.path.isdir(local):
             self._use(storage_id, +1)  # background GC must not delete it while in use
