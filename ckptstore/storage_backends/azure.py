@@ -24,7 +24,10 @@ from azure.storage.blob import BlobServiceClient
 
 from ckptstore import errors
 from ckptstore.storage_backends.object_store import ObjectStorage, default_translate
+from ckptstore.storage_backends.redact import install as _install_log_redaction
 from ckptstore.storage_backends.urls import split_bucket_url
+
+_install_log_redaction()  # SDK debug logs carry key ids and SAS signatures
 
 
 def _account_from_netloc(url: str) -> tuple[str, str | None]:

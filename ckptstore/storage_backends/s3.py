@@ -25,7 +25,10 @@ from botocore.config import Config
 
 from ckptstore import errors
 from ckptstore.storage_backends.object_store import ObjectStorage, default_translate
+from ckptstore.storage_backends.redact import install as _install_log_redaction
 from ckptstore.storage_backends.urls import split_bucket_url
+
+_install_log_redaction()  # SDK debug logs carry key ids and SAS signatures
 
 _NOT_FOUND = {"NoSuchBucket", "NoSuchKey", "404", "NotFound"}
 _AUTH = {
