@@ -2,7 +2,8 @@
 
 - ``postgres_server`` (session): a fresh cluster made with ``initdb`` in a temp folder and started
   with ``pg_ctl`` on a free loopback port (trust auth, ``fsync=off``). As root, the server runs as
-  the ``postgres`` user. Stopped and removed at session end. If it cannot start, tests using it
+  the ``postgres`` user. Stopped and removed at session end (a detached watchdog does it if the
+  test process is killed). If it cannot start, tests using it
   are skipped, or failed when ``CI=true``.
 - ``postgres_url_factory``: ``make() -> str``, each call creates a new empty database and returns
   its ``postgresql://`` URL.
@@ -161,6 +162,30 @@ def _start_server(base: str) -> PostgresServer:
     return PostgresServer(host="127.0.0.1", port=port, user="postgres", data_dir=data_dir)
 
 
+def _start_watchdog(server: PostgresServer, base: str) -> subprocess.Popen | None:
+    """A detached shell that stops the server and removes ``base`` if this test process dies
+    without cleaning up (SIGKILL, timeout), so no orphaned server is left running."""
+    bindir = _find_bindir()
+    if bindir is None:
+        return None
+    stop = subprocess.list2cmdline(
+        _as_server_user(
+            [os.path.join(bindir, "pg_ctl"), "-D", server.data_dir, "-m", "immediate", "stop"]
+        )
+    )
+    script = (
+        f"while kill -0 {os.getpid()} 2>/dev/null; do sleep 2; done; "
+        f"{stop} >/dev/null 2>&1; rm -rf {subprocess.list2cmdline([base])}"
+    )
+    return subprocess.Popen(
+        ["sh", "-c", script],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
 def _stop_server(server: PostgresServer) -> None:
     bindir = _find_bindir()
     if bindir is None:
@@ -190,11 +215,15 @@ def postgres_server() -> Iterator[PostgresServer]:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(reason)
         pytest.skip(reason)
+    watchdog = _start_watchdog(server, base)
     try:
         yield server
     finally:
         _stop_server(server)
         shutil.rmtree(base, ignore_errors=True)
+        if watchdog is not None:
+            watchdog.kill()
+            watchdog.wait()
 
 
 @pytest.fixture
