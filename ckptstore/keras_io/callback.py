@@ -18,6 +18,7 @@ from ckptstore import errors
 from ckptstore.keras_io import callback_state as state_lib
 from ckptstore.keras_io import snapshot as snapshot_lib
 from ckptstore.keras_io.checkpoint_writer import CheckpointWriter, SaveJob
+from ckptstore.keras_io.mwms_compat import apply_mwms_compat
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,9 @@ class DeterminedCallback(keras.callbacks.Callback):
     stopped at epoch boundaries resume bit-exactly (with deterministic data order).
 
     Under ``MultiWorkerMirroredStrategy`` only the chief (rank 0) writes checkpoints; every
-    worker restores from the same checkpoint.
+    worker restores from the same checkpoint. With several workers the callback also applies
+    :func:`~ckptstore.keras_io.mwms_compat.apply_mwms_compat` (Keras 3's ``fit()`` fails under
+    a multi-worker strategy without it), so create it before calling ``fit()``.
 
     Do not combine with ``BackupAndRestore`` or ``ModelCheckpoint``.
 
@@ -152,6 +155,10 @@ class DeterminedCallback(keras.callbacks.Callback):
         self._export = export_saved_model
         self._preempt_period = preempt_check_period
         self._is_chief = getattr(core_context.distributed, "rank", 0) == 0
+        if getattr(core_context.distributed, "size", 1) > 1:
+            # Keras 3's fit() fails under a multi-worker MultiWorkerMirroredStrategy without
+            # these fixes; they must be in place before fit() starts (see mwms_compat).
+            apply_mwms_compat()
 
         self._writer: CheckpointWriter | None = None
         self._layout: snapshot_lib.StateLayout | None = None
