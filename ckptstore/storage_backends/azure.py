@@ -29,6 +29,8 @@ from ckptstore.storage_backends.urls import split_bucket_url
 
 _install_log_redaction()  # SDK debug logs carry key ids and SAS signatures
 
+_DATA_BLOCK_SIZE = 2**20
+
 
 def _account_from_netloc(url: str) -> tuple[str, str | None]:
     """``abfs://container@account.dfs.core.windows.net/p`` -> (``az://container/p``, account URL)."""
@@ -81,6 +83,9 @@ class AzureStorage(ObjectStorage):
             "max_block_size": self.part_size,
             "max_single_get_size": min(self.multipart_threshold, 256 * 2**20),
             "max_chunk_get_size": self.part_size,
+            # The SDK moves response bodies in blocks of this size (default 4 KiB: about
+            # twice the client CPU per GB on downloads, measured on Azurite).
+            "connection_data_block_size": _DATA_BLOCK_SIZE,
             "connection_timeout": self.retry.timeout,
             "read_timeout": self.retry.timeout,
             "retry_total": 0,
@@ -91,7 +96,15 @@ class AzureStorage(ObjectStorage):
         adapter = requests.adapters.HTTPAdapter(pool_connections=pool, pool_maxsize=pool)
         session.mount("http://", adapter)
         session.mount("https://", adapter)
-        kwargs["transport"] = RequestsTransport(session=session, session_owner=True)
+        # A transport given to the client keeps its OWN connection settings (block size,
+        # timeouts); the client's kwargs do not reach it, so hand them over here.
+        kwargs["transport"] = RequestsTransport(
+            session=session,
+            session_owner=True,
+            connection_data_block_size=_DATA_BLOCK_SIZE,
+            connection_timeout=self.retry.timeout,
+            read_timeout=self.retry.timeout,
+        )
         try:
             if connection_string:
                 service = BlobServiceClient.from_connection_string(connection_string, **kwargs)

@@ -27,7 +27,7 @@ COMMON_OPTIONS = ("concurrency", "part_size", "multipart_threshold", "max_attemp
 # type -> (required keys, optional keys)
 _SCHEMAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "s3": (("bucket",), ("prefix", "access_key", "secret_key", "endpoint_url", "region")),
-    "gcs": (("bucket",), ("prefix", "token", "project")),
+    "gcs": (("bucket",), ("prefix", "token", "project", "composite_threshold")),
     "azure": (("container",), ("prefix", "connection_string", "account_url", "credential")),
     "shared_fs": (("host_path",), ("storage_path", "container_path", "propagation")),
     "directory": (("container_path",), ()),
@@ -112,7 +112,7 @@ def parse_storage_config(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]
                 options[key] = _str(storage, key)
     elif kind == "gcs":
         url = f"gs://{_str(storage, 'bucket')}{tail}"
-        for key in ("token", "project"):
+        for key in ("token", "project", "composite_threshold"):
             if storage.get(key) is not None:
                 options[key] = storage[key]
     elif kind == "azure":

@@ -1,7 +1,10 @@
 """Google Cloud Storage (``gs://bucket/prefix`` or ``gcs://``) on google-cloud-storage.
 
-Big files upload as parallel parts joined with GCS *compose* (a parallel composite upload) and
-download as parallel ranged reads; ``write_if_absent`` uses ``ifGenerationMatch=0``. With
+Small files upload in one multipart request; bigger ones as one streamed resumable PUT of the
+memory-mapped file, or, with ``composite_threshold``, as parallel parts joined with GCS
+*compose* (a parallel composite upload: faster on real GCS for very big files, slower on
+fake-gcs-server, and the result has no MD5). Big files download as parallel ranged reads
+streamed into place; ``write_if_absent`` uses ``ifGenerationMatch=0``. With
 ``STORAGE_EMULATOR_HOST`` set (fake-gcs-server) the client talks to the emulator anonymously.
 
 Example::
@@ -12,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import mmap
 import os
 import uuid
 from typing import Any
@@ -27,6 +31,11 @@ from ckptstore.storage_backends.object_store import ObjectStorage, default_trans
 from ckptstore.storage_backends.urls import split_bucket_url
 
 _COMPOSE_LIMIT = 32
+#: Files up to this size go in one multipart request (the SDK's own cut-off); bigger ones as
+#: one streamed resumable PUT.
+_SIMPLE_UPLOAD_MAX = 8 * 2**20
+#: Bytes per read when streaming a download into a file.
+_READ_BUFFER = 2**20
 
 
 class GCSStorage(ObjectStorage):
@@ -37,17 +46,35 @@ class GCSStorage(ObjectStorage):
         token: ``"anon"`` for anonymous access, a path to a service-account JSON file, or None
             for Application Default Credentials (anonymous when ``STORAGE_EMULATOR_HOST`` is set).
         project: billing project (optional).
+        composite_threshold: files at least this big upload as a parallel composite upload
+            (``part_size`` parts, ``concurrency`` at once); None (default) never.
         **options: the common :class:`ObjectStorage` options.
     """
 
     scheme = "gs"
 
     def __init__(
-        self, url: str, *, token: str | None = None, project: str | None = None, **options: Any
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        project: str | None = None,
+        composite_threshold: int | None = None,
+        **options: Any,
     ) -> None:
         scheme = url.split("://", 1)[0].lower()
         self.bucket_name, prefix = split_bucket_url(url, scheme)
         super().__init__(f"gs://{self.bucket_name}/{prefix}".rstrip("/"), prefix, **options)
+        if composite_threshold is not None and (
+            isinstance(composite_threshold, bool)
+            or not isinstance(composite_threshold, int)
+            or composite_threshold < 1
+        ):
+            raise errors.InvalidStorageConfig(
+                "Storage option composite_threshold must be a positive int (bytes) or None. "
+                f"Received: composite_threshold={composite_threshold!r}"
+            )
+        self.composite_threshold = composite_threshold
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")
         try:
             if token == "anon" or (token is None and emulator):
@@ -130,12 +157,49 @@ class GCSStorage(ObjectStorage):
         return {blob.name: int(blob.size or 0) for blob in blobs}
 
     def _upload_file(self, name: str, path: str, size: int) -> None:
-        if size < self.multipart_threshold:
+        if self.composite_threshold is not None and size >= self.composite_threshold:
+            self._composite_upload(name, path, size)
+        elif size <= _SIMPLE_UPLOAD_MAX:
+            # One multipart request (metadata + bytes), as the SDK does for small files.
             self._bucket.blob(name).upload_from_filename(
                 path, timeout=self._timeout, retry=None, checksum=None
             )
-            return
-        self._composite_upload(name, path, size)
+        else:
+            self._streamed_upload(name, path, size)
+
+    def _streamed_upload(self, name: str, path: str, size: int) -> None:
+        """A resumable session sent as ONE streamed PUT of the memory-mapped file.
+
+        The SDK's own resumable upload reads every chunk (100 MiB by default) into memory and
+        sends one request per chunk, which costs client memory and CPU and, on
+        fake-gcs-server, server time per chunk; a single PUT of the mapped file sends the
+        bytes straight from the page cache. A failure retries the whole file in a new session.
+        """
+        blob = self._bucket.blob(name)
+        session_url = blob.create_resumable_upload_session(
+            size=size, timeout=self._timeout, retry=None, checksum=None
+        )
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            if len(mapped) != size:
+                raise errors.StorageError(
+                    f"Local file {path!r} changed size during upload to "
+                    f"{self.object_url(name)}; do not modify a folder while it uploads."
+                )
+            view = memoryview(mapped)
+            try:
+                response = self._client._http.put(
+                    session_url,
+                    data=view,
+                    headers={
+                        "Content-Length": str(size),
+                        "Content-Type": "application/octet-stream",
+                    },
+                    timeout=self._timeout,
+                )
+            finally:
+                view.release()
+        if response.status_code not in (200, 201):
+            raise gexc.from_http_response(response)
 
     def _composite_upload(self, name: str, path: str, size: int) -> None:
         """Upload parts as temporary objects in parallel, then compose them into ``name``."""
@@ -190,22 +254,54 @@ class GCSStorage(ObjectStorage):
         blob = self._bucket.blob(target)
         blob.compose([self._bucket.blob(s) for s in sources], timeout=self._timeout, retry=None)
 
-    def _download_file(self, name: str, path: str, size: int) -> None:
+    def _get_into(self, name: str, fd: int, start: int, length: int | None) -> None:
+        """GET object ``name`` (all of it, or ``length`` bytes from ``start``) into local file
+        descriptor ``fd`` at offset ``start``, through the SDK's authorized session.
+
+        The SDK's download loop moves 8 KiB per Python iteration (about 3 CPU-s per GB and
+        under half the single-stream speed measured on fake-gcs-server); this reads 1 MiB at
+        a time into one reused buffer. Bytes arrive exactly as stored (no transcoding), and
+        no checksum is computed (the checkpointing layer verifies files).
+        """
         blob = self._bucket.blob(name)
+        headers = {"Accept-Encoding": "identity"}
+        if length is not None:
+            headers["Range"] = f"bytes={start}-{start + length - 1}"
+        url = blob._get_download_url(self._client)
+        with self._client._http.get(
+            url, headers=headers, stream=True, timeout=self._timeout
+        ) as response:
+            if response.status_code >= 300:
+                raise gexc.from_http_response(response)
+            if length is not None and response.status_code != 206:
+                raise errors.StorageError(
+                    f"{self.object_url(name)}: the server ignored the byte range request "
+                    f"(HTTP {response.status_code}); set multipart_threshold above the object "
+                    "size to download it whole."
+                )
+            buffer = bytearray(_READ_BUFFER)
+            view = memoryview(buffer)
+            offset = start
+            raw = response.raw
+            while True:
+                n = raw.readinto(view)
+                if not n:
+                    break
+                os.pwrite(fd, view[:n], offset)
+                offset += n
+        got = offset - start
+        if length is not None and got != length:
+            # Transient: a connection cut mid-body; the retry fetches the part again.
+            raise ConnectionError(f"short read at offset {start}: got {got} of {length} bytes")
+
+    def _download_file(self, name: str, path: str, size: int) -> None:
         if size < self.multipart_threshold:
-            blob.download_to_filename(path, timeout=self._timeout, retry=None, checksum=None)
+            with open(path, "wb") as f:
+                self._get_into(name, f.fileno(), 0, None)
             return
-
-        def fetch(start: int, length: int) -> bytes:
-            return blob.download_as_bytes(
-                start=start,
-                end=start + length - 1,
-                timeout=self._timeout,
-                retry=None,
-                checksum=None,
-            )
-
-        self._ranged_download(name, path, size, fetch)
+        self._parallel_parts(
+            name, path, size, lambda fd, start, length: self._get_into(name, fd, start, length)
+        )
 
     def _read(self, name: str) -> bytes:
         return self._bucket.blob(name).download_as_bytes(timeout=self._timeout, retry=None)

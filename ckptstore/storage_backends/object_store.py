@@ -76,9 +76,12 @@ class ObjectStorage(Storage):
     Args:
         url: credential-free prefix URL (used in repr, logs and errors).
         prefix: object-name prefix under the bucket/container, no leading or trailing ``/``.
-        concurrency: files (and parts of one big file) transferred at once. Default 16.
-        part_size: bytes per part of a multipart upload / ranged download. Default 32 MiB.
-        multipart_threshold: files at least this big go in parallel parts. Default 64 MiB.
+        concurrency: files (and parts of one big file) transferred at once. Default
+            :attr:`default_concurrency` of the backend (16 unless it says otherwise).
+        part_size: bytes per part of a multipart upload / ranged download. Default
+            :attr:`default_part_size` of the backend (32 MiB unless it says otherwise).
+        multipart_threshold: files at least this big go in parallel parts. Default
+            :attr:`default_multipart_threshold` of the backend (64 MiB unless it says otherwise).
         max_attempts, timeout: see :class:`~ckptstore.storage_backends.retry.RetryPolicy`.
     """
 
@@ -87,17 +90,26 @@ class ObjectStorage(Storage):
         url: str,
         prefix: str = "",
         *,
-        concurrency: int = DEFAULT_CONCURRENCY,
-        part_size: int = DEFAULT_PART_SIZE,
-        multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
+        concurrency: int | None = None,
+        part_size: int | None = None,
+        multipart_threshold: int | None = None,
         max_attempts: int = 5,
         timeout: float = 60.0,
     ) -> None:
         super().__init__(url)
         self.prefix = prefix.strip("/")
-        self.concurrency = _positive_int("concurrency", concurrency)
-        self.part_size = _positive_int("part_size", part_size)
-        self.multipart_threshold = _positive_int("multipart_threshold", multipart_threshold)
+        self.concurrency = _positive_int(
+            "concurrency", self.default_concurrency if concurrency is None else concurrency
+        )
+        self.part_size = _positive_int(
+            "part_size", self.default_part_size if part_size is None else part_size
+        )
+        self.multipart_threshold = _positive_int(
+            "multipart_threshold",
+            self.default_multipart_threshold
+            if multipart_threshold is None
+            else multipart_threshold,
+        )
         self.retry = RetryPolicy(max_attempts=max_attempts, timeout=timeout)
         self._pool: ThreadPoolExecutor | None = None
         self._parts_pool: ThreadPoolExecutor | None = None
@@ -105,6 +117,12 @@ class ObjectStorage(Storage):
 
     #: Names per ``_delete_objects`` call (batches run concurrently on the pool).
     _delete_batch: int = 1000
+
+    #: Per-backend transfer defaults (used when the option is not given); each backend sets
+    #: the values measured fastest against its server (see benchmarks/storage_throughput.py).
+    default_concurrency: int = DEFAULT_CONCURRENCY
+    default_part_size: int = DEFAULT_PART_SIZE
+    default_multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD
 
     # ---- primitives a backend implements (full object names) ---------------------------------
     def _list_objects(self, prefix: str) -> dict[str, int]:
@@ -202,18 +220,28 @@ class ObjectStorage(Storage):
     def _ranged_download(self, name: str, path: str, size: int, fetch) -> None:  # type: ignore[no-untyped-def]
         """Fill local ``path`` with ``size`` bytes by calling ``fetch(start, length) -> bytes``
         for every part concurrently on :attr:`parts_pool` (each part retried on its own)."""
+
+        def write_part(fd: int, start: int, length: int) -> None:
+            data = fetch(start, length)
+            if len(data) != length:
+                raise errors.StorageUnavailable(
+                    f"Short read from {self.object_url(name)} at offset {start}: got "
+                    f"{len(data)} of {length} bytes; retry the download."
+                )
+            os.pwrite(fd, data, start)
+
+        self._parallel_parts(name, path, size, write_part)
+
+    def _parallel_parts(self, name: str, path: str, size: int, write_part) -> None:  # type: ignore[no-untyped-def]
+        """Fill local ``path`` (``size`` bytes) by running ``write_part(fd, start, length)`` for
+        every ``part_size`` range concurrently on :attr:`parts_pool`; each part writes its own
+        bytes at its offset (``os.pwrite``) and is retried on its own."""
         with open(path, "wb") as f:
             f.truncate(size)
             fd = f.fileno()
 
             def part(start: int, length: int) -> None:
-                data = self._call(lambda: fetch(start, length), name, "download part")
-                if len(data) != length:
-                    raise errors.StorageUnavailable(
-                        f"Short read from {self.object_url(name)} at offset {start}: got "
-                        f"{len(data)} of {length} bytes; retry the download."
-                    )
-                os.pwrite(fd, data, start)
+                self._call(lambda: write_part(fd, start, length), name, "download part")
 
             futures = [self.parts_pool.submit(part, s, n) for s, n in self._part_ranges(size)]
             first = None
