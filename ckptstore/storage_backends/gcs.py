@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import http.client
 import mmap
 import os
 import uuid
@@ -23,6 +24,7 @@ from typing import Any
 import google.api_core.exceptions as gexc
 import google.auth.exceptions
 import requests
+import urllib3
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage as gcs
 
@@ -109,6 +111,10 @@ class GCSStorage(ObjectStorage):
                 requests.exceptions.ConnectionError,
                 requests.exceptions.Timeout,
                 requests.exceptions.ChunkedEncodingError,
+                # raised by the raw body reads of streamed downloads (a cut or stalled body)
+                urllib3.exceptions.ProtocolError,
+                urllib3.exceptions.ReadTimeoutError,
+                http.client.IncompleteRead,
                 ConnectionError,
                 TimeoutError,
             ),
