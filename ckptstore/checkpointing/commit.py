@@ -40,10 +40,10 @@ logger = logging.getLogger(__name__)
 class PreparedFiles:
     """The user's files of one checkpoint folder and their manifest entries."""
 
-    def __init__(self, local_dir: str) -> None:
+    def __init__(self, local_dir: str, checksums: Mapping[str, str] | None = None) -> None:
         self.local_dir = local_dir
         self.files = fmt.local_files(local_dir)
-        self.entries = fmt.manifest_entries(self.files)
+        self.entries = fmt.manifest_entries(self.files, checksums)
         top = set(os.listdir(local_dir))
         #: True when the folder holds reserved names we must not upload (so upload by list).
         self.has_reserved = bool(top & fmt.RESERVED_NAMES)
@@ -138,14 +138,16 @@ def commit_dir(
     owned: bool = False,
     index: CheckpointIndex | None = None,
     storage_url: str | None = None,
+    checksums: Mapping[str, str] | None = None,
 ) -> CheckpointRecord:
     """Commit the files of ``local_dir`` as checkpoint ``uuid`` with ``metadata``.
 
     With ``owned`` the folder belongs to ckptstore: on a local file system it is renamed into
-    place (no copy), otherwise it is removed after the upload.
+    place (no copy), otherwise it is removed after the upload. ``checksums`` (``{relpath:
+    crc32c}``) spares reading again files whose writer computed their crc32c.
     """
     url = storage_url or storage.url
-    prepared = PreparedFiles(local_dir)
+    prepared = PreparedFiles(local_dir, checksums)
     meta_bytes = fmt.dump_json(metadata)
     manifest = manifest_for(uuid, prepared.entries, meta_bytes)
     record_pending(index, uuid, metadata, url)

@@ -177,12 +177,17 @@ class CheckpointContext:
         shard: bool = False,
         *,
         background: bool = False,
+        checksums: dict[str, str] | None = None,
     ) -> Iterator[tuple[str, str]]:
         """Yield ``(path, uuid)``: write the checkpoint files into ``path``; they are committed
         when the block exits (discarded if it raises). On a local file system ``path`` is a
         staging folder beside the final one that is renamed into place. With
         ``background=True`` the folder is handed over (moved, not copied) and uploaded on a
-        worker thread."""
+        worker thread.
+
+        ``checksums``: an optional dict the block may fill with ``{relpath: crc32c}`` (8 hex
+        digits) for files it wrote and checksummed while writing; the manifest then uses those
+        values instead of reading the files again. Ignored with ``shard=True``."""
         self._check_open()
         self._uploader.raise_pending_error()
         if shard and self.distributed.size > 1:
@@ -221,9 +226,10 @@ class CheckpointContext:
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
+        known = dict(checksums) if checksums else None
         if not background:
             try:
-                self._commit(uuid, path, full_metadata, owned=True)
+                self._commit(uuid, path, full_metadata, owned=True, checksums=known)
             finally:
                 shutil.rmtree(path, ignore_errors=True)
             return
@@ -232,7 +238,7 @@ class CheckpointContext:
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
-        self._submit(uuid, path, full_metadata)
+        self._submit(uuid, path, full_metadata, checksums=known)
 
     def _build_metadata(self, uuid: str, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         return fmt.build_metadata(
@@ -259,7 +265,15 @@ class CheckpointContext:
             os.rmdir(path)
         return path
 
-    def _commit(self, uuid: str, local_dir: str, metadata: dict[str, Any], *, owned: bool) -> None:
+    def _commit(
+        self,
+        uuid: str,
+        local_dir: str,
+        metadata: dict[str, Any],
+        *,
+        owned: bool,
+        checksums: dict[str, str] | None = None,
+    ) -> None:
         commit.commit_dir(
             self.storage,
             uuid,
@@ -268,13 +282,20 @@ class CheckpointContext:
             owned=owned,
             index=self.index,
             storage_url=self.storage_url,
+            checksums=checksums,
         )
         self._after_commit()
 
-    def _submit(self, uuid: str, staging: str, metadata: dict[str, Any]) -> None:
+    def _submit(
+        self,
+        uuid: str,
+        staging: str,
+        metadata: dict[str, Any],
+        checksums: dict[str, str] | None = None,
+    ) -> None:
         self._uploader.submit(
             uuid,
-            lambda: self._commit(uuid, staging, metadata, owned=True),
+            lambda: self._commit(uuid, staging, metadata, owned=True, checksums=checksums),
             cleanup=lambda: shutil.rmtree(staging, ignore_errors=True),
         )
 

@@ -161,9 +161,41 @@ def _entry_for(rel: str, path: str) -> dict[str, Any]:
     return {"size": os.path.getsize(path), "crc32c": crc32c_file(path)}
 
 
-def manifest_entries(files: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    """Manifest entries for ``{relpath: absolute path}`` (see :func:`local_files`)."""
-    return {rel: _entry_for(rel, path) for rel, path in files.items()}
+def manifest_entries(
+    files: Mapping[str, str], checksums: Mapping[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Manifest entries for ``{relpath: absolute path}`` (see :func:`local_files`).
+
+    ``checksums`` may give ``{relpath: crc32c}`` (8 hex digits) of files whose writer already
+    computed it; those files are not read again (sizes are always taken from the file system).
+    """
+    known = check_checksums(checksums)
+    entries: dict[str, dict[str, Any]] = {}
+    for rel, path in files.items():
+        crc = known.get(rel)
+        if crc is not None and not rel.endswith("/"):
+            entries[rel] = {"size": os.path.getsize(path), "crc32c": crc}
+        else:
+            entries[rel] = _entry_for(rel, path)
+    return entries
+
+
+def check_checksums(checksums: Mapping[str, str] | None) -> dict[str, str]:
+    """Validate caller-computed ``{relpath: crc32c}`` (8 lowercase hex digits each)."""
+    if checksums is None:
+        return {}
+    if not isinstance(checksums, Mapping):
+        raise errors.InvalidConfig(
+            "checksums must be a dict {relative path: crc32c as 8 hex digits}. Received: "
+            f"{type(checksums).__name__}"
+        )
+    for rel, crc in checksums.items():
+        if not isinstance(crc, str) or _CRC_RE.match(crc) is None:
+            raise errors.InvalidConfig(
+                f"checksums[{rel!r}] must be a crc32c as 8 lowercase hex digits (e.g. "
+                f"'0a1b2c3d'). Received: {crc!r}"
+            )
+    return dict(checksums)
 
 
 def dump_json(obj: Mapping[str, Any]) -> bytes:
