@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 import queue
@@ -149,12 +150,18 @@ class CheckpointWriter:
                     self._idle.notify_all()
 
     def _write(self, job: SaveJob) -> str:
-        with self._ckpt.store_path(job.metadata) as (path, uuid):
+        # The archive writer computes the file's crc32c while writing it; handing it to the
+        # manifest spares reading the whole model again (contexts without the option re-read).
+        checksums: dict[str, str] = {}
+        extra = {"checksums": checksums} if _takes_checksums(self._ckpt) else {}
+        with self._ckpt.store_path(job.metadata, **extra) as (path, uuid):
             path = os.fspath(path)
             if job.snapshot is not None:
-                snapshot_lib.write_keras_archive(
+                _size, crc32c = snapshot_lib.write_model_archive(
                     job.snapshot, os.path.join(path, snapshot_lib.MODEL_FILENAME)
                 )
+                checksums[snapshot_lib.MODEL_FILENAME] = crc32c
+                job.snapshot = None  # the values are on disk: let the arrays go now
             for name, data in job.files.items():
                 with open(os.path.join(path, name), "wb") as f:
                     f.write(data)
@@ -167,3 +174,11 @@ class CheckpointWriter:
             job.metadata.get("steps_completed"),
         )
         return str(uuid)
+
+
+def _takes_checksums(ckpt: Any) -> bool:
+    """Whether ``ckpt.store_path`` accepts precomputed ``checksums``."""
+    try:
+        return "checksums" in inspect.signature(ckpt.store_path).parameters
+    except (TypeError, ValueError, AttributeError):
+        return False

@@ -9,10 +9,12 @@ ckptstore splits the save in two:
    variable read returns a tensor that shares the variable's buffer; the next update of that
    variable copies the buffer first (TensorFlow's copy-on-write for shared variable buffers), so
    the read is both cheap and a true point-in-time copy. On JAX values are immutable already.
-2. :func:`write_keras_archive` (background thread): writes a standard ``model.keras`` zip
-   (``config.json``, ``metadata.json``, ``model.weights.h5``) from the snapshot with the same
+2. :func:`write_model_archive` (background thread): writes a standard ``model.keras`` zip
+   (``metadata.json``, ``config.json``, ``model.weights.h5``) from the snapshot with the same
    HDF5 layout Keras's ``saving_lib`` uses, so ``keras.models.load_model`` reads it back with
-   the optimizer state intact. The model config is serialised once per layout, not per save.
+   the optimizer state intact. Each array is written once, straight into its place in the zip,
+   and checksummed on the way (:mod:`ckptstore.keras_io.keras_archive`); the model config is
+   serialised once per layout, not per save.
 
 The layout (which HDF5 group and key each variable goes to) is computed once per model by
 :class:`StateLayout` with the same walk Keras's saver does.
@@ -21,7 +23,7 @@ Example::
 
     layout = StateLayout.of(model)
     snap = take_snapshot(layout)          # fast, in the training thread
-    write_keras_archive(snap, "/tmp/ckpt/model.keras")   # slow, in any thread
+    size, crc32c = write_model_archive(snap, "/tmp/ckpt/model.keras")  # in any thread
 """
 
 from __future__ import annotations
@@ -32,20 +34,16 @@ import logging
 import os
 import shutil
 import tempfile
-import zipfile
 from typing import Any
 
 import numpy as np
+
+from ckptstore.keras_io import keras_archive
 
 logger = logging.getLogger(__name__)
 
 #: Name of the model archive inside a checkpoint.
 MODEL_FILENAME = "model.keras"
-_CONFIG = "config.json"
-_METADATA = "metadata.json"
-_WEIGHTS = "model.weights.h5"
-_ASSETS = "assets"
-_COPY_CHUNK = 16 * 2**20
 
 
 @dataclasses.dataclass
@@ -277,71 +275,53 @@ def _to_numpy(value: Any) -> np.ndarray:
         return ops.convert_to_numpy(value)
 
 
-def _write_weights_h5(snapshot: Snapshot, path: str) -> None:
-    import h5py
-    from keras.src import backend
-
+def _weight_groups(snapshot: Snapshot) -> list[keras_archive.WeightGroup]:
+    """``model.weights.h5``'s groups and datasets for ``snapshot``, in Keras's order."""
     layout = snapshot.layout
     by_group: dict[str, list[tuple[str, Any]]] = {}
     for entry, value in zip(layout.entries, snapshot.values, strict=True):
-        by_group.setdefault(entry.group, []).append((entry.key, value))
-    with h5py.File(path, "w") as h5:
-        for group_path, metadata in layout.groups.items():
-            group = h5.create_group(f"{group_path}/vars" if group_path else "vars")
-            for k, v in (metadata or {}).items():
-                group.attrs[k] = v
-            for key, value in by_group.get(group_path, []):
-                array = _to_numpy(value)
-                if backend.standardize_dtype(array.dtype) == "bfloat16":
-                    ds = group.create_dataset(key, data=array)
-                    ds.attrs["dtype"] = "bfloat16"
-                else:
-                    group.create_dataset(key, data=array)
+        by_group.setdefault(entry.group, []).append((entry.key, _to_numpy(value)))
+    return [
+        keras_archive.WeightGroup(
+            path=f"{group_path}/vars" if group_path else "vars",
+            attrs=metadata,
+            datasets=by_group.get(group_path, []),
+        )
+        for group_path, metadata in layout.groups.items()
+    ]
+
+
+def _assets(layout: StateLayout) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+    if layout.assets_dir:
+        for root, _dirs, files in os.walk(layout.assets_dir):
+            for name in sorted(files):
+                full = os.path.join(root, name)
+                rel = os.path.relpath(full, layout.assets_dir).replace(os.sep, "/")
+                found.append((rel, full))
+    return found
+
+
+def write_model_archive(snapshot: Snapshot, path: str) -> tuple[int, str]:
+    """Write ``snapshot`` as a standard ``.keras`` zip at ``path`` in one pass over the data.
+
+    Returns ``(size in bytes, CRC-32C of the file as 8 hex digits)`` (the checksum a checkpoint
+    manifest records, so the file need not be read again). See
+    :mod:`ckptstore.keras_io.keras_archive`.
+    """
+    return keras_archive.write_archive(
+        path,
+        _weight_groups(snapshot),
+        config_json=snapshot.layout.config_json,
+        assets=_assets(snapshot.layout),
+    )
 
 
 def write_keras_archive(snapshot: Snapshot, path: str, *, scratch_dir: str | None = None) -> int:
     """Write ``snapshot`` as a standard ``.keras`` zip at ``path``; returns its size in bytes.
 
-    ``scratch_dir`` (default: the folder of ``path``) holds the temporary HDF5 file.
+    ``scratch_dir`` is accepted for compatibility and unused (nothing temporary is written).
     """
-    import datetime
-
-    import keras
-
-    layout = snapshot.layout
-    scratch = scratch_dir or os.path.dirname(os.path.abspath(path))
-    fd, h5_path = tempfile.mkstemp(prefix=".weights-", suffix=".h5", dir=scratch)
-    os.close(fd)
-    try:
-        _write_weights_h5(snapshot, h5_path)
-        metadata = {
-            "keras_version": keras.__version__,
-            "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S"),
-        }
-        with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as zf:
-            zf.writestr(_METADATA, json.dumps(metadata))
-            zf.writestr(_CONFIG, layout.config_json)
-            size = os.path.getsize(h5_path)
-            info = zipfile.ZipInfo(_WEIGHTS, date_time=_now_tuple())
-            info.compress_type = zipfile.ZIP_STORED
-            info.file_size = size
-            with open(h5_path, "rb") as src, zf.open(info, "w", force_zip64=True) as dst:
-                shutil.copyfileobj(src, dst, _COPY_CHUNK)
-            if layout.assets_dir:
-                for root, _dirs, files in os.walk(layout.assets_dir):
-                    for name in files:
-                        full = os.path.join(root, name)
-                        rel = os.path.relpath(full, layout.assets_dir).replace(os.sep, "/")
-                        zf.write(full, f"{_ASSETS}/{rel}")
-    finally:
-        try:
-            os.remove(h5_path)
-        except FileNotFoundError:
-            pass
-    return os.path.getsize(path)
-
-
-def _now_tuple() -> tuple[int, int, int, int, int, int]:
-    import time
-
-    return time.localtime()[:6]
+    del scratch_dir
+    size, _crc32c = write_model_archive(snapshot, path)
+    return size

@@ -1,0 +1,395 @@
+"""Write a standard ``.keras`` zip in ONE pass over the weights, with its checksums.
+
+Keras's ``model.save()`` (and a naive background writer) passes over the model state several
+times: copy the variables to NumPy, write HDF5 into a buffer or a temporary file, copy that into
+the zip while computing the zip's CRC-32, and ckptstore then reads the result again for the
+manifest's CRC-32C. Here each large array is touched once, in chunks small enough to stay in
+the CPU cache: the chunk is written straight to its final place in the zip file, and both
+checksums are computed on it while it is still in the cache.
+
+How: h5py lays out ``model.weights.h5`` (groups, attributes, dataset headers) in an in-memory
+sparse file, with the storage of every large dataset allocated but never written (HDF5's early
+allocation, no fill). HDF5 then reports where each dataset's bytes live, so the zip writer copies
+HDF5's small metadata blocks from the sparse file and each array's bytes from the array itself,
+in file order. The zip is stored (not compressed), exactly as Keras writes it, so
+``keras.models.load_model`` and any zip tool read it; the local header of the weights entry is
+written last, once its CRC-32 is known, and the CRC-32C of the whole file is put together from the
+CRC-32C of its pieces (:func:`~ckptstore.keras_io.fast_crc.crc32c_combine`).
+
+Example::
+
+    entries = [("dense/vars", {"name": "dense"}, [("0", kernel), ("1", bias)])]
+    size, crc32c = write_archive("/tmp/m.keras", entries, config_json="{...}")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import struct
+import time
+import zlib
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ckptstore.keras_io import fast_crc
+
+CONFIG_NAME = "config.json"
+METADATA_NAME = "metadata.json"
+WEIGHTS_NAME = "model.weights.h5"
+ASSETS_DIR = "assets"
+
+#: Arrays at least this large are written by us, straight from memory; smaller ones by h5py.
+DIRECT_MIN_BYTES = 64 * 1024
+#: Bytes handled per write/checksum step (fits the CPU's L2 cache).
+CHUNK_BYTES = 1 << 20
+_PAGE = 64 * 1024
+_ZIP64_LIMIT = (1 << 31) - 1  # the limit Python's zipfile uses
+_U32_MAX = 0xFFFFFFFF
+
+
+@dataclasses.dataclass
+class WeightGroup:
+    """One HDF5 group of ``model.weights.h5``: its path, ``name`` attribute and datasets."""
+
+    path: str
+    attrs: dict[str, Any] | None
+    datasets: list[tuple[str, Any]]
+
+
+class _SparseFile:
+    """A file-like object for h5py that keeps only the bytes written to it, in 64 KiB pages.
+
+    Regions never written (the storage of large datasets) cost no memory and read as zeros.
+    """
+
+    def __init__(self) -> None:
+        self._pages: dict[int, bytearray] = {}
+        self._pos = 0
+        self.size = 0
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_CUR:
+            offset += self._pos
+        elif whence == os.SEEK_END:
+            offset += self.size
+        self._pos = offset
+        return offset
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n = len(view)
+        done = 0
+        while done < n:
+            page, start = divmod(self._pos + done, _PAGE)
+            take = min(_PAGE - start, n - done)
+            buf = self._pages.get(page)
+            if buf is None:
+                buf = self._pages[page] = bytearray(_PAGE)
+            buf[start : start + take] = view[done : done + take]
+            done += take
+        self._pos += n
+        self.size = max(self.size, self._pos)
+        return n
+
+    def read_range(self, start: int, end: int) -> bytes:
+        """The bytes in ``[start, end)`` (zeros where nothing was written)."""
+        end = min(end, self.size)
+        out = bytearray(max(0, end - start))
+        pos = start
+        while pos < end:
+            page, offset = divmod(pos, _PAGE)
+            take = min(_PAGE - offset, end - pos)
+            buf = self._pages.get(page)
+            if buf is not None:
+                out[pos - start : pos - start + take] = buf[offset : offset + take]
+            pos += take
+        return bytes(out)
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        data = self.read_range(self._pos, self._pos + len(view))
+        view[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+    def read(self, n: int = -1) -> bytes:
+        end = self.size if n is None or n < 0 else self._pos + n
+        data = self.read_range(self._pos, end)
+        self._pos += len(data)
+        return data
+
+    def truncate(self, size: int | None = None) -> int:
+        size = self._pos if size is None else size
+        for page in [p for p in self._pages if p * _PAGE >= size]:
+            del self._pages[page]
+        if size < self.size:
+            page, offset = divmod(size, _PAGE)
+            buf = self._pages.get(page)
+            if buf is not None:
+                buf[offset:] = bytes(_PAGE - offset)
+        self.size = size
+        return size
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _direct(array: np.ndarray) -> bool:
+    """Whether ``array``'s bytes can be written by us: plain numbers, native byte order."""
+    return (
+        array.nbytes >= DIRECT_MIN_BYTES
+        and array.dtype.kind in "fiu"
+        and array.dtype.isnative
+        and array.dtype.name != "bfloat16"
+    )
+
+
+def _layout_weights(groups: Sequence[WeightGroup]) -> tuple[_SparseFile, list[tuple[int, Any]]]:
+    """HDF5 metadata in a sparse file, plus ``(offset, array)`` of every directly written array."""
+    import h5py
+
+    sparse = _SparseFile()
+    direct: list[tuple[int, Any]] = []
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    with h5py.File(sparse, "w") as h5:
+        for group_spec in groups:
+            group = h5.create_group(group_spec.path)
+            for key, value in (group_spec.attrs or {}).items():
+                group.attrs[key] = value
+            for key, array in group_spec.datasets:
+                if not _direct(array):
+                    ds = group.create_dataset(key, data=array)
+                    if array.dtype.name == "bfloat16":
+                        ds.attrs["dtype"] = "bfloat16"
+                    continue
+                ds = group.create_dataset(key, shape=array.shape, dtype=array.dtype, dcpl=dcpl)
+                offset = ds.id.get_offset()
+                if offset is None or ds.id.get_storage_size() != array.nbytes:
+                    ds[...] = array  # not laid out as expected: let HDF5 write it
+                    continue
+                direct.append((int(offset), array))
+    direct.sort(key=lambda item: item[0])
+    end = 0
+    for offset, array in direct:
+        if offset < end:
+            raise RuntimeError("HDF5 placed two datasets over each other; cannot write directly.")
+        end = offset + array.nbytes
+    sparse.size = max(sparse.size, end)
+    return sparse, direct
+
+
+def _dos_time(stamp: tuple[int, ...]) -> tuple[int, int]:
+    year, month, day, hour, minute, second = stamp[:6]
+    return (hour << 11) | (minute << 5) | (second // 2), ((year - 1980) << 9) | (month << 5) | day
+
+
+@dataclasses.dataclass
+class _ZipEntry:
+    name: bytes
+    offset: int
+    size: int
+    crc32: int
+    stamp: tuple[int, ...]
+
+    @property
+    def zip64(self) -> bool:
+        return self.size > _ZIP64_LIMIT
+
+    def local_header(self) -> bytes:
+        dostime, dosdate = _dos_time(self.stamp)
+        extra = b""
+        size = self.size
+        if self.zip64:
+            extra = struct.pack("<HHQQ", 1, 16, size, size)
+            size = _U32_MAX
+        version = 45 if self.zip64 else 20
+        header = struct.pack(
+            "<4s2B4HL2L2H",
+            b"PK\x03\x04",
+            version,
+            0,
+            0,  # flags
+            0,  # stored
+            dostime,
+            dosdate,
+            self.crc32,
+            size,
+            size,
+            len(self.name),
+            len(extra),
+        )
+        return header + self.name + extra
+
+    def central_header(self) -> bytes:
+        dostime, dosdate = _dos_time(self.stamp)
+        fields: list[int] = []
+        size, offset = self.size, self.offset
+        if self.zip64:
+            fields += [size, size]
+            size = _U32_MAX
+        if offset > _ZIP64_LIMIT:
+            fields.append(offset)
+            offset = _U32_MAX
+        extra = struct.pack(f"<HH{len(fields)}Q", 1, 8 * len(fields), *fields) if fields else b""
+        version = 45 if extra else 20
+        header = struct.pack(
+            "<4s4B4HL2L5H2L",
+            b"PK\x01\x02",
+            version,
+            3,  # made on unix
+            version,
+            0,
+            0,
+            0,
+            dostime,
+            dosdate,
+            self.crc32,
+            size,
+            size,
+            len(self.name),
+            len(extra),
+            0,
+            0,
+            0,
+            0o600 << 16,  # -rw-------, as zipfile.writestr
+            offset,
+        )
+        return header + self.name + extra
+
+
+def _end_records(entries: list[_ZipEntry], cd_offset: int, cd_size: int) -> bytes:
+    count = len(entries)
+    out = b""
+    if count >= 0xFFFF or cd_offset > _ZIP64_LIMIT or cd_size > _ZIP64_LIMIT:
+        zip64_end = cd_offset + cd_size
+        out += struct.pack(
+            "<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count, cd_size, cd_offset
+        )
+        out += struct.pack("<4sLQL", b"PK\x06\x07", 0, zip64_end, 1)
+    out += struct.pack(
+        "<4s4H2LH",
+        b"PK\x05\x06",
+        0,
+        0,
+        min(count, 0xFFFF),
+        min(count, 0xFFFF),
+        min(cd_size, _U32_MAX),
+        min(cd_offset, _U32_MAX),
+        0,
+    )
+    return out
+
+
+def _pwrite_all(fd: int, data: Any, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while len(view):
+        written = os.pwrite(fd, view, offset)
+        view = view[written:]
+        offset += written
+
+
+def _byte_view(array: Any) -> np.ndarray:
+    flat = np.ascontiguousarray(array).reshape(-1)
+    return flat.view(np.uint8)
+
+
+def write_archive(
+    path: str,
+    groups: Sequence[WeightGroup],
+    *,
+    config_json: str,
+    assets: Iterable[tuple[str, str]] = (),
+) -> tuple[int, str]:
+    """Write a ``.keras`` zip at ``path``; returns ``(size in bytes, CRC-32C as 8 hex digits)``.
+
+    ``groups`` describe ``model.weights.h5`` (arrays must not change until this returns);
+    ``assets`` are ``(name inside assets/, local file)`` pairs.
+    """
+    import keras
+
+    sparse, direct = _layout_weights(groups)
+    h5_size = sparse.size
+    stamp = time.localtime()[:6]
+    metadata = json.dumps(
+        {
+            "keras_version": keras.__version__,
+            "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S"),
+        }
+    ).encode()
+
+    entries: list[_ZipEntry] = []
+    prefix = bytearray()
+    for name, data in ((METADATA_NAME, metadata), (CONFIG_NAME, config_json.encode())):
+        entry = _ZipEntry(name.encode(), len(prefix), len(data), zlib.crc32(data), stamp)
+        entries.append(entry)
+        prefix += entry.local_header() + data
+    weights = _ZipEntry(WEIGHTS_NAME.encode(), len(prefix), h5_size, 0, stamp)
+    entries.append(weights)
+    data_start = len(prefix) + len(weights.local_header())
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o666)
+    try:
+        crc32 = 0
+        crc32c = 0
+        pos = 0
+        for offset, array in [*direct, (h5_size, None)]:
+            if offset > pos:  # HDF5 metadata (and small datasets) from the sparse file
+                gap = sparse.read_range(pos, offset)
+                _pwrite_all(fd, gap, data_start + pos)
+                crc32 = fast_crc.crc32_update(crc32, gap)
+                crc32c = fast_crc.crc32c_update(crc32c, gap)
+            if array is None:
+                break
+            raw = _byte_view(array)
+            for start in range(0, raw.size, CHUNK_BYTES):
+                chunk = raw[start : start + CHUNK_BYTES]
+                _pwrite_all(fd, chunk, data_start + offset + start)
+                crc32 = fast_crc.crc32_update(crc32, chunk)
+                crc32c = fast_crc.crc32c_update(crc32c, chunk)
+            pos = offset + raw.size
+        weights.crc32 = crc32
+        prefix += weights.local_header()
+        _pwrite_all(fd, prefix, 0)
+
+        trailer = bytearray()
+        end = data_start + h5_size
+        for name, local in assets:
+            with open(local, "rb") as f:
+                data = f.read()
+            arcname = f"{ASSETS_DIR}/{name}".encode()
+            entry = _ZipEntry(arcname, end + len(trailer), len(data), zlib.crc32(data), stamp)
+            entries.append(entry)
+            trailer += entry.local_header() + data
+        cd_offset = end + len(trailer)
+        central = b"".join(e.central_header() for e in entries)
+        trailer += central + _end_records(entries, cd_offset, len(central))
+        _pwrite_all(fd, trailer, end)
+    finally:
+        os.close(fd)
+    total = fast_crc.crc32c_update(0, bytes(prefix))
+    total = fast_crc.crc32c_combine(total, crc32c, h5_size)
+    total = fast_crc.crc32c_combine(total, fast_crc.crc32c_update(0, bytes(trailer)), len(trailer))
+    return end + len(trailer), f"{total:08x}"

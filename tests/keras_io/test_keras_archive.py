@@ -1,0 +1,132 @@
+"""The one-pass ``.keras`` writer: a standard zip Keras loads, with the right checksums."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+import zlib
+
+import google_crc32c
+import h5py
+import keras
+import numpy as np
+import pytest
+
+from ckptstore.checkpointing import format as fmt
+from ckptstore.keras_io import fast_crc, keras_archive
+from ckptstore.keras_io import snapshot as snapshot_lib
+
+
+def small_model() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((200,)),
+            keras.layers.Dense(200),  # 160 KB kernel: written directly
+            keras.layers.BatchNormalization(),
+            keras.layers.Dense(3),  # small arrays: written by h5py
+        ]
+    )
+    model.compile(keras.optimizers.Adam(1e-3), loss="mse")
+    x = np.random.default_rng(0).random((32, 200), dtype=np.float32)
+    model.fit(x, x[:, :3], batch_size=8, verbose=0)
+    return model
+
+
+def check_archive(path: str, size: int, crc: str) -> None:
+    data = open(path, "rb").read()
+    assert size == len(data)
+    assert crc == fmt.crc32c_bytes(data) == fmt.crc32c_file(path)
+    with zipfile.ZipFile(path) as zf:
+        assert zf.testzip() is None  # every entry's CRC-32 is right
+        assert zf.namelist()[:3] == ["metadata.json", "config.json", "model.weights.h5"]
+
+
+def assert_same_state(a: keras.Model, b: keras.Model) -> None:
+    va = a.weights + a.optimizer.variables
+    vb = b.weights + b.optimizer.variables
+    assert len(va) == len(vb)
+    for x, y in zip(va, vb, strict=True):
+        np.testing.assert_array_equal(x.numpy(), y.numpy())
+
+
+@pytest.mark.parametrize("zip64", [False, True])
+def test_archive_loads_with_optimizer_and_checksums_match(tmp_path, monkeypatch, zip64):
+    if zip64:  # exercise the zip64 records without writing gigabytes
+        monkeypatch.setattr(keras_archive, "_ZIP64_LIMIT", 1000)
+    model = small_model()
+    snap = snapshot_lib.take_snapshot(snapshot_lib.StateLayout.of(model))
+    path = str(tmp_path / "m.keras")
+    size, crc = snapshot_lib.write_model_archive(snap, path)
+    check_archive(path, size, crc)
+    loaded = keras.models.load_model(path)
+    assert_same_state(loaded, model)
+    # same HDF5 tree as Keras's own file
+    model.save(tmp_path / "ref.keras")
+
+    def tree(p):
+        with zipfile.ZipFile(p) as z:
+            h5 = h5py.File(io.BytesIO(z.read("model.weights.h5")), "r")
+            items = []
+            h5.visititems(lambda n, o: items.append((n, dict(o.attrs), getattr(o, "shape", None))))
+            return items
+
+    assert tree(path) == tree(tmp_path / "ref.keras")
+
+
+def test_odd_dtypes_and_sizes_round_trip(tmp_path):
+    rng = np.random.default_rng(1)
+    arrays = {
+        "f16": rng.random((300, 200)).astype(np.float16),
+        "i64": rng.integers(-5, 5, (100, 100)),
+        "u8": rng.integers(0, 255, 70_000, dtype=np.uint8),
+        "bool": rng.random(70_000) > 0.5,
+        "scalar": np.array(7, dtype=np.int64),
+        "empty": np.zeros((0, 4), np.float32),
+        "strided": rng.random((400, 400)).astype(np.float32)[:, ::2],
+        "bf16": rng.random((300, 200)).astype("bfloat16"),
+    }
+    groups = [
+        keras_archive.WeightGroup("layers/a/vars", {"name": "a"}, list(arrays.items())[:4]),
+        keras_archive.WeightGroup("vars", None, list(arrays.items())[4:]),
+    ]
+    path = str(tmp_path / "x.keras")
+    size, crc = keras_archive.write_archive(path, groups, config_json="{}")
+    check_archive(path, size, crc)
+    with zipfile.ZipFile(path) as z:
+        h5 = h5py.File(io.BytesIO(z.read("model.weights.h5")), "r")
+        assert dict(h5["layers/a/vars"].attrs) == {"name": "a"}
+        for i, (key, array) in enumerate(arrays.items()):
+            got = h5[f"{'layers/a/vars' if i < 4 else 'vars'}/{key}"][()]
+            if key == "bf16":
+                assert h5[f"vars/{key}"].attrs["dtype"] == "bfloat16"
+                got = np.asarray(got).view(array.dtype) if got.dtype != array.dtype else got
+            np.testing.assert_array_equal(got, array)
+
+
+def test_assets_are_stored(tmp_path):
+    asset = tmp_path / "vocab.txt"
+    asset.write_bytes(b"a\nb\nc\n")
+    groups = [keras_archive.WeightGroup("vars", None, [("0", np.ones(20_000, np.float32))])]
+    path = str(tmp_path / "x.keras")
+    size, crc = keras_archive.write_archive(
+        path, groups, config_json="{}", assets=[("layers/t/vocab.txt", str(asset))]
+    )
+    check_archive(path, size, crc)
+    with zipfile.ZipFile(path) as z:
+        assert z.read("assets/layers/t/vocab.txt") == b"a\nb\nc\n"
+
+
+@pytest.mark.parametrize("n1,n2", [(0, 0), (3, 0), (0, 9), (1000, 1), (70_001, 1 << 20)])
+def test_crc_helpers_match_reference(n1, n2):
+    rng = np.random.default_rng(n1 + n2)
+    a = rng.integers(0, 256, n1, dtype=np.uint8)
+    b = rng.integers(0, 256, n2, dtype=np.uint8)
+    whole = a.tobytes() + b.tobytes()
+    assert fast_crc.crc32c_update(0, a) == google_crc32c.value(a.tobytes())
+    assert fast_crc.crc32c_update(fast_crc.crc32c_update(0, a), b) == google_crc32c.value(whole)
+    assert fast_crc.crc32_update(fast_crc.crc32_update(0, a), b) == zlib.crc32(whole)
+    c1, c2 = google_crc32c.value(a.tobytes()), google_crc32c.value(b.tobytes())
+    assert fast_crc.crc32c_combine(c1, c2, n2) == google_crc32c.value(whole)
+    z1, z2 = zlib.crc32(a.tobytes()), zlib.crc32(b.tobytes())
+    assert fast_crc.crc32_combine(z1, z2, n2) == zlib.crc32(whole)
