@@ -8,17 +8,22 @@ For each model size (weights + Adam state, e.g. ~100 MB and ~400 MB) this prints
   for DeterminedCallback to the S3 emulator and to local disk, Keras's ``BackupAndRestore`` and
   ``ModelCheckpoint`` (and ``OrbaxCheckpoint`` when ``orbax`` is installed);
 - the whole cost: fit() wall time with a checkpoint every epoch minus the same fit() without
-  checkpoints, per checkpoint, on local disk (background work also slows the training steps).
+  checkpoints (run just before it), per checkpoint, on local disk (background work also slows
+  the training steps; fit() includes waiting for the last checkpoint to be committed).
+
+Everything is measured ``--rounds`` times (default 3) in one process; the table shows medians
+and every round's value; ratios are medians of the per-round ratios.
 
 Goals (issue 4): blocked <= 0.25x model.save and >= 5x less than save-then-upload; whole cost
 <= 0.5x model.save.
 
-    .venv/bin/python benchmarks/keras_stall.py --sizes-mb 100,400
+    .venv/bin/python benchmarks/keras_stall.py --sizes-mb 100,400 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -86,19 +91,15 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def bench_size(size_mb: float, args, s3_url: str, work: str) -> dict[str, float]:
+def bench_round(model, data, args, s3_url: str, work: str) -> dict[str, float]:
+    """One measurement of every configuration; seconds per checkpoint."""
     import keras
 
     import ckptstore as det
     from ckptstore.checkpointing import CheckpointContext
+    from ckptstore.checkpointing import format as ckpt_format
 
-    model = build_model(size_mb)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((16 * args.steps, WIDTH), dtype=np.float32)
-    data = (x, x)
-    run_fit(model, data, 1, [])  # build + warm up
-    mb = state_mb(model)
-    out: dict[str, float] = {"state_mb": mb}
+    out: dict[str, float] = {}
 
     # yardstick: keras model.save to local disk
     saves = []
@@ -117,62 +118,110 @@ def bench_size(size_mb: float, args, s3_url: str, work: str) -> dict[str, float]
             t0 = time.perf_counter()
             d = tempfile.mkdtemp(dir=work)
             model.save(os.path.join(d, "model.keras"))
-            ckpt.upload(d, {"steps_completed": 0})
+            uuid = ckpt.upload(d, {"steps_completed": 0})
             shutil.rmtree(d)
             sync.append(time.perf_counter() - t0)
+            ckpt.delete(uuid)  # keep the emulator's memory flat
     out["save+upload (sync)"] = median(sync)
 
-    def det_run(storage: str, epochs: int, tag: str) -> tuple[float, list[float]]:
-        blocked: list[float] = []
-        reg = f"sqlite:///{work}/reg-{tag}.db"
-        with det.core.init(storage=storage, registry=reg, trial_id=1, preempt_signals=False) as ctx:
-            cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
-            timed_epoch_end(cb, blocked)
-            wall = run_fit(model, data, epochs, [cb])
-        return wall, blocked
+    def det_callback(storage: str, tag: str):
+        def make(stack: contextlib.ExitStack):
+            reg = f"sqlite:///{work}/reg-{tag}.db"
+            ctx = stack.enter_context(
+                det.core.init(storage=storage, registry=reg, trial_id=1, preempt_signals=False)
+            )
+            store = ctx.checkpoint.storage
+            stack.callback(  # runs before the context closes: keep the emulator's memory flat
+                lambda: [ctx.checkpoint.delete(u) for u in ckpt_format.list_committed(store)]
+            )
+            return det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
 
-    _, blocked = det_run(s3_url, args.epochs, "s3")
-    out["DeterminedCallback S3 blocked"] = median(blocked)
+        return make
+
     local_dir = os.path.join(work, "local-ckpts")
-    wall_det, blocked = det_run(local_dir, args.epochs, "local")
-    out["DeterminedCallback local blocked"] = median(blocked)
-
-    peers = {
-        "BackupAndRestore": lambda: keras.callbacks.BackupAndRestore(
+    configs = {
+        "DeterminedCallback S3": det_callback(s3_url, "s3"),
+        "DeterminedCallback local": det_callback(local_dir, "local"),
+        "BackupAndRestore": lambda stack: keras.callbacks.BackupAndRestore(
             os.path.join(work, "bar"), delete_checkpoint=True
         ),
-        "ModelCheckpoint": lambda: keras.callbacks.ModelCheckpoint(
+        "ModelCheckpoint": lambda stack: keras.callbacks.ModelCheckpoint(
             os.path.join(work, "mc-{epoch}.keras")
         ),
     }
-    try:
-        import orbax.checkpoint  # noqa: F401
+    if hasattr(keras.callbacks, "OrbaxCheckpoint"):
+        try:
+            import orbax.checkpoint  # noqa: F401
 
-        peers["OrbaxCheckpoint"] = lambda: keras.callbacks.OrbaxCheckpoint(
-            os.path.join(work, "orbax")
-        )
-    except ImportError:
-        logging.info("orbax not installed: OrbaxCheckpoint peer skipped")
-    walls: dict[str, float] = {}
-    for name, make in peers.items():
-        blocked = []
-        cb = make()
-        timed_epoch_end(cb, blocked)
-        walls[name] = run_fit(model, data, args.epochs, [cb])
+            configs["OrbaxCheckpoint"] = lambda stack: keras.callbacks.OrbaxCheckpoint(
+                os.path.join(work, "orbax")
+            )
+        except ImportError:
+            logging.warning("orbax-checkpoint not installed: OrbaxCheckpoint peer skipped")
+    for name, make in configs.items():
+        # The whole cost is paired with a fit() without checkpoints run just before it, so
+        # drifting load from other processes cancels out as far as possible.
+        wall_none = run_fit(model, data, args.epochs, [])
+        blocked: list[float] = []
+        with contextlib.ExitStack() as stack:
+            cb = make(stack)
+            timed_epoch_end(cb, blocked)
+            wall = run_fit(model, data, args.epochs, [cb])
         out[f"{name} blocked"] = median(blocked)
-        for leftover in ("bar", "orbax"):
+        if name != "DeterminedCallback S3":  # the whole cost is measured on local disk
+            out[f"{name} whole cost"] = (wall - wall_none) / args.epochs
+        for leftover in ("bar", "orbax", "local-ckpts"):
             shutil.rmtree(os.path.join(work, leftover), ignore_errors=True)
         for f in os.listdir(work):
             if f.startswith("mc-"):
                 os.remove(os.path.join(work, f))
-
-    wall_none = median([run_fit(model, data, args.epochs, []) for _ in range(2)])
-    out["fit() no checkpoints"] = wall_none
-    out["whole cost DeterminedCallback local"] = (wall_det - wall_none) / args.epochs
-    for name, wall in walls.items():
-        out[f"whole cost {name}"] = (wall - wall_none) / args.epochs
-    shutil.rmtree(local_dir, ignore_errors=True)
     return out
+
+
+def bench_size(size_mb: float, args, s3_url: str, work: str) -> tuple[float, list[dict]]:
+    model = build_model(size_mb)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16 * args.steps, WIDTH), dtype=np.float32)
+    data = (x, x)
+    run_fit(model, data, 1, [])  # build + warm up
+    rounds = []
+    for i in range(args.rounds):
+        rounds.append(bench_round(model, data, args, f"{s3_url}/round{i}", work))
+        logging.info("round %d: %s", i, rounds[-1])
+    return state_mb(model), rounds
+
+
+def report(mb: float, rounds: list[dict], args) -> None:
+    """Print medians over the rounds; ratios are medians of the per-round ratios."""
+    keys = list(rounds[0])
+    med = {k: median([r[k] for r in rounds]) for k in keys}
+
+    def ratio(a: str, b: str) -> float:
+        return median([r[a] / r[b] for r in rounds])
+
+    print(
+        f"\n=== model state {mb:.0f} MB (weights + Adam), {args.epochs} epochs x {args.steps} "
+        f"steps, median of {len(rounds)} rounds ==="
+    )
+    print(
+        f"{'measure (seconds per checkpoint)':42s} {'median s':>9s} {'x model.save':>13s}  rounds"
+    )
+    for key in keys:
+        values = " ".join(f"{r[key]:.3f}" for r in rounds)
+        print(f"{key:42s} {med[key]:9.3f} {ratio(key, 'model.save'):13.2f}  [{values}]")
+    det_s3 = "DeterminedCallback S3 blocked"
+    det_whole = "DeterminedCallback local whole cost"
+    print(
+        f"goals: blocked (S3) {ratio(det_s3, 'model.save'):.2f}x model.save (<= 0.25x); "
+        f"sync save+upload / blocked {median([r['save+upload (sync)'] / r[det_s3] for r in rounds]):.0f}x "
+        f"(>= 5x); whole cost {ratio(det_whole, 'model.save'):.2f}x model.save (<= 0.5x)"
+    )
+    for peer in ("BackupAndRestore", "ModelCheckpoint", "OrbaxCheckpoint"):
+        if f"{peer} blocked" in med:
+            print(
+                f"vs {peer}: blocked {ratio(det_s3, peer + ' blocked'):.2f}x, "
+                f"whole cost {ratio(det_whole, peer + ' whole cost'):.2f}x"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,9 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes-mb", default="100,400", help="comma-separated state sizes")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=30, help="training steps per epoch")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="model.save timings per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per size (medians)")
+    parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    logging.getLogger("absl").setLevel(logging.ERROR)  # orbax's per-save notices
 
     from tests.servers.emulators import create_bucket, start_server
 
@@ -193,23 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         create_bucket(server, "stall")
         for size in [float(s) for s in args.sizes_mb.split(",") if s]:
             size_work = tempfile.mkdtemp(dir=work)
-            r = bench_size(size, args, f"s3://stall/{int(size)}mb", size_work)
-            save = r["model.save"]
-            print(
-                f"\n=== model state {r['state_mb']:.0f} MB (weights + Adam), "
-                f"{args.epochs} epochs x {args.steps} steps ==="
-            )
-            print(f"{'measure':45s} {'seconds':>9s} {'x model.save':>13s}")
-            for key, value in r.items():
-                if key == "state_mb":
-                    continue
-                print(f"{key:45s} {value:9.3f} {value / save:13.2f}")
-            det_s3 = r["DeterminedCallback S3 blocked"]
-            print(
-                f"goal blocked <= 0.25x model.save: {det_s3 / save:.2f}x; "
-                f"sync save+upload / blocked: {r['save+upload (sync)'] / det_s3:.1f}x (goal >= 5x); "
-                f"whole cost {r['whole cost DeterminedCallback local'] / save:.2f}x (goal <= 0.5x)"
-            )
+            mb, rounds = bench_size(size, args, f"s3://stall/{int(size)}mb", size_work)
+            report(mb, rounds, args)
+            sys.stdout.flush()
             shutil.rmtree(size_work, ignore_errors=True)
     finally:
         server.stop()
