@@ -1,8 +1,9 @@
 """Azure Blob Storage (``az://container/prefix``, ``abfs://container@account.dfs.core.windows.net/prefix``)
 on azure-storage-blob.
 
-Big files upload as parallel staged blocks and download as parallel ranged reads (the SDK's
-``max_concurrency``); ``write_if_absent`` is ``upload_blob(overwrite=False)``, i.e.
+Big files upload as parallel staged blocks (the SDK's ``max_concurrency``) and download as
+parallel ranged reads streamed straight into place (through the SDK's signed pipeline);
+``write_if_absent`` is ``upload_blob(overwrite=False)``, i.e.
 ``If-None-Match: *``. Credentials come from ``connection_string`` or
 ``AZURE_STORAGE_CONNECTION_STRING``, else ``account_url`` (+ ``credential``).
 
@@ -23,7 +24,11 @@ from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobServiceClient
 
 from ckptstore import errors
-from ckptstore.storage_backends.object_store import ObjectStorage, default_translate
+from ckptstore.storage_backends.object_store import (
+    ObjectStorage,
+    default_translate,
+    pwrite_all,
+)
 from ckptstore.storage_backends.redact import install as _install_log_redaction
 from ckptstore.storage_backends.urls import split_bucket_url
 
@@ -145,6 +150,9 @@ class AzureStorage(ObjectStorage):
         if exhausted:
             return default_translate(exc, url, True, self.retry.max_attempts)
         raw = getattr(exc, "error_code", "") or ""
+        response = getattr(exc, "response", None)
+        if not raw and response is not None:  # errors raised below the SDK's public methods
+            raw = response.headers.get("x-ms-error-code", "") or ""
         code = str(getattr(raw, "value", raw))
         status = getattr(exc, "status_code", 0) or 0
         if code == "ContainerNotFound":
@@ -187,10 +195,51 @@ class AzureStorage(ObjectStorage):
                 name, f, length=size, overwrite=True, max_concurrency=self.concurrency
             )
 
+    def _get_into(self, name: str, fd: int, start: int, length: int | None) -> None:
+        """GET blob ``name`` (all of it, or ``length`` bytes from ``start``) into local file
+        descriptor ``fd`` at offset ``start``, through the SDK's own signed pipeline.
+
+        ``download_blob`` gathers each response (the first ``max_single_get_size`` bytes, then
+        every chunk) into one bytes object before writing it; streaming the SDK's response
+        blocks (1 MiB) straight into place takes under half the client CPU per GB and no
+        buffer per part (measured on Azurite). Bytes arrive exactly as stored.
+        """
+        blob = self._container.get_blob_client(name)
+        byte_range = None if length is None else f"bytes={start}-{start + length - 1}"
+        pipeline_response = blob._client.blob.download(
+            range=byte_range, cls=lambda response, _deserialized, _headers: response
+        )
+        response = pipeline_response.http_response
+        if length is not None and response.status_code != 206:
+            response.close()
+            raise errors.StorageError(
+                f"{self.object_url(name)}: the server ignored the byte range request "
+                f"(HTTP {response.status_code}); set multipart_threshold above the blob size "
+                "to download it whole."
+            )
+        offset = start
+        try:
+            for block in response.stream_download(blob._pipeline, decompress=False):
+                offset += pwrite_all(fd, block, offset)
+        except aexc.HttpResponseError as exc:
+            if exc.status_code:
+                raise
+            # "Unable to stream download": the body was cut; transient, fetch it again.
+            raise ConnectionError(f"download broke off ({type(exc).__name__})") from exc
+        expected = length if length is not None else int(response.headers["Content-Length"])
+        if offset - start != expected:
+            raise ConnectionError(
+                f"short read at offset {start}: got {offset - start} of {expected}"
+            )
+
     def _download_file(self, name: str, path: str, size: int) -> None:
-        stream = self._container.download_blob(name, max_concurrency=self.concurrency)
-        with open(path, "wb") as f:
-            stream.readinto(f)
+        if size < self.multipart_threshold:
+            with open(path, "wb") as f:
+                self._get_into(name, f.fileno(), 0, None)
+            return
+        self._parallel_parts(
+            name, path, size, lambda fd, start, length: self._get_into(name, fd, start, length)
+        )
 
     def _read(self, name: str) -> bytes:
         return self._container.download_blob(name).readall()

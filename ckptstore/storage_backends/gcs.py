@@ -29,7 +29,11 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage as gcs
 
 from ckptstore import errors
-from ckptstore.storage_backends.object_store import ObjectStorage, default_translate
+from ckptstore.storage_backends.object_store import (
+    ObjectStorage,
+    default_translate,
+    pwrite_all,
+)
 from ckptstore.storage_backends.urls import split_bucket_url
 
 _COMPOSE_LIMIT = 32
@@ -293,8 +297,7 @@ class GCSStorage(ObjectStorage):
                 n = raw.readinto(view)
                 if not n:
                     break
-                os.pwrite(fd, view[:n], offset)
-                offset += n
+                offset += pwrite_all(fd, view[:n], offset)
         got = offset - start
         if length is not None and got != length:
             # Transient: a connection cut mid-body; the retry fetches the part again.

@@ -64,6 +64,16 @@ def walk_local_tree(local_dir: str) -> tuple[dict[str, int], list[str]]:
     return files, empty_dirs
 
 
+def pwrite_all(fd: int, data, offset: int) -> int:  # type: ignore[no-untyped-def]
+    """Write all of ``data`` (bytes-like) to ``fd`` at ``offset``; returns its length."""
+    view = memoryview(data)
+    total = len(view)
+    done = 0
+    while done < total:
+        done += os.pwrite(fd, view[done:], offset + done)
+    return total
+
+
 def tmp_name(path: str) -> str:
     """A sibling temporary name for atomic writes (temp + rename)."""
     head, tail = os.path.split(path)
@@ -228,7 +238,7 @@ class ObjectStorage(Storage):
                     f"Short read from {self.object_url(name)} at offset {start}: got "
                     f"{len(data)} of {length} bytes; retry the download."
                 )
-            os.pwrite(fd, data, start)
+            pwrite_all(fd, data, start)
 
         self._parallel_parts(name, path, size, write_part)
 

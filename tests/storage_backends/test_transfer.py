@@ -136,3 +136,46 @@ def test_azure_big_file_round_trip_with_backend_defaults(storage_url_factory, tm
         storage.upload(str(tmp_path / "src"), "t")
         storage.download("t", str(tmp_path / "dst"))
     _same_tree(tmp_path / "dst", files)
+
+
+def _through_proxy(conn: str, endpoint: str, proxy_url: str) -> str:
+    return conn.replace(endpoint, proxy_url)
+
+
+def test_azure_download_retries_parts_cut_mid_body(
+    storage_url_factory, azure_server, tmp_path, monkeypatch, caplog
+):
+    files = _tree(tmp_path / "src", 12 * MiB + 1)
+    url = storage_url_factory("azure")
+    options = {"part_size": 3 * MiB, "multipart_threshold": 8 * MiB, "concurrency": 4}
+    with open_storage(url, **options) as storage:
+        storage.upload(str(tmp_path / "src"), "t")
+    conn = azure_server.env["AZURE_STORAGE_CONNECTION_STRING"]
+    host, port = azure_server.endpoint.rsplit("//", 1)[1].split(":")
+    monkeypatch.setattr(RetryPolicy, "backoff", lambda self, attempt: 0.0)
+    with FaultProxy(host, int(port)) as proxy:
+        proxied = _through_proxy(conn, azure_server.endpoint, proxy.url)
+        # two ranged GETs of big.bin (3 MiB parts) are cut 1 MiB into the answer
+        proxy.reset_next(2, after_bytes=MiB, in_response=True, match="big.bin")
+        with (
+            caplog.at_level(logging.WARNING),
+            open_storage(url, connection_string=proxied, **options) as storage,
+        ):
+            listing = storage.list("t")
+            storage.download("t", str(tmp_path / "dst"))
+        assert proxy.pending == 0
+    assert listing == {rel: len(d) for rel, d in sorted(files.items())}
+    _same_tree(tmp_path / "dst", files)
+    assert len([r for r in caplog.records if "retry" in r.getMessage()]) == 2
+
+
+def test_azure_missing_blob_and_container_are_not_found(storage_url_factory, tmp_path):
+    url = storage_url_factory("azure")
+    with open_storage(url) as storage:
+        path = str(tmp_path / "x")
+        with pytest.raises(errors.StorageNotFound, match="does not exist"):
+            storage._call(lambda: storage._download_file("nope", path, 5), "nope", "download")
+    container = url.split("://", 1)[1].split("/", 1)[0]
+    with open_storage(url.replace(container, "no-such-container-ckpt")) as storage:
+        with pytest.raises(errors.StorageNotFound, match="Container"):
+            storage._call(lambda: storage._download_file("nope", path, 5), "nope", "download")
