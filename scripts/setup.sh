@@ -13,6 +13,8 @@ extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
 # A stamp keeps re-runs fast: reinstall only when pyproject.toml changed.
 stamp=".venv/.ckptstore-installed${extras}"
+# An install with the test extras also satisfies a plain one.
+[ -z "$extras" ] && [ -f ".venv/.ckptstore-installed[test]" ] && [ ! pyproject.toml -nt ".venv/.ckptstore-installed[test]" ] && stamp=".venv/.ckptstore-installed[test]"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q -e ".${extras}"
   touch "$stamp"
