@@ -170,7 +170,6 @@ def gcs_methods(files, src):  # type: ignore[no-untyped-def]
     grid = {
         f"google-cloud-storage c={c} part={p}MiB{' tuned' if t else ''}": native(c, p, t)
         for c, p, t in [
-            (8, 32, False),
             (16, 32, False),
             (8, 32, True),
             (16, 32, True),
@@ -232,7 +231,7 @@ def azure_methods(files, src):  # type: ignore[no-untyped-def]
         f"azure-storage-blob c={c} part={p}MiB{f' block={b // 1024}KiB' if b else ''}": native(
             c, p, b
         )
-        for c, p, b in [(8, 8, None), (16, 64, None), (8, 8, MiB), (16, 32, MiB), (16, 64, MiB)]
+        for c, p, b in [(8, 8, None), (8, 8, MiB), (16, 32, MiB), (16, 64, MiB)]
     }
     return grid, (serial_up, serial_down), "az"
 
