@@ -20,6 +20,7 @@ from ckptstore.storage_backends.schemes import BACKENDS, backend_class, register
             {"access_key": "AK", "secret_key": "SK", "endpoint_url": "http://127.0.0.1:1"},
         ),
         ({"type": "gcs", "bucket": "g", "prefix": "x"}, "gs://g/x", {}),
+        ({"type": "gcs", "bucket": "g", "composite_threshold": 2**28}, "gs://g", {"composite_threshold": 2**28}),
         ({"type": "azure", "container": "c", "connection_string": "cs"}, "az://c", {"connection_string": "cs"}),
         ({"type": "shared_fs", "host_path": "/mnt/nfs", "storage_path": "ckpts"}, "/mnt/nfs/ckpts", {}),
         ({"type": "shared_fs", "host_path": "/mnt/nfs", "storage_path": "/mnt/nfs/a"}, "/mnt/nfs/a", {}),
