@@ -289,6 +289,9 @@ class GCSStorage(ObjectStorage):
                     f"(HTTP {response.status_code}); set multipart_threshold above the object "
                     "size to download it whole."
                 )
+            if length is None:
+                length = int(response.headers.get("Content-Length", -1))
+                length = None if length < 0 else length
             buffer = bytearray(_READ_BUFFER)
             view = memoryview(buffer)
             offset = start
