@@ -16,6 +16,7 @@ Example::
 
 from ckptstore.registry.entities import Checkpoint, Experiment, MetricRow, Trial, lookup_metric
 from ckptstore.registry.models import Model, ModelVersion
+from ckptstore.registry.pins import Pin
 from ckptstore.registry.registry import Registry, open_registry
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "MetricRow",
     "Model",
     "ModelVersion",
+    "Pin",
     "Registry",
     "Trial",
     "lookup_metric",

@@ -70,9 +70,17 @@ def _v2_checkpoint_order_index(conn: sa.Connection) -> None:
     )
 
 
+def _v3_checkpoint_pins(conn: sa.Connection) -> None:
+    schema.checkpoint_pins.create(conn, checkfirst=True)
+    conn.exec_driver_sql(
+        "CREATE INDEX IF NOT EXISTS ix_checkpoint_pins_expires_at ON checkpoint_pins (expires_at)"
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "experiments, trials, checkpoints, metrics, models", _v1_initial_tables),
     Migration(2, "index checkpoints by (trial, steps, created_at)", _v2_checkpoint_order_index),
+    Migration(3, "checkpoint pins: cross-process GC protection leases", _v3_checkpoint_pins),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

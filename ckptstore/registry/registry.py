@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ from ckptstore.registry.entities import (
     lookup_metric,
 )
 from ckptstore.registry.models import Model, ModelStore
+from ckptstore.registry.pins import Pin, PinStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptstore.storage_backends.base import Storage
@@ -65,8 +67,9 @@ class Registry:
             ``CKPTSTORE_REGISTRY`` or ``<ckptstore home>/registry.db`` (see
             :mod:`ckptstore.defaults`). The schema is created or migrated on open.
 
-    The registry implements :class:`ckptstore.checkpointing.index.CheckpointIndex`, so it can be
-    passed to the checkpointing layer. It is safe to use from many processes and machines at
+    The registry implements :class:`ckptstore.checkpointing.index.CheckpointIndex` and
+    :class:`~ckptstore.checkpointing.index.PinningIndex`, so it can be passed to the
+    checkpointing layer. It is safe to use from many processes and machines at
     once (short transactions, retried when they lose a race). ``repr`` and error messages never
     show the password.
 
@@ -81,6 +84,7 @@ class Registry:
             url = defaults.default_registry_url()
         self._db = Database(url)
         self._models = ModelStore(self._db, self)
+        self._pins = PinStore(self._db)
         logger.debug("Opened registry %s (schema version %d)", self._db.url, self._db.version)
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -354,8 +358,27 @@ class Registry:
         ]
 
     def protected_checkpoint_uuids(self) -> set[str]:
-        """UUIDs registered as a model version; GC must never delete them."""
-        return self._models.protected_uuids()
+        """UUIDs GC must never delete: registered as a model version, or pinned by an
+        unexpired pin (:meth:`pin_checkpoint`)."""
+        return self._models.protected_uuids() | self._pins.pinned_uuids()
+
+    # ---- pins (PinningIndex protocol) ---------------------------------------------------------
+    def pin_checkpoint(
+        self, uuid: str, holder: str, expires_at: _dt.datetime | None = None
+    ) -> None:
+        """Keep GC (in any process using this registry) from deleting checkpoint ``uuid``
+        until ``expires_at`` (aware, or naive UTC; None: until :meth:`unpin_checkpoint`).
+        Pinning again with the same ``holder`` renews the pin. The checkpoint need not be in
+        the registry. ``CheckpointContext.protect()`` and ``restore_path()`` call this."""
+        self._pins.pin(uuid, holder, expires_at)
+
+    def unpin_checkpoint(self, uuid: str, holder: str) -> None:
+        """Remove ``holder``'s pin on ``uuid`` (no error if there is none)."""
+        self._pins.unpin(uuid, holder)
+
+    def list_pins(self, uuid: str | None = None, *, include_expired: bool = False) -> list[Pin]:
+        """Pins (of one checkpoint, or all), by uuid then holder; expired ones only if asked."""
+        return self._pins.list_pins(uuid, include_expired)
 
     # ---- checkpoints (Determined SDK names) ---------------------------------------------------
     def get_checkpoint(self, uuid: str) -> Checkpoint:

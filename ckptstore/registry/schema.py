@@ -151,6 +151,19 @@ model_aliases = sa.Table(
     ),
 )
 
+#: Leases that keep GC from deleting a checkpoint (``CheckpointContext.protect()``,
+#: ``restore_path``), one per (checkpoint, holder). No foreign key: a checkpoint may be pinned
+#: before the index knows it (resumed from storage alone). ``expires_at`` NULL: until unpinned.
+checkpoint_pins = sa.Table(
+    "checkpoint_pins",
+    metadata,
+    sa.Column("checkpoint_uuid", sa.String(64), primary_key=True),
+    sa.Column("holder", sa.String(256), primary_key=True),
+    sa.Column("expires_at", sa.DateTime, nullable=True),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("updated_at", sa.DateTime, nullable=False),
+)
+
 
 def utcnow() -> _dt.datetime:
     """Now, as the naive UTC datetime the tables store."""
