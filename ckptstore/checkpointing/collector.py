@@ -3,7 +3,15 @@ uncommitted leftovers.
 
 GC is idempotent and tolerant: files already gone are fine, a failure on one checkpoint is
 logged and the others are still processed. It never deletes a protected checkpoint (registered
-as a model version, pinned, or the one the current run resumed from) nor an upload in flight.
+as a model version, pinned, or the one the current run resumed from) nor an upload in flight;
+with an index, protection is read again just before each delete, so a pin taken by another
+process while GC runs is honoured.
+
+With an index, GC first reconciles the index's PENDING rows with storage
+(:mod:`ckptstore.checkpointing.reconcile`), so a checkpoint committed by a process killed
+before it updated the index is subject to retention like any other. It also removes stray
+``.ckptstore-pending.json`` markers that such a kill leaves inside committed checkpoints
+(never a file the manifest lists).
 
 Example::
 
@@ -26,15 +34,17 @@ from ckptstore.checkpointing import commit
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.gc import GCContext, GCPolicy
 from ckptstore.checkpointing.index import DELETED, CheckpointIndex, CheckpointRecord
+from ckptstore.checkpointing.reconcile import (
+    ReconcileReport,
+    has_leftovers,
+    reconcile,
+    same_storage,
+)
 
 logger = logging.getLogger(__name__)
 
 #: Uncommitted folders younger than this are left alone (they may be uploads in progress).
 DEFAULT_GRACE_SECONDS = 3600.0
-
-
-def _same_storage(record: CheckpointRecord, storage_url: str) -> bool:
-    return not record.storage_url or record.storage_url == storage_url
 
 
 def _candidates(
@@ -43,6 +53,7 @@ def _candidates(
     trial_id: int | None,
     experiment_id: int | None,
     storage_url: str,
+    reconciled: ReconcileReport | None = None,
 ) -> tuple[list[CheckpointRecord], list[CheckpointRecord]]:
     """(the trial's committed checkpoints, the experiment's), oldest first."""
     if index is not None:
@@ -54,6 +65,13 @@ def _candidates(
             if experiment_id is not None
             else []
         )
+        if reconciled is not None:  # a dry run did not write them to the index
+            found = list(reconciled.committed.values())
+            trial = _merge(trial, [r for r in found if r.trial_id == trial_id])
+            if experiment_id is not None:
+                experiment = _merge(
+                    experiment, [r for r in found if r.experiment_id == experiment_id]
+                )
     else:
         scanned = fmt.scan_checkpoints(storage, storage_url)
         trial = [r for r in scanned if r.trial_id == trial_id]
@@ -62,8 +80,13 @@ def _candidates(
             if experiment_id is not None
             else []
         )
-    trial = fmt.sort_records(r for r in trial if _same_storage(r, storage_url))
+    trial = fmt.sort_records(r for r in trial if same_storage(r, storage_url))
     return trial, fmt.sort_records(experiment)
+
+
+def _merge(rows: list[CheckpointRecord], extra: list[CheckpointRecord]) -> list[CheckpointRecord]:
+    known = {r.uuid for r in rows}
+    return rows + [r for r in extra if r.uuid not in known]
 
 
 def collect(
@@ -78,19 +101,42 @@ def collect(
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     storage_url: str | None = None,
     dry_run: bool = False,
+    reconcile_scope: str = "trial",
 ) -> list[str]:
     """Delete the trial's checkpoints ``policy`` does not keep, then uncommitted leftovers
     older than ``grace_seconds``. Returns the deleted (or, with ``dry_run``, deletable) names.
 
-    ``policy=None`` keeps every committed checkpoint (only leftovers are removed).
+    ``policy=None`` keeps every committed checkpoint (only leftovers are removed). With an
+    index, PENDING rows are first reconciled with storage: those of the trial
+    (``reconcile_scope="trial"``), of every trial (``"all"``), or none (``"none"``).
     """
+    if reconcile_scope not in ("trial", "all", "none"):
+        raise errors.InvalidConfig(
+            "reconcile_scope must be 'trial', 'all' or 'none'. Received: "
+            f"reconcile_scope={reconcile_scope!r}"
+        )
     url = storage_url or storage.url
-    keep = set(protected) | set(in_flight)
+    in_flight = set(in_flight)
+    keep = set(protected) | in_flight
+    reconciled: ReconcileReport | None = None
+    if index is not None and reconcile_scope != "none":
+        reconciled = reconcile(
+            storage,
+            index,
+            trial_id=trial_id,
+            all_trials=reconcile_scope == "all",
+            grace_seconds=grace_seconds,
+            storage_url=url,
+            skip=in_flight,
+            dry_run=dry_run,
+        )
     if index is not None:
         keep |= set(index.protected_checkpoint_uuids())
     doomed: list[str] = []
     if policy is not None:
-        trial, experiment = _candidates(storage, index, trial_id, experiment_id, url)
+        trial, experiment = _candidates(
+            storage, index, trial_id, experiment_id, url, reconciled if dry_run else None
+        )
         flags = policy.should_preserve(trial, context=GCContext(experiment_checkpoints=experiment))
         doomed = [
             r.uuid for r, flag in zip(trial, flags, strict=True) if not flag and r.uuid not in keep
@@ -101,11 +147,16 @@ def collect(
             deleted.append(uuid)
             continue
         try:
+            if index is not None and uuid in index.protected_checkpoint_uuids():
+                logger.info("GC keeps checkpoint %s: it was pinned while GC ran.", uuid)
+                continue
             commit.delete_checkpoint(storage, uuid, index)
             deleted.append(uuid)
         except errors.CkptstoreError as exc:
             logger.warning("GC could not delete checkpoint %s: %s", uuid, exc)
     deleted += _collect_leftovers(storage, index, keep, grace_seconds, dry_run)
+    if reconciled is not None and reconciled.leftovers and not dry_run:
+        _forget_removed(storage, index, reconciled.leftovers)
     if deleted:
         logger.info("GC %s %s in %s", "would delete" if dry_run else "deleted", deleted, url)
     return deleted
@@ -135,7 +186,10 @@ def _collect_leftovers(
             continue
         try:
             if name == uuid and storage.exists(f"{uuid}/{fmt.MANIFEST_NAME}"):
-                continue  # committed (or a damaged manifest: left for a human to look at)
+                # committed (or a damaged manifest: left for a human to look at)
+                if not dry_run:
+                    remove_stray_marker(storage, uuid)
+                continue
             started = commit.leftover_started_at(storage, name)
             if started is None:
                 logger.debug("GC leaves %s alone: cannot tell its age.", name)
@@ -153,3 +207,31 @@ def _collect_leftovers(
         except errors.CkptstoreError as exc:
             logger.warning("GC could not remove the uncommitted folder %s: %s", name, exc)
     return removed
+
+
+def remove_stray_marker(storage: Any, uuid: str) -> bool:
+    """Remove the pending marker a kill right after the commit can leave inside committed
+    checkpoint ``uuid``. Readers ignore it (the manifest does not list it); a marker the
+    manifest does list is a user file and is kept. True if one was removed."""
+    key = f"{uuid}/{fmt.PENDING_MARKER_NAME}"
+    try:
+        storage.read_bytes(key)
+    except errors.StorageNotFound:
+        return False
+    manifest = fmt.read_manifest(storage, uuid)
+    if fmt.PENDING_MARKER_NAME in manifest["files"]:
+        return False
+    storage.delete(key)
+    logger.info("GC removed a stray pending marker from committed checkpoint %s", uuid)
+    return True
+
+
+def _forget_removed(storage: Any, index: CheckpointIndex, uuids: Iterable[str]) -> None:
+    """Mark DELETED the stale PENDING rows whose uncommitted leftovers GC just removed."""
+    for uuid in uuids:
+        try:
+            if has_leftovers(storage, uuid):
+                continue  # not removed (younger by its marker, or protected)
+            index.set_checkpoint_state(uuid, DELETED, resources={})
+        except errors.CkptstoreError as exc:
+            logger.warning("GC could not mark checkpoint %s DELETED: %s", uuid, exc)

@@ -20,6 +20,8 @@ from ckptstore.checkpointing.collector import DEFAULT_GRACE_SECONDS, collect
 from ckptstore.checkpointing.distributed import DistributedContext
 from ckptstore.checkpointing.gc import GCPolicy
 from ckptstore.checkpointing.index import CheckpointIndex
+from ckptstore.checkpointing.pins import DEFAULT_PIN_LEASE_SECONDS, PinKeeper
+from ckptstore.checkpointing.reconcile import ReconcileReport, reconcile
 from ckptstore.checkpointing.uploader import BackgroundUploader, snapshot_dir
 from ckptstore.storage_backends import Storage, open_storage
 
@@ -45,7 +47,18 @@ class CheckpointContext:
         verify: check sizes and crc32c of downloaded files (``False`` skips it).
         max_in_flight: background uploads running at once; the caller blocks beyond it.
         storage_url: the storage URL recorded in the index (default ``storage.url``).
-        gc_grace_seconds: uncommitted folders younger than this are not removed by GC.
+        gc_grace_seconds: uncommitted folders younger than this are not removed by GC, and
+            PENDING index rows younger than this are not reconciled to DELETED.
+        pin_lease_seconds: lifetime of the index pins :meth:`protect` and
+            :meth:`restore_path` take (renewed every third of it while held); a crashed
+            process protects its checkpoints at most this long.
+
+    With an index, the chief reconciles the trial's PENDING rows with storage at start-up
+    (see :meth:`reconcile`), so a checkpoint committed by a run killed before it updated the
+    index is found by ``latest_checkpoint``. Protection (:meth:`protect`, checkpoints in use
+    by :meth:`restore_path`) is pinned in the index when it supports pins (the registry
+    does), so GC in other processes honours it; without an index it is known only to this
+    process (storage-only mode: run GC where the protecting process runs, or use a registry).
 
     Example::
 
@@ -71,6 +84,7 @@ class CheckpointContext:
         max_in_flight: int = 2,
         storage_url: str | None = None,
         gc_grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        pin_lease_seconds: float = DEFAULT_PIN_LEASE_SECONDS,
     ) -> None:
         self._owns_storage = not isinstance(storage, Storage)
         self.storage: Storage = open_storage(storage)
@@ -88,6 +102,7 @@ class CheckpointContext:
                 f"gc_grace_seconds must be a number. Received: gc_grace_seconds={gc_grace_seconds!r}"
             )
         self.gc_grace_seconds = float(gc_grace_seconds)
+        self._pins = PinKeeper(index, lease_seconds=pin_lease_seconds)
         self._uploader = BackgroundUploader(max_in_flight)
         self._protected: set[str] = set()
         self._in_use: dict[str, int] = {}  # local checkpoints yielded by restore_path
@@ -98,6 +113,11 @@ class CheckpointContext:
         self._gc_future: Future[list[str]] | None = None
         self._gc_queued = False
         self._closed = False
+        if self.index is not None and self.distributed.rank == 0:
+            try:
+                self.reconcile()
+            except Exception as exc:  # noqa: BLE001 - a repair must never stop a run starting
+                logger.warning("Reconciling PENDING checkpoints at start-up failed: %s", exc)
 
     def __repr__(self) -> str:
         return f"CheckpointContext({self.storage!r}, trial_id={self.trial_id!r})"
@@ -335,31 +355,38 @@ class CheckpointContext:
         otherwise a temporary download removed on exit."""
         self._check_open()
         fmt.check_storage_id(storage_id)
-        local = self.storage.local_path(storage_id)
-        if local is not None and os.path.isdir(local):
-            self._use(storage_id, +1)  # background GC must not delete it while in use
-            try:
+        # GC (here, and in other processes through an index pin) must not delete it while in
+        # use; pinned before the manifest is read, so a GC that missed the pin already
+        # removed the manifest and we fail cleanly with CheckpointNotFound.
+        self._use(storage_id, +1)
+        try:
+            local = self.storage.local_path(storage_id)
+            if local is not None and os.path.isdir(local):
                 manifest = self._manifest(storage_id)
                 if self.verify:
                     fmt.verify_files(local, manifest, selector)
                 yield local
+                return
+            path = tempfile.mkdtemp(prefix=f"ckptstore-restore-{storage_id}-")
+            try:
+                self.download(storage_id, path, selector=selector)
+                yield path
             finally:
-                self._use(storage_id, -1)
-            return
-        path = tempfile.mkdtemp(prefix=f"ckptstore-restore-{storage_id}-")
-        try:
-            self.download(storage_id, path, selector=selector)
-            yield path
+                shutil.rmtree(path, ignore_errors=True)
         finally:
-            shutil.rmtree(path, ignore_errors=True)
+            self._use(storage_id, -1)
 
     def _use(self, storage_id: str, delta: int) -> None:
         with self._protected_lock:
             count = self._in_use.get(storage_id, 0) + delta
+            if delta > 0:
+                self._pins.acquire(storage_id)  # raises (index down) before counting it
             if count:
                 self._in_use[storage_id] = count
             else:
                 self._in_use.pop(storage_id, None)
+            if delta < 0:
+                self._pins.release(storage_id)
 
     def get_metadata(self, storage_id: str) -> dict[str, Any]:
         """The ``metadata.json`` of committed checkpoint ``storage_id``."""
@@ -393,9 +420,21 @@ class CheckpointContext:
         commit.delete_files(self.storage, storage_id, globs, self.index)
 
     def protect(self, uuid: str) -> None:
-        """Never let GC delete ``uuid`` (e.g. the checkpoint this run resumed from)."""
+        """Never let GC delete ``uuid`` (e.g. the checkpoint this run resumed from) while this
+        context is open.
+
+        With an index that supports pins (the registry), ``uuid`` is pinned there under this
+        process's holder name (``host:pid:random``) with a lease renewed in the background,
+        so GC in any process using the same registry keeps it; the pin is released by
+        :meth:`close` or at interpreter exit, and expires after ``pin_lease_seconds`` if the
+        process dies. Without such an index the protection is known only in this process:
+        GC run elsewhere (``ckptstore gc``, another trial) on storage alone cannot see it.
+        """
         fmt.check_storage_id(uuid)
         with self._protected_lock:
+            if uuid in self._protected:
+                return
+            self._pins.acquire(uuid)
             self._protected.add(uuid)
 
     @property
@@ -404,14 +443,41 @@ class CheckpointContext:
         with self._protected_lock:
             return frozenset(self._protected)
 
+    @property
+    def pin_holder(self) -> str:
+        """The holder name of this context's index pins (``host:pid:random``)."""
+        return self._pins.holder
+
+    def reconcile(self, all_trials: bool = False, dry_run: bool = False) -> ReconcileReport:
+        """Make the index's PENDING rows of this trial (of every trial with ``all_trials``)
+        agree with storage, the source of truth: committed in storage -> COMMITTED (from the
+        manifest and metadata); no manifest, older than ``gc_grace_seconds`` and nothing left
+        in storage -> DELETED. Uploads in flight here are left alone. Without an index there
+        is nothing to reconcile. See :mod:`ckptstore.checkpointing.reconcile`."""
+        self._check_open()
+        if self.index is None:
+            return ReconcileReport()
+        return reconcile(
+            self.storage,
+            self.index,
+            trial_id=self.trial_id,
+            all_trials=all_trials,
+            grace_seconds=self.gc_grace_seconds,
+            storage_url=self.storage_url,
+            skip=self._uploader.in_flight,
+            dry_run=dry_run,
+        )
+
     def gc(self, dry_run: bool = False) -> list[str]:
         """Apply the GC policy now and remove stale uncommitted folders; returns what was
-        deleted (or would be, with ``dry_run``)."""
+        deleted (or would be, with ``dry_run``). With an index, every trial's PENDING rows
+        are reconciled first (:meth:`reconcile`), and stray pending markers are removed from
+        committed checkpoints."""
         self._check_open()
         with self._gc_lock:
-            return self._collect(dry_run)
+            return self._collect(dry_run, reconcile_scope="all")
 
-    def _collect(self, dry_run: bool = False) -> list[str]:
+    def _collect(self, dry_run: bool = False, reconcile_scope: str = "trial") -> list[str]:
         return collect(
             self.storage,
             policy=self.gc_policy,
@@ -423,6 +489,7 @@ class CheckpointContext:
             grace_seconds=self.gc_grace_seconds,
             storage_url=self.storage_url,
             dry_run=dry_run,
+            reconcile_scope=reconcile_scope,
         )
 
     def _protected_now(self) -> set[str]:
@@ -472,6 +539,7 @@ class CheckpointContext:
             self._closed = True
             self._uploader.close()
             self._gc_executor.shutdown(wait=True)
+            self._pins.close()
             if self._owns_storage:
                 self.storage.close()
 

@@ -4,6 +4,10 @@
 that satisfies :class:`CheckpointIndex`; :class:`ckptstore.registry.Registry` does. With no
 index, checkpointing still works from storage alone (``latest`` scans manifests).
 
+An index may also implement :class:`PinningIndex` (the registry does): pins make
+``CheckpointContext.protect()`` and checkpoints being restored visible to GC in *other*
+processes. Without it, protection is known only inside the process that asked for it.
+
 Example::
 
     from ckptstore.checkpointing.index import CheckpointRecord
@@ -67,3 +71,39 @@ class CheckpointIndex(Protocol):
 
     def protected_checkpoint_uuids(self) -> set[str]:
         """UUIDs GC must never delete: registered as a model version (or otherwise pinned)."""
+
+
+@runtime_checkable
+class PinningIndex(CheckpointIndex, Protocol):
+    """A :class:`CheckpointIndex` that can also hold pins: leases that keep GC, in any process
+    using the same index, from deleting a checkpoint.
+
+    A pin is identified by ``(uuid, holder)``; ``holder`` names the owner (ckptstore uses
+    ``host:pid:random``). A pin whose ``expires_at`` has passed no longer protects anything,
+    so a crashed process cannot pin a checkpoint forever; ``expires_at=None`` pins until
+    :meth:`unpin_checkpoint`. :meth:`CheckpointIndex.protected_checkpoint_uuids` includes
+    the UUIDs of unexpired pins.
+
+    Example::
+
+        import datetime as dt
+
+        index.pin_checkpoint(uuid, "host:123:ab12", dt.datetime.now(dt.timezone.utc)
+                             + dt.timedelta(minutes=10))
+        assert uuid in index.protected_checkpoint_uuids()
+        index.unpin_checkpoint(uuid, "host:123:ab12")
+    """
+
+    def pin_checkpoint(self, uuid: str, holder: str, expires_at: _dt.datetime | None) -> None:
+        """Create or renew (by ``(uuid, holder)``) a pin lasting until ``expires_at``
+        (aware or naive UTC; None: until unpinned). The checkpoint need not be in the index."""
+
+    def unpin_checkpoint(self, uuid: str, holder: str) -> None:
+        """Remove ``holder``'s pin on ``uuid``; a pin that is not there is fine."""
+
+
+def supports_pins(index: object) -> bool:
+    """True if ``index`` can hold cross-process pins (see :class:`PinningIndex`)."""
+    return callable(getattr(index, "pin_checkpoint", None)) and callable(
+        getattr(index, "unpin_checkpoint", None)
+    )

@@ -1,0 +1,205 @@
+"""Reconciliation: make the index's PENDING rows agree with storage, the source of truth.
+
+A checkpoint is recorded PENDING in the index before its upload and COMMITTED after its
+manifest is written. A process killed between the two leaves a checkpoint that storage holds
+committed but the index still calls PENDING: the registry's ``latest_checkpoint`` misses it and
+GC never applies retention to it. A process killed before its manifest leaves a PENDING row
+for a checkpoint that will never exist.
+
+:func:`reconcile` looks at PENDING rows (of one trial, or all) that belong to this storage:
+
+- manifest in storage -> the row is rewritten from the manifest and ``metadata.json``
+  (:func:`ckptstore.checkpointing.format.record_from`), COMMITTED or PARTIALLY_DELETED;
+- no manifest, older than the grace period, nothing left in storage -> DELETED;
+- no manifest, older than the grace period, an uncommitted folder still in storage -> left
+  PENDING and reported in ``leftovers``: GC removes the folder (and marks the row DELETED);
+- younger than the grace period -> left alone (the upload may still be running).
+
+Rows of another storage URL are never touched. It is idempotent and cheap when nothing is
+PENDING (one index query).
+
+Example::
+
+    from ckptstore.checkpointing.reconcile import reconcile
+
+    report = reconcile(storage, registry, trial_id=7, grace_seconds=3600)
+    print(report.committed, report.deleted)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from ckptstore import errors
+from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing.index import DELETED, PENDING, CheckpointIndex, CheckpointRecord
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ReconcileReport:
+    """What :func:`reconcile` did (or, with ``dry_run``, would do)."""
+
+    #: PENDING rows found committed in storage, now COMMITTED/PARTIALLY_DELETED, by UUID.
+    committed: dict[str, CheckpointRecord] = dataclasses.field(default_factory=dict)
+    #: Stale PENDING rows with nothing left in storage, now DELETED.
+    deleted: list[str] = dataclasses.field(default_factory=list)
+    #: Stale PENDING rows whose uncommitted folder is still in storage (GC removes it).
+    leftovers: list[str] = dataclasses.field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.committed or self.deleted)
+
+
+def same_storage(record: CheckpointRecord, storage_url: str) -> bool:
+    """True if ``record`` belongs to the storage at ``storage_url`` (no URL: assumed yes)."""
+    return not record.storage_url or record.storage_url == storage_url
+
+
+def pending_records(
+    index: CheckpointIndex, *, trial_id: int | None, all_trials: bool, storage_url: str
+) -> list[CheckpointRecord]:
+    """The index's PENDING rows of ``trial_id`` (or of every trial) in this storage."""
+    if all_trials:
+        rows = index.checkpoint_records(states=(PENDING,))
+    else:
+        rows = index.checkpoint_records(trial_id=trial_id, states=(PENDING,))
+        if trial_id is None:  # the index filters nothing for None: keep trial-less rows
+            rows = [r for r in rows if r.trial_id is None]
+    return [r for r in rows if same_storage(r, storage_url)]
+
+
+def reconcile(
+    storage: Any,
+    index: CheckpointIndex,
+    *,
+    trial_id: int | None = None,
+    all_trials: bool = False,
+    grace_seconds: float,
+    storage_url: str | None = None,
+    skip: Iterable[str] = (),
+    dry_run: bool = False,
+) -> ReconcileReport:
+    """Bring the PENDING rows of ``trial_id`` (every trial with ``all_trials``) in line with
+    storage; see the module docstring. ``skip`` names UUIDs to leave alone (uploads in flight
+    in this process). Errors on one row are logged and the others are still processed."""
+    url = storage_url or storage.url
+    report = ReconcileReport()
+    skip = set(skip)
+    rows = pending_records(index, trial_id=trial_id, all_trials=all_trials, storage_url=url)
+    now = _dt.datetime.now(_dt.timezone.utc)
+    for row in rows:
+        if row.uuid in skip or not fmt.is_checkpoint_name(row.uuid):
+            continue
+        try:
+            _reconcile_one(storage, index, row, url, now, grace_seconds, dry_run, report)
+        except errors.CkptstoreError as exc:
+            logger.warning("Could not reconcile PENDING checkpoint %s: %s", row.uuid, exc)
+    if report or report.leftovers:
+        logger.info(
+            "Reconciled %s with %s: %d PENDING -> committed %s, %d -> DELETED %s, %d left for GC",
+            "(dry run)" if dry_run else "the index",
+            url,
+            len(report.committed),
+            sorted(report.committed),
+            len(report.deleted),
+            report.deleted,
+            len(report.leftovers),
+        )
+    return report
+
+
+def _reconcile_one(
+    storage: Any,
+    index: CheckpointIndex,
+    row: CheckpointRecord,
+    url: str,
+    now: _dt.datetime,
+    grace_seconds: float,
+    dry_run: bool,
+    report: ReconcileReport,
+) -> None:
+    uuid = row.uuid
+    key = f"{uuid}/{fmt.MANIFEST_NAME}"
+    try:
+        data: bytes | None = storage.read_bytes(key)
+    except errors.StorageNotFound:
+        data = None
+    if data is not None:
+        record = _record(storage, uuid, data, row.storage_url or url)
+        if record is None:
+            return
+        if not dry_run:
+            index.record_checkpoint(record)
+            record = _confirm(storage, index, uuid, data, record, row.storage_url or url)
+            if record is None:
+                return
+        report.committed[uuid] = record
+        return
+    created = row.created_at
+    if created is None:
+        return  # cannot tell its age: leave it
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=_dt.timezone.utc)
+    if (now - created).total_seconds() < grace_seconds:
+        return
+    if has_leftovers(storage, uuid):
+        report.leftovers.append(uuid)
+        return
+    if not dry_run:
+        index.set_checkpoint_state(uuid, DELETED, resources={})
+    report.deleted.append(uuid)
+
+
+def _record(storage: Any, uuid: str, data: bytes, url: str) -> CheckpointRecord | None:
+    """The record a committed checkpoint's manifest bytes and metadata describe, or None
+    (logged) when either is damaged: a human should look at it, we do not guess."""
+    try:
+        manifest = fmt.parse_manifest(data, uuid)
+        metadata = fmt.read_metadata(storage, uuid)
+    except errors.InvalidCheckpoint as exc:
+        logger.warning("PENDING checkpoint %s has a damaged commit; left PENDING: %s", uuid, exc)
+        return None
+    metadata.setdefault("uuid", uuid)
+    return fmt.record_from(manifest, metadata, url)
+
+
+def _confirm(
+    storage: Any,
+    index: CheckpointIndex,
+    uuid: str,
+    data: bytes,
+    record: CheckpointRecord,
+    url: str,
+) -> CheckpointRecord | None:
+    """Read the manifest again after writing the row: a GC in another process may have
+    deleted (or partially deleted) the checkpoint between our read and our write, and our
+    write must not resurrect it in the index."""
+    key = f"{uuid}/{fmt.MANIFEST_NAME}"
+    try:
+        again = storage.read_bytes(key)
+    except errors.StorageNotFound:
+        index.set_checkpoint_state(uuid, DELETED, resources={})
+        logger.info("Checkpoint %s was deleted while being reconciled; marked DELETED.", uuid)
+        return None
+    if again == data:
+        return record
+    newer = _record(storage, uuid, again, url)
+    if newer is not None:
+        index.record_checkpoint(newer)
+    return newer
+
+
+def has_leftovers(storage: Any, uuid: str) -> bool:
+    """True if storage still holds anything of uncommitted checkpoint ``uuid`` (its folder,
+    or on a local file system its staging folder)."""
+    if storage.exists(uuid):
+        return True
+    if storage.local_path(uuid) is not None:
+        return bool(storage.exists(fmt.STAGING_PREFIX + uuid))
+    return False
