@@ -132,10 +132,20 @@ def write_callback_checkpoint(
     iterations: int = 40,
 ) -> str:
     """A DeterminedCallback checkpoint folder."""
-    os.makedirs(os.path.join(folder, "code"), exist_ok=True)
+    os.makedirs(folder, exist_ok=True)
     _write_tf_weights(
         os.path.join(folder, "model_checkpoint"), values, iterations, with_optimizer=True
     )
+    return write_callback_extras(
+        folder, steps_completed=steps_completed, epoch=epoch, continue_id=continue_id
+    )
+
+
+def write_callback_extras(
+    folder: str, *, steps_completed: int = 40, epoch: int = 3, continue_id: int = 11
+) -> str:
+    """DeterminedCallback's files besides the weights: callback_state, metadata.json, code/."""
+    os.makedirs(os.path.join(folder, "code"), exist_ok=True)
     with open(os.path.join(folder, "callback_state"), "wb") as f:
         state = {
             "epoch": epoch,
@@ -166,7 +176,7 @@ def write_tfkeras_trial_checkpoint(
     """
     import h5py
 
-    os.makedirs(os.path.join(folder, "code"), exist_ok=True)
+    os.makedirs(folder, exist_ok=True)
     _write_tf_weights(
         os.path.join(folder, "determined-keras-model-weights"), values, None, with_optimizer=False
     )
@@ -174,6 +184,14 @@ def write_tfkeras_trial_checkpoint(
         _h5_optimizer_group(
             f.create_group("optimizer-0").create_group("optimizer_weights"), values, iterations
         )
+    return write_tfkeras_trial_extras(folder, steps_completed=steps_completed, marker=marker)
+
+
+def write_tfkeras_trial_extras(
+    folder: str, *, steps_completed: int = 100, marker: str | None = None
+) -> str:
+    """TFKerasTrial's files besides the weights: pickles, load_data.json, metadata.json, code/."""
+    os.makedirs(os.path.join(folder, "code"), exist_ok=True)
     payload = CreatesFileWhenUnpickled(marker) if marker else {"python": 1, "numpy": [1, 2]}
     with open(os.path.join(folder, "rng_state.pkl"), "wb") as f:
         pickle.dump(payload, f)
