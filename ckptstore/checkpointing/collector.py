@@ -35,6 +35,7 @@ from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.gc import GCContext, GCPolicy
 from ckptstore.checkpointing.index import DELETED, CheckpointIndex, CheckpointRecord
 from ckptstore.checkpointing.reconcile import (
+    DEFAULT_GRACE_SECONDS,
     ReconcileReport,
     has_leftovers,
     reconcile,
@@ -42,9 +43,6 @@ from ckptstore.checkpointing.reconcile import (
 )
 
 logger = logging.getLogger(__name__)
-
-#: Uncommitted folders younger than this are left alone (they may be uploads in progress).
-DEFAULT_GRACE_SECONDS = 3600.0
 
 
 def _candidates(

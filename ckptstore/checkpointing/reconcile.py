@@ -40,6 +40,10 @@ from ckptstore.checkpointing.index import DELETED, PENDING, CheckpointIndex, Che
 
 logger = logging.getLogger(__name__)
 
+#: Uncommitted folders (and PENDING rows) younger than this are left alone: they may be
+#: uploads in progress.
+DEFAULT_GRACE_SECONDS = 3600.0
+
 
 @dataclasses.dataclass
 class ReconcileReport:
@@ -112,6 +116,28 @@ def reconcile(
             len(report.leftovers),
         )
     return report
+
+
+def reconcile_trial(
+    storage: Any,
+    index: CheckpointIndex,
+    trial_id: int | None,
+    *,
+    grace_seconds: float = DEFAULT_GRACE_SECONDS,
+) -> ReconcileReport:
+    """:func:`reconcile` one trial's PENDING rows, with ``storage`` given as a
+    :class:`~ckptstore.storage_backends.Storage`, a URL or a config dict (opened and closed
+    here). For callers that look up a trial's latest checkpoint in the index before they
+    create a ``CheckpointContext``."""
+    from ckptstore.storage_backends import Storage, open_storage
+
+    owned = not isinstance(storage, Storage)
+    store = open_storage(storage)
+    try:
+        return reconcile(store, index, trial_id=trial_id, grace_seconds=grace_seconds)
+    finally:
+        if owned:
+            store.close()
 
 
 def _reconcile_one(

@@ -193,8 +193,10 @@ def _resolve_trial(
     trial_id: int | None,
     experiment_id: int | None,
     hparams: dict[str, Any] | None,
+    reconcile: Any = None,
 ) -> tuple[int, dict[str, Any], str | None]:
-    """On the chief: get or create the trial row, find its latest checkpoint; broadcast."""
+    """On the chief: get or create the trial row, find its latest checkpoint; broadcast.
+    ``reconcile(trial_id)`` (optional) repairs the trial's PENDING rows from storage first."""
     payload: dict[str, Any] | None = None
     if distributed.rank == 0:
         if trial_id is None:
@@ -204,6 +206,11 @@ def _resolve_trial(
         else:
             row = registry.ensure_trial(trial_id, experiment_id=experiment_id, hparams=hparams)
             row_hparams = dict(getattr(row, "hparams", None) or {})
+            if reconcile is not None:
+                try:  # a run killed after its commit left a row PENDING: storage is the truth
+                    reconcile(trial_id)
+                except Exception as exc:  # noqa: BLE001 - never stop a run from starting
+                    logger.warning("Reconciling trial %d's checkpoints failed: %s", trial_id, exc)
         latest = registry.latest_checkpoint(trial_id)
         payload = {
             "trial_id": int(trial_id),
@@ -292,8 +299,15 @@ def init(
     ckpt = None
     try:
         reg = open_registry(registry)
+        from ckptstore.checkpointing.reconcile import reconcile_trial
+
         tid, trial_hparams, latest = _resolve_trial(
-            reg, distributed, trial_id, experiment_id, hparams
+            reg,
+            distributed,
+            trial_id,
+            experiment_id,
+            hparams,
+            reconcile=lambda t: reconcile_trial(storage_spec, reg, t),
         )
         ckpt = CheckpointContext(
             storage_spec,

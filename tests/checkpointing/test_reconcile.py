@@ -317,3 +317,20 @@ def test_without_an_index_there_is_nothing_to_reconcile(tmp_path):
     with CheckpointContext(str(tmp_path / "store"), trial_id=1) as ctx:
         report = ctx.reconcile(all_trials=True)
         assert not report and report.leftovers == []
+
+
+def test_core_init_resumes_from_a_checkpoint_the_registry_called_pending(registry_url, tmp_path):
+    """``ckptstore.core.init`` looks the trial's latest checkpoint up before it creates the
+    checkpoint context: it reconciles first, so a resumed run finds the lost commit."""
+    from ckptstore.keras_io.core_context import init
+
+    url = str(tmp_path / "store")
+    storage = open_storage(url)
+    with Registry(registry_url) as reg:
+        with CheckpointContext(storage, index=reg, trial_id=1) as ctx:
+            ctx.upload(_src(tmp_path, 1), {"steps_completed": 1})
+        lost = _commit_unrecorded(storage, reg, tmp_path, 2)
+        assert reg.latest_checkpoint(1).uuid != lost
+    with init(storage=url, registry=registry_url, trial_id=1, preempt_signals=False) as core:
+        assert core.info.latest_checkpoint == lost
+    storage.close()
