@@ -77,10 +77,15 @@ def _v3_checkpoint_pins(conn: sa.Connection) -> None:
     )
 
 
+def _v4_trial_leases(conn: sa.Connection) -> None:
+    schema.trial_leases.create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "experiments, trials, checkpoints, metrics, models", _v1_initial_tables),
     Migration(2, "index checkpoints by (trial, steps, created_at)", _v2_checkpoint_order_index),
     Migration(3, "checkpoint pins: cross-process GC protection leases", _v3_checkpoint_pins),
+    Migration(4, "trial leases: one experiment runner per trial", _v4_trial_leases),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -40,6 +40,7 @@ from ckptstore.registry.entities import (
     Trial,
     lookup_metric,
 )
+from ckptstore.registry.leases import TrialLease, TrialLeaseStore
 from ckptstore.registry.models import Model, ModelStore
 from ckptstore.registry.pins import Pin, PinStore
 
@@ -85,6 +86,7 @@ class Registry:
         self._db = Database(url)
         self._models = ModelStore(self._db, self)
         self._pins = PinStore(self._db)
+        self._leases = TrialLeaseStore(self._db)
         logger.debug("Opened registry %s (schema version %d)", self._db.url, self._db.version)
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -379,6 +381,57 @@ class Registry:
     def list_pins(self, uuid: str | None = None, *, include_expired: bool = False) -> list[Pin]:
         """Pins (of one checkpoint, or all), by uuid then holder; expired ones only if asked."""
         return self._pins.list_pins(uuid, include_expired)
+
+    # ---- trial leases (several experiment runners on one search) -----------------------------
+    def claim_trial(
+        self,
+        trial_id: int,
+        owner: str,
+        lease_seconds: float,
+        *,
+        replace_owner: str | None = None,
+    ) -> bool:
+        """Take the lease on an unfinished trial for ``owner`` for ``lease_seconds``; True if
+        ``owner`` now holds it. Atomic: of several runners claiming one trial, exactly one
+        wins. It succeeds when nobody holds the lease (never claimed, released, or expired),
+        when ``owner`` already holds it (a renewal), or when ``replace_owner`` holds it (a
+        runner known to be dead). Never for a COMPLETED, ERROR or CANCELED trial.
+        :class:`~ckptstore.errors.TrialNotFound` if the trial does not exist."""
+        return self._leases.claim(trial_id, owner, lease_seconds, replace_owner)
+
+    def renew_trial_lease(self, trial_id: int, owner: str, lease_seconds: float) -> bool:
+        """Extend ``owner``'s lease to ``lease_seconds`` from now; False when ``owner`` no
+        longer holds it (released, or claimed by another runner after it expired)."""
+        return self._leases.renew(trial_id, owner, lease_seconds)
+
+    def release_trial(self, trial_id: int, owner: str) -> bool:
+        """Let the trial go (others may claim it at once); False if ``owner`` did not hold it.
+        The lease row stays, as the record of the trial's last owner."""
+        return self._leases.release(trial_id, owner)
+
+    def create_claimed_trial(
+        self,
+        experiment_id: int,
+        *,
+        hparams: Mapping[str, Any] | None,
+        max_trials: int,
+        owner: str,
+        lease_seconds: float,
+    ) -> int | None:
+        """Create a trial of the experiment claimed by ``owner``, unless the experiment already
+        has ``max_trials`` trials (then None). Count and create happen in one transaction with
+        the experiment row locked, so racing runners never exceed ``max_trials``."""
+        return self._leases.create_claimed_trial(
+            experiment_id, hparams, max_trials, owner, lease_seconds
+        )
+
+    def get_trial_lease(self, trial_id: int) -> TrialLease | None:
+        """The trial's lease row (held, expired or released), None if never claimed."""
+        return self._leases.get(trial_id)
+
+    def list_trial_leases(self, experiment_id: int | None = None) -> list[TrialLease]:
+        """Lease rows (of one experiment's trials, or all), by trial id."""
+        return self._leases.list(experiment_id)
 
     # ---- checkpoints (Determined SDK names) ---------------------------------------------------
     def get_checkpoint(self, uuid: str) -> Checkpoint:

@@ -165,6 +165,29 @@ checkpoint_pins = sa.Table(
 )
 
 
+#: Trial leases (migration 4): which experiment runner works on a trial, so several runners
+#: (machines) sharing one search never train the same trial at once. One row per trial; it
+#: stays after release (``expires_at`` set to the release time) as a record of the last owner.
+#: ``claims`` counts how many times a runner took the trial (1 unless it was resumed).
+trial_leases = sa.Table(
+    "trial_leases",
+    metadata,
+    sa.Column(
+        "trial_id",
+        sa.Integer,
+        sa.ForeignKey("trials.id", ondelete="CASCADE"),
+        primary_key=True,
+        autoincrement=False,
+    ),
+    sa.Column("owner", sa.String(256), nullable=False),
+    sa.Column("expires_at", sa.DateTime, nullable=False),
+    sa.Column("acquired_at", sa.DateTime, nullable=False),
+    sa.Column("renewed_at", sa.DateTime, nullable=False),
+    sa.Column("released_at", sa.DateTime, nullable=True),
+    sa.Column("claims", sa.Integer, nullable=False),
+)
+
+
 def utcnow() -> _dt.datetime:
     """Now, as the naive UTC datetime the tables store."""
     return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
