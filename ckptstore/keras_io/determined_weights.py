@@ -19,8 +19,16 @@ comes in two Keras 2 layouts, both mapped onto the Keras 3 optimizer's own varia
   ``optimizer/_variables/N`` = ``iterations``, then (with ``use_ema``) one average per trainable
   variable, then each state block of the optimizer interleaved per trainable variable (Adam:
   ``m0, v0, m1, v1, ...``, then ``vhat`` per variable with ``amsgrad``), plus
-  ``optimizer/_learning_rate``; in HDF5 the same list as ``iteration:0``, ``Adam/m/dense/kernel:0``...
-  See :data:`NEW_LAYOUT_BLOCKS` for the optimizers mapped.
+  ``optimizer/_learning_rate`` (and Nadam's ``optimizer/_u_product``); in HDF5 the same list
+  as ``iteration:0``, ``Adam/m/dense/kernel:0``... See :data:`NEW_LAYOUT_BLOCKS` for the
+  optimizers mapped (Adam, AdamW, Nadam, Adamax, SGD, Lion, RMSprop, Adagrad, Adadelta, Ftrl;
+  EMA averages too). Not mapped, with a ModelLoadError that suggests ``load_optimizer=False``:
+  Adafactor, custom optimizers, sharded variables. Only ``optimizer-0`` of a multi-optimizer
+  HDF5 file is loaded.
+
+Nadam's ``_u_product`` is not in HDF5 files; it is rebuilt from ``iterations``
+(:func:`nadam_u_product`). Legacy Nadam and RMSprop load, but their update rules differ from
+Keras 3's (see :data:`LEGACY_ALGORITHM_NOTES`), which is warned about.
 
 The stored learning rate replaces the compiled one (as ``tf.keras`` did on restore) when the Keras 3
 optimizer holds its learning rate in a variable. Everything is checked (counts, shapes) before
@@ -203,6 +211,20 @@ def _slot_list(optimizer: Any, slot: str) -> list[Any] | None:
     return None
 
 
+#: Legacy (TF < 2.11) optimizers whose update rule differs from the Keras 3 optimizer of the same
+#: name: their state loads, but training continues with Keras 3's rule.
+LEGACY_ALGORITHM_NOTES = {
+    "Nadam": (
+        "legacy Nadam's momentum schedule is 0.96**(0.004*t) with learning-rate decay 0.004 "
+        "built in, Keras 3 Nadam's is 0.96**t without decay"
+    ),
+    "RMSprop": (
+        "legacy RMSprop adds epsilon inside the square root, Keras 3 outside (a tiny "
+        "numerical difference)"
+    ),
+}
+
+
 def _plan_legacy_slots(
     optimizer: Any,
     model: Any,
@@ -211,6 +233,13 @@ def _plan_legacy_slots(
 ) -> _Plan:
     """``slots`` = (slot name, model variable, value, source name)."""
     plan = _Plan(optimizer_layout="legacy" if slots else None)
+    note = LEGACY_ALGORITHM_NOTES.get(type(optimizer).__name__)
+    if slots and note:
+        logger.warning(
+            "%s: optimizer state loaded, but %s; training continues with Keras 3's rule.",
+            where,
+            note,
+        )
     trainable_ids = {id(v): i for i, v in enumerate(model.trainable_variables)}
     for slot, variable, value, name in slots:
         targets = _slot_list(optimizer, slot)
@@ -278,10 +307,30 @@ def _trainable_shapes_check(
         )
 
 
+def nadam_u_product(beta_1: float, iterations: int) -> np.float32:
+    """Nadam's running product of momentum-schedule terms after ``iterations`` steps, computed
+    step by step in float32 as Keras 2.11+ and Keras 3 do (``u_t = beta_1 * (1 - 0.5 * 0.96**t)``).
+    Keras 2 HDF5 optimizer files do not store it (it is not in ``_variables``)."""
+    product = np.float32(1.0)
+    beta = np.float32(beta_1)
+    for step in range(1, iterations + 1):
+        u_t = beta * (np.float32(1.0) - np.float32(0.5) * np.float32(0.96) ** np.float32(step))
+        product = np.float32(product * u_t)
+    return product
+
+
 def _plan_new_layout(
-    optimizer: Any, model: Any, values: Sequence[tuple[str, np.ndarray]], where: str
+    optimizer: Any,
+    model: Any,
+    values: Sequence[tuple[str, np.ndarray]],
+    where: str,
+    *,
+    iterations: int,
+    scalars: dict[str, np.ndarray] | None = None,
 ) -> _Plan:
-    """Map a Keras 2.11+ optimizer's ``_variables`` (without ``iterations``) onto ``optimizer``."""
+    """Map a Keras 2.11+ optimizer's ``_variables`` (without ``iterations``) onto ``optimizer``.
+
+    ``scalars``: state tracked outside ``_variables`` (Nadam's ``_u_product``) where stored."""
     kind = type(optimizer).__name__
     blocks = NEW_LAYOUT_BLOCKS.get(kind)
     if blocks is None:
@@ -324,6 +373,13 @@ def _plan_new_layout(
                 _trainable_shapes_check(value, variable, target, name, where)
                 if target is not None:
                     plan.assignments.append((target, value))
+    scalars = dict(scalars or {})
+    if kind == "Nadam" and "_u_product" not in scalars:
+        scalars["_u_product"] = nadam_u_product(float(optimizer.beta_1), iterations)
+    for scalar, value in scalars.items():
+        target = getattr(optimizer, scalar, None)
+        if hasattr(target, "assign"):
+            plan.assignments.append((target, value))
     if any(block == [None] for block in layout):
         logger.warning(
             "%s holds SGD momentum buffers but the model's SGD has momentum=0, so they are "
@@ -470,12 +526,21 @@ def _plan_tf_optimizer(
             return plan  # never built: no state yet
         name, iterations = values[0]
         plan.extend(_plan_iterations(optimizer, iterations, name, where))
-        plan.extend(_plan_new_layout(optimizer, model, values[1:], where))
+        scalars = {}
         for scalar in NEW_LAYOUT_SCALARS:
             stored = ckpt.child_value(optimizer_node, (scalar,))
-            target = getattr(optimizer, scalar, None)
-            if stored is not None and hasattr(target, "assign"):
-                plan.assignments.append((target, stored[1]))
+            if stored is not None:
+                scalars[scalar] = stored[1]
+        plan.extend(
+            _plan_new_layout(
+                optimizer,
+                model,
+                values[1:],
+                where,
+                iterations=plan.iterations or 0,
+                scalars=scalars,
+            )
+        )
     else:  # legacy optimizer: slots hang off the model variables
         slots = []
         for ref in ckpt.graph.nodes[optimizer_node].slot_variables:
@@ -586,7 +651,9 @@ def _plan_h5_optimizer(model: Any, group: Any, where: str) -> _Plan:
         _check_optimizer_name(optimizer, prefixes[0], where)
     if is_new_layout_h5(names):
         plan = _plan_iterations(optimizer, values[0][1], names[0], where)
-        plan.extend(_plan_new_layout(optimizer, model, values[1:], where))
+        plan.extend(
+            _plan_new_layout(optimizer, model, values[1:], where, iterations=plan.iterations or 0)
+        )
         return plan
     plan = _Plan()
     per_slot: dict[str, list[tuple[str, np.ndarray]]] = {}

@@ -41,6 +41,9 @@ class OptimizerCase:
     learning_rate: float
     legacy: bool
     slots: tuple[tuple[str, str], ...]  # (Keras 2 attribute or legacy slot name, Keras 3 attribute)
+    scalars: tuple[str, ...] = ()  # Keras 3 scalar state loaded besides iterations and the rate
+    atol: float = 1e-6  # one more step in Keras 3 vs tf_keras (float32 op-order differences)
+    same_update_rule: bool = True  # False: Keras 3's update differs, only the state is compared
 
 
 def _keras3(cls_name: str, **kwargs: Any) -> Callable[[float], Any]:
@@ -93,6 +96,83 @@ OPTIMIZERS = {
             ),
         ),
         OptimizerCase(
+            "adam_ema",
+            lambda tfk: tfk.optimizers.Adam(0.02, use_ema=True),
+            _keras3("Adam", use_ema=True),
+            0.02,
+            False,
+            ADAM_SLOTS + (("_model_variables_moving_average", "_model_variables_moving_average"),),
+        ),
+        OptimizerCase(
+            "adamw",
+            lambda tfk: tfk.optimizers.AdamW(0.02, weight_decay=0.01),
+            _keras3("AdamW", weight_decay=0.01),
+            0.02,
+            False,
+            ADAM_SLOTS,
+        ),
+        OptimizerCase(
+            "nadam",
+            lambda tfk: tfk.optimizers.Nadam(0.02),
+            _keras3("Nadam"),
+            0.02,
+            False,
+            ADAM_SLOTS,
+            scalars=("_u_product",),
+            atol=2e-5,
+        ),
+        OptimizerCase(
+            "adamax",
+            lambda tfk: tfk.optimizers.Adamax(0.02),
+            _keras3("Adamax"),
+            0.02,
+            False,
+            (("_m", "_m"), ("_u", "_u")),
+        ),
+        OptimizerCase(
+            "lion",
+            lambda tfk: tfk.optimizers.Lion(0.01),
+            _keras3("Lion"),
+            0.01,
+            False,
+            (("momentums", "_momentums"),),
+        ),
+        OptimizerCase(
+            "rmsprop",
+            lambda tfk: tfk.optimizers.RMSprop(0.01),
+            _keras3("RMSprop"),
+            0.01,
+            False,
+            (("_velocities", "_velocities"),),
+        ),
+        OptimizerCase(
+            "adagrad",
+            lambda tfk: tfk.optimizers.Adagrad(0.05),
+            _keras3("Adagrad"),
+            0.05,
+            False,
+            (("_accumulators", "_accumulators"),),
+        ),
+        OptimizerCase(
+            "adadelta",
+            lambda tfk: tfk.optimizers.Adadelta(0.5),
+            _keras3("Adadelta"),
+            0.5,
+            False,
+            (
+                ("_accumulated_grads", "_accumulated_grads"),
+                ("_accumulated_delta_vars", "_accumulated_delta_vars"),
+            ),
+        ),
+        OptimizerCase(
+            "ftrl",
+            lambda tfk: tfk.optimizers.Ftrl(0.05),
+            _keras3("Ftrl"),
+            0.05,
+            False,
+            (("_accumulators", "_accumulators"), ("_linears", "_linears")),
+        ),
+        OptimizerCase(
             "legacy_adam",
             lambda tfk: tfk.optimizers.legacy.Adam(0.02),
             _keras3("Adam"),
@@ -107,6 +187,56 @@ OPTIMIZERS = {
             0.05,
             True,
             (("momentum", "momentums"),),
+        ),
+        OptimizerCase(
+            "legacy_rmsprop_momentum",
+            lambda tfk: tfk.optimizers.legacy.RMSprop(0.01, momentum=0.5),
+            _keras3("RMSprop", momentum=0.5),
+            0.01,
+            True,
+            (("rms", "_velocities"), ("momentum", "_momentums")),
+            atol=2e-5,  # legacy RMSprop adds epsilon inside the square root
+        ),
+        OptimizerCase(
+            "legacy_adamax",
+            lambda tfk: tfk.optimizers.legacy.Adamax(0.02),
+            _keras3("Adamax"),
+            0.02,
+            True,
+            (("m", "_m"), ("v", "_u")),
+        ),
+        OptimizerCase(
+            "legacy_adagrad",
+            lambda tfk: tfk.optimizers.legacy.Adagrad(0.05),
+            _keras3("Adagrad"),
+            0.05,
+            True,
+            (("accumulator", "_accumulators"),),
+        ),
+        OptimizerCase(
+            "legacy_adadelta",
+            lambda tfk: tfk.optimizers.legacy.Adadelta(0.5),
+            _keras3("Adadelta"),
+            0.5,
+            True,
+            (("accum_grad", "_accumulated_grads"), ("accum_var", "_accumulated_delta_vars")),
+        ),
+        OptimizerCase(
+            "legacy_ftrl",
+            lambda tfk: tfk.optimizers.legacy.Ftrl(0.05),
+            _keras3("Ftrl"),
+            0.05,
+            True,
+            (("accumulator", "_accumulators"), ("linear", "_linears")),
+        ),
+        OptimizerCase(
+            "legacy_nadam",
+            lambda tfk: tfk.optimizers.legacy.Nadam(0.02),
+            _keras3("Nadam"),
+            0.02,
+            True,
+            (("m", "_momentums"), ("v", "_velocities")),
+            same_update_rule=False,  # momentum schedule 0.96**(0.004 t) and built-in lr decay
         ),
     )
 }
