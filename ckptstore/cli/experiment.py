@@ -62,33 +62,54 @@ def create_cmd(ctx: click.Context, config: str, model_dir: str, no_run: bool) ->
     Example:
       ckptstore experiment create examples/mnist_tfkeras_trial/const.yaml examples/mnist_tfkeras_trial
     """
-    from ckptstore.keras_io.experiment import create_experiment
+    from ckptstore.keras_io.experiment import create_experiment, resume_experiment
 
     _setup_logging()
     storage, registry = _targets(ctx)
-    exp_id = create_experiment(
-        config, model_dir, storage=storage, registry=registry, run=not no_run
+    exp_id = create_experiment(config, model_dir, storage=storage, registry=registry, run=False)
+    click.echo(
+        f"Experiment {exp_id} recorded. Other machines sharing this registry and storage can "
+        f"work on it too: ckptstore experiment join {exp_id}",
+        err=True,
     )
+    if not no_run:
+        resume_experiment(exp_id, storage=storage, registry=registry)
     click.echo(f"Created experiment {exp_id}")
 
 
-@experiment.command("resume")
-@click.argument("experiment_id", type=int)
-@click.pass_context
-def resume_cmd(ctx: click.Context, experiment_id: int) -> None:
-    """Continue every unfinished trial of EXPERIMENT_ID from its latest checkpoint, then start
-    the trials the searcher still wants.
+_RESUME_HELP = """Continue every unfinished trial of EXPERIMENT_ID from its latest checkpoint,
+then start the trials the searcher still wants.
 
-    \b
-    Example:
-      ckptstore experiment resume 1
-    """
+Run it on several machines that share the registry (PostgreSQL) and the checkpoint storage to
+work on one search together: each trial is claimed by one runner (no trial runs twice, no more
+than max_trials are created), and a runner with nothing left to start waits to take over the
+trials of a runner that dies. `join` is the same command.
+
+\b
+Example:
+  ckptstore --registry postgresql://me@db/ckpts experiment resume 1
+"""
+
+
+@click.argument("experiment_id", type=int)
+@click.option(
+    "--model-dir",
+    type=click.Path(file_okay=False, exists=True),
+    default=None,
+    help="The model folder on this machine (default: the one given to create).",
+)
+@click.pass_context
+def _resume(ctx: click.Context, experiment_id: int, model_dir: str | None) -> None:
     from ckptstore.keras_io.experiment import resume_experiment
 
     _setup_logging()
     storage, registry = _targets(ctx)
-    resume_experiment(experiment_id, storage=storage, registry=registry)
+    resume_experiment(experiment_id, storage=storage, registry=registry, model_dir=model_dir)
     click.echo(f"Experiment {experiment_id} resumed")
+
+
+resume_cmd = experiment.command("resume", help=_RESUME_HELP)(_resume)
+experiment.add_command(resume_cmd, "join")
 
 
 def _fmt(value: Any) -> str:

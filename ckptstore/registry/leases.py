@@ -7,7 +7,9 @@ for exactly one claimant. It renews the lease while the trial runs (a heartbeat)
 when the trial process ends. A runner that dies stops renewing, so its trials become claimable
 once the lease expires. :meth:`TrialLeaseStore.create_claimed_trial` counts an experiment's
 trials and creates (and claims) a new one in one transaction, with the experiment row locked,
-so racing runners never create more than ``max_trials``.
+so racing runners never create more than ``max_trials``; its ``hparams`` may be a function,
+called under that lock only when there is room (a searcher then proposes values only for
+trials that will exist, in the order they are created).
 
 Lease times come from the database's clock (PostgreSQL ``statement_timestamp()``), so clock
 skew between machines does not matter; on SQLite (one machine) the local clock is used.
@@ -27,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -182,7 +184,7 @@ class TrialLeaseStore:
     def create_claimed_trial(
         self,
         experiment_id: int,
-        hparams: Mapping[str, Any] | None,
+        hparams: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None,
         max_trials: int,
         owner: str,
         lease_seconds: float,
@@ -212,13 +214,18 @@ class TrialLeaseStore:
             ).scalar_one()
             if count >= max_trials:
                 return None
+            values = hparams() if callable(hparams) else hparams
+            if values is not None and not isinstance(values, Mapping):
+                raise errors.InvalidConfig(
+                    f"hparams must be a dict. Received: {type(values).__name__}"
+                )
             now = self._now(conn)
             stored = schema.utcnow()
             trial_id = int(
                 conn.execute(
                     _T.insert().values(
                         experiment_id=experiment_id,
-                        hparams=dict(hparams or {}),
+                        hparams=dict(values or {}),
                         state="ACTIVE",
                         created_at=stored,
                         updated_at=stored,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -413,14 +413,16 @@ class Registry:
         self,
         experiment_id: int,
         *,
-        hparams: Mapping[str, Any] | None,
+        hparams: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None,
         max_trials: int,
         owner: str,
         lease_seconds: float,
     ) -> int | None:
         """Create a trial of the experiment claimed by ``owner``, unless the experiment already
         has ``max_trials`` trials (then None). Count and create happen in one transaction with
-        the experiment row locked, so racing runners never exceed ``max_trials``."""
+        the experiment row locked, so racing runners never exceed ``max_trials``. ``hparams``
+        may be a function returning them: it is called with the lock held, only when there is
+        room (again if the transaction is retried)."""
         return self._leases.create_claimed_trial(
             experiment_id, hparams, max_trials, owner, lease_seconds
         )

@@ -62,10 +62,13 @@ def test_links_survive_reopening(tmp_path):
     searcher = Searcher(config(), 7, url)
     _, optuna_id = searcher.ask()
     searcher.link(optuna_id, 42)
-    searcher.ask()  # an unlinked running trial, as a killed runner leaves it
+    _, unlinked = searcher.ask()  # an unlinked running trial, as a killed runner leaves it
     again = Searcher(config(), 7, url)
     assert again.optuna_ids() == {42: optuna_id}
-    again.fail_unlinked()
+    again.fail_unlinked()  # too young: another runner may be about to link it
+    assert not again.is_finished(unlinked)
+    again.fail_unlinked(grace_seconds=0)
+    assert again.is_finished(unlinked) and not again.is_finished(optuna_id)
     again.tell(optuna_id, 0.5)
     assert again.study.best_value == 0.5
 

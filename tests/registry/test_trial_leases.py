@@ -151,6 +151,21 @@ def test_create_claimed_trial_counts_existing_trials(registry_url):
         )
         assert [lease.trial_id for lease in registry.list_trial_leases(exp)] == [first]
 
+        calls = []
+
+        def propose():
+            calls.append(1)
+            return {"x": len(calls)}
+
+        third = registry.create_claimed_trial(
+            exp, hparams=propose, max_trials=3, owner="b", lease_seconds=30
+        )
+        assert registry.get_trial(third).hparams == {"x": 1}
+        full = registry.create_claimed_trial(
+            exp, hparams=propose, max_trials=3, owner="b", lease_seconds=30
+        )
+        assert full is None and len(calls) == 1  # asked only when there was room
+
 
 def test_bad_lease_arguments(registry_url):
     with Registry(registry_url) as registry:

@@ -10,6 +10,15 @@ GC go through the registry. Trials die with the runner (Linux ``PR_SET_PDEATHSIG
 runner leaves no orphans; ``resume_experiment(id)`` then continues every unfinished trial from
 its latest checkpoint and starts the trials still missing.
 
+Several runners, on one machine or many, can work on one search: one runs ``ckptstore
+experiment create CONFIG MODEL_DIR`` (or ``create --no-run``), every other runs ``ckptstore
+experiment resume ID`` against the same registry (PostgreSQL across machines; the Optuna study
+lives in it too) and the same checkpoint storage. A runner claims each trial in the registry
+before starting it and renews the lease while the trial runs
+(:mod:`ckptstore.keras_io.experiment.leasing`), so no trial runs twice; new trials are created
+and claimed in one transaction, so together they create exactly ``max_trials``. The last
+runner to finish marks the experiment COMPLETED.
+
 Storage precedence: the ``storage`` argument, else the config's ``checkpoint_storage``, else
 ``CKPTSTORE_STORAGE``, else the default local folder.
 
@@ -45,12 +54,20 @@ from ckptstore.keras_io.experiment.common import (
     experiment_config,
 )
 from ckptstore.keras_io.experiment.config import ExperimentConfig, load_config, parse_config
+from ckptstore.keras_io.experiment.leasing import (
+    LeaseKeeper,
+    lease_seconds_from_env,
+    owner_is_dead_here,
+    runner_identity,
+)
 from ckptstore.keras_io.experiment.metrics import searcher_metric_value
 
 logger = logging.getLogger(__name__)
 
 FINISHED = ("COMPLETED", "ERROR", "CANCELED")
 _POLL_S = 0.2
+#: How often a runner with room looks for trials to claim or create (and a waiting one polls).
+_SCAN_S = 2.0
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -147,16 +164,35 @@ def _best_metric(registry: Any, trial_id: int, metric: str, smaller: bool) -> fl
 
 # ---- the run loop -------------------------------------------------------------------------------
 class _Run:
-    """Runs (or continues) one experiment's trials until the searcher has no more."""
+    """Runs (or continues) one experiment's trials until the searcher has no more.
 
-    def __init__(self, experiment_id: int, registry: Any, registry_url: str, storage: Any) -> None:
+    Several ``_Run`` s (processes, machines) may work on one experiment at once: each trial is
+    leased in the registry by the runner that runs it (:mod:`.leasing`), new trials are created
+    and claimed in one transaction that keeps ``max_trials``, and a runner with nothing left to
+    start waits while other live runners still hold unfinished trials, to take them over if
+    those runners die.
+    """
+
+    def __init__(
+        self,
+        experiment_id: int,
+        registry: Any,
+        registry_url: str,
+        storage: Any,
+        model_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.experiment_id = experiment_id
         self.registry = registry
         self.registry_url = registry_url
         exp = registry.get_experiment(experiment_id)
         runner = dict((exp.config or {}).get(RUNNER_KEY) or {})
         self.config = parse_config(experiment_config(registry, experiment_id))
-        self.model_dir = runner.get("model_dir") or os.getcwd()
+        if model_dir is not None:
+            folder = Path(model_dir).resolve()
+            _check_model_dir(self.config, folder)
+            self.model_dir = str(folder)
+        else:
+            self.model_dir = runner.get("model_dir") or os.getcwd()
         if storage is not None:
             self.storage = _storage_spec(storage, self.config)
         elif runner.get("storage") is not None:
@@ -168,9 +204,14 @@ class _Run:
             from ckptstore.keras_io.experiment.searcher import Searcher
 
             self.searcher = Searcher(self.config, experiment_id, registry_url)
+        self.leases = LeaseKeeper(registry, runner_identity(), lease_seconds_from_env())
         self.running: dict[int, tuple[subprocess.Popen, int | None]] = {}
         self.restarts: dict[int, int] = {}
         self._stop = False
+        self._full = False  # the experiment has max_trials trials: create no more
+        self._next_scan = 0.0
+        self._others: list[int] = []  # unfinished trials live runners elsewhere hold
+        self._waiting_logged = False
 
     def _env(self, trial_id: int, hparams: dict[str, Any], optuna_id: int | None) -> dict[str, str]:
         env = dict(os.environ)
@@ -211,6 +252,16 @@ class _Run:
         self.running[trial_id] = (proc, optuna_id)
 
     def _finish(self, trial_id: int, rc: int, optuna_id: int | None) -> None:
+        try:
+            if not self._settle(trial_id, rc, optuna_id):
+                return  # restarted: the lease stays with this runner
+        except BaseException:
+            self.leases.release(trial_id)
+            raise
+        self.leases.release(trial_id)
+
+    def _settle(self, trial_id: int, rc: int, optuna_id: int | None) -> bool:
+        """Record how the trial's process ended; False if it was restarted."""
         state = self.registry.get_trial(trial_id).state
         if rc != 0 and not self._stop:
             n = self.restarts.get(trial_id, 0)
@@ -224,12 +275,12 @@ class _Run:
                     self.config.max_restarts,
                 )
                 self._launch(trial_id, self.registry.get_trial(trial_id).hparams, optuna_id)
-                return
+                return False
             self.registry.set_trial_state(trial_id, "ERROR")
             logger.error("Trial %d failed (exit status %d)", trial_id, rc)
             if self.searcher is not None and optuna_id is not None:
                 self.searcher.tell(optuna_id, None)
-            return
+            return True
         if rc == 0 and state == "ACTIVE" and not self.config.entrypoint.is_trial_class:
             self.registry.set_trial_state(trial_id, "COMPLETED")
             state = "COMPLETED"
@@ -237,6 +288,7 @@ class _Run:
             value = _final_metric(self.registry, trial_id, self.config.searcher.metric)
             self.searcher.tell(optuna_id, value)
         logger.info("Experiment %d: trial %d ended %s", self.experiment_id, trial_id, state)
+        return True
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         logger.warning("Received signal %d: asking trials to checkpoint and stop", signum)
@@ -245,55 +297,144 @@ class _Run:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
 
+    # ---- finding work -----------------------------------------------------------------------
+    def _claim_unfinished(self) -> tuple[int, dict[str, Any], int | None] | None:
+        """Claim an unfinished trial nobody works on (never started here, left by a killed
+        runner, or paused); also notes which unfinished trials live runners elsewhere hold."""
+        trials = self.registry.list_trials(self.experiment_id)
+        self._full = self._full or len(trials) >= self.config.searcher.max_trials
+        leases = {
+            lease.trial_id: lease for lease in self.registry.list_trial_leases(self.experiment_id)
+        }
+        others = []
+        for t in trials:
+            if t.state in FINISHED or t.id in self.running:
+                continue
+            lease = leases.get(t.id)
+            replace = None
+            if lease is not None and lease.held and lease.owner != self.leases.owner:
+                if not owner_is_dead_here(lease.owner):
+                    others.append(t.id)
+                    continue
+                replace = lease.owner
+            if not self.registry.claim_trial(
+                t.id, self.leases.owner, self.leases.lease_seconds, replace_owner=replace
+            ):
+                others.append(t.id)  # another runner was quicker, or it just finished
+                continue
+            self.leases.add(t.id)
+            if replace is not None:
+                logger.info("Trial %d: its runner %s is gone; taking it over", t.id, replace)
+            trial = self.registry.get_trial(t.id)
+            optuna_id = None
+            if self.searcher is not None:
+                optuna_id = self.searcher.optuna_ids().get(t.id)
+                if optuna_id is None:
+                    optuna_id = self.searcher.adopt(t.id)
+            return t.id, dict(trial.hparams), optuna_id
+        self._others = others
+        return None
+
+    def _create(self) -> tuple[int, dict[str, Any], int | None] | None:
+        """Create and claim a new trial, unless the experiment has max_trials already. The
+        searcher is asked while the registry holds the experiment locked, so runners racing
+        here ask in the order their trials are created, and never for a trial not created."""
+        cfg = self.config
+        if self._full:
+            return None
+        asked: list[tuple[dict[str, Any], int | None]] = []
+
+        def propose() -> dict[str, Any]:
+            if self.searcher is None:
+                asked.append((cfg.constant_hparams(), None))
+            else:
+                asked.append(self.searcher.ask())
+            return asked[-1][0]
+
+        try:
+            trial_id = self.registry.create_claimed_trial(
+                self.experiment_id,
+                hparams=propose,
+                max_trials=cfg.searcher.max_trials,
+                owner=self.leases.owner,
+                lease_seconds=self.leases.lease_seconds,
+            )
+        except BaseException:
+            self._abandon(asked)
+            raise
+        if trial_id is None:
+            self._full = True
+            self._abandon(asked)
+            return None
+        self._abandon(asked[:-1])  # asked again when the transaction was retried
+        self.leases.add(trial_id)
+        hparams, optuna_id = asked[-1]
+        if self.searcher is not None and optuna_id is not None:
+            self.searcher.link(optuna_id, trial_id)
+        return trial_id, hparams, optuna_id
+
+    def _abandon(self, asked: list[tuple[dict[str, Any], int | None]]) -> None:
+        for _, optuna_id in asked:
+            if self.searcher is not None and optuna_id is not None:
+                self.searcher.tell(optuna_id, None)
+
+    def _fill(self) -> None:
+        """Start trials while there is room: unfinished ones first, then new ones."""
+        if time.monotonic() < self._next_scan:
+            return
+        while not self._stop and len(self.running) < self.config.searcher.max_concurrent_trials:
+            work = self._claim_unfinished() or self._create()
+            if work is None:
+                self._next_scan = time.monotonic() + _SCAN_S
+                return
+            self._waiting_logged = False
+            self._launch(*work)
+
+    def _drop_lost(self) -> None:
+        for trial_id in self.leases.lost():
+            entry = self.running.pop(trial_id, None)
+            if entry is not None and entry[0].poll() is None:
+                entry[0].kill()  # another runner has the trial now: no more writes from here
+                entry[0].wait()
+            self.leases.release(trial_id)  # forgets it; the registry row is the new owner's
+
+    # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
         cfg = self.config
-        trials = self.registry.list_trials(self.experiment_id)
-        links: dict[int, int] = {}
         if self.searcher is not None:
             self.searcher.fail_unlinked()
-            links = self.searcher.optuna_ids()
-        queue: list[tuple[int, dict[str, Any], int | None]] = []
-        for t in trials:
-            if t.state in FINISHED:
-                continue
-            optuna_id = links.get(t.id)
-            if self.searcher is not None and optuna_id is None:
-                optuna_id = self.searcher.adopt(t.id)
-            queue.append((t.id, dict(t.hparams), optuna_id))
-        created = len(trials)
         old_handlers = {}
         import threading
 
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 old_handlers[sig] = signal.signal(sig, self._on_signal)
+        self.leases.start()
         try:
             while True:
-                while not self._stop and len(self.running) < cfg.searcher.max_concurrent_trials:
-                    if queue:
-                        self._launch(*queue.pop(0))
-                    elif created < cfg.searcher.max_trials:
-                        if self.searcher is None:
-                            hparams, optuna_id = cfg.constant_hparams(), None
-                        else:
-                            hparams, optuna_id = self.searcher.ask()
-                        trial_id = self.registry.create_trial(
-                            experiment_id=self.experiment_id, hparams=hparams
-                        )
-                        if self.searcher is not None and optuna_id is not None:
-                            self.searcher.link(optuna_id, trial_id)
-                        created += 1
-                        self._launch(trial_id, hparams, optuna_id)
-                    else:
-                        break
+                self._drop_lost()
+                if not self._stop:
+                    self._fill()
                 if not self.running:
-                    break
+                    if self._stop or not self._others:
+                        break
+                    if not self._waiting_logged:
+                        logger.info(
+                            "Experiment %d: nothing left to start here; waiting while other "
+                            "runners work on trials %s (to take over any they leave)",
+                            self.experiment_id,
+                            self._others,
+                        )
+                        self._waiting_logged = True
+                    time.sleep(_SCAN_S)
+                    continue
                 time.sleep(_POLL_S)
                 for trial_id, (proc, optuna_id) in list(self.running.items()):
                     rc = proc.poll()
                     if rc is not None:
                         del self.running[trial_id]
                         self._finish(trial_id, rc, optuna_id)
+                        self._next_scan = 0.0
         finally:
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
@@ -301,10 +442,26 @@ class _Run:
                 if proc.poll() is None:
                     proc.terminate()
                     proc.wait()
+            self.leases.stop()
         states = [t.state for t in self.registry.list_trials(self.experiment_id)]
         done = len(states) >= cfg.searcher.max_trials and all(s in FINISHED for s in states)
-        self.registry.set_experiment_state(self.experiment_id, "COMPLETED" if done else "PAUSED")
-        logger.info("Experiment %d %s", self.experiment_id, "completed" if done else "paused")
+        if done:
+            self.registry.set_experiment_state(self.experiment_id, "COMPLETED")
+            logger.info("Experiment %d completed", self.experiment_id)
+        elif self._others_working():
+            logger.info("Experiment %d: this runner stops; other runners go on", self.experiment_id)
+        else:
+            self.registry.set_experiment_state(self.experiment_id, "PAUSED")
+            logger.info("Experiment %d paused", self.experiment_id)
+
+    def _others_working(self) -> bool:
+        unfinished = {
+            t.id for t in self.registry.list_trials(self.experiment_id) if t.state not in FINISHED
+        }
+        return any(
+            lease.held and lease.trial_id in unfinished and not owner_is_dead_here(lease.owner)
+            for lease in self.registry.list_trial_leases(self.experiment_id)
+        )
 
 
 # ---- public API -----------------------------------------------------------------------------------
@@ -352,7 +509,12 @@ def create_experiment(
         exp_id = reg.create_experiment(
             config.description or None, config=stored, description=config.description or None
         )
-        logger.info("Created experiment %d", exp_id)
+        logger.info(
+            "Created experiment %d (other machines sharing this registry and storage can join "
+            "the search with `ckptstore experiment join %d`)",
+            exp_id,
+            exp_id,
+        )
         if run:
             _Run(
                 exp_id, reg, _registry_url(registry), storage if storage is not None else None
@@ -363,13 +525,30 @@ def create_experiment(
             reg.close()
 
 
-def resume_experiment(experiment_id: int, *, storage: Any = None, registry: Any = None) -> int:
-    """Continue an experiment: every unfinished trial from its latest checkpoint, then the trials
-    the searcher still wants. Returns the experiment id.
+def resume_experiment(
+    experiment_id: int,
+    *,
+    storage: Any = None,
+    registry: Any = None,
+    model_dir: str | os.PathLike[str] | None = None,
+) -> int:
+    """Continue an experiment, or join it from another machine: every unfinished trial from
+    its latest checkpoint, then the trials the searcher still wants. Returns the experiment id.
 
-    Several machines sharing a PostgreSQL registry may each run this to work on one search;
-    trials already running elsewhere are not detected, so give each machine its own experiment
-    slice of ``max_trials`` or run resume only once the others stopped.
+    Several runners may work on one experiment at once: run this (``ckptstore experiment
+    resume ID``) on every machine that shares the registry (PostgreSQL; a SQLite file works for
+    several runners on one machine) and the checkpoint storage. Each trial is leased in the
+    registry by the runner that runs it, so no trial runs twice and no more than
+    ``max_trials`` are created. A runner with nothing left to start waits while other live
+    runners hold unfinished trials and takes over those of a runner that dies (after its lease
+    expires, ``CKPTSTORE_TRIAL_LEASE_SECONDS``, default 60 s; at once on the same host).
+
+    Args:
+        experiment_id: the experiment to run.
+        storage: checkpoint storage; default: the one recorded at ``create``.
+        registry: a ``Registry`` or URL; default ``CKPTSTORE_REGISTRY`` or the SQLite default.
+        model_dir: the folder with the entrypoint's code on this machine; default: the folder
+            given at ``create``.
 
     Example::
 
@@ -378,8 +557,9 @@ def resume_experiment(experiment_id: int, *, storage: Any = None, registry: Any 
     reg, owned = _open_registry(registry)
     try:
         reg.get_experiment(experiment_id)  # ExperimentNotFound early
+        run = _Run(experiment_id, reg, _registry_url(registry), storage, model_dir)
         reg.set_experiment_state(experiment_id, "ACTIVE")
-        _Run(experiment_id, reg, _registry_url(registry), storage).run()
+        run.run()
         return experiment_id
     finally:
         if owned:

@@ -29,8 +29,10 @@ Example::
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,8 @@ logger = logging.getLogger(__name__)
 TRIAL_ATTR = "ckptstore_trial_id"
 OPTUNA_SCHEMA = "optuna"
 _PRIMITIVE = (str, int, float, bool, type(None))
+#: Unlinked running Optuna trials younger than this may belong to a runner still linking them.
+UNLINKED_GRACE_S = 120.0
 
 
 def study_name(experiment_id: int) -> str:
@@ -139,6 +143,7 @@ class Searcher:
         self.experiment_id = experiment_id
         s = config.searcher
         seed = config.experiment_seed + experiment_id
+        self._seed = seed
         if s.name == "grid":
             space = {
                 hp.name: _categorical_choices(hp)[0]
@@ -150,14 +155,22 @@ class Searcher:
             sampler = optuna.samplers.TPESampler(seed=seed)
         else:
             sampler = optuna.samplers.RandomSampler(seed=seed)
-        self.study = optuna.create_study(
-            storage=_storage(registry_url),
-            study_name=study_name(experiment_id),
-            sampler=sampler,
-            pruner=self._pruner(),
-            direction="minimize" if s.smaller_is_better else "maximize",
-            load_if_exists=True,
-        )
+        for attempt in range(3):
+            try:
+                self.study = optuna.create_study(
+                    storage=_storage(registry_url),
+                    study_name=study_name(experiment_id),
+                    sampler=sampler,
+                    pruner=self._pruner(),
+                    direction="minimize" if s.smaller_is_better else "maximize",
+                    load_if_exists=True,
+                )
+                break
+            except Exception:  # noqa: BLE001 - runners starting together race on Optuna's tables
+                if attempt == 2:
+                    raise
+                logger.info("Opening the Optuna study failed; retrying", exc_info=True)
+                time.sleep(1.0 + attempt)
 
     def _pruner(self) -> Any:
         import optuna
@@ -186,7 +199,18 @@ class Searcher:
     def ask(self) -> tuple[dict[str, Any], int]:
         """``(nested hparams, optuna trial id)`` for a new trial."""
         trial = self.study.ask()
+        if self.config.searcher.name in ("random", "tpe", "adaptive_asha"):
+            # A sampler seeded by the trial number: runners sharing the study (same seed) then
+            # propose different values, and a search stays reproducible.
+            self.study.sampler = self._sampler_for(self._seed + trial.number)
         return self._suggest(trial), trial._trial_id
+
+    def _sampler_for(self, seed: int) -> Any:
+        import optuna
+
+        if self.config.searcher.name == "tpe":
+            return optuna.samplers.TPESampler(seed=seed)
+        return optuna.samplers.RandomSampler(seed=seed)
 
     def _suggest(self, trial: Any) -> dict[str, Any]:
         grid = self.config.searcher.name == "grid"
@@ -228,13 +252,23 @@ class Searcher:
                 out[int(tid)] = t._trial_id
         return out
 
-    def fail_unlinked(self) -> None:
-        """Mark running Optuna trials with no registry trial as failed (left by a killed runner)."""
+    def fail_unlinked(self, grace_seconds: float = UNLINKED_GRACE_S) -> None:
+        """Mark running Optuna trials with no registry trial as failed (left by a killed runner).
+        Trials younger than ``grace_seconds`` are left alone: another runner on the same search
+        may be between asking for one and linking it."""
         import optuna
 
+        now = _dt.datetime.now()
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            if TRIAL_ATTR not in t.user_attrs:
+            if TRIAL_ATTR in t.user_attrs:
+                continue
+            started = t.datetime_start
+            if started is not None and (now - started).total_seconds() < grace_seconds:
+                continue
+            try:
                 self.study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+            except (RuntimeError, ValueError):  # finished by another runner meanwhile
+                pass
 
     def is_finished(self, optuna_id: int) -> bool:
         return self.study._storage.get_trial(optuna_id).state.is_finished()
