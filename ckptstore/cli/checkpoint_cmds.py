@@ -16,8 +16,8 @@ from typing import Any
 import click
 
 from ckptstore import errors
+from ckptstore.cli.download import download_checkpoint, download_options
 from ckptstore.cli.output import emit_json, emit_record, emit_rows, human_size
-from ckptstore.cli.progress import transfer_progress
 from ckptstore.cli.state import CliState
 from ckptstore.cli.views import checkpoint_detail, checkpoint_view, model_versions_by_checkpoint
 
@@ -53,47 +53,6 @@ def find_checkpoint(state: CliState, uuid: str) -> Any:
 def _safe(state: CliState) -> str:
     registry = state._registry
     return repr(registry) if registry is not None else "(not opened)"
-
-
-def read_committed_manifest(storage: Any, uuid: str) -> dict[str, Any]:
-    """The manifest of a committed checkpoint; CheckpointNotFound if nothing is stored."""
-    from ckptstore.checkpointing import format as ckpt_format
-
-    if not storage.exists(uuid):
-        raise errors.CheckpointNotFound(
-            f"Checkpoint {uuid} has no files in storage {storage.url}; it was deleted or lives "
-            "in another storage (pass --storage)."
-        )
-    return ckpt_format.read_manifest(storage, uuid)
-
-
-def download_checkpoint(
-    state: CliState, uuid: str, out_dir: str, selector: Any = None, *, label: str = "Downloading"
-) -> dict[str, int]:
-    """Download (with a progress bar on a terminal) and verify checkpoint ``uuid``."""
-    from ckptstore.checkpointing import format as ckpt_format
-
-    try:
-        record = state.registry().get_checkpoint(uuid)
-        storage = state.storage_for(record)
-    except errors.CheckpointNotFound:
-        storage = state.storage()  # not registered: try --storage directly
-    manifest = read_committed_manifest(storage, uuid)
-    select = ckpt_format.compile_selector(selector)
-    # The manifest and metadata always come along, so the folder stays self-describing.
-    wanted = {
-        rel: entry
-        for rel, entry in manifest["files"].items()
-        if select(rel) or rel == ckpt_format.METADATA_NAME
-    }
-    total = sum(int(e["size"]) for e in wanted.values())
-    os.makedirs(out_dir, exist_ok=True)
-    with transfer_progress(f"{label} {uuid[:8]}", total) as progress:
-        storage.download(uuid, out_dir, selector=lambda rel: rel in wanted, progress=progress)
-    checked = ckpt_format.verify_files(out_dir, manifest, lambda rel: rel in wanted)
-    with open(os.path.join(out_dir, ckpt_format.MANIFEST_NAME), "wb") as f:
-        f.write(ckpt_format.dump_json(manifest))
-    return checked
 
 
 @click.group()
@@ -165,20 +124,7 @@ def describe_cmd(state: CliState, uuid: str, as_json: bool) -> None:
 
 @checkpoint.command("download")
 @click.argument("uuid")
-@click.option(
-    "-o",
-    "--output",
-    "out_dir",
-    type=click.Path(file_okay=False),
-    help="Target folder (default ./UUID).",
-)
-@click.option(
-    "--selector",
-    "selectors",
-    multiple=True,
-    metavar="GLOB",
-    help="Only files matching (repeatable).",
-)
+@download_options("./UUID")
 @pass_state
 def download_cmd(
     state: CliState, uuid: str, out_dir: str | None, selectors: tuple[str, ...]

@@ -16,7 +16,7 @@ import re
 import click
 
 from ckptstore import errors
-from ckptstore.cli.checkpoint_cmds import download_checkpoint
+from ckptstore.cli.download import download_checkpoint, download_options
 from ckptstore.cli.output import emit_json, emit_record, emit_rows, human_size, render_table
 from ckptstore.cli.state import CliState
 from ckptstore.cli.views import model_view, version_view
@@ -170,20 +170,7 @@ def set_alias_cmd(state: CliState, name: str, version: int, alias: str) -> None:
 
 @model.command("download")
 @click.argument("ref", metavar="NAME[@ALIAS|:VERSION]")
-@click.option(
-    "-o",
-    "--output",
-    "out_dir",
-    type=click.Path(file_okay=False),
-    help="Target folder (default ./NAME-vN).",
-)
-@click.option(
-    "--selector",
-    "selectors",
-    multiple=True,
-    metavar="GLOB",
-    help="Only files matching (repeatable).",
-)
+@download_options("./NAME-vN")
 @pass_state
 def download_cmd(
     state: CliState, ref: str, out_dir: str | None, selectors: tuple[str, ...]
