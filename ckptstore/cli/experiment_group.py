@@ -15,6 +15,7 @@ import logging
 
 import click
 
+from ckptstore.cli.report_file import report_output_option, write_html_report
 from ckptstore.cli.state import CliState
 
 logger = logging.getLogger(__name__)
@@ -24,14 +25,7 @@ pass_state = click.make_pass_decorator(CliState)
 
 @click.command("report")
 @click.argument("experiment_id", type=int)
-@click.option(
-    "-o",
-    "--output",
-    "out_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="HTML file to write.",
-)
+@report_output_option
 @pass_state
 def report_cmd(state: CliState, experiment_id: int, out_path: str) -> None:
     """Write one self-contained HTML page: every trial's metric curves, hyperparameters and
@@ -41,11 +35,9 @@ def report_cmd(state: CliState, experiment_id: int, out_path: str) -> None:
     Example:
       ckptstore experiment report 1 -o report.html
     """
-    from ckptstore.reports import collect_experiment_report, render_report, write_report
+    from ckptstore.reports import collect_experiment_report
 
-    report = collect_experiment_report(state.registry(), experiment_id)
-    write_report(render_report(report), out_path)
-    click.echo(f"Wrote {out_path}")
+    write_html_report(collect_experiment_report(state.registry(), experiment_id), out_path)
 
 
 def _runner_group() -> click.Group | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import click
 
 from ckptstore.cli.output import emit_json, emit_rows, format_cell, render_table
+from ckptstore.cli.report_file import report_output_option, write_html_report
 from ckptstore.cli.state import CliState
 from ckptstore.cli.views import checkpoint_view, metric_view, trial_view
 
@@ -108,14 +109,7 @@ def describe_cmd(state: CliState, trial_id: int, as_json: bool) -> None:
 
 @trial.command("report")
 @click.argument("trial_id", type=int)
-@click.option(
-    "-o",
-    "--output",
-    "out_path",
-    required=True,
-    type=click.Path(dir_okay=False),
-    help="HTML file to write.",
-)
+@report_output_option
 @pass_state
 def report_cmd(state: CliState, trial_id: int, out_path: str) -> None:
     """Write one self-contained HTML page: metric curves, hyperparameters, checkpoints.
@@ -124,8 +118,6 @@ def report_cmd(state: CliState, trial_id: int, out_path: str) -> None:
     Example:
       ckptstore trial report 3 -o trial3.html
     """
-    from ckptstore.reports import collect_trial_report, render_report, write_report
+    from ckptstore.reports import collect_trial_report
 
-    report = collect_trial_report(state.registry(), trial_id)
-    write_report(render_report(report), out_path)
-    click.echo(f"Wrote {out_path}")
+    write_html_report(collect_trial_report(state.registry(), trial_id), out_path)
