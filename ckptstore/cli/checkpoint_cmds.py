@@ -18,12 +18,10 @@ import click
 from ckptstore import errors
 from ckptstore.cli.download import download_checkpoint, download_options
 from ckptstore.cli.output import emit_json, emit_record, emit_rows, human_size
-from ckptstore.cli.state import CliState
+from ckptstore.cli.state import CliState, pass_state
 from ckptstore.cli.views import checkpoint_detail, checkpoint_view, model_versions_by_checkpoint
 
 logger = logging.getLogger(__name__)
-
-pass_state = click.make_pass_decorator(CliState)
 
 LIST_COLUMNS = (
     ("uuid", "UUID"),

@@ -16,11 +16,9 @@ import logging
 import click
 
 from ckptstore.cli.report_file import report_output_option, write_html_report
-from ckptstore.cli.state import CliState
+from ckptstore.cli.state import CliState, pass_state
 
 logger = logging.getLogger(__name__)
-
-pass_state = click.make_pass_decorator(CliState)
 
 
 @click.command("report")

@@ -13,9 +13,7 @@ import dataclasses
 import click
 
 from ckptstore.cli.output import emit_rows
-from ckptstore.cli.state import CliState
-
-pass_state = click.make_pass_decorator(CliState)
+from ckptstore.cli.state import CliState, pass_state
 
 
 @click.command("import-determined")

@@ -12,9 +12,7 @@ from __future__ import annotations
 import click
 
 from ckptstore.cli.output import emit_json
-from ckptstore.cli.state import CliState
-
-pass_state = click.make_pass_decorator(CliState)
+from ckptstore.cli.state import CliState, pass_state
 
 
 @click.command()

@@ -18,10 +18,8 @@ import click
 from ckptstore import errors
 from ckptstore.cli.download import download_checkpoint, download_options
 from ckptstore.cli.output import emit_json, emit_record, emit_rows, human_size, render_table
-from ckptstore.cli.state import CliState
+from ckptstore.cli.state import CliState, pass_state
 from ckptstore.cli.views import model_view, version_view
-
-pass_state = click.make_pass_decorator(CliState)
 
 _REF_RE = re.compile(r"^(?P<name>[^@:]+)(?:@(?P<alias>[^@:]+)|:(?P<version>-?\d+))?$")
 VERSION_COLUMNS = (

@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import click
+
 from ckptstore import defaults
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -76,3 +78,7 @@ class CliState:
             except Exception:  # noqa: BLE001
                 logger.debug("closing the registry failed", exc_info=True)
             self._registry = None
+
+
+#: Decorator handing a verb the ``CliState`` that ``ckptstore``'s top-level group created.
+pass_state = click.make_pass_decorator(CliState)

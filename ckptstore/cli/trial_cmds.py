@@ -13,10 +13,8 @@ import click
 
 from ckptstore.cli.output import emit_json, emit_rows, format_cell, render_table
 from ckptstore.cli.report_file import report_output_option, write_html_report
-from ckptstore.cli.state import CliState
+from ckptstore.cli.state import CliState, pass_state
 from ckptstore.cli.views import checkpoint_view, metric_view, trial_view
-
-pass_state = click.make_pass_decorator(CliState)
 
 LIST_COLUMNS = (
     ("id", "ID"),
