@@ -17,7 +17,7 @@ import click
 
 from ckptstore import errors
 from ckptstore.cli.download import download_checkpoint, download_options
-from ckptstore.cli.output import emit_json, emit_record, emit_rows, human_size
+from ckptstore.cli.output import emit_json, emit_record, emit_rows, human_size, json_option
 from ckptstore.cli.state import CliState, pass_state
 from ckptstore.cli.views import checkpoint_detail, checkpoint_view, model_versions_by_checkpoint
 
@@ -68,7 +68,7 @@ def checkpoint() -> None:
 @click.option("--trial", "trial_id", type=int, help="Only this trial's checkpoints.")
 @click.option("--experiment", "experiment_id", type=int, help="Only this experiment's checkpoints.")
 @click.option("--all", "include_all", is_flag=True, help="Include PENDING and DELETED checkpoints.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 @pass_state
 def list_cmd(
     state: CliState,
@@ -98,7 +98,7 @@ def list_cmd(
 
 @checkpoint.command("describe")
 @click.argument("uuid")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 @pass_state
 def describe_cmd(state: CliState, uuid: str, as_json: bool) -> None:
     """Show one checkpoint: trial, steps, state, metrics, metadata and files.
@@ -141,7 +141,7 @@ def download_cmd(
 
 @checkpoint.command("verify")
 @click.argument("uuid")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 @pass_state
 def verify_cmd(state: CliState, uuid: str, as_json: bool) -> None:
     """Download a checkpoint to a temporary folder and check it against its manifest.

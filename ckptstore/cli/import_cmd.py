@@ -12,7 +12,7 @@ import dataclasses
 
 import click
 
-from ckptstore.cli.output import emit_rows
+from ckptstore.cli.output import emit_rows, json_option
 from ckptstore.cli.state import CliState, pass_state
 
 
@@ -28,7 +28,7 @@ from ckptstore.cli.state import CliState, pass_state
     help="Read pickled files (callback_state, rng_state.pkl, ...). Pickles run code when read: "
     "only for checkpoints you trust. Without it they are copied unread.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 @pass_state
 def import_determined(
     state: CliState,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from ckptstore.cli.output import emit_json
+from ckptstore.cli.output import emit_json, json_option
 from ckptstore.cli.state import CliState, pass_state
 
 
@@ -43,7 +43,7 @@ from ckptstore.cli.state import CliState, pass_state
     "--larger-is-better", is_flag=True, help="Higher --metric is better (default: smaller)."
 )
 @click.option("--trial", "trial_id", type=int, help="Only this trial (default: every trial).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 @pass_state
 def gc(
     state: CliState,
@@ -101,7 +101,7 @@ def gc(
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 @pass_state
 def reindex(state: CliState, as_json: bool) -> None:
     """Rebuild the registry's checkpoint rows from what is in storage.

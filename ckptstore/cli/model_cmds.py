@@ -17,7 +17,14 @@ import click
 
 from ckptstore import errors
 from ckptstore.cli.download import download_checkpoint, download_options
-from ckptstore.cli.output import emit_json, emit_record, emit_rows, human_size, render_table
+from ckptstore.cli.output import (
+    emit_json,
+    emit_record,
+    emit_rows,
+    human_size,
+    json_option,
+    render_table,
+)
 from ckptstore.cli.state import CliState, pass_state
 from ckptstore.cli.views import model_view, version_view
 
@@ -58,7 +65,7 @@ def model() -> None:
 @click.argument("name")
 @click.option("--description", default="", help="Free text.")
 @click.option("--label", "labels", multiple=True, help="A label (repeatable).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 @pass_state
 def create_cmd(
     state: CliState, name: str, description: str, labels: tuple[str, ...], as_json: bool
@@ -80,7 +87,7 @@ def create_cmd(
 
 @model.command("list")
 @click.option("--archived", is_flag=True, help="Include archived models.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 @pass_state
 def list_cmd(state: CliState, archived: bool, as_json: bool) -> None:
     """List registered models.
@@ -106,7 +113,7 @@ def list_cmd(state: CliState, archived: bool, as_json: bool) -> None:
 
 @model.command("describe")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 @pass_state
 def describe_cmd(state: CliState, name: str, as_json: bool) -> None:
     """Show a model and its versions.
@@ -130,7 +137,7 @@ def describe_cmd(state: CliState, name: str, as_json: bool) -> None:
 @model.command("register-version")
 @click.argument("name")
 @click.argument("uuid")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 @pass_state
 def register_version_cmd(state: CliState, name: str, uuid: str, as_json: bool) -> None:
     """Register checkpoint UUID as the next version of model NAME.

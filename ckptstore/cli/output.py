@@ -38,6 +38,10 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
+#: The ``--json`` flag (into ``as_json``) of every verb that can print JSON for scripts.
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
 def emit_json(value: Any) -> None:
     """Print ``value`` as indented JSON on stdout."""
     click.echo(json.dumps(jsonable(value), indent=2))

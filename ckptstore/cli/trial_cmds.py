@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from ckptstore.cli.output import emit_json, emit_rows, format_cell, render_table
+from ckptstore.cli.output import emit_json, emit_rows, format_cell, json_option, render_table
 from ckptstore.cli.report_file import report_output_option, write_html_report
 from ckptstore.cli.state import CliState, pass_state
 from ckptstore.cli.views import checkpoint_view, metric_view, trial_view
@@ -37,7 +37,7 @@ def trial() -> None:
 
 @trial.command("list")
 @click.option("--experiment", "experiment_id", type=int, help="Only this experiment's trials.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 @pass_state
 def list_cmd(state: CliState, experiment_id: int | None, as_json: bool) -> None:
     """List trials.
@@ -72,7 +72,7 @@ def describe_trial(state: CliState, trial_id: int) -> dict:
 
 @trial.command("describe")
 @click.argument("trial_id", type=int)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@json_option
 @pass_state
 def describe_cmd(state: CliState, trial_id: int, as_json: bool) -> None:
     """Show a trial: hyperparameters, latest metrics and checkpoints.
