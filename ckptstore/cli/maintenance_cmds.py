@@ -58,8 +58,11 @@ def gc(
 ) -> None:
     """Delete checkpoints the retention policy no longer keeps (Determined's defaults).
 
-    The policy applies per trial, like Determined's checkpoint_storage GC keys. Checkpoints registered as model versions are never deleted. Uncommitted leftovers older
-    than the grace period are removed too.
+    The policy applies per trial, like Determined's checkpoint_storage GC keys. Never deleted:
+    checkpoints registered as model versions, and checkpoints pinned by a running process (the
+    checkpoint a training run resumed from, or one being restored); a pin of a process that
+    crashed expires with its lease (10 minutes by default). Uncommitted leftovers older than
+    the grace period are removed too.
 
     \b
     Example:
