@@ -177,7 +177,8 @@ def verify_cmd(state: CliState, uuid: str, as_json: bool) -> None:
 def delete_cmd(state: CliState, uuids: tuple[str, ...], globs: tuple[str, ...], yes: bool) -> None:
     """Delete checkpoints (or only some of their files with --glob).
 
-    Checkpoints registered as a model version are refused; delete the version first.
+    Checkpoints registered as a model version, or pinned by a running process (the checkpoint it
+    resumed from or is restoring), are refused.
 
     \b
     Example:
@@ -187,8 +188,15 @@ def delete_cmd(state: CliState, uuids: tuple[str, ...], globs: tuple[str, ...], 
 
     registry = state.registry()
     protected = registry.protected_checkpoint_uuids()
+    pinned = {pin.uuid for pin in registry.list_pins()}
     records = [find_checkpoint(state, uuid) for uuid in uuids]
     for record in records:
+        if record.uuid in pinned:
+            raise errors.InvalidConfig(
+                f"Checkpoint {record.uuid} is pinned by a running process (a run resumed from it "
+                "or is restoring it); try again when that process has finished (a crashed "
+                "process's pin expires with its lease)."
+            )
         if record.uuid in protected:
             raise errors.InvalidConfig(
                 f"Checkpoint {record.uuid} is registered as a model version; delete that version "

@@ -96,3 +96,15 @@ def test_delete_refuses_model_version(env):
     refused = env.run("checkpoint", "delete", uuid, "-y")
     assert refused.exit_code == 2 and "model version" in refused.output
     assert env.json("checkpoint", "describe", uuid)["model_versions"] == ["m:1"]
+
+
+def test_delete_refuses_checkpoint_pinned_by_a_running_process(env):
+    uuid = env.save(1, 10)
+    with env.registry() as registry:
+        registry.pin_checkpoint(uuid, "otherhost:4242:abc")
+    refused = env.run("checkpoint", "delete", uuid, "-y")
+    assert refused.exit_code == 2 and "pinned by a running process" in refused.output
+    assert env.json("checkpoint", "describe", uuid)["state"] == "COMMITTED"
+    with env.registry() as registry:
+        registry.unpin_checkpoint(uuid, "otherhost:4242:abc")
+    assert env.run("checkpoint", "delete", uuid, "-y").exit_code == 0
