@@ -19,7 +19,7 @@ from ckptstore import errors
 from ckptstore.cli.download import download_checkpoint, download_options
 from ckptstore.cli.output import emit_json, emit_record, emit_rows, human_size, json_option
 from ckptstore.cli.state import CliState, pass_state
-from ckptstore.cli.views import checkpoint_detail, checkpoint_view, model_versions_by_checkpoint
+from ckptstore.reports.views import checkpoint_detail, checkpoint_view, model_versions_by_checkpoint
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from ckptstore.cli.output import (
     render_table,
 )
 from ckptstore.cli.state import CliState, pass_state
-from ckptstore.cli.views import model_view, version_view
+from ckptstore.reports.views import model_view, version_view
 
 _REF_RE = re.compile(r"^(?P<name>[^@:]+)(?:@(?P<alias>[^@:]+)|:(?P<version>-?\d+))?$")
 VERSION_COLUMNS = (

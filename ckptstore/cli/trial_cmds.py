@@ -14,7 +14,7 @@ import click
 from ckptstore.cli.output import emit_json, emit_rows, format_cell, json_option, render_table
 from ckptstore.cli.report_file import report_output_option, write_html_report
 from ckptstore.cli.state import CliState, pass_state
-from ckptstore.cli.views import checkpoint_view, metric_view, trial_view
+from ckptstore.reports.views import checkpoint_view, metric_view, trial_view
 
 LIST_COLUMNS = (
     ("id", "ID"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
-from ckptstore.cli.views import (
+from ckptstore.reports.views import (
     checkpoint_view,
     experiment_view,
     flat_metrics,

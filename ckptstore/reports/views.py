@@ -5,7 +5,7 @@ never breaks a listing.
 
 Example::
 
-    from ckptstore.cli.views import checkpoint_view
+    from ckptstore.reports.views import checkpoint_view
 
     row = checkpoint_view(registry.get_checkpoint(uuid))
     print(row["uuid"], row["steps_completed"], row["state"])
