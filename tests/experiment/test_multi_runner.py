@@ -47,6 +47,8 @@ def test_two_machines_share_one_search(tmp_path, monkeypatch, postgres_url_facto
     monkeypatch.setenv("CKPTSTORE_LOG_LEVEL", "WARNING")
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
     monkeypatch.setenv("PYTHONPATH", str(REPO))
+    # Leases shorter than a trial: only the heartbeat keeps each trial with its runner.
+    monkeypatch.setenv("CKPTSTORE_TRIAL_LEASE_SECONDS", "3")
     registry_url = postgres_url_factory()
     storage = str(tmp_path / "ckpts")
     cfg = _config(tmp_path)
@@ -91,6 +93,8 @@ def test_two_machines_share_one_search(tmp_path, monkeypatch, postgres_url_facto
 
         info = describe_experiment(exp_id, registry=registry_url)
         assert len({json.dumps(t["hparams"], sort_keys=True) for t in info["trials"]}) == 4
+        for t in info["trials"]:
+            assert t["runner"] == reg.get_trial_lease(t["id"]).owner and not t["runner_active"]
         best = max(info["trials"], key=lambda t: t["best_metric"])
         assert info["best_trial"] == best["id"] and info["best_metric"] == best["best_metric"]
         assert reg.get_checkpoint(info["best_checkpoint"]).trial_id == best["id"]

@@ -138,8 +138,11 @@ def _wait_for(predicate, timeout=240):
 
 
 @pytest.mark.slow
-def test_killed_runner_resumes_with_the_same_trial_count(tmp_path, where):
+def test_killed_runner_resumes_with_the_same_trial_count(tmp_path, where, monkeypatch):
     storage, registry = where
+    # A lease far longer than the test: resume must take the killed runner's trial over at
+    # once because that runner's process is gone (same host), not wait for the lease to expire.
+    monkeypatch.setenv("CKPTSTORE_TRIAL_LEASE_SECONDS", "3600")
     cfg = write_config(
         tmp_path,
         "kill.yaml",
@@ -180,6 +183,9 @@ def test_killed_runner_resumes_with_the_same_trial_count(tmp_path, where):
         assert len(before) == len(set(before))
         assert max(steps) == 400
         assert reg.get_experiment(1).state == "COMPLETED"
+        lease = reg.get_trial_lease(trial.id)
+        assert lease.claims == 2 and lease.owner.split(":")[1] != str(runner.pid)
+        assert reg.get_trial_lease(trials[1].id).claims == 1
     finally:
         if runner.poll() is None:
             runner.kill()

@@ -567,8 +567,9 @@ def resume_experiment(
 
 
 def describe_experiment(experiment_id: int, *, registry: Any = None) -> dict[str, Any]:
-    """The experiment's trials (state, hparams, batches, best metric, checkpoints) and its best
-    trial, metric and checkpoint by ``searcher.metric``, as a JSON-able dict.
+    """The experiment's trials (state, hparams, batches, best metric, checkpoints, the runner
+    that runs or ran each) and its best trial, metric and checkpoint by ``searcher.metric``, as
+    a JSON-able dict.
 
     Example::
 
@@ -581,7 +582,9 @@ def describe_experiment(experiment_id: int, *, registry: Any = None) -> dict[str
         config = parse_config(experiment_config(reg, experiment_id))
         metric, smaller = config.searcher.metric, config.searcher.smaller_is_better
         trials = []
+        leases = {lease.trial_id: lease for lease in reg.list_trial_leases(experiment_id)}
         for t in reg.list_trials(experiment_id):
+            lease = leases.get(t.id)
             latest = reg.latest_checkpoint(t.id)
             best_ckpt = reg.best_checkpoint(trial_id=t.id, metric=metric, smaller_is_better=smaller)
             trials.append(
@@ -593,6 +596,9 @@ def describe_experiment(experiment_id: int, *, registry: Any = None) -> dict[str
                     "best_metric": _best_metric(reg, t.id, metric, smaller),
                     "latest_checkpoint": latest.uuid if latest else None,
                     "best_checkpoint": best_ckpt.uuid if best_ckpt else None,
+                    # the runner (host:pid:start:token) running it now or that ran it last
+                    "runner": lease.owner if lease else None,
+                    "runner_active": bool(lease and lease.held),
                 }
             )
         scored = [t for t in trials if t["best_metric"] is not None]
