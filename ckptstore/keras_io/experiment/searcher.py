@@ -18,7 +18,9 @@ Where the study is stored (:func:`optuna_storage_url`):
 - registry in a SQLite file ``reg.db``: a sibling file ``reg.optuna.db``.
 - anything else (in-memory SQLite): a file under ``<ckptstore home>/optuna/``.
 
-The study of experiment N is named ``ckptstore-experiment-N``. Optuna's trial has the user
+Random and TPE samplers are seeded with ``experiment seed + experiment id + trial number``
+for each new trial, so a search is reproducible and runners sharing a study (same seed) still
+propose different values. The study of experiment N is named ``ckptstore-experiment-N``. Optuna's trial has the user
 attribute ``ckptstore_trial_id`` linking it to the registry trial.
 
 Example::
