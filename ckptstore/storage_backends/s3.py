@@ -141,9 +141,9 @@ class S3Storage(ObjectStorage):
         self._transfer = TransferConfig(
             multipart_threshold=self.multipart_threshold,
             multipart_chunksize=self.part_size,
-            # Files come from the storage's pool (``concurrency`` at once) and every file's
-            # parts share this manager: room for both, as the other backends' two pools give.
-            max_concurrency=2 * self.concurrency,
+            # Every file's parts share this one manager (``concurrency`` requests at once);
+            # 2 x concurrency was measured slower on moto (uploads 0.55x).
+            max_concurrency=self.concurrency,
             use_threads=True,
         )
         # One transfer manager per storage: its thread pool bounds parts *and* files together,
