@@ -116,4 +116,6 @@ class ResumeError(CkptstoreError):
     """Training state could not be restored exactly from a checkpoint."""
 
 
-__all__ = [name for name, obj in globals().items() if isinstance(obj, type) and issubclass(obj, Exception)]
+__all__ = [
+    name for name, obj in globals().items() if isinstance(obj, type) and issubclass(obj, Exception)
+]
