@@ -232,15 +232,6 @@ class AzureStorage(ObjectStorage):
                 f"short read at offset {start}: got {offset - start} of {expected}"
             )
 
-    def _download_file(self, name: str, path: str, size: int) -> None:
-        if size < self.multipart_threshold:
-            with open(path, "wb") as f:
-                self._get_into(name, f.fileno(), 0, None)
-            return
-        self._parallel_parts(
-            name, path, size, lambda fd, start, length: self._get_into(name, fd, start, length)
-        )
-
     def _read(self, name: str) -> bytes:
         return self._container.download_blob(name).readall()
 

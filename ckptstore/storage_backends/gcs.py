@@ -306,15 +306,6 @@ class GCSStorage(ObjectStorage):
             # Transient: a connection cut mid-body; the retry fetches the part again.
             raise ConnectionError(f"short read at offset {start}: got {got} of {length} bytes")
 
-    def _download_file(self, name: str, path: str, size: int) -> None:
-        if size < self.multipart_threshold:
-            with open(path, "wb") as f:
-                self._get_into(name, f.fileno(), 0, None)
-            return
-        self._parallel_parts(
-            name, path, size, lambda fd, start, length: self._get_into(name, fd, start, length)
-        )
-
     def _read(self, name: str) -> bytes:
         return self._bucket.blob(name).download_as_bytes(timeout=self._timeout, retry=None)
 

@@ -143,7 +143,22 @@ class ObjectStorage(Storage):
         raise NotImplementedError
 
     def _download_file(self, name: str, path: str, size: int) -> None:
-        """Write object ``name`` to local ``path`` (a temporary name the caller renames)."""
+        """Write object ``name`` to local ``path`` (a temporary name the caller renames).
+
+        Default: one streamed GET below ``multipart_threshold``, else parallel ranged GETs, both
+        through :meth:`_get_into`. Backends with their own transfer manager override this."""
+        if size < self.multipart_threshold:
+            with open(path, "wb") as f:
+                self._get_into(name, f.fileno(), 0, None)
+            return
+        self._parallel_parts(
+            name, path, size, lambda fd, start, length: self._get_into(name, fd, start, length)
+        )
+
+    def _get_into(self, name: str, fd: int, start: int, length: int | None) -> None:
+        """Stream bytes ``[start, start + length)`` of ``name`` (the whole object when
+        ``length`` is None) into ``fd`` at the same offsets; a short body raises
+        ``ConnectionError`` so the part is retried."""
         raise NotImplementedError
 
     def _read(self, name: str) -> bytes:
