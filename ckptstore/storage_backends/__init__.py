@@ -62,7 +62,7 @@ def open_storage(
             protocol; or a dict with ``type`` s3/gcs/azure/shared_fs/directory. An existing
             :class:`Storage` is returned unchanged.
         **storage_options: backend options (``concurrency``, ``part_size``,
-            ``multipart_threshold``, ``max_attempts``, ``timeout``, credentials such as
+            ``download_part_size``, ``multipart_threshold``, ``max_attempts``, ``timeout``, credentials such as
             ``endpoint_url``, ``connection_string``); they override the dict's keys.
 
     Raises:

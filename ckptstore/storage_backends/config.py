@@ -22,7 +22,14 @@ from ckptstore.errors import InvalidStorageConfig
 GC_KEYS = ("save_experiment_best", "save_trial_best", "save_trial_latest")
 
 #: Transfer/retry options any backend accepts (see ObjectStorage).
-COMMON_OPTIONS = ("concurrency", "part_size", "multipart_threshold", "max_attempts", "timeout")
+COMMON_OPTIONS = (
+    "concurrency",
+    "part_size",
+    "download_part_size",
+    "multipart_threshold",
+    "max_attempts",
+    "timeout",
+)
 
 # type -> (required keys, optional keys)
 _SCHEMAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {

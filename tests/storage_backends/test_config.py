@@ -127,3 +127,23 @@ def test_generic_fsspec_fallback_round_trip(tmp_path):
     assert (tmp_path / "out" / "d" / "f.bin").read_bytes() == b"abc"
     assert storage.delete("ck") == {}
     assert os.path.exists(tmp_path / "lock")
+
+
+def test_download_part_size_defaults_and_overrides(s3_server):
+    from ckptstore.storage_backends.s3 import S3Storage
+
+    MiB = 2**20
+    with open_storage("s3://bucket-x/p") as st:  # backend defaults: 64 MiB up, 128 MiB down
+        assert (st.part_size, st.download_part_size) == (64 * MiB, 128 * MiB)
+        assert st._part_ranges(300 * MiB) == [(0, 128 * MiB), (128 * MiB, 128 * MiB),
+                                              (256 * MiB, 44 * MiB)]  # fmt: skip
+    with open_storage("s3://bucket-x/p", part_size=8 * MiB) as st:  # one size for both ways
+        assert st.download_part_size == 8 * MiB
+    config = {"type": "s3", "bucket": "bucket-x", "download_part_size": 16 * MiB}
+    with open_storage(config) as st:
+        assert isinstance(st, S3Storage)
+        assert (st.part_size, st.download_part_size) == (64 * MiB, 16 * MiB)
+    with open_storage("memory://x") as st:  # a backend without its own download default
+        assert st.download_part_size == st.part_size
+    with pytest.raises(errors.InvalidStorageConfig, match="download_part_size"):
+        open_storage("memory://x", download_part_size=0)
