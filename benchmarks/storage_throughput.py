@@ -241,14 +241,19 @@ def fsspec_method(scheme: str, src: str):  # type: ignore[no-untyped-def]
 
     if scheme == "gs":
         fs = fsspec.filesystem(
-            "gcs", token="anon", endpoint_url=os.environ["STORAGE_EMULATOR_HOST"]
+            "gcs",
+            token="anon",
+            endpoint_url=os.environ["STORAGE_EMULATOR_HOST"],
+            skip_instance_cache=True,
         )
     elif scheme == "az":
         fs = fsspec.filesystem(
-            "abfs", connection_string=os.environ["AZURE_STORAGE_CONNECTION_STRING"]
+            "abfs",
+            connection_string=os.environ["AZURE_STORAGE_CONNECTION_STRING"],
+            skip_instance_cache=True,
         )
     else:
-        fs = fsspec.filesystem("s3")
+        fs = fsspec.filesystem("s3", skip_instance_cache=True)
 
     def up(bucket, prefix):  # type: ignore[no-untyped-def]
         fs.put(src + "/", f"{bucket}/{prefix}/", recursive=True)
@@ -266,86 +271,103 @@ NATIVE_PREFIXES = ("boto3", "google-cloud-storage", "azure-storage-blob")
 SERIAL = "one file at a time"
 
 
-def ckptstore_methods(scheme: str, src: str, **options):  # type: ignore[no-untyped-def]
-    def up(bucket, prefix):  # type: ignore[no-untyped-def]
-        with open_storage(f"{scheme}://{bucket}", **options) as st:
-            st.upload(src, prefix)
+def ckptstore_methods(scheme: str, src: str, bucket: str, opened: list, **options):  # type: ignore[no-untyped-def,type-arg]
+    """Like the native clients, the storage (and its SDK client) is opened before the clock
+    starts; ``opened`` collects it for closing after the run."""
+    if not bucket:
+        return None, None
+    storage = open_storage(f"{scheme}://{bucket}", **options)
+    opened.append(storage)
 
-    def down(bucket, prefix, dst):  # type: ignore[no-untyped-def]
-        with open_storage(f"{scheme}://{bucket}", **options) as st:
-            st.download(prefix, dst)
+    def up(bucket_, prefix):  # type: ignore[no-untyped-def]
+        assert bucket_ == bucket
+        storage.upload(src, prefix)
+
+    def down(bucket_, prefix, dst):  # type: ignore[no-untyped-def]
+        assert bucket_ == bucket
+        storage.download(prefix, dst)
 
     return up, down
 
 
+def build_candidates(
+    kind: str, src: str, files: dict[str, int], args, bucket: str = "", opened: list | None = None
+) -> dict[str, tuple]:  # type: ignore[type-arg,no-untyped-def]
+    """Every method's (up, down) pair, with clients bound to the running emulator's env
+    (ckptstore's storages are opened on ``bucket`` and appended to ``opened``)."""
+    opened = [] if opened is None else opened
+    grid, serial, scheme = METHODS[kind](files, src)
+    candidates: dict[str, tuple] = dict(grid)  # type: ignore[type-arg]
+    candidates[SERIAL] = serial
+    if not args.skip_fsspec:
+        label = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs"}[scheme]
+        candidates[f"fsspec ({label})"] = fsspec_method(scheme, src)
+    candidates["ckptstore (defaults)"] = ckptstore_methods(scheme, src, bucket, opened)
+    candidates["ckptstore c=32 part=64MiB"] = ckptstore_methods(
+        scheme, src, bucket, opened, concurrency=32, part_size=64 * MiB
+    )
+    return candidates
+
+
 def run_backend(kind: str, src: str, files: dict[str, int], work: str, args) -> list[dict]:  # type: ignore[type-arg,no-untyped-def]
     """Every method ``args.repeats`` times, the methods interleaved within each round (so a
-    burst of load from elsewhere hits all of them); one row per method and round."""
-    server = start_server(kind, os.path.join(work, kind))
-    os.environ.update(server.env)
+    burst of load from elsewhere hits all of them) and their order rotated every round (so
+    none always runs first or last); one row per method and round.
+
+    Each measured upload + download gets a freshly started emulator: the emulators keep
+    objects in memory and grow (fake-gcs-server's memory backend was OOM-killed at 22 GB after
+    a few rounds on one server), so no method inherits another's leftovers."""
     rows = []
     total = sum(files.values())
     total_mb = total / MiB
+    with_server = start_server(kind, os.path.join(work, kind))  # to learn the method names
+    os.environ.update(with_server.env)
     try:
-        grid, serial, scheme = METHODS[kind](files, src)
-        candidates: dict[str, tuple] = dict(grid)  # type: ignore[type-arg]
-        candidates[SERIAL] = serial
-        if not args.skip_fsspec:
-            candidates[f"fsspec ({ {'s3': 's3fs', 'gs': 'gcsfs', 'az': 'adlfs'}[scheme] })"] = (
-                fsspec_method(scheme, src)
-            )
-        candidates["ckptstore (defaults)"] = ckptstore_methods(scheme, src)
-        candidates["ckptstore c=32 part=64MiB"] = ckptstore_methods(
-            scheme, src, concurrency=32, part_size=64 * MiB
-        )
-        names = list(candidates)
-        for round_ in range(args.repeats):
-            # Rotate the order every round so no method always runs first or last (the
-            # emulators slow down as a run goes on, and load from elsewhere comes in bursts).
-            shift = round_ % len(names)
-            for name in names[shift:] + names[:shift]:
-                up, down = candidates[name]
+        names = list(build_candidates(kind, src, files, args))
+    finally:
+        with_server.stop()
+    for round_ in range(args.repeats):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            server = start_server(kind, os.path.join(work, kind, f"{round_}-{names.index(name)}"))
+            os.environ.update(server.env)
+            dst = os.path.join(work, "dst")
+            shutil.rmtree(dst, ignore_errors=True)
+            opened: list = []  # type: ignore[type-arg]
+            try:
                 bucket = f"bench-{uuid.uuid4().hex[:10]}"
                 create_bucket(server, bucket)
-                dst = os.path.join(work, "dst")
-                shutil.rmtree(dst, ignore_errors=True)
-                try:
-                    up_wall, up_cpu = timed(lambda up=up, bucket=bucket: up(bucket, "tree"))
-                    down_wall, down_cpu = timed(
-                        lambda down=down, bucket=bucket, dst=dst: down(bucket, "tree", dst)
-                    )
-                except Exception as exc:  # noqa: BLE001 - report and go on
-                    logger.warning("%s %s failed: %r", kind, name, exc)
-                    rows.append({"backend": kind, "method": name, "error": type(exc).__name__})
-                    continue
-                finally:
-                    # The emulators keep objects in memory: drop each run's tree.
-                    try:
-                        with open_storage(f"{scheme}://{bucket}") as st:
-                            st.delete("tree")
-                    except Exception as exc:  # noqa: BLE001 - cleanup only
-                        logger.warning("cleanup of %s failed: %r", bucket, exc)
-                got = sum(
-                    os.path.getsize(os.path.join(r, n)) for r, _d, ns in os.walk(dst) for n in ns
+                up, down = build_candidates(kind, src, files, args, bucket, opened)[name]
+                up_wall, up_cpu = timed(lambda up=up, bucket=bucket: up(bucket, "tree"))
+                down_wall, down_cpu = timed(
+                    lambda down=down, bucket=bucket, dst=dst: down(bucket, "tree", dst)
                 )
-                if got != total:
-                    logger.warning("%s %s downloaded %d bytes, expected %d", kind, name, got, total)
-                rows.append({
-                    "backend": kind, "method": name, "round": round_,
-                    "up": total_mb / up_wall, "down": total_mb / down_wall,
-                    "cpu_up": up_cpu / (total_mb / 1024), "cpu_down": down_cpu / (total_mb / 1024),
-                })  # fmt: skip
-                logger.info(
-                    "%s round %d %-52s up %7.1f MB/s down %7.1f MB/s  (load %.2f)",
-                    kind,
-                    round_ + 1,
-                    name,
-                    rows[-1]["up"],
-                    rows[-1]["down"],
-                    os.getloadavg()[0],
-                )
-    finally:
-        server.stop()
+            except Exception as exc:  # noqa: BLE001 - report and go on
+                logger.warning("%s %s failed: %r", kind, name, exc)
+                rows.append({"backend": kind, "method": name, "error": type(exc).__name__})
+                continue
+            finally:
+                for storage in opened:
+                    storage.close()
+                server.stop()
+                shutil.rmtree(os.path.join(work, kind), ignore_errors=True)
+            got = sum(os.path.getsize(os.path.join(r, n)) for r, _d, ns in os.walk(dst) for n in ns)
+            if got != total:
+                logger.warning("%s %s downloaded %d bytes, expected %d", kind, name, got, total)
+            rows.append({
+                "backend": kind, "method": name, "round": round_,
+                "up": total_mb / up_wall, "down": total_mb / down_wall,
+                "cpu_up": up_cpu / (total_mb / 1024), "cpu_down": down_cpu / (total_mb / 1024),
+            })  # fmt: skip
+            logger.info(
+                "%s round %d %-52s up %7.1f MB/s down %7.1f MB/s  (load %.2f)",
+                kind,
+                round_ + 1,
+                name,
+                rows[-1]["up"],
+                rows[-1]["down"],
+                os.getloadavg()[0],
+            )
     return rows
 
 

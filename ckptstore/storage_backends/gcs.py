@@ -229,7 +229,7 @@ class GCSStorage(ObjectStorage):
                 "upload part",
             )
 
-        ranges = self._part_ranges(size)
+        ranges = self._part_ranges(size, self.part_size)
         part_names.extend(f"{name}.ckptstore-part-{tag}-{i:05d}" for i in range(len(ranges)))
         created = list(part_names)
         try:

@@ -250,10 +250,11 @@ class ObjectStorage(Storage):
                 )
             return self._parts_pool
 
-    def _part_ranges(self, size: int) -> list[tuple[int, int]]:
-        """``[(start, length), ...]`` covering ``size`` bytes in ``download_part_size``
-        pieces (the ranges of a parallel download)."""
-        step = self.download_part_size
+    def _part_ranges(self, size: int, step: int | None = None) -> list[tuple[int, int]]:
+        """``[(start, length), ...]`` covering ``size`` bytes in ``step`` pieces (default
+        ``download_part_size``: the ranges of a parallel download; uploads pass
+        ``part_size``)."""
+        step = step or self.download_part_size
         return [(start, min(step, size - start)) for start in range(0, size, step)]
 
     def _ranged_download(self, name: str, path: str, size: int, fetch) -> None:  # type: ignore[no-untyped-def]

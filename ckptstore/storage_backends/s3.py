@@ -146,7 +146,11 @@ class S3Storage(ObjectStorage):
             # damaged; on moto this was also ~10% faster for multipart uploads than sending
             # none). Downloads skip the SDK's response check: ranged GETs cannot use it and
             # checkpoint downloads verify each file's CRC32C against the manifest anyway.
-            request_checksum_calculation="when_supported",
+            # An S3-compatible server that rejects checksums: AWS_REQUEST_CHECKSUM_CALCULATION=
+            # when_required (boto3's own switch) turns them off.
+            request_checksum_calculation=os.environ.get(
+                "AWS_REQUEST_CHECKSUM_CALCULATION", "when_supported"
+            ).lower(),
             response_checksum_validation="when_required",
         )
         session = boto3.session.Session(

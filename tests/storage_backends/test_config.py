@@ -147,3 +147,12 @@ def test_download_part_size_defaults_and_overrides(s3_server):
         assert st.download_part_size == st.part_size
     with pytest.raises(errors.InvalidStorageConfig, match="download_part_size"):
         open_storage("memory://x", download_part_size=0)
+
+
+def test_s3_request_checksums_default_on_and_follow_boto3_switch(monkeypatch):
+    monkeypatch.delenv("AWS_REQUEST_CHECKSUM_CALCULATION", raising=False)
+    with open_storage("s3://bucket-x/p", endpoint_url="http://127.0.0.1:9") as st:
+        assert st._client.meta.config.request_checksum_calculation == "when_supported"
+    monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "WHEN_REQUIRED")
+    with open_storage("s3://bucket-x/p", endpoint_url="http://127.0.0.1:9") as st:
+        assert st._client.meta.config.request_checksum_calculation == "when_required"

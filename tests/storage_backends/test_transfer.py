@@ -60,14 +60,22 @@ def test_gcs_streamed_upload_and_ranged_download(storage_url_factory, tmp_path):
 def test_gcs_composite_upload_is_opt_in_and_leaves_no_parts(storage_url_factory, tmp_path):
     files = _tree(tmp_path / "src", 20 * MiB + 5)
     url = storage_url_factory("gcs")
-    with open_storage(url, composite_threshold=8 * MiB, **GCS_OPTIONS) as storage:
+    # download ranges bigger than the parts: the composite upload must cut part_size pieces
+    options = {**GCS_OPTIONS, "download_part_size": 16 * MiB}
+    with open_storage(url, composite_threshold=8 * MiB, **options) as storage:
         composed = []
         real = storage._compose
-        storage._compose = lambda target, sources: (composed.append(target), real(target, sources))
+        storage._compose = lambda target, sources: (
+            composed.append((target, len(sources))),
+            real(target, sources),
+        )
         storage.upload(str(tmp_path / "src"), "t")
-        # big.bin (7 parts) and mid.bin (4 parts) were composed, the parts deleted: only the
-        # tree's own objects remain
-        assert sorted(composed) == [storage._name("t/big.bin"), storage._name("t/mid.bin")]
+        # big.bin (7 parts of 3 MiB) and mid.bin (4 parts) were composed, the parts deleted:
+        # only the tree's own objects remain
+        assert sorted(composed) == [
+            (storage._name("t/big.bin"), 7),
+            (storage._name("t/mid.bin"), 4),
+        ]
         assert storage.list("") == {f"t/{rel}": len(d) for rel, d in sorted(files.items())}
         storage.download("t", str(tmp_path / "dst"))
     _same_tree(tmp_path / "dst", files)
