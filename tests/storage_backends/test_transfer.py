@@ -87,25 +87,47 @@ def test_gcs_composite_threshold_is_validated(gcs_server, bad):
         open_storage("gs://bucket/x", composite_threshold=bad)
 
 
+def _download_through_cuts(url, server, tmp_path, monkeypatch, caplog, options, proxied, cuts):  # type: ignore[no-untyped-def]
+    """Upload a tree (big.bin 12 MiB + 1, mid.bin 9 MiB + 7, small ones), then download it
+    through a :class:`FaultProxy` that cuts the GETs named in ``cuts`` ({file: how many}) 1 MiB
+    into the answer. ``proxied(proxy)`` returns the extra open_storage options (or sets the
+    env) that route the client through the proxy. Returns (files, listing seen through the
+    proxy, number of retry warnings logged); every cut must have happened."""
+    files = _tree(tmp_path / "src", 12 * MiB + 1)
+    with open_storage(url, **options) as storage:
+        storage.upload(str(tmp_path / "src"), "t")
+    host, port = server.endpoint.rsplit("//", 1)[1].split(":")
+    monkeypatch.setattr(RetryPolicy, "backoff", lambda self, attempt: 0.0)
+    with FaultProxy(host, int(port)) as proxy:
+        extra = proxied(proxy)
+        for match, count in cuts.items():
+            proxy.reset_next(count, after_bytes=MiB, in_response=True, match=match)
+        with (
+            caplog.at_level(logging.WARNING),
+            open_storage(url, **extra, **options) as storage,
+        ):
+            listing = storage.list("t")
+            storage.download("t", str(tmp_path / "dst"))
+        assert proxy.pending == 0
+    retries = len([r for r in caplog.records if "retry" in r.getMessage()])
+    return files, listing, retries
+
+
 def test_gcs_download_retries_parts_cut_mid_body(
     storage_url_factory, gcs_server, tmp_path, monkeypatch, caplog
 ):
-    files = _tree(tmp_path / "src", 12 * MiB + 1)
-    url = storage_url_factory("gcs")
-    with open_storage(url, **GCS_OPTIONS) as storage:
-        storage.upload(str(tmp_path / "src"), "t")
-    host, port = gcs_server.endpoint.rsplit("//", 1)[1].split(":")
-    monkeypatch.setattr(RetryPolicy, "backoff", lambda self, attempt: 0.0)
-    with FaultProxy(host, int(port)) as proxy:
+    def proxied(proxy):  # type: ignore[no-untyped-def]
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
-        # Two ranged GETs of big.bin (3 MiB parts) lose their connection 1 MiB into the
-        # answer; each part must be fetched again, not left short.
-        proxy.reset_next(2, after_bytes=MiB, in_response=True, match="big.bin")
-        with caplog.at_level(logging.WARNING), open_storage(url, **GCS_OPTIONS) as storage:
-            storage.download("t", str(tmp_path / "dst"))
-        assert proxy.pending == 0
+        return {}
+
+    # Two ranged GETs of big.bin (3 MiB parts) lose their connection 1 MiB into the answer;
+    # each part must be fetched again, not left short.
+    files, _listing, retries = _download_through_cuts(
+        storage_url_factory("gcs"), gcs_server, tmp_path, monkeypatch, caplog,
+        GCS_OPTIONS, proxied, {"big.bin": 2},
+    )  # fmt: skip
     _same_tree(tmp_path / "dst", files)
-    assert len([r for r in caplog.records if "retry" in r.getMessage()]) == 2
+    assert retries == 2
 
 
 def test_gcs_download_gives_up_after_the_budget(
@@ -153,28 +175,20 @@ def _through_proxy(conn: str, endpoint: str, proxy_url: str) -> str:
 def test_azure_download_retries_parts_cut_mid_body(
     storage_url_factory, azure_server, tmp_path, monkeypatch, caplog
 ):
-    files = _tree(tmp_path / "src", 12 * MiB + 1)
-    url = storage_url_factory("azure")
-    options = {"part_size": 3 * MiB, "multipart_threshold": 8 * MiB, "concurrency": 4}
-    with open_storage(url, **options) as storage:
-        storage.upload(str(tmp_path / "src"), "t")
     conn = azure_server.env["AZURE_STORAGE_CONNECTION_STRING"]
-    host, port = azure_server.endpoint.rsplit("//", 1)[1].split(":")
-    monkeypatch.setattr(RetryPolicy, "backoff", lambda self, attempt: 0.0)
-    with FaultProxy(host, int(port)) as proxy:
-        proxied = _through_proxy(conn, azure_server.endpoint, proxy.url)
-        # two ranged GETs of big.bin (3 MiB parts) are cut 1 MiB into the answer
-        proxy.reset_next(2, after_bytes=MiB, in_response=True, match="big.bin")
-        with (
-            caplog.at_level(logging.WARNING),
-            open_storage(url, connection_string=proxied, **options) as storage,
-        ):
-            listing = storage.list("t")
-            storage.download("t", str(tmp_path / "dst"))
-        assert proxy.pending == 0
+    options = {"part_size": 3 * MiB, "multipart_threshold": 8 * MiB, "concurrency": 4}
+
+    def proxied(proxy):  # type: ignore[no-untyped-def]
+        return {"connection_string": _through_proxy(conn, azure_server.endpoint, proxy.url)}
+
+    # two ranged GETs of big.bin (3 MiB parts) are cut 1 MiB into the answer
+    files, listing, retries = _download_through_cuts(
+        storage_url_factory("azure"), azure_server, tmp_path, monkeypatch, caplog,
+        options, proxied, {"big.bin": 2},
+    )  # fmt: skip
     assert listing == {rel: len(d) for rel, d in sorted(files.items())}
     _same_tree(tmp_path / "dst", files)
-    assert len([r for r in caplog.records if "retry" in r.getMessage()]) == 2
+    assert retries == 2
 
 
 def test_azure_missing_blob_and_container_are_not_found(storage_url_factory, tmp_path):
@@ -212,22 +226,11 @@ def test_s3_multipart_upload_and_ranged_download(storage_url_factory, tmp_path):
 def test_s3_download_retries_parts_cut_mid_body(
     storage_url_factory, s3_server, tmp_path, monkeypatch, caplog
 ):
-    files = _tree(tmp_path / "src", 12 * MiB + 1)
-    url = storage_url_factory("s3")
-    with open_storage(url, **S3_OPTIONS) as storage:
-        storage.upload(str(tmp_path / "src"), "t")
-    host, port = s3_server.endpoint.rsplit("//", 1)[1].split(":")
-    monkeypatch.setattr(RetryPolicy, "backoff", lambda self, attempt: 0.0)
-    with FaultProxy(host, int(port)) as proxy:
-        # Two ranged GETs of big.bin (3 MiB parts) and the whole-object GET of mid.bin lose
-        # their connection 1 MiB into the answer; each must be fetched again, not left short.
-        proxy.reset_next(2, after_bytes=MiB, in_response=True, match="big.bin")
-        proxy.reset_next(1, after_bytes=MiB, in_response=True, match="mid.bin")
-        with (
-            caplog.at_level(logging.WARNING),
-            open_storage(url, endpoint_url=proxy.url, **S3_OPTIONS) as storage,
-        ):
-            storage.download("t", str(tmp_path / "dst"))
-        assert proxy.pending == 0
+    # Two ranged GETs of big.bin (3 MiB parts) and the whole-object GET of mid.bin lose their
+    # connection 1 MiB into the answer; each must be fetched again, not left short.
+    files, _listing, retries = _download_through_cuts(
+        storage_url_factory("s3"), s3_server, tmp_path, monkeypatch, caplog,
+        S3_OPTIONS, lambda proxy: {"endpoint_url": proxy.url}, {"big.bin": 2, "mid.bin": 1},
+    )  # fmt: skip
     _same_tree(tmp_path / "dst", files)
-    assert len([r for r in caplog.records if "retry" in r.getMessage()]) == 3
+    assert retries == 3

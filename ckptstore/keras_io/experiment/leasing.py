@@ -53,25 +53,26 @@ def lease_seconds_from_env() -> float:
     return value
 
 
-def _start_time(pid: int) -> str | None:
-    """The process start time (clock ticks since boot) from /proc, None where unknown."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (field 3 onwards), None where
+    the process is gone or /proc is missing."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
             stat = f.read()
     except OSError:
         return None
-    fields = stat[stat.rfind(")") + 2 :].split()
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def _start_time(pid: int) -> str | None:
+    """The process start time (clock ticks since boot) from /proc, None where unknown."""
+    fields = _stat_fields(pid)
     # fields[0] is the state (field 3); the start time is field 22
-    return fields[19] if len(fields) > 19 else None
+    return fields[19] if fields is not None and len(fields) > 19 else None
 
 
 def _state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()
+    fields = _stat_fields(pid)
     return fields[0] if fields else None
 
 
