@@ -17,15 +17,33 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ckptstore import errors
+from ckptstore import _deprecated, errors
+
+_deprecated.install()
 
 __version__ = "0.1.0"
 
-_LAZY_MODULES = {"core", "keras", "registry", "checkpointing", "storage_backends", "keras_io"}
+#: Determined's ``det.LOG_FORMAT`` (``logging.basicConfig(format=det.LOG_FORMAT)``), same text.
+LOG_FORMAT = "%(levelname)s: [%(process)s] %(name)s: %(message)s"
+
+_LAZY_MODULES = {
+    "core",
+    "keras",
+    "registry",
+    "checkpointing",
+    "storage_backends",
+    "keras_io",
+    "experiment",
+    "import_determined",
+    "experimental",
+}
 _LAZY_ATTRS = {
     "load_checkpoint_model": ("ckptstore.keras_io.loaders", "load_checkpoint_model"),
-    "get_trial_info": ("ckptstore.keras_io.trial_info", "get_trial_info"),
-    "get_cluster_info": ("ckptstore.keras_io.trial_info", "get_trial_info"),
+    "get_trial_info": ("ckptstore.core", "get_trial_info"),
+    "get_cluster_info": ("ckptstore.core", "get_trial_info"),
+    "ClusterInfo": ("ckptstore.core", "ClusterInfo"),
+    "TrialInfo": ("ckptstore.core", "TrialInfo"),
+    "InvalidHP": ("ckptstore.errors", "InvalidHP"),
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,4 +67,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | _LAZY_MODULES | set(_LAZY_ATTRS))
 
 
-__all__ = ["errors", "__version__", *sorted(_LAZY_MODULES), *sorted(_LAZY_ATTRS)]
+__all__ = ["errors", "LOG_FORMAT", "__version__", *sorted(_LAZY_MODULES), *sorted(_LAZY_ATTRS)]

@@ -19,6 +19,12 @@ STORAGE_ENV = "CKPTSTORE_STORAGE"
 REGISTRY_ENV = "CKPTSTORE_REGISTRY"
 HOME_ENV = "CKPTSTORE_HOME"
 
+#: Folders beside the checkpoints in a storage: TensorBoard logs
+#: (``<storage>/tensorboard/<trial id>/``, written by ``ckptstore.keras.TensorBoard``) and
+#: the output of trials the experiment runner started (``<storage>/logs/<trial id>/``).
+TENSORBOARD_PREFIX = "tensorboard"
+TRIAL_LOGS_PREFIX = "logs"
+
 
 def home() -> Path:
     """ckptstore's per-user data folder (not created here)."""

@@ -65,6 +65,13 @@ class InvalidCheckpoint(CheckpointError):
     """A checkpoint's MANIFEST.json or metadata.json is missing, malformed or unsafe."""
 
 
+class UnsafeCheckpointPath(InvalidStoragePath, InvalidCheckpoint):
+    """A file name in a checkpoint breaks the one rule for checkpoint contents
+    (:func:`ckptstore.storage_backends.paths.check_key`): raised by writers before anything is
+    committed, and by readers for a manifest entry. It is both an :class:`InvalidStoragePath`
+    and an :class:`InvalidCheckpoint`."""
+
+
 class ChecksumMismatch(CheckpointError):
     """A downloaded file's size or crc32c differs from the checkpoint's manifest."""
 
@@ -95,6 +102,10 @@ class ExperimentNotFound(RegistryError, LookupError):
     """No experiment with that id is registered."""
 
 
+class JobNotFound(RegistryError, LookupError):
+    """No job with that id in the registry."""
+
+
 class ModelNotFound(RegistryError, LookupError):
     """No registered model with that name (or version) exists."""
 
@@ -108,12 +119,48 @@ class InvalidConfig(CkptstoreError, ValueError):
     """An experiment config, hyperparameter or API argument is invalid."""
 
 
+class ExperimentNotCompleted(CkptstoreError):
+    """An experiment run ended without completing: a trial failed, or it was interrupted."""
+
+
+class JobFailed(CkptstoreError):
+    """A job (``ckptstore job run``) exited non-zero or was stopped."""
+
+
+class NotInTraining(CkptstoreError, AttributeError):
+    """A training-only API (``context.training``) was used in a job that does not train."""
+
+
 class ModelLoadError(CkptstoreError):
     """A checkpoint's model could not be rebuilt (unknown custom objects, missing files, ...)."""
 
 
+class ExportError(CkptstoreError):
+    """An inference SavedModel could not be exported or did not predict what the model does."""
+
+
+class KerasMismatch(CkptstoreError, TypeError):
+    """A model of one Keras (``keras`` 3 / ``tf_keras`` 2) handed to ckptstore running on the other."""
+
+
 class ResumeError(CkptstoreError):
     """Training state could not be restored exactly from a checkpoint."""
+
+
+class InvalidHP(CkptstoreError):
+    """Determined's ``det.InvalidHP``: training code raises it to say this trial's
+    hyperparameters cannot be trained (``msg`` says why)."""
+
+    def __init__(self, msg: str = "Invalid hyperparameters were given.") -> None:
+        super().__init__(msg)
+        self.msg = msg
+
+
+class NotSupported(CkptstoreError, NotImplementedError):
+    """A Determined API that needs a Determined cluster (master, agents, Horovod, the profiler).
+
+    The message names the call and what to use instead with ckptstore.
+    """
 
 
 __all__ = [

@@ -14,7 +14,8 @@ Example::
 from __future__ import annotations
 
 from ckptstore.checkpointing.context import CheckpointContext
-from ckptstore.checkpointing.distributed import DistributedContext, DummyDistributed
+from ckptstore.checkpointing.distributed import DummyDistributed, ProcessGroup
+from ckptstore.checkpointing.download_mode import DownloadMode
 from ckptstore.checkpointing.format import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -27,14 +28,6 @@ from ckptstore.checkpointing.format import (
     scan_checkpoints,
     verify_files,
 )
-from ckptstore.checkpointing.gc import (
-    AnyOf,
-    BestN,
-    ExperimentBestN,
-    GCPolicy,
-    KeepAll,
-    LatestN,
-)
 from ckptstore.checkpointing.index import (
     COMMITTED,
     DELETED,
@@ -43,8 +36,17 @@ from ckptstore.checkpointing.index import (
     CheckpointIndex,
     CheckpointRecord,
 )
+from ckptstore.checkpointing.retention import (
+    AnyOf,
+    BestN,
+    ExperimentBestN,
+    GCPolicy,
+    KeepAll,
+    LatestN,
+)
 
 __all__ = [
+    "DownloadMode",
     "AnyOf",
     "BestN",
     "COMMITTED",
@@ -52,7 +54,7 @@ __all__ = [
     "CheckpointIndex",
     "CheckpointRecord",
     "DELETED",
-    "DistributedContext",
+    "ProcessGroup",
     "DummyDistributed",
     "ExperimentBestN",
     "FORMAT_VERSION",

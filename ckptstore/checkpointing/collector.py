@@ -11,12 +11,13 @@ With an index, GC first reconciles the index's PENDING rows with storage
 (:mod:`ckptstore.checkpointing.reconcile`), so a checkpoint committed by a process killed
 before it updated the index is subject to retention like any other. It also removes stray
 ``.ckptstore-pending.json`` markers that such a kill leaves inside committed checkpoints
-(never a file the manifest lists).
+(never a file the manifest lists). Finally it removes content-addressed blobs
+(:mod:`~ckptstore.checkpointing.blobs`) that no committed manifest and no pending marker names.
 
 Example::
 
     from ckptstore.checkpointing.collector import collect
-    from ckptstore.checkpointing.gc import LatestN
+    from ckptstore.checkpointing.retention import LatestN
 
     deleted = collect(storage, policy=LatestN(2), trial_id=7)
 """
@@ -27,13 +28,17 @@ import logging
 import time
 import uuid as _uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ckptstore import errors
-from ckptstore.checkpointing import commit
+from ckptstore.checkpointing import blob_gc, commit
 from ckptstore.checkpointing import format as fmt
-from ckptstore.checkpointing.gc import GCContext, GCPolicy
-from ckptstore.checkpointing.index import DELETED, CheckpointIndex, CheckpointRecord
+from ckptstore.checkpointing.index import (
+    DELETED,
+    CheckpointIndex,
+    CheckpointRecord,
+    searcher_metric_of,
+)
 from ckptstore.checkpointing.reconcile import (
     DEFAULT_GRACE_SECONDS,
     ReconcileReport,
@@ -41,12 +46,16 @@ from ckptstore.checkpointing.reconcile import (
     reconcile,
     same_storage,
 )
+from ckptstore.checkpointing.retention import GCContext, GCPolicy
+
+if TYPE_CHECKING:
+    from ckptstore.storage_backends.base import Storage
 
 logger = logging.getLogger(__name__)
 
 
 def _candidates(
-    storage: Any,
+    storage: Storage,
     index: CheckpointIndex | None,
     trial_id: int | None,
     experiment_id: int | None,
@@ -88,7 +97,7 @@ def _merge(rows: list[CheckpointRecord], extra: list[CheckpointRecord]) -> list[
 
 
 def collect(
-    storage: Any,
+    storage: Storage,
     *,
     policy: GCPolicy | None,
     index: CheckpointIndex | None = None,
@@ -135,7 +144,17 @@ def collect(
         trial, experiment = _candidates(
             storage, index, trial_id, experiment_id, url, reconciled if dry_run else None
         )
-        flags = policy.should_preserve(trial, context=GCContext(experiment_checkpoints=experiment))
+        searcher = (
+            searcher_metric_of(index, trial_id=trial_id, experiment_id=experiment_id)
+            if index is not None
+            else None
+        )
+        context = GCContext(
+            experiment_checkpoints=experiment,
+            searcher_metric=searcher[0] if searcher else None,
+            searcher_smaller_is_better=searcher[1] if searcher else True,
+        )
+        flags = policy.should_preserve(trial, context=context)
         doomed = [
             r.uuid for r, flag in zip(trial, flags, strict=True) if not flag and r.uuid not in keep
         ]
@@ -153,6 +172,11 @@ def collect(
         except errors.CkptstoreError as exc:
             logger.warning("GC could not delete checkpoint %s: %s", uuid, exc)
     deleted += _collect_leftovers(storage, index, keep, grace_seconds, dry_run)
+    # Blobs last: only once the deletes above removed their manifests is a blob unreferenced.
+    try:
+        blob_gc.sweep(storage, dry_run=dry_run)
+    except errors.CkptstoreError as exc:
+        logger.warning("GC could not sweep unreferenced blobs: %s", exc)
     if reconciled is not None and reconciled.leftovers and not dry_run:
         _forget_removed(storage, index, reconciled.leftovers)
     if deleted:
@@ -168,7 +192,7 @@ def _is_uuid(name: str) -> bool:
 
 
 def _collect_leftovers(
-    storage: Any,
+    storage: Storage,
     index: CheckpointIndex | None,
     keep: set[str],
     grace_seconds: float,
@@ -207,7 +231,7 @@ def _collect_leftovers(
     return removed
 
 
-def remove_stray_marker(storage: Any, uuid: str) -> bool:
+def remove_stray_marker(storage: Storage, uuid: str) -> bool:
     """Remove the pending marker a kill right after the commit can leave inside committed
     checkpoint ``uuid``. Readers ignore it (the manifest does not list it); a marker the
     manifest does list is a user file and is kept. True if one was removed."""
@@ -224,7 +248,7 @@ def remove_stray_marker(storage: Any, uuid: str) -> bool:
     return True
 
 
-def _forget_removed(storage: Any, index: CheckpointIndex, uuids: Iterable[str]) -> None:
+def _forget_removed(storage: Storage, index: CheckpointIndex, uuids: Iterable[str]) -> None:
     """Mark DELETED the stale PENDING rows whose uncommitted leftovers GC just removed."""
     for uuid in uuids:
         try:

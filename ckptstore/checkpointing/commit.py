@@ -2,9 +2,10 @@
 
 Commit: (remote) a pending marker -> the files -> ``metadata.json`` -> ``MANIFEST.json``
 create-only, last -> marker removed. On a local file system a finished staging folder is
-renamed into place instead of uploading. Full delete removes the manifest first, so a delete
-cut short leaves an uncommitted folder (ignored by readers, removed by GC), never a checkpoint
-with missing files.
+renamed into place instead of uploading. Full delete marks the index row DELETING, removes the
+manifest, then the files, then marks the row DELETED: a delete cut short leaves an uncommitted
+folder (ignored by readers, removed by GC) and a row no reader returns, never a checkpoint with
+missing files; reconcile finishes it.
 
 Example::
 
@@ -22,17 +23,22 @@ import os
 import shutil
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
+from ckptstore.checkpointing import blobs
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.index import (
     DELETED,
+    DELETING,
     PARTIALLY_DELETED,
     PENDING,
     CheckpointIndex,
     CheckpointRecord,
 )
+
+if TYPE_CHECKING:
+    from ckptstore.storage_backends.base import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +57,7 @@ class PreparedFiles:
             # Uploading an explicit list loses empty-folder markers; keep the manifest honest.
             self.entries = {r: e for r, e in self.entries.items() if not r.endswith("/")}
 
-    def upload_to(self, storage: Any, uuid: str) -> dict[str, int]:
+    def upload_to(self, storage: Storage, uuid: str) -> dict[str, int]:
         """Upload these files to ``uuid/``."""
         if not self.entries:
             return {}
@@ -60,33 +66,42 @@ class PreparedFiles:
 
 
 def manifest_for(uuid: str, entries: Mapping[str, Any], metadata_bytes: bytes) -> dict[str, Any]:
-    """A manifest of ``entries`` plus ``metadata.json``."""
+    """A manifest of ``entries`` plus ``metadata.json`` (format 2 when an entry has blobs)."""
     files = dict(entries)
     files[fmt.METADATA_NAME] = {
         "size": len(metadata_bytes),
         "crc32c": fmt.crc32c_bytes(metadata_bytes),
     }
+    dedup = any("blobs" in e for e in entries.values())
     return {
-        "format_version": fmt.FORMAT_VERSION,
+        "format_version": fmt.BLOBS_FORMAT_VERSION if dedup else fmt.FORMAT_VERSION,
         "uuid": uuid,
         "files": dict(sorted(files.items())),
     }
 
 
-def write_pending_marker(storage: Any, uuid: str) -> None:
-    """Date the start of an upload so GC can tell a stale leftover from a live upload."""
-    info = {"started_at": time.time(), "host": os.uname().nodename, "pid": os.getpid()}
+def write_pending_marker(storage: Storage, uuid: str, blob_refs: Iterable[str] = ()) -> None:
+    """Date the start of an upload so GC can tell a stale leftover from a live upload; a
+    deduplicated upload also names the blobs it will reference (the blob sweep keeps them)."""
+    info: dict[str, Any] = {
+        "started_at": time.time(),
+        "host": os.uname().nodename,
+        "pid": os.getpid(),
+    }
+    refs = sorted(set(blob_refs))
+    if refs:
+        info["blobs"] = refs
     storage.write_bytes(f"{uuid}/{fmt.PENDING_MARKER_NAME}", fmt.dump_json(info))
 
 
-def remove_pending_marker(storage: Any, uuid: str) -> None:
+def remove_pending_marker(storage: Storage, uuid: str) -> None:
     try:
         storage.delete(f"{uuid}/{fmt.PENDING_MARKER_NAME}")
     except errors.StorageError as exc:  # harmless: the manifest already committed it
         logger.warning("Could not remove the pending marker of %s: %s", uuid, exc)
 
 
-def write_manifest(storage: Any, uuid: str, manifest: Mapping[str, Any]) -> None:
+def write_manifest(storage: Storage, uuid: str, manifest: Mapping[str, Any]) -> None:
     """Write ``MANIFEST.json`` create-only: the commit point.
 
     A retried create whose first try did reach the server (only the answer was lost) finds
@@ -130,7 +145,7 @@ def record_committed(
 
 
 def commit_dir(
-    storage: Any,
+    storage: Storage,
     uuid: str,
     local_dir: str,
     metadata: Mapping[str, Any],
@@ -139,8 +154,13 @@ def commit_dir(
     index: CheckpointIndex | None = None,
     storage_url: str | None = None,
     checksums: Mapping[str, str] | None = None,
+    dedup_chunk_bytes: int | None = None,
 ) -> CheckpointRecord:
     """Commit the files of ``local_dir`` as checkpoint ``uuid`` with ``metadata``.
+
+    With ``dedup_chunk_bytes`` the files are stored as content-addressed chunks of that size
+    (:mod:`~ckptstore.checkpointing.blobs`, format 2): chunks already in storage are not
+    uploaded again.
 
     With ``owned`` the folder belongs to ckptstore: on a local file system it is renamed into
     place (no copy), otherwise it is removed after the upload. ``checksums`` (``{relpath:
@@ -148,6 +168,10 @@ def commit_dir(
     """
     url = storage_url or storage.url
     prepared = PreparedFiles(local_dir, checksums)
+    if dedup_chunk_bytes is not None and not prepared.has_reserved:
+        return _commit_dedup(
+            storage, uuid, prepared, metadata, owned, index, url, dedup_chunk_bytes
+        )
     meta_bytes = fmt.dump_json(metadata)
     manifest = manifest_for(uuid, prepared.entries, meta_bytes)
     record_pending(index, uuid, metadata, url)
@@ -173,19 +197,74 @@ def commit_dir(
     return record_committed(index, manifest, metadata, url)
 
 
+def _commit_dedup(
+    storage: Storage,
+    uuid: str,
+    prepared: PreparedFiles,
+    metadata: Mapping[str, Any],
+    owned: bool,
+    index: CheckpointIndex | None,
+    url: str,
+    chunk_bytes: int,
+) -> CheckpointRecord:
+    """The deduplicated commit: marker naming every blob -> missing blobs (create-only) ->
+    ``metadata.json`` -> manifest (the commit) -> reused blobs checked again -> marker gone."""
+    entries = blobs.plan(prepared.local_dir, prepared.entries, chunk_bytes)
+    meta_bytes = fmt.dump_json(metadata)
+    manifest = manifest_for(uuid, entries, meta_bytes)
+    record_pending(index, uuid, metadata, url)
+    write_pending_marker(storage, uuid, blobs.referenced(manifest))
+    stats = blobs.upload(storage, prepared.local_dir, entries, chunk_bytes)
+    # Empty folders ("dir/" entries) live only in the manifest: readers recreate them.
+    storage.write_bytes(f"{uuid}/{fmt.METADATA_NAME}", meta_bytes)
+    # Reused blobs are checked right before the commit (shrinking the window in which a
+    # concurrent sweep could remove one to the manifest write) and again after it.
+    blobs.recheck(storage, prepared.local_dir, stats)
+    write_manifest(storage, uuid, manifest)
+    blobs.recheck(storage, prepared.local_dir, stats)
+    remove_pending_marker(storage, uuid)
+    if owned:
+        shutil.rmtree(prepared.local_dir, ignore_errors=True)
+    logger.info(
+        "Committed checkpoint %s (%d files, %d bytes uploaded, %d bytes already stored) to %s",
+        uuid,
+        len(manifest["files"]),
+        stats.uploaded,
+        stats.reused,
+        storage.url,
+    )
+    return record_committed(index, manifest, metadata, url)
+
+
 # ---- deletes -----------------------------------------------------------------------------------
-def delete_checkpoint(storage: Any, uuid: str, index: CheckpointIndex | None = None) -> None:
-    """Delete the whole checkpoint: the manifest first (uncommit), then everything."""
+def delete_checkpoint(storage: Storage, uuid: str, index: CheckpointIndex | None = None) -> None:
+    """Delete the whole checkpoint, in an order that never leaves the index pointing at
+    nothing: the index row goes to DELETING first (an index that cannot be written stops the
+    delete before any file goes), then the manifest (uncommit), then the files, then the row
+    is finished (DELETED). A delete cut short between the steps is finished by
+    :func:`~ckptstore.checkpointing.reconcile.reconcile` (run by GC and at start-up)."""
     fmt.check_storage_id(uuid)
-    storage.delete(f"{uuid}/{fmt.MANIFEST_NAME}")
-    storage.delete(uuid)
+    if index is not None:
+        try:
+            index.set_checkpoint_state(uuid, DELETING)
+        except errors.CheckpointNotFound:
+            index = None  # not in the index: storage is all there is to delete
+    remove_files(storage, uuid)
     if index is not None:
         index.set_checkpoint_state(uuid, DELETED, resources={})
     logger.info("Deleted checkpoint %s from %s", uuid, storage.url)
 
 
+def remove_files(storage: Storage, uuid: str) -> None:
+    """Remove checkpoint ``uuid`` from storage: the manifest first (so a removal cut short
+    leaves an uncommitted folder, never a checkpoint with missing files), then the rest.
+    Idempotent."""
+    storage.delete(f"{uuid}/{fmt.MANIFEST_NAME}")
+    storage.delete(uuid)
+
+
 def delete_files(
-    storage: Any,
+    storage: Storage,
     uuid: str,
     globs: Iterable[str],
     index: CheckpointIndex | None = None,
@@ -209,18 +288,23 @@ def delete_files(
         delete_checkpoint(storage, uuid, index)
         return DELETED
     new_manifest = dict(manifest, files=remaining, partially_deleted=True)
+    if index is not None:
+        # The row first: it then lists only files that stay (an index that cannot be written
+        # stops the delete before anything changes in storage).
+        try:
+            index.set_checkpoint_state(
+                uuid, PARTIALLY_DELETED, resources={r: e["size"] for r, e in remaining.items()}
+            )
+        except errors.CheckpointNotFound:
+            pass  # not in the index
     storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.dump_json(new_manifest))
     storage.delete(uuid, globs=[_glob.escape(r) for r in doomed])
-    if index is not None:
-        index.set_checkpoint_state(
-            uuid, PARTIALLY_DELETED, resources={r: e["size"] for r, e in remaining.items()}
-        )
     logger.info("Deleted %d files of checkpoint %s (globs=%s)", len(doomed), uuid, globs)
     return PARTIALLY_DELETED
 
 
 # ---- leftovers ---------------------------------------------------------------------------------
-def leftover_started_at(storage: Any, name: str) -> float | None:
+def leftover_started_at(storage: Storage, name: str) -> float | None:
     """When an uncommitted folder was started (epoch seconds), or None if unknown.
 
     Uses the pending marker, else ``metadata.json``'s ``created_at``, else (local file systems)

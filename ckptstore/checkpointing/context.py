@@ -5,25 +5,29 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pathlib
 import shutil
 import tempfile
 import threading
 import uuid as _uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ckptstore import errors
-from ckptstore.checkpointing import commit, sharded
+from ckptstore.checkpointing import blobs, commit, sharded
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing.blobs import DEFAULT_CHUNK_BYTES, check_chunk_bytes
 from ckptstore.checkpointing.collector import DEFAULT_GRACE_SECONDS, collect
-from ckptstore.checkpointing.distributed import DistributedContext
-from ckptstore.checkpointing.gc import GCPolicy
+from ckptstore.checkpointing.distributed import ProcessGroup
+from ckptstore.checkpointing.download_mode import DownloadMode, check_download_mode
 from ckptstore.checkpointing.index import CheckpointIndex
 from ckptstore.checkpointing.pins import DEFAULT_PIN_LEASE_SECONDS, PinKeeper
-from ckptstore.checkpointing.reconcile import ReconcileReport, reconcile
+from ckptstore.checkpointing.reconcile import ReconcileReport, newest_in_storage, reconcile
+from ckptstore.checkpointing.retention import GCPolicy
 from ckptstore.checkpointing.uploader import BackgroundUploader, snapshot_dir
 from ckptstore.storage_backends import Storage, open_storage
+from ckptstore.validators import number_at_least
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +45,8 @@ class CheckpointContext:
             :class:`~ckptstore.checkpointing.index.CheckpointIndex` (the registry). Without it,
             everything works from storage alone.
         trial_id, experiment_id: written into each checkpoint's metadata; scope of GC.
-        distributed: a :class:`DistributedContext` (default: one process).
-        gc_policy: a :class:`~ckptstore.checkpointing.gc.GCPolicy` or a dict of Determined's
+        distributed: a :class:`ProcessGroup` (default: one process).
+        gc_policy: a :class:`~ckptstore.checkpointing.retention.GCPolicy` or a dict of Determined's
             keys (``save_trial_latest``, ...); run after every commit. None keeps everything.
         verify: check sizes and crc32c of downloaded files (``False`` skips it).
         max_in_flight: background uploads running at once; the caller blocks beyond it.
@@ -78,30 +82,37 @@ class CheckpointContext:
         index: CheckpointIndex | None = None,
         trial_id: int | None = None,
         experiment_id: int | None = None,
-        distributed: DistributedContext | None = None,
+        distributed: ProcessGroup | None = None,
         gc_policy: GCPolicy | Mapping[str, Any] | None = None,
         verify: bool = True,
         max_in_flight: int = 2,
         storage_url: str | None = None,
         gc_grace_seconds: float = DEFAULT_GRACE_SECONDS,
         pin_lease_seconds: float = DEFAULT_PIN_LEASE_SECONDS,
+        owns_storage: bool | None = None,
+        dedup: bool = False,
+        dedup_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
-        self._owns_storage = not isinstance(storage, Storage)
+        # A storage opened here is closed here; a caller that opened it may hand it over
+        # (owns_storage=True) so there is exactly one owner.
+        self._owns_storage = (
+            not isinstance(storage, Storage) if owns_storage is None else owns_storage
+        )
         self.storage: Storage = open_storage(storage)
         self.storage_url = storage_url or self.storage.url
         self.index = index
         self.trial_id = trial_id
         self.experiment_id = experiment_id
-        self.distributed = distributed or DistributedContext.single()
+        self.distributed = distributed or ProcessGroup.single()
         self.gc_policy = GCPolicy.from_config(
             dict(gc_policy) if isinstance(gc_policy, Mapping) else gc_policy
         )
         self.verify = bool(verify)
-        if isinstance(gc_grace_seconds, bool) or not isinstance(gc_grace_seconds, (int, float)):
-            raise errors.InvalidConfig(
-                f"gc_grace_seconds must be a number. Received: gc_grace_seconds={gc_grace_seconds!r}"
-            )
-        self.gc_grace_seconds = float(gc_grace_seconds)
+        #: Store files as content-addressed chunks (format 2, :mod:`.blobs`): unchanged chunks
+        #: are not uploaded again. Off by default; sharded (multi-worker) saves ignore it.
+        self.dedup = bool(dedup)
+        self.dedup_chunk_bytes = check_chunk_bytes(dedup_chunk_bytes)
+        self.gc_grace_seconds = number_at_least("gc_grace_seconds", gc_grace_seconds, 0)
         self._pins = PinKeeper(index, lease_seconds=pin_lease_seconds)
         self._uploader = BackgroundUploader(max_in_flight)
         self._protected: set[str] = set()
@@ -113,6 +124,7 @@ class CheckpointContext:
         self._gc_future: Future[list[str]] | None = None
         self._gc_queued = False
         self._closed = False
+        self._deferred: list[Callable[[], None]] = []
         if self.index is not None and self.distributed.rank == 0:
             try:
                 self.reconcile()
@@ -125,10 +137,11 @@ class CheckpointContext:
     # ---- saving ------------------------------------------------------------------------------
     def upload(
         self,
-        ckpt_dir: str | os.PathLike[str],
+        ckpt_dir: str | os.PathLike[str] | None,
         metadata: Mapping[str, Any] | None = None,
         *,
         shard: bool = False,
+        selector: Any = None,
         background: bool = False,
         move: bool = False,
     ) -> str:
@@ -139,8 +152,18 @@ class CheckpointContext:
         is taken (and blocks while ``max_in_flight`` uploads run). With ``move=True`` the
         caller hands ``ckpt_dir`` over: it is moved or uploaded from in place, never copied,
         and removed afterwards. With ``shard=True`` every rank must call it and uploads its
-        own files into one checkpoint.
+        own files into one checkpoint; a rank with nothing to add passes ``ckpt_dir=None``.
+        ``selector`` (a callable on relative paths, a glob or a list of globs) uploads only the
+        files it picks, as in Determined.
         """
+        if ckpt_dir is None or selector is not None:
+            return self.upload(
+                self._picked_copy(ckpt_dir, selector),
+                metadata,
+                shard=shard,
+                background=background,
+                move=True,
+            )
         self._check_open()
         self._uploader.raise_pending_error()
         ckpt_dir = os.fspath(ckpt_dir)
@@ -176,12 +199,15 @@ class CheckpointContext:
             if move:
                 shutil.rmtree(ckpt_dir, ignore_errors=True)
             return uuid
+        # The content rule (names, symlinks) is checked here, in the caller's thread, so a
+        # refused file raises now instead of from a later wait(); also before a snapshot
+        # could follow a symlink.
+        fmt.local_files(ckpt_dir)
         self._uploader.acquire_slot()
         try:
             if move:
                 staging = ckpt_dir
             else:
-                fmt.local_files(ckpt_dir)  # refuses symlinks before the snapshot follows them
                 staging = self._staging_dir(uuid, create=False)
                 snapshot_dir(ckpt_dir, staging)
         except BaseException:
@@ -189,6 +215,24 @@ class CheckpointContext:
             raise
         self._submit(uuid, staging, full_metadata)
         return uuid
+
+    def _picked_copy(self, ckpt_dir: str | os.PathLike[str] | None, selector: Any) -> str:
+        """A new folder holding the files of ``ckpt_dir`` that ``selector`` picks (hard links
+        where possible), to upload with ``move=True``; empty for ``ckpt_dir=None``."""
+        picked = tempfile.mkdtemp(prefix="ckptstore-upload-")
+        if ckpt_dir is None:
+            return picked
+        select = fmt.compile_selector(selector)
+        for rel, full in fmt.local_files(os.fspath(ckpt_dir)).items():
+            if rel.endswith("/") or not select(rel):
+                continue
+            target = os.path.join(picked, rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            try:
+                os.link(full, target)
+            except OSError:  # another file system: copy instead
+                shutil.copy2(full, target)
+        return picked
 
     @contextlib.contextmanager
     def store_path(
@@ -198,8 +242,9 @@ class CheckpointContext:
         *,
         background: bool = False,
         checksums: dict[str, str] | None = None,
-    ) -> Iterator[tuple[str, str]]:
-        """Yield ``(path, uuid)``: write the checkpoint files into ``path``; they are committed
+    ) -> Iterator[tuple[pathlib.Path, str]]:
+        """Yield ``(path, uuid)``: write the checkpoint files into ``path`` (a ``pathlib.Path``,
+        as Determined yields); they are committed
         when the block exits (discarded if it raises). On a local file system ``path`` is a
         staging folder beside the final one that is renamed into place. With
         ``background=True`` the folder is handed over (moved, not copied) and uploaded on a
@@ -218,7 +263,7 @@ class CheckpointContext:
             uuid = sharded.agree_on_uuid(self.storage, self.distributed)
             path = tempfile.mkdtemp(prefix=f"ckptstore-shard-{uuid}-")
             try:
-                yield path, uuid
+                yield pathlib.Path(path), uuid
                 sharded.commit_sharded(
                     self.storage,
                     self.distributed,
@@ -237,7 +282,7 @@ class CheckpointContext:
         uuid = str(_uuid.uuid4())
         path = self._staging_dir(uuid, create=True)
         try:
-            yield path, uuid
+            yield pathlib.Path(path), uuid
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
@@ -254,6 +299,7 @@ class CheckpointContext:
                 shutil.rmtree(path, ignore_errors=True)
             return
         try:
+            fmt.local_files(path)  # a refused name raises here, not from a later wait()
             self._uploader.acquire_slot()
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
@@ -303,6 +349,7 @@ class CheckpointContext:
             index=self.index,
             storage_url=self.storage_url,
             checksums=checksums,
+            dedup_chunk_bytes=self.dedup_chunk_bytes if self.dedup else None,
         )
         self._after_commit()
 
@@ -332,27 +379,43 @@ class CheckpointContext:
             raise
 
     def download(
-        self, storage_id: str, ckpt_dir: str | os.PathLike[str], selector: Any = None
+        self,
+        storage_id: str,
+        ckpt_dir: str | os.PathLike[str],
+        download_mode: DownloadMode | str = DownloadMode.LocalWorkersShareDownload,
+        *,
+        selector: Any = None,
     ) -> None:
         """Download committed checkpoint ``storage_id`` (or the files ``selector`` picks: a
         callable on relative paths, a glob or a list of globs) into ``ckpt_dir``, verifying
-        sizes and checksums unless ``verify=False``."""
+        sizes and checksums unless ``verify=False``. ``download_mode`` is Determined's argument;
+        both modes give the same files (see :mod:`~ckptstore.checkpointing.download_mode`)."""
+        check_download_mode(download_mode)
         self._check_open()
         manifest = self._manifest(storage_id)
-        listed = set(manifest["files"])
         select = fmt.compile_selector(selector)
         ckpt_dir = os.fspath(ckpt_dir)
+        whole = {r for r, e in manifest["files"].items() if "blobs" not in e}
         self.storage.download(
-            storage_id, ckpt_dir, selector=lambda rel: rel in listed and bool(select(rel))
+            storage_id, ckpt_dir, selector=lambda rel: rel in whole and bool(select(rel))
         )
+        blobs.assemble(self.storage, storage_id, manifest, ckpt_dir, select, verify=self.verify)
         if self.verify:
             fmt.verify_files(ckpt_dir, manifest, select)
 
     @contextlib.contextmanager
-    def restore_path(self, storage_id: str, selector: Any = None) -> Iterator[str]:
-        """Yield a local folder holding committed checkpoint ``storage_id``. On a local file
-        system this is the checkpoint folder itself (verified; treat it as read-only);
-        otherwise a temporary download removed on exit."""
+    def restore_path(
+        self,
+        storage_id: str,
+        download_mode: DownloadMode | str = DownloadMode.LocalWorkersShareDownload,
+        *,
+        selector: Any = None,
+    ) -> Iterator[pathlib.Path]:
+        """Yield a local folder (a ``pathlib.Path``) holding committed checkpoint
+        ``storage_id``. On a local file system this is the checkpoint folder itself (verified;
+        treat it as read-only); otherwise a temporary download removed on exit.
+        ``download_mode``: as in :meth:`download`."""
+        check_download_mode(download_mode)
         self._check_open()
         fmt.check_storage_id(storage_id)
         # GC (here, and in other processes through an index pin) must not delete it while in
@@ -361,16 +424,16 @@ class CheckpointContext:
         self._use(storage_id, +1)
         try:
             local = self.storage.local_path(storage_id)
-            if local is not None and os.path.isdir(local):
-                manifest = self._manifest(storage_id)
+            manifest = self._manifest(storage_id)
+            if local is not None and os.path.isdir(local) and not blobs.uses_blobs(manifest):
                 if self.verify:
                     fmt.verify_files(local, manifest, selector)
-                yield local
+                yield pathlib.Path(local)
                 return
             path = tempfile.mkdtemp(prefix=f"ckptstore-restore-{storage_id}-")
             try:
                 self.download(storage_id, path, selector=selector)
-                yield path
+                yield pathlib.Path(path)
             finally:
                 shutil.rmtree(path, ignore_errors=True)
         finally:
@@ -396,16 +459,30 @@ class CheckpointContext:
 
     def latest_checkpoint(self, trial_id: int | None = None) -> str | None:
         """UUID of the newest committed checkpoint (most steps, then newest) of ``trial_id``
-        (default: this context's trial; all checkpoints if neither is set), or None."""
+        (default: this context's trial; all checkpoints if neither is set), or None. A
+        checkpoint the index lists but whose manifest is gone from storage is skipped (logged):
+        the newest one that exists is returned. Waits first for checkpoints handed to
+        :meth:`defer` (still being committed here)."""
         trial_id = self.trial_id if trial_id is None else trial_id
+        self._wait_deferred()  # a checkpoint this process is still committing counts
         if self.index is not None:
             records = self.index.checkpoint_records(trial_id=trial_id)
         else:
             records = fmt.scan_checkpoints(self.storage, self.storage_url)
             if trial_id is not None:
                 records = [r for r in records if r.trial_id == trial_id]
-        records = fmt.sort_records(records)
-        return records[-1].uuid if records else None
+        if self.index is None:
+            records = fmt.sort_records(records)
+            return records[-1].uuid if records else None
+        # The index may name a checkpoint whose manifest is gone (deleted outside ckptstore):
+        # take the newest one that exists, with a warning.
+        newest = newest_in_storage(
+            self.storage,
+            reversed(fmt.sort_records(records)),
+            storage_url=self.storage_url,
+            trial_id=trial_id,
+        )
+        return newest.uuid if newest is not None else None
 
     # ---- deleting ----------------------------------------------------------------------------
     def delete(self, storage_id: str, globs: Iterable[str] | None = None) -> None:
@@ -518,15 +595,42 @@ class CheckpointContext:
         self._gc_future = self._gc_executor.submit(run)
 
     # ---- lifecycle ---------------------------------------------------------------------------
+    def defer(self, wait: Callable[[], None]) -> None:
+        """Make :meth:`wait` and :meth:`close` also wait for work that commits through this
+        context from another thread (the Keras callback's writer finishing a checkpoint after
+        ``fit()`` returned). ``wait`` is called once, first, and may raise."""
+        with self._protected_lock:
+            self._deferred.append(wait)
+
     def wait(self) -> None:
         """Block until every background upload is committed (and the GC it triggered ran);
         raise :class:`~ckptstore.errors.BackgroundUploadError` for the first failure."""
+        failure: BaseException | None = None
+        try:
+            self._wait_deferred()
+        except BaseException as exc:  # noqa: BLE001 - raised after the uploads finished
+            failure = exc
         try:
             self._uploader.wait()
         finally:
             future = self._gc_future
             if future is not None:
                 future.result()
+        if failure is not None:
+            raise failure
+
+    def _wait_deferred(self) -> None:
+        """Run the waiters given to :meth:`defer` (once each); raise the first failure."""
+        with self._protected_lock:
+            deferred, self._deferred = self._deferred, []
+        failure: BaseException | None = None
+        for waiter in deferred:
+            try:
+                waiter()
+            except BaseException as exc:  # noqa: BLE001 - raised once all have finished
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def close(self) -> None:
         """Wait for background work, then release threads (and the storage if we opened it).

@@ -7,10 +7,10 @@ JSON in length-prefixed frames (never pickle, so a peer cannot make another run 
 
 Example::
 
-    from ckptstore.checkpointing.distributed import DistributedContext
+    from ckptstore.checkpointing.distributed import ProcessGroup
 
     # in each of 2 processes, with RANK set to 0 or 1:
-    dist = DistributedContext(rank=int(os.environ["RANK"]), size=2, port=29411)
+    dist = ProcessGroup(rank=int(os.environ["RANK"]), size=2, port=29411)
     uuids = dist.allgather(my_value)     # the same list on every rank
     dist.close()
 """
@@ -62,7 +62,7 @@ def _recv(sock: socket.socket) -> Any:
     return json.loads(_recv_exact(sock, length))
 
 
-class DistributedContext:
+class ProcessGroup:
     """Rank information and collectives (``allgather``, ``gather``, ``broadcast`` and their
     ``_local`` variants) for one process of a job of ``size`` processes.
 
@@ -82,7 +82,7 @@ class DistributedContext:
 
     Example::
 
-        dist = DistributedContext(rank=0, size=1)
+        dist = ProcessGroup(rank=0, size=1)
         assert dist.allgather("x") == ["x"]
     """
 
@@ -122,7 +122,7 @@ class DistributedContext:
         self._closed = False
 
     @classmethod
-    def single(cls) -> DistributedContext:
+    def single(cls) -> ProcessGroup:
         """A context for one process (no sockets)."""
         return cls(rank=0, size=1)
 
@@ -155,7 +155,7 @@ class DistributedContext:
     # ---- connection --------------------------------------------------------------------------
     def _connect(self) -> None:
         if self._closed:
-            raise errors.CkptstoreError("This DistributedContext was closed; create a new one.")
+            raise errors.CkptstoreError("This ProcessGroup was closed; create a new one.")
         if self.size == 1 or self._server is not None or self._chief is not None:
             return
         if self.rank == 0:
@@ -223,60 +223,61 @@ class DistributedContext:
         self._chief = sock
 
     # ---- collectives -------------------------------------------------------------------------
-    def gather(self, obj: Any) -> list[Any] | None:
-        """Every rank's ``obj`` in rank order on the chief; None on the other ranks."""
+    # Collectives take ``stuff``, Determined's parameter name, so keyword calls work too.
+    def gather(self, stuff: Any) -> list[Any] | None:
+        """Every rank's ``stuff`` in rank order on the chief; None on the other ranks."""
         with self._lock:
             if self.size == 1:
-                return [obj]
+                return [stuff]
             self._connect()
             if self.rank == 0:
-                return [obj] + [_recv(self._peers[r]) for r in range(1, self.size)]
+                return [stuff] + [_recv(self._peers[r]) for r in range(1, self.size)]
             assert self._chief is not None
-            _send(self._chief, obj)
+            _send(self._chief, stuff)
             return None
 
-    def broadcast(self, obj: Any) -> Any:
-        """The chief's ``obj`` on every rank (others' arguments are ignored)."""
+    def broadcast(self, stuff: Any) -> Any:
+        """The chief's ``stuff`` on every rank (others' arguments are ignored)."""
         with self._lock:
             if self.size == 1:
-                return obj
+                return stuff
             self._connect()
             if self.rank == 0:
                 for r in range(1, self.size):
-                    _send(self._peers[r], obj)
-                return obj
+                    _send(self._peers[r], stuff)
+                return stuff
             assert self._chief is not None
             return _recv(self._chief)
 
-    def allgather(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj`` in rank order, on every rank."""
+    def allgather(self, stuff: Any) -> list[Any]:
+        """Every rank's ``stuff`` in rank order, on every rank."""
         with self._lock:
-            return self.broadcast(self.gather(obj))
+            return self.broadcast(self.gather(stuff))
 
     def barrier(self) -> None:
         """Return once every rank has reached this call."""
         self.allgather(None)
 
-    def allgather_local(self, obj: Any) -> list[Any]:
-        """The ``obj`` of every rank on this machine, in local-rank order."""
-        items = self.allgather([self.cross_rank, self.local_rank, obj])
+    def allgather_local(self, stuff: Any) -> list[Any]:
+        """The ``stuff`` of every rank on this machine, in local-rank order."""
+        items = self.allgather([self.cross_rank, self.local_rank, stuff])
         mine = sorted((lr, o) for cr, lr, o in items if cr == self.cross_rank)
         return [o for _lr, o in mine]
 
-    def gather_local(self, obj: Any) -> list[Any] | None:
+    def gather_local(self, stuff: Any) -> list[Any] | None:
         """Like :meth:`allgather_local` but only the local chief gets the list."""
-        items = self.allgather_local(obj)
+        items = self.allgather_local(stuff)
         return items if self.local_rank == 0 else None
 
-    def broadcast_local(self, obj: Any = None) -> Any:
-        """The ``obj`` of local rank 0 of this machine, on every rank of this machine."""
-        items = self.allgather([self.cross_rank, self.local_rank, obj])
+    def broadcast_local(self, stuff: Any = None) -> Any:
+        """The ``stuff`` of local rank 0 of this machine, on every rank of this machine."""
+        items = self.allgather([self.cross_rank, self.local_rank, stuff])
         for cr, lr, o in items:
             if cr == self.cross_rank and lr == 0:
                 return o
         raise errors.CkptstoreError(
             f"No rank has local_rank 0 on machine cross_rank={self.cross_rank}; check the "
-            "local_rank/cross_rank given to every DistributedContext."
+            "local_rank/cross_rank given to every ProcessGroup."
         )
 
     def close(self) -> None:
@@ -293,14 +294,14 @@ class DistributedContext:
             self._chief = None
             self._server = None
 
-    def __enter__(self) -> DistributedContext:
+    def __enter__(self) -> ProcessGroup:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-class DummyDistributed(DistributedContext):
+class DummyDistributed(ProcessGroup):
     """The one-process context: rank 0 of 1, collectives return at once.
 
     Example::

@@ -24,13 +24,19 @@ import platform
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
-
-import google_crc32c
+from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
+from ckptstore.checkpointing.blobs import check_entry_blobs
+from ckptstore.checkpointing.checksums import crc32c_bytes, crc32c_file
 from ckptstore.checkpointing.index import COMMITTED, PARTIALLY_DELETED, CheckpointRecord
+from ckptstore.jsonsafe import to_json
 from ckptstore.storage_backends.paths import compile_selector as _compile_selector
+from ckptstore.storage_backends.paths import key_problem
+from ckptstore.validators import int_at_least
+
+if TYPE_CHECKING:
+    from ckptstore.storage_backends.base import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -43,28 +49,15 @@ STAGING_PREFIX = ".ckptstore-staging-"
 #: Names inside a checkpoint folder that ckptstore writes itself.
 RESERVED_NAMES = frozenset({MANIFEST_NAME, METADATA_NAME, PENDING_MARKER_NAME})
 FORMAT_VERSION = 1
+#: Manifests naming the content of some files as content-addressed blobs
+#: (:mod:`ckptstore.checkpointing.blobs`); whole-file checkpoints keep ``FORMAT_VERSION``.
+BLOBS_FORMAT_VERSION = 2
 #: The largest ``metadata.json`` ckptstore writes or reads (1 MiB). Metadata is copied into
 #: the registry and read on every listing; keep big things in checkpoint files instead.
 MAX_METADATA_BYTES = 2**20
 
-_CHUNK = 8 * 2**20
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CRC_RE = re.compile(r"^[0-9a-f]{8}$")
-
-
-# ---- checksums ---------------------------------------------------------------------------------
-def crc32c_bytes(data: bytes) -> str:
-    """The crc32c of ``data`` as 8 lowercase hex digits."""
-    return f"{google_crc32c.value(data):08x}"
-
-
-def crc32c_file(path: str) -> str:
-    """The crc32c of the file at ``path`` as 8 lowercase hex digits (streamed)."""
-    checksum = google_crc32c.Checksum()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            checksum.update(chunk)
-    return checksum.digest().hex()
 
 
 # ---- ids and paths -----------------------------------------------------------------------------
@@ -78,26 +71,32 @@ def check_storage_id(storage_id: str) -> str:
     return storage_id
 
 
-def check_relpath(relpath: str, *, where: str = "manifest") -> str:
-    """Reject absolute paths, ``..``, empty segments and backslashes in a checkpoint entry."""
-    bad = (
-        not isinstance(relpath, str)
-        or not relpath
-        or relpath.startswith("/")
-        or "\\" in relpath
-        or "\x00" in relpath
-        or re.match(r"^[A-Za-z]:", relpath) is not None
-    )
-    if not bad:
-        parts = relpath.rstrip("/").split("/")
-        bad = any(part in ("", ".", "..") for part in parts)
-    if bad:
-        raise errors.InvalidCheckpoint(
-            f"Unsafe entry {relpath!r} in the checkpoint {where}: entries must be relative "
-            "paths inside the checkpoint folder (no absolute paths, no '..'). Do not load this "
-            "checkpoint; re-save it with ckptstore."
+def check_entry(relpath: str, *, where: str = "manifest") -> str:
+    """The one rule for a file path inside a checkpoint, used by every writer (on each file,
+    before anything is committed) and by the reader (on each manifest entry): the storage key
+    rule of :func:`~ckptstore.storage_backends.paths.check_key` (a trailing ``/`` marks an
+    empty folder). Raises :class:`~ckptstore.errors.UnsafeCheckpointPath` naming the entry;
+    ``where`` names the folder being saved, or the manifest being read."""
+    if not isinstance(relpath, str) or not relpath:
+        why: str | None = f"an entry must be a non-empty str, got {relpath!r}"
+    else:
+        why = key_problem(relpath[:-1] if relpath.endswith("/") else relpath, allow_empty=False)
+    if why is None:
+        return relpath
+    if "manifest" in where.lower():
+        todo = (
+            "Do not load this checkpoint: it was not written by ckptstore or was altered; "
+            "re-save it with ckptstore."
         )
-    return relpath
+    else:
+        todo = (
+            "Rename or remove that file before saving (names must be relative paths inside the "
+            "checkpoint folder, valid UTF-8, without control characters, backslashes or "
+            "'..'); nothing was committed."
+        )
+    raise errors.UnsafeCheckpointPath(
+        f"Unsafe entry {relpath!r} in the checkpoint {where}: {why}. {todo}"
+    )
 
 
 def compile_selector(selector: Any) -> Callable[[str], bool]:
@@ -133,8 +132,10 @@ def local_files(local_dir: str, *, skip_reserved: bool = True) -> dict[str, str]
                 )
         if prefix and not dirs and not files:
             found[prefix] = root
+        if prefix and not dirs and not files:
+            check_entry(prefix, where=f"folder {local_dir!r}")
         for name in sorted(files):
-            rel = prefix + name
+            rel = check_entry(prefix + name, where=f"folder {local_dir!r}")
             if skip_reserved and rel in RESERVED_NAMES:
                 logger.warning(
                     "Skipping %s in %s: ckptstore writes that file itself.", rel, local_dir
@@ -199,8 +200,9 @@ def check_checksums(checksums: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def dump_json(obj: Mapping[str, Any]) -> bytes:
-    """Stable, readable JSON bytes for manifests and metadata."""
-    return (json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n").encode()
+    """Stable, readable JSON bytes for manifests and metadata (strict JSON: NaN/inf were made
+    ``null`` by :func:`ckptstore.jsonsafe.to_json` before)."""
+    return (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
 def verify_files(
@@ -249,7 +251,7 @@ def parse_manifest(data: bytes, uuid: str) -> dict[str, Any]:
     where = f"{uuid}/{MANIFEST_NAME}"
     try:
         manifest = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise errors.InvalidCheckpoint(
             f"{where} is not valid JSON ({exc}); the checkpoint is damaged or was not written "
             "by ckptstore."
@@ -260,10 +262,10 @@ def parse_manifest(data: bytes, uuid: str) -> dict[str, Any]:
             "ckptstore."
         )
     version = manifest.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if not isinstance(version, int) or version > BLOBS_FORMAT_VERSION:
         raise errors.InvalidCheckpoint(
             f"{where} has format_version={version!r}; this ckptstore reads versions up to "
-            f"{FORMAT_VERSION}. Upgrade ckptstore to read it."
+            f"{BLOBS_FORMAT_VERSION}. Upgrade ckptstore to read it."
         )
     if manifest.get("uuid") not in (None, uuid):
         raise errors.InvalidCheckpoint(
@@ -271,7 +273,7 @@ def parse_manifest(data: bytes, uuid: str) -> dict[str, Any]:
             "copied or renamed. Copy checkpoints with their folder name unchanged."
         )
     for rel, entry in manifest["files"].items():
-        check_relpath(rel, where=where)
+        check_entry(rel, where=where)
         ok = (
             isinstance(entry, dict)
             and isinstance(entry.get("size"), int)
@@ -284,10 +286,17 @@ def parse_manifest(data: bytes, uuid: str) -> dict[str, Any]:
                 f"{where} has a malformed entry for {rel!r}: {entry!r} (expected size and "
                 "crc32c); the checkpoint is damaged."
             )
+        if "blobs" in entry:
+            if version < BLOBS_FORMAT_VERSION:
+                raise errors.InvalidCheckpoint(
+                    f"{where} lists blobs for {rel!r} but has format_version={version}; the "
+                    "checkpoint is damaged."
+                )
+            check_entry_blobs(entry, rel, where)
     return manifest
 
 
-def read_manifest(storage: Any, uuid: str) -> dict[str, Any]:
+def read_manifest(storage: Storage, uuid: str) -> dict[str, Any]:
     """The validated manifest of checkpoint ``uuid``; InvalidCheckpoint if missing or bad."""
     check_storage_id(uuid)
     try:
@@ -300,7 +309,7 @@ def read_manifest(storage: Any, uuid: str) -> dict[str, Any]:
     return parse_manifest(data, uuid)
 
 
-def read_metadata(storage: Any, uuid: str) -> dict[str, Any]:
+def read_metadata(storage: Storage, uuid: str) -> dict[str, Any]:
     """The parsed ``metadata.json`` of checkpoint ``uuid``; InvalidCheckpoint if missing/bad."""
     check_storage_id(uuid)
     where = f"{uuid}/{METADATA_NAME}"
@@ -316,15 +325,20 @@ def read_metadata(storage: Any, uuid: str) -> dict[str, Any]:
             "metadata.json; it was not parsed. The checkpoint was not written by ckptstore."
         )
     try:
-        metadata = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        metadata = to_json(json.loads(data), what=where)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise errors.InvalidCheckpoint(f"{where} is not valid JSON ({exc}).") from None
+    except errors.InvalidConfig as exc:
+        raise errors.InvalidCheckpoint(str(exc)) from None
     if not isinstance(metadata, dict):
         raise errors.InvalidCheckpoint(f"{where} is not a JSON object.")
+    steps = metadata.get("steps_completed")
+    if steps is not None:
+        int_at_least(f"{where}: steps_completed", steps, 0, error=errors.InvalidCheckpoint)
     return metadata
 
 
-def is_committed(storage: Any, uuid: str) -> bool:
+def is_committed(storage: Storage, uuid: str) -> bool:
     """True if ``uuid`` has a valid manifest (a committed checkpoint)."""
     try:
         read_manifest(storage, uuid)
@@ -338,11 +352,11 @@ def is_checkpoint_name(name: str) -> bool:
     return bool(_ID_RE.match(name)) and ".." not in name
 
 
-def _checkpoint_children(storage: Any) -> list[str]:
+def _checkpoint_children(storage: Storage) -> list[str]:
     return [name for name in storage.list_children("") if is_checkpoint_name(name)]
 
 
-def _try_manifest(storage: Any, uuid: str) -> dict[str, Any] | None:
+def _try_manifest(storage: Storage, uuid: str) -> dict[str, Any] | None:
     try:
         data = storage.read_bytes(f"{uuid}/{MANIFEST_NAME}")
     except errors.StorageNotFound:
@@ -355,7 +369,7 @@ def _try_manifest(storage: Any, uuid: str) -> dict[str, Any] | None:
         return None
 
 
-def list_committed(storage: Any) -> list[str]:
+def list_committed(storage: Storage) -> list[str]:
     """UUIDs of the committed checkpoints under the storage prefix, sorted by name. Folders
     without a valid manifest are skipped (a warning for a malformed one)."""
     return [u for u in _checkpoint_children(storage) if _try_manifest(storage, u) is not None]
@@ -395,7 +409,7 @@ def record_from(
     )
 
 
-def scan_checkpoints(storage: Any, storage_url: str | None = None) -> list[CheckpointRecord]:
+def scan_checkpoints(storage: Storage, storage_url: str | None = None) -> list[CheckpointRecord]:
     """Records (COMMITTED or PARTIALLY_DELETED) of every committed checkpoint in storage,
     oldest first by (steps_completed, created_at). Used by ``Registry.reindex``."""
     records = []
@@ -423,7 +437,7 @@ def sort_records(records: Iterable[CheckpointRecord]) -> list[CheckpointRecord]:
 def framework_versions() -> dict[str, str]:
     """Python, and TensorFlow/Keras versions if they are already imported (never imports them)."""
     versions = {"python": platform.python_version()}
-    for name in ("tensorflow", "keras"):
+    for name in ("tensorflow", "keras", "tf_keras"):
         module = sys.modules.get(name)
         version = getattr(module, "__version__", None) if module is not None else None
         if isinstance(version, str):
@@ -455,7 +469,10 @@ def build_metadata(
             "Checkpoint metadata must be a dict of JSON-serializable values. Received: "
             f"{type(user_metadata).__name__}"
         )
-    user = dict(user_metadata or {})
+    # The one JSON policy (NaN/inf -> null, str keys, bounded depth) before anything else.
+    user = dict(to_json(dict(user_metadata or {}), what="checkpoint metadata"))
+    if "steps_completed" in user:
+        int_at_least("steps_completed", user["steps_completed"], 0)
     for key in ("uuid", "format_version", "ckptstore_version", "created_at"):
         if key in user:
             logger.warning("Ignoring metadata key %r: ckptstore sets it.", key)

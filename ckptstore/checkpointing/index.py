@@ -25,8 +25,14 @@ from typing import Any, Protocol, runtime_checkable
 PENDING = "PENDING"
 COMMITTED = "COMMITTED"
 PARTIALLY_DELETED = "PARTIALLY_DELETED"
+#: A delete has started: set *before* any file is removed, so an index that cannot be written
+#: stops the delete before it begins, and a delete cut short is never mistaken for a live
+#: checkpoint. Reconcile (and so GC) finishes it.
+DELETING = "DELETING"
 DELETED = "DELETED"
-STATES = (PENDING, COMMITTED, PARTIALLY_DELETED, DELETED)
+STATES = (PENDING, COMMITTED, PARTIALLY_DELETED, DELETING, DELETED)
+#: States of a checkpoint that can be read (the ones listings, latest and best look at).
+LIVE_STATES = (COMMITTED, PARTIALLY_DELETED)
 
 
 @dataclasses.dataclass
@@ -107,3 +113,15 @@ def supports_pins(index: object) -> bool:
     return callable(getattr(index, "pin_checkpoint", None)) and callable(
         getattr(index, "unpin_checkpoint", None)
     )
+
+
+def searcher_metric_of(
+    index: object, *, trial_id: int | None, experiment_id: int | None
+) -> tuple[str, bool] | None:
+    """``(metric, smaller_is_better)`` of the searcher recorded for the trial's experiment, when
+    the index records one (the registry does: ``searcher.metric`` of the experiment config);
+    else None."""
+    lookup = getattr(index, "searcher_metric", None)
+    if lookup is None:
+        return None
+    return lookup(trial_id=trial_id, experiment_id=experiment_id)

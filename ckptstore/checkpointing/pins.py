@@ -33,6 +33,7 @@ import weakref
 
 from ckptstore import errors
 from ckptstore.checkpointing.index import CheckpointIndex, supports_pins
+from ckptstore.validators import number_at_least
 
 logger = logging.getLogger(__name__)
 
@@ -62,17 +63,8 @@ class PinKeeper:
         lease_seconds: float = DEFAULT_PIN_LEASE_SECONDS,
         holder: str | None = None,
     ) -> None:
-        if (
-            isinstance(lease_seconds, bool)
-            or not isinstance(lease_seconds, (int, float))
-            or lease_seconds <= 0
-        ):
-            raise errors.InvalidConfig(
-                f"pin_lease_seconds must be a number > 0. Received: pin_lease_seconds="
-                f"{lease_seconds!r}"
-            )
+        self.lease_seconds = number_at_least("pin_lease_seconds", lease_seconds, 0, strict=True)
         self.index = index if supports_pins(index) else None
-        self.lease_seconds = float(lease_seconds)
         self.holder = holder or make_holder()
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()

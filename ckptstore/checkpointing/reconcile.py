@@ -15,6 +15,10 @@ for a checkpoint that will never exist.
   PENDING and reported in ``leftovers``: GC removes the folder (and marks the row DELETED);
 - younger than the grace period -> left alone (the upload may still be running).
 
+It also rolls forward deletes cut short: a DELETING row (see
+:func:`ckptstore.checkpointing.commit.delete_checkpoint`) has its files removed (manifest first;
+idempotent) and is marked DELETED.
+
 Rows of another storage URL are never touched. It is idempotent and cheap when nothing is
 PENDING (one index query).
 
@@ -31,12 +35,23 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import logging
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
+from ckptstore.checkpointing import commit
 from ckptstore.checkpointing import format as fmt
-from ckptstore.checkpointing.index import DELETED, PENDING, CheckpointIndex, CheckpointRecord
+from ckptstore.checkpointing.index import (
+    DELETED,
+    DELETING,
+    LIVE_STATES,
+    PENDING,
+    CheckpointIndex,
+    CheckpointRecord,
+)
+
+if TYPE_CHECKING:
+    from ckptstore.storage_backends.base import Storage
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +70,11 @@ class ReconcileReport:
     deleted: list[str] = dataclasses.field(default_factory=list)
     #: Stale PENDING rows whose uncommitted folder is still in storage (GC removes it).
     leftovers: list[str] = dataclasses.field(default_factory=list)
+    #: DELETING rows (deletes cut short) whose delete was finished: files removed, DELETED.
+    finished_deletes: list[str] = dataclasses.field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.committed or self.deleted)
+        return bool(self.committed or self.deleted or self.finished_deletes)
 
 
 def same_storage(record: CheckpointRecord, storage_url: str) -> bool:
@@ -66,20 +83,26 @@ def same_storage(record: CheckpointRecord, storage_url: str) -> bool:
 
 
 def pending_records(
-    index: CheckpointIndex, *, trial_id: int | None, all_trials: bool, storage_url: str
+    index: CheckpointIndex,
+    *,
+    trial_id: int | None,
+    all_trials: bool,
+    storage_url: str,
+    state: str = PENDING,
 ) -> list[CheckpointRecord]:
-    """The index's PENDING rows of ``trial_id`` (or of every trial) in this storage."""
+    """The index's rows in ``state`` (PENDING) of ``trial_id`` (or of every trial) in this
+    storage."""
     if all_trials:
-        rows = index.checkpoint_records(states=(PENDING,))
+        rows = index.checkpoint_records(states=(state,))
     else:
-        rows = index.checkpoint_records(trial_id=trial_id, states=(PENDING,))
+        rows = index.checkpoint_records(trial_id=trial_id, states=(state,))
         if trial_id is None:  # the index filters nothing for None: keep trial-less rows
             rows = [r for r in rows if r.trial_id is None]
     return [r for r in rows if same_storage(r, storage_url)]
 
 
 def reconcile(
-    storage: Any,
+    storage: Storage,
     index: CheckpointIndex,
     *,
     trial_id: int | None = None,
@@ -104,7 +127,28 @@ def reconcile(
             _reconcile_one(storage, index, row, url, now, grace_seconds, dry_run, report)
         except errors.CkptstoreError as exc:
             logger.warning("Could not reconcile PENDING checkpoint %s: %s", row.uuid, exc)
-    if report or report.leftovers:
+    deleting = pending_records(
+        index, trial_id=trial_id, all_trials=all_trials, storage_url=url, state=DELETING
+    )
+    for row in deleting:
+        if row.uuid in skip or not fmt.is_checkpoint_name(row.uuid):
+            continue
+        try:
+            if not dry_run:
+                commit.remove_files(storage, row.uuid)
+                index.set_checkpoint_state(row.uuid, DELETED, resources={})
+            report.finished_deletes.append(row.uuid)
+        except errors.CkptstoreError as exc:
+            logger.warning("Could not finish the delete of checkpoint %s: %s", row.uuid, exc)
+    if report.finished_deletes:
+        logger.info(
+            "%s %d delete(s) cut short in %s: %s",
+            "Would finish (dry run)" if dry_run else "Finished",
+            len(report.finished_deletes),
+            url,
+            report.finished_deletes,
+        )
+    if report.committed or report.deleted or report.leftovers:
         logger.info(
             "Reconciled %s with %s: %d PENDING -> committed %s, %d -> DELETED %s, %d left for GC",
             "(dry run)" if dry_run else "the index",
@@ -119,7 +163,7 @@ def reconcile(
 
 
 def reconcile_trial(
-    storage: Any,
+    storage: Storage | str | Mapping[str, Any],
     index: CheckpointIndex,
     trial_id: int | None,
     *,
@@ -141,7 +185,7 @@ def reconcile_trial(
 
 
 def _reconcile_one(
-    storage: Any,
+    storage: Storage,
     index: CheckpointIndex,
     row: CheckpointRecord,
     url: str,
@@ -182,7 +226,7 @@ def _reconcile_one(
     report.deleted.append(uuid)
 
 
-def _record(storage: Any, uuid: str, data: bytes, url: str) -> CheckpointRecord | None:
+def _record(storage: Storage, uuid: str, data: bytes, url: str) -> CheckpointRecord | None:
     """The record a committed checkpoint's manifest bytes and metadata describe, or None
     (logged) when either is damaged: a human should look at it, we do not guess."""
     try:
@@ -196,7 +240,7 @@ def _record(storage: Any, uuid: str, data: bytes, url: str) -> CheckpointRecord 
 
 
 def _confirm(
-    storage: Any,
+    storage: Storage,
     index: CheckpointIndex,
     uuid: str,
     data: bytes,
@@ -221,7 +265,7 @@ def _confirm(
     return newer
 
 
-def has_leftovers(storage: Any, uuid: str) -> bool:
+def has_leftovers(storage: Storage, uuid: str) -> bool:
     """True if storage still holds anything of uncommitted checkpoint ``uuid`` (its folder,
     or on a local file system its staging folder)."""
     if storage.exists(uuid):
@@ -229,3 +273,32 @@ def has_leftovers(storage: Any, uuid: str) -> bool:
     if storage.local_path(uuid) is not None:
         return bool(storage.exists(fmt.STAGING_PREFIX + uuid))
     return False
+
+
+def newest_in_storage(
+    storage: Storage,
+    records: Iterable[CheckpointRecord],
+    *,
+    storage_url: str | None = None,
+    trial_id: int | None = None,
+) -> CheckpointRecord | None:
+    """The first of ``records`` (in the caller's order of preference, e.g. newest first)
+    whose manifest is in storage; records of another storage URL are taken as they are (they
+    cannot be checked here). A record whose manifest is gone is skipped with a warning saying
+    why, so a caller never resumes from or loads a checkpoint that no longer exists."""
+    url = storage_url or storage.url
+    for record in records:
+        if record.state not in LIVE_STATES or not same_storage(record, url):
+            return record
+        if storage.exists(f"{record.uuid}/{fmt.MANIFEST_NAME}"):
+            return record
+        logger.warning(
+            "Skipping checkpoint %s%s: the index calls it %s but %s has no manifest for it "
+            "(deleted outside ckptstore, or a delete was cut short); taking the next newest. "
+            "`ckptstore reindex` repairs the index.",
+            record.uuid,
+            f" of trial {trial_id}" if trial_id is not None else "",
+            record.state,
+            url,
+        )
+    return None

@@ -18,19 +18,20 @@ from __future__ import annotations
 import logging
 import uuid as _uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
 from ckptstore.checkpointing import commit
-from ckptstore.checkpointing.distributed import DistributedContext
+from ckptstore.checkpointing.distributed import ProcessGroup
 from ckptstore.checkpointing.index import CheckpointIndex
+
+if TYPE_CHECKING:
+    from ckptstore.storage_backends.base import Storage
 
 logger = logging.getLogger(__name__)
 
 
-def _all_ok(
-    dist: DistributedContext, error: BaseException | None, payload: Any = None
-) -> list[Any]:
+def _all_ok(dist: ProcessGroup, error: BaseException | None, payload: Any = None) -> list[Any]:
     """Allgather ``payload`` or an error; raise on every rank if any rank failed."""
     mine = {"error": f"{type(error).__name__}: {error}"} if error is not None else {"ok": payload}
     statuses = dist.allgather(mine)
@@ -45,7 +46,7 @@ def _all_ok(
     return [s["ok"] for s in statuses]
 
 
-def agree_on_uuid(storage: Any, dist: DistributedContext) -> str:
+def agree_on_uuid(storage: Storage, dist: ProcessGroup) -> str:
     """The chief's new checkpoint UUID on every rank (after the chief wrote the marker)."""
     error = None
     uuid = None
@@ -108,8 +109,8 @@ def check_conflicts(per_rank_paths: list[list[str]]) -> None:
 
 
 def commit_sharded(
-    storage: Any,
-    dist: DistributedContext,
+    storage: Storage,
+    dist: ProcessGroup,
     uuid: str,
     local_dir: str,
     user_metadata: Mapping[str, Any] | None,
@@ -139,9 +140,16 @@ def commit_sharded(
     merged_user = merge_metadata([item["metadata"] for item in listing])
 
     metadata = None
+    error = None
     if dist.rank == 0:
-        metadata = build_metadata(uuid, merged_user)
-        commit.record_pending(index, uuid, metadata, url)
+        # Refused metadata (the JSON policy, a bad steps_completed) must stop every rank
+        # before anything is uploaded, not leave the other ranks waiting.
+        try:
+            metadata = build_metadata(uuid, merged_user)
+            commit.record_pending(index, uuid, metadata, url)
+        except Exception as exc:
+            error = exc
+    _all_ok(dist, error)
     error = None
     try:
         assert prepared is not None

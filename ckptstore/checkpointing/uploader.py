@@ -23,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from ckptstore import errors
+from ckptstore.validators import int_at_least
 
 logger = logging.getLogger(__name__)
 
@@ -110,14 +111,7 @@ class BackgroundUploader:
     """
 
     def __init__(self, max_in_flight: int = 2) -> None:
-        if (
-            isinstance(max_in_flight, bool)
-            or not isinstance(max_in_flight, int)
-            or max_in_flight < 1
-        ):
-            raise errors.InvalidConfig(
-                f"max_in_flight must be an int >= 1. Received: max_in_flight={max_in_flight!r}"
-            )
+        max_in_flight = int_at_least("max_in_flight", max_in_flight, 1)
         self.max_in_flight = max_in_flight
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self._executor = ThreadPoolExecutor(max_in_flight, thread_name_prefix="ckptstore-upload")

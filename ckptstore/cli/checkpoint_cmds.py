@@ -1,4 +1,4 @@
-"""``ckptstore checkpoint ...``: list, describe, download, verify and delete checkpoints.
+"""``ckptstore checkpoint ...``: list, describe, download, verify, delete and export checkpoints.
 
 Example::
 
@@ -8,14 +8,18 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 from typing import Any
 
 import click
 
 from ckptstore import errors
+from ckptstore.checkpointing.index import LIVE_STATES, STATES
 from ckptstore.cli.download import download_checkpoint, download_options
 from ckptstore.cli.output import emit_json, emit_record, emit_rows, human_size, json_option
 from ckptstore.cli.state import CliState, pass_state
@@ -32,8 +36,7 @@ LIST_COLUMNS = (
     ("metrics", "Metrics"),
     ("created_at", "Created"),
 )
-ALL_STATES = ("PENDING", "COMMITTED", "PARTIALLY_DELETED", "DELETED")
-LIVE_STATES = ("COMMITTED", "PARTIALLY_DELETED")
+ALL_STATES = STATES
 
 
 def find_checkpoint(state: CliState, uuid: str) -> Any:
@@ -55,7 +58,7 @@ def _safe(state: CliState) -> str:
 
 @click.group()
 def checkpoint() -> None:
-    """List, describe, download, verify and delete checkpoints.
+    """List, describe, download, verify, delete and export checkpoints.
 
     \b
     Example:
@@ -212,3 +215,70 @@ def delete_cmd(state: CliState, uuids: tuple[str, ...], globs: tuple[str, ...], 
         finally:
             context.close()
         click.echo(f"Deleted {what + ' ' if what else ''}{record.uuid}")
+
+
+@checkpoint.command("export")
+@click.argument("uuid")
+@click.option(
+    "--no-verify",
+    is_flag=True,
+    help="Skip comparing the SavedModel's predictions with the Keras model's.",
+)
+@click.option(
+    "--unsafe-deserialization",
+    is_flag=True,
+    help="Allow Lambda layers (runs code stored in the checkpoint; only for checkpoints you trust).",
+)
+@json_option
+@pass_state
+def export_cmd(
+    state: CliState, uuid: str, no_verify: bool, unsafe_deserialization: bool, as_json: bool
+) -> None:
+    """Add an inference SavedModel (saved_model/) to a committed checkpoint.
+
+    Loads the checkpoint's model.keras, runs model.export(), checks that the SavedModel's
+    `serve` predicts what the Keras model does, and adds the files to the same checkpoint
+    (same UUID; its manifest is rewritten last, so an interrupted export leaves the checkpoint
+    as it was). Custom layers must be importable (PYTHONPATH).
+
+    \b
+    Example:
+      ckptstore checkpoint export 0b7c...
+      python -c "import tensorflow as tf; tf.saved_model.load('ckpt/saved_model').serve"
+    """
+    # In a child process: the command itself never imports TensorFlow (layers contract).
+    command = [sys.executable, "-m", "ckptstore.keras_io.export", "checkpoint", uuid]
+    command += ["--registry", state.registry_url]
+    try:
+        state.registry().get_checkpoint(uuid)  # known: the registry says where it lives
+    except errors.CheckpointNotFound:
+        command += ["--storage", state.storage_url]  # not indexed (yet): look in --storage
+    if no_verify:
+        command.append("--no-verify")
+    if unsafe_deserialization:
+        command.append("--unsafe-deserialization")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p or os.getcwd() for p in sys.path))
+    proc = subprocess.run(command, stdout=subprocess.PIPE, env=env, text=True, check=False)
+    lines = proc.stdout.strip().splitlines()
+    try:
+        report = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise errors.ExportError(
+            f"The export process exited with code {proc.returncode} without a result; see "
+            "the messages above."
+        ) from None
+    if "error" in report:
+        error_type = getattr(errors, str(report["error"]), errors.ExportError)
+        if not (isinstance(error_type, type) and issubclass(error_type, errors.CkptstoreError)):
+            error_type = errors.ExportError
+        raise error_type(report["message"])
+    if as_json:
+        emit_json({"uuid": uuid, **report})
+        return
+    check = (
+        f", serve matches Keras (max |diff| {report['max_abs_diff']:.2g})"
+        if report["verified"]
+        else ""
+    )
+    click.echo(f"Exported {uuid} to {report['path']} in {report['seconds']:.1f} s{check}")

@@ -34,6 +34,25 @@ def read_committed_manifest(storage: Any, uuid: str) -> dict[str, Any]:
     return ckpt_format.read_manifest(storage, uuid)
 
 
+def assemble_blobs(
+    storage: Any, uuid: str, manifest: dict[str, Any], out_dir: str, wanted: Any
+) -> None:
+    """Write the deduplicated files of ``manifest`` (format 2) as ordinary files; a damaged
+    blob is reported with every checkpoint in the prefix that uses it."""
+    from ckptstore.checkpointing import blob_gc, blobs
+
+    try:
+        blobs.assemble(storage, uuid, manifest, out_dir, lambda rel: rel in wanted)
+    except errors.ChecksumMismatch as exc:
+        sha = getattr(exc, "blob", None)
+        if sha is None:
+            raise
+        using = blob_gc.users(storage, sha)
+        raise errors.ChecksumMismatch(
+            f"{exc} Checkpoints using this blob ({len(using)}): {', '.join(using)}."
+        ) from None
+
+
 def download_checkpoint(
     state: CliState, uuid: str, out_dir: str, selector: Any = None, *, label: str = "Downloading"
 ) -> dict[str, int]:
@@ -55,8 +74,10 @@ def download_checkpoint(
     }
     total = sum(int(e["size"]) for e in wanted.values())
     os.makedirs(out_dir, exist_ok=True)
+    whole = {rel for rel, entry in wanted.items() if "blobs" not in entry}
     with transfer_progress(f"{label} {uuid[:8]}", total) as progress:
-        storage.download(uuid, out_dir, selector=lambda rel: rel in wanted, progress=progress)
+        storage.download(uuid, out_dir, selector=lambda rel: rel in whole, progress=progress)
+    assemble_blobs(storage, uuid, manifest, out_dir, wanted)
     checked = ckpt_format.verify_files(out_dir, manifest, lambda rel: rel in wanted)
     with open(os.path.join(out_dir, ckpt_format.MANIFEST_NAME), "wb") as f:
         f.write(ckpt_format.dump_json(manifest))

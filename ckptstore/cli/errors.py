@@ -36,6 +36,7 @@ _TABLE: tuple[tuple[type[BaseException], int], ...] = (
     (errors.CheckpointNotFound, EXIT_NOT_FOUND),
     (errors.TrialNotFound, EXIT_NOT_FOUND),
     (errors.ExperimentNotFound, EXIT_NOT_FOUND),
+    (errors.JobNotFound, EXIT_NOT_FOUND),
     (errors.ModelNotFound, EXIT_NOT_FOUND),
     (errors.StorageNotFound, EXIT_NOT_FOUND),
     (errors.InvalidStoragePath, EXIT_BAD_INPUT),

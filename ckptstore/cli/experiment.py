@@ -50,40 +50,91 @@ def experiment() -> None:
     """
 
 
+def _engine_options(fn: Any) -> Any:
+    fn = click.option(
+        "--address",
+        default=None,
+        help="Ray cluster address host:port (default: RAY_ADDRESS, else a local Ray).",
+    )(fn)
+    return click.option(
+        "--engine",
+        type=click.Choice(["local", "ray"]),
+        default="local",
+        show_default=True,
+        help="local: trials as processes here; ray: trials as Ray Tune trials on a cluster.",
+    )(fn)
+
+
 @experiment.command("create")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.argument("model_dir", type=click.Path(file_okay=False))
 @click.option("--no-run", is_flag=True, help="Only record the experiment; run it with resume.")
+@_engine_options
 @click.pass_context
-def create_cmd(ctx: click.Context, config: str, model_dir: str, no_run: bool) -> None:
+def create_cmd(
+    ctx: click.Context,
+    config: str,
+    model_dir: str,
+    no_run: bool,
+    engine: str,
+    address: str | None,
+) -> None:
     """Check CONFIG, record the experiment and run its trials from MODEL_DIR.
 
     \b
     Example:
       ckptstore experiment create examples/mnist_tfkeras_trial/const.yaml examples/mnist_tfkeras_trial
     """
-    from ckptstore.keras_io.experiment import create_experiment, resume_experiment
+    from ckptstore.experiment import create_experiment
 
     _setup_logging()
     storage, registry = _targets(ctx)
-    exp_id = create_experiment(config, model_dir, storage=storage, registry=registry, run=False)
+    exp_id = create_experiment(
+        config, model_dir, storage=storage, registry=registry, run=False, engine=engine
+    )
     click.echo(
         f"Experiment {exp_id} recorded. Other machines sharing this registry and storage can "
         f"work on it too: ckptstore experiment join {exp_id}",
         err=True,
     )
     if not no_run:
-        resume_experiment(exp_id, storage=storage, registry=registry)
+        _run_to_end(exp_id, storage, registry, engine=engine, address=address)
     click.echo(f"Created experiment {exp_id}")
+
+
+def _run_to_end(
+    exp_id: int,
+    storage: str | None,
+    registry: str | None,
+    model_dir: str | None = None,
+    *,
+    engine: str = "local",
+    address: str | None = None,
+) -> None:
+    """Run the experiment; exit non-zero (naming failed trials) unless it COMPLETED cleanly."""
+    from ckptstore import errors
+    from ckptstore.experiment import run_experiment
+
+    outcome = run_experiment(
+        exp_id,
+        storage=storage,
+        registry=registry,
+        model_dir=model_dir,
+        engine=engine,
+        address=address,
+    )
+    if not outcome.ok:
+        raise errors.ExperimentNotCompleted(outcome.message())
 
 
 _RESUME_HELP = """Continue every unfinished trial of EXPERIMENT_ID from its latest checkpoint,
 then start the trials the searcher still wants.
 
 Run it on several machines that share the registry (PostgreSQL) and the checkpoint storage to
-work on one search together: each trial is claimed by one runner (no trial runs twice, no more
-than max_trials are created), and a runner with nothing left to start waits to take over the
-trials of a runner that dies. `join` is the same command.
+work on one search together: runners take trials from the experiment's Optuna study (no trial
+runs twice, exactly max_trials are created), Optuna's heartbeats mark who runs what, and a
+runner with nothing left to start waits to continue, from its last checkpoint, the trial of a
+runner that dies (re-queued after CKPTSTORE_HEARTBEAT_GRACE, 30 s). `join` is the same command.
 
 \b
 Example:
@@ -98,14 +149,19 @@ Example:
     default=None,
     help="The model folder on this machine (default: the one given to create).",
 )
+@_engine_options
 @click.pass_context
-def _resume(ctx: click.Context, experiment_id: int, model_dir: str | None) -> None:
-    from ckptstore.keras_io.experiment import resume_experiment
-
+def _resume(
+    ctx: click.Context,
+    experiment_id: int,
+    model_dir: str | None,
+    engine: str,
+    address: str | None,
+) -> None:
     _setup_logging()
     storage, registry = _targets(ctx)
-    resume_experiment(experiment_id, storage=storage, registry=registry, model_dir=model_dir)
     click.echo(f"Experiment {experiment_id} resumed")
+    _run_to_end(experiment_id, storage, registry, model_dir, engine=engine, address=address)
 
 
 resume_cmd = experiment.command("resume", help=_RESUME_HELP)(_resume)
@@ -135,7 +191,7 @@ def describe_cmd(ctx: click.Context, experiment_id: int, as_json: bool) -> None:
     Example:
       ckptstore experiment describe 1 --json
     """
-    from ckptstore.keras_io.experiment import describe_experiment
+    from ckptstore.experiment import describe_experiment
 
     _, registry = _targets(ctx)
     info = describe_experiment(experiment_id, registry=registry)
@@ -177,7 +233,7 @@ def list_cmd(ctx: click.Context, as_json: bool) -> None:
     Example:
       ckptstore experiment list --json
     """
-    from ckptstore.keras_io.experiment import list_experiments
+    from ckptstore.experiment import list_experiments
 
     _, registry = _targets(ctx)
     items = list_experiments(registry=registry)

@@ -49,7 +49,7 @@ def import_determined(
       ckptstore import-determined ./det-ckpts --trial 7
       ckptstore import-determined s3://old/det/0b7c... --trust-pickle
     """
-    from ckptstore.checkpointing.determined_import import import_determined as run_import
+    from ckptstore.import_determined.layouts import import_determined as run_import
 
     imported = run_import(
         source,

@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "checkpoint": (
         "ckptstore.cli.checkpoint_cmds:checkpoint",
-        "List, describe, download, verify and delete checkpoints.",
+        "List, describe, download, verify, delete and export checkpoints.",
     ),
     "trial": (
         "ckptstore.cli.trial_cmds:trial",
@@ -54,6 +54,18 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "storage": (
         "ckptstore.cli.maintenance_cmds:storage",
         "Check that the storage can be written, read and deleted.",
+    ),
+    "ui": (
+        "ckptstore.cli.ui_cmd:ui",
+        "Serve a web view of experiments, trials, checkpoints and models.",
+    ),
+    "run": (
+        "ckptstore.cli.run_cmd:run",
+        "Run a Determined script unchanged: ckptstore run -- python3 train.py.",
+    ),
+    "job": (
+        "ckptstore.cli.job_cmds:job",
+        "Non-training jobs (batch inference, evaluation): run, list, describe, logs.",
     ),
     "import-determined": (
         "ckptstore.cli.import_cmd:import_determined",

@@ -9,14 +9,24 @@ Example::
 
 from __future__ import annotations
 
+import sys
+
 import click
 
+from ckptstore import errors
 from ckptstore.cli.output import emit_json, json_option
 from ckptstore.cli.state import CliState, pass_state
 
 
 @click.command()
 @click.option("--dry-run", is_flag=True, help="Only print what would be deleted.")
+@click.option(
+    "--yes",
+    "-y",
+    is_flag=True,
+    help="Delete without asking. Without it, gc asks after a dry run on a terminal and refuses "
+    "to delete anywhere else.",
+)
 @click.option(
     "--save-trial-latest",
     type=int,
@@ -29,7 +39,8 @@ from ckptstore.cli.state import CliState, pass_state
     type=int,
     default=1,
     show_default=True,
-    help="Best checkpoints kept per trial.",
+    help="Best checkpoints kept per trial (by --metric, else the experiment's searcher metric; "
+    "with neither, every checkpoint is kept).",
 )
 @click.option(
     "--save-experiment-best",
@@ -38,9 +49,16 @@ from ckptstore.cli.state import CliState, pass_state
     show_default=True,
     help="Best checkpoints kept per experiment.",
 )
-@click.option("--metric", default=None, help="Metric that ranks 'best' (default: the policy's).")
 @click.option(
-    "--larger-is-better", is_flag=True, help="Higher --metric is better (default: smaller)."
+    "--metric",
+    default=None,
+    help="Metric that ranks 'best' (default: the experiment's searcher metric).",
+)
+@click.option(
+    "--larger-is-better",
+    is_flag=True,
+    default=None,
+    help="Higher --metric is better (default: smaller, or the searcher's direction).",
 )
 @click.option("--trial", "trial_id", type=int, help="Only this trial (default: every trial).")
 @json_option
@@ -49,51 +67,73 @@ def gc(
     state: CliState,
     trial_id: int | None,
     dry_run: bool,
+    yes: bool,
     save_trial_latest: int,
     save_trial_best: int,
     save_experiment_best: int,
     metric: str | None,
-    larger_is_better: bool,
+    larger_is_better: bool | None,
     as_json: bool,
 ) -> None:
     """Delete checkpoints the retention policy no longer keeps (Determined's defaults).
 
-    The policy applies per trial, like Determined's checkpoint_storage GC keys. Never deleted:
-    checkpoints registered as model versions, and checkpoints pinned by a running process (the
-    checkpoint a training run resumed from, or one being restored); a pin of a process that
-    crashed expires with its lease (10 minutes by default). Uncommitted leftovers older than
-    the grace period are removed too.
+    The policy applies per trial, like Determined's checkpoint_storage GC keys. "Best" is judged
+    by --metric, else by the searcher metric of the trial's experiment; when neither is known
+    the best rules keep every checkpoint (and say so). Never deleted: checkpoints registered as
+    model versions, and checkpoints pinned by a running process (the checkpoint a training run
+    resumed from, or one being restored); a pin of a process that crashed expires with its
+    lease (10 minutes by default). Uncommitted leftovers older than the grace period are
+    removed too. Nothing is deleted without --yes: on a terminal gc shows a dry run and asks.
 
     \b
     Example:
       ckptstore gc --dry-run
-      ckptstore gc --save-trial-latest 2 --save-trial-best 1 --metric val_loss
+      ckptstore gc --save-trial-latest 2 --save-trial-best 1 --metric val_loss --yes
     """
     from ckptstore.checkpointing import CheckpointContext
-    from ckptstore.checkpointing.gc import GCPolicy
+    from ckptstore.checkpointing.retention import GCPolicy
 
     policy = GCPolicy.from_determined(
         save_trial_latest=save_trial_latest,
         save_trial_best=save_trial_best,
         save_experiment_best=save_experiment_best,
         metric=metric,
-        smaller_is_better=not larger_is_better,
+        smaller_is_better=None if larger_is_better is None else not larger_is_better,
     )
     registry = state.registry()
     trials = [registry.get_trial(trial_id)] if trial_id is not None else registry.list_trials()
-    deleted: list[str] = []
-    for trial in trials:
-        context = CheckpointContext(
-            state.storage(),
-            index=registry,
-            trial_id=trial.id,
-            experiment_id=trial.experiment_id,
-            gc_policy=policy,
-        )
-        try:
-            deleted += [u for u in context.gc(dry_run=dry_run) if u not in deleted]
-        finally:
-            context.close()
+
+    def run(dry: bool) -> list[str]:
+        deleted: list[str] = []
+        for trial in trials:
+            context = CheckpointContext(
+                state.storage(),
+                index=registry,
+                trial_id=trial.id,
+                experiment_id=trial.experiment_id,
+                gc_policy=policy,
+            )
+            try:
+                deleted += [u for u in context.gc(dry_run=dry) if u not in deleted]
+            finally:
+                context.close()
+        return deleted
+
+    if not dry_run and not yes:
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            raise errors.InvalidConfig(
+                "ckptstore gc deletes checkpoints and was given neither --yes nor --dry-run. "
+                "Run `ckptstore gc --dry-run` to see what it would delete, then "
+                "`ckptstore gc --yes` (same options) to delete it."
+            )
+        would = run(True)
+        for uuid in would:
+            click.echo(f"Would delete {uuid}")
+        if not would:
+            click.echo("Nothing to delete.")
+            return
+        click.confirm(f"Delete these {len(would)} checkpoint(s)?", abort=True, err=True)
+    deleted = run(dry_run)
     if as_json:
         emit_json({"dry_run": dry_run, "deleted": deleted})
         return

@@ -37,6 +37,13 @@ class CliState:
     """
 
     def __init__(self, storage_spec: str | None = None, registry_url: str | None = None) -> None:
+        if storage_spec is not None:
+            from ckptstore.storage_backends import check_storage_spec
+
+            check_storage_spec(storage_spec)  # "" or "s3:/x" must not become a local folder
+        #: True when --storage (or CKPTSTORE_STORAGE) named the storage: it then wins over
+        #: the URL a registry row recorded.
+        self.explicit_storage = storage_spec is not None
         self.storage_url = storage_spec or defaults.default_storage_url()
         self.registry_url = registry_url or defaults.default_registry_url()
         self._registry: Registry | None = None
@@ -60,17 +67,27 @@ class CliState:
         return self._storages[key]
 
     def storage_for(self, record: Any) -> Storage:
-        """The storage a registry checkpoint row lives in (its own URL, else ``--storage``)."""
-        url = getattr(record, "storage_url", "") or None
-        return self.storage(url)
+        """The storage of a registry checkpoint row: ``--storage`` when it was given (an
+        explicit choice always wins, with a warning when the row recorded another URL), else
+        the row's own URL, else the default."""
+        recorded = getattr(record, "storage_url", "") or None
+        if self.explicit_storage:
+            storage = self.storage()
+            if recorded and recorded not in (self.storage_url, storage.url):
+                logger.warning(
+                    "Using --storage %s for checkpoint %s; the registry recorded it in %s.",
+                    storage.url,
+                    getattr(record, "uuid", "?"),
+                    recorded,
+                )
+            return storage
+        return self.storage(recorded)
 
     def close(self) -> None:
         """Close everything opened; errors while closing are logged, not raised."""
-        for storage in self._storages.values():
-            try:
-                storage.close()
-            except Exception:  # noqa: BLE001
-                logger.debug("closing %r failed", storage, exc_info=True)
+        from ckptstore.storage_backends.base import close_all
+
+        close_all(self._storages.values())
         self._storages.clear()
         if self._registry is not None:
             try:

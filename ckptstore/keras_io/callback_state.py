@@ -36,11 +36,12 @@ STATE_VERSION = 1
 
 @dataclasses.dataclass
 class TrainingState:
-    """What :class:`~ckptstore.keras_io.callback.DeterminedCallback` needs to resume exactly.
+    """What :class:`~ckptstore.keras_io.determined_callback.DeterminedCallback` needs to resume exactly.
 
     ``epoch`` is the number of *completed* epochs (the epoch to start from on resume).
-    ``epoch_complete`` is false when training was preempted in the middle of an epoch; that
-    epoch then restarts from its first batch on resume.
+    ``epoch_complete`` is false when training was preempted in the middle of an epoch; the
+    resumed run continues that epoch at ``data["batch"]`` when ``data`` says where (else the
+    epoch restarts from its first batch).
     """
 
     epoch: int = 0
@@ -50,6 +51,10 @@ class TrainingState:
     callbacks: dict[str, Any] = dataclasses.field(default_factory=dict)
     rng: dict[str, Any] = dataclasses.field(default_factory=dict)
     extra_variables: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Where in the input the next batch comes from (see ``resumable_data``), or None.
+    data: dict[str, Any] | None = None
+    #: Values of ``model.metrics_variables`` at a mid-epoch save (the epoch's accumulators).
+    metrics_variables: list[Any] | None = None
     version: int = STATE_VERSION
 
     def to_json(self) -> str:
@@ -156,6 +161,17 @@ def restore_rng(rng: dict[str, Any]) -> None:
         gen.state.assign(np.asarray(rng["keras_global_seed"], dtype=gen.state.dtype))
 
 
+def get_rng_state() -> dict[str, Any]:
+    """Determined's ``det.keras.get_rng_state()``: the Python, NumPy, TensorFlow and Keras RNG
+    states as a JSON-able dict (see :func:`capture_rng`)."""
+    return capture_rng()
+
+
+def set_rng_state(rng_state: dict[str, Any]) -> None:
+    """Determined's ``det.keras.set_rng_state()``: restore what :func:`get_rng_state` returned."""
+    restore_rng(rng_state)
+
+
 def _keras_global_seed_generator() -> Any:
     if "keras" not in sys.modules:
         return None
@@ -176,7 +192,7 @@ def capture_extra_variables(model: Any, saved_ids: set[int]) -> dict[str, Any]:
     for variable in model.variables:
         if id(variable) in saved_ids or id(variable) in metric_ids:
             continue
-        out[variable.path] = {
+        out[_variable_path(variable)] = {
             "dtype": str(variable.dtype),
             "value": np.asarray(variable.numpy()).tolist(),
         }
@@ -185,7 +201,9 @@ def capture_extra_variables(model: Any, saved_ids: set[int]) -> dict[str, Any]:
 
 def restore_extra_variables(model: Any, extra: dict[str, Any]) -> None:
     """Assign values recorded by :func:`capture_extra_variables` back by variable path."""
-    by_path = {v.path: v for v in model.variables}
+    if not extra:
+        return
+    by_path = {_variable_path(v): v for v in model.variables}
     for path, item in extra.items():
         variable = by_path.get(path)
         if variable is None:
@@ -197,21 +215,29 @@ def restore_extra_variables(model: Any, extra: dict[str, Any]) -> None:
         variable.assign(np.asarray(item["value"], dtype=item["dtype"]))
 
 
+def _variable_path(variable: Any) -> str:
+    # Keras 3 variables have a ``path``; Keras 2 (tf.Variable) ones only a ``name``.
+    return getattr(variable, "path", None) or variable.name
+
+
 # ---- callbacks -------------------------------------------------------------------------------
 def stateful_callbacks(callbacks: list[Any]) -> dict[str, Any]:
-    """``{key: callback}`` for every callback with ``get_state`` and ``load_state``.
+    """``{key: callback}`` for every callback with ``get_state`` and ``load_state``, and for
+    Keras's ``History``, ``EarlyStopping``, ``ReduceLROnPlateau`` and ``ModelCheckpoint``
+    (through an adapter from :mod:`ckptstore.keras_io.keras_callback_state`).
 
     Keys are the class name, suffixed ``_1``, ``_2``... for repeats, in list order, so the same
     ``fit()`` call maps states back to the same callbacks.
     """
+    from ckptstore.keras_io.keras_callback_state import with_state
+
     out: dict[str, Any] = {}
     counts: dict[str, int] = {}
-    for cb in callbacks:
-        if not (
-            callable(getattr(cb, "get_state", None)) and callable(getattr(cb, "load_state", None))
-        ):
+    for original in callbacks:
+        cb = with_state(original)  # Keras's History, EarlyStopping, ... get an adapter
+        if cb is None:
             continue
-        name = type(cb).__name__
+        name = type(original).__name__
         n = counts.get(name, 0)
         counts[name] = n + 1
         out[name if n == 0 else f"{name}_{n}"] = cb

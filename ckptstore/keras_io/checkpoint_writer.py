@@ -2,9 +2,11 @@
 
 The training thread hands over a :class:`SaveJob` (a model snapshot plus small files, already in
 memory) and goes on training. The writer thread writes ``model.keras`` from the snapshot into the
-checkpoint context's ``store_path()`` folder (on local storage that folder is renamed into place;
-on object stores it is uploaded), then commits. At most one job runs and one waits: a save that
-finds both slots taken blocks until the older job is done, which bounds memory to two snapshots.
+checkpoint context's ``store_path()`` folder; a second thread runs the job's ``before_commit``
+(the SavedModel export) and commits (on local storage the folder is renamed into place; on object
+stores it is uploaded), in submission order. At most one job is being written and one waits in
+memory: a save that finds both slots taken blocks until the older job is written, which bounds
+memory to two snapshots. Written checkpoints waiting for a slow ``before_commit`` wait on disk.
 
 A failure is kept and raised as :class:`~ckptstore.errors.BackgroundUploadError` by the next
 :meth:`CheckpointWriter.check`, :meth:`~CheckpointWriter.submit` or :meth:`~CheckpointWriter.wait`
@@ -20,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -43,7 +46,9 @@ class SaveJob:
 
     ``files`` maps a relative name to bytes; ``extra_dir`` is a local folder whose content is
     moved into the checkpoint (``saved_model/``, files added by ``on_checkpoint_end``).
-    ``on_done(uuid)`` runs in the writer thread after the commit.
+    ``before_commit(path)`` runs in the writer thread once every file is in the checkpoint
+    folder ``path`` and before the commit (e.g. the SavedModel export); raising discards the
+    checkpoint. ``on_done(uuid)`` runs in the writer thread after the commit.
     """
 
     snapshot: snapshot_lib.Snapshot | None
@@ -51,6 +56,7 @@ class SaveJob:
     files: dict[str, bytes] = dataclasses.field(default_factory=dict)
     extra_dir: str | None = None
     on_done: Callable[[str], None] | None = None
+    before_commit: Callable[[str], None] | None = None
 
 
 class CheckpointWriter:
@@ -73,8 +79,14 @@ class CheckpointWriter:
         self.saved: list[str] = []
         #: Seconds each job took in the writer thread (for benchmarks and logs).
         self.write_seconds: list[float] = []
+        #: Written checkpoints waiting for ``before_commit`` and the commit (on disk, unbounded).
+        self._commits: queue.Queue[_Staged | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._committer = threading.Thread(
+            target=self._run_commits, name=f"{name}-commit", daemon=True
+        )
         self._thread.start()
+        self._committer.start()
 
     # ---- training-thread side -----------------------------------------------------------------
     def check(self) -> None:
@@ -112,51 +124,59 @@ class CheckpointWriter:
         with self._lock:
             return self._pending > 0
 
+    @property
+    def closed(self) -> bool:
+        """Whether the thread has stopped (after :meth:`close`)."""
+        return not self._thread.is_alive()
+
     def close(self) -> None:
         """Finish queued jobs and stop the thread (does not raise; call :meth:`wait` first)."""
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+        self._committer.join()
 
     # ---- writer-thread side -------------------------------------------------------------------
     def _run(self) -> None:
         while True:
             job = self._queue.get()
             if job is None:
+                self._commits.put(None)
                 return
             started = time.perf_counter()
+            staged: _Staged | None = None
             try:
                 with self._lock:
                     failed = self._error is not None
                 if failed:
                     logger.warning("Skipping a checkpoint save: an earlier save failed.")
                 else:
-                    uuid = self._write(job)
-                    self.saved.append(uuid)
-                    if job.on_done is not None:
-                        job.on_done(uuid)
+                    staged = self._stage(job, started)
+                    self._commits.put(staged)
             except BaseException as exc:  # noqa: BLE001 - handed to the training thread
-                logger.error("Background checkpoint save failed: %s", exc, exc_info=True)
-                with self._lock:
-                    if self._error is None:
-                        self._error = exc
+                self._fail(exc)
             finally:
-                self.write_seconds.append(time.perf_counter() - started)
-                if job.extra_dir:
-                    shutil.rmtree(job.extra_dir, ignore_errors=True)
                 job.snapshot = None  # release the tensors now
-                with self._idle:
-                    self._pending -= 1
-                    self._idle.notify_all()
+                if staged is None:
+                    self._finish(job, started)
 
-    def _write(self, job: SaveJob) -> str:
+    def _stage(self, job: SaveJob, started: float) -> _Staged:
+        """Write every file of ``job`` into a ``store_path()`` folder; the commit (after
+        ``before_commit``) is left to the commit thread, so a slow ``before_commit`` (the
+        SavedModel export) holds up later checkpoints only on disk, not in memory."""
         # The archive writer computes the file's crc32c while writing it; handing it to the
         # manifest spares reading the whole model again (contexts without the option re-read).
         checksums: dict[str, str] = {}
         extra = {"checksums": checksums} if _takes_checksums(self._ckpt) else {}
-        with self._ckpt.store_path(job.metadata, **extra) as (path, uuid):
+        scope = self._ckpt.store_path(job.metadata, **extra)
+        path, uuid = scope.__enter__()
+        try:
             path = os.fspath(path)
-            if job.snapshot is not None:
+            write_into = getattr(job.snapshot, "write_into", None)
+            if write_into is not None:  # Keras 2: TensorFlow's own checkpoint files
+                checksums.update(write_into(path))
+                job.snapshot = None
+            elif job.snapshot is not None:
                 _size, crc32c = snapshot_lib.write_model_archive(
                     job.snapshot, os.path.join(path, snapshot_lib.MODEL_FILENAME)
                 )
@@ -168,12 +188,74 @@ class CheckpointWriter:
             if job.extra_dir and os.path.isdir(job.extra_dir):
                 for entry in os.listdir(job.extra_dir):
                     shutil.move(os.path.join(job.extra_dir, entry), os.path.join(path, entry))
+        except BaseException as exc:
+            scope.__exit__(type(exc), exc, exc.__traceback__)  # discards the folder
+            raise
+        return _Staged(job, scope, path, str(uuid), started)
+
+    # ---- commit-thread side -------------------------------------------------------------------
+    def _run_commits(self) -> None:
+        while True:
+            staged = self._commits.get()
+            if staged is None:
+                return
+            try:
+                self._commit(staged)
+            except BaseException as exc:  # noqa: BLE001 - handed to the training thread
+                self._fail(exc)
+            finally:
+                self._finish(staged.job, staged.started)
+
+    def _commit(self, staged: _Staged) -> None:
+        job = staged.job
+        with self._lock:
+            failed = self._error is not None
+        if failed:
+            logger.warning("Skipping a checkpoint commit: an earlier save failed.")
+            skip = errors.CheckpointError("an earlier checkpoint save failed")
+            staged.scope.__exit__(type(skip), skip, None)  # discards the folder
+            return
+        try:
+            if job.before_commit is not None:
+                job.before_commit(staged.path)
+        except BaseException as exc:
+            staged.scope.__exit__(type(exc), exc, exc.__traceback__)  # discards the folder
+            raise
+        staged.scope.__exit__(None, None, None)  # the commit
         logger.info(
             "Checkpoint %s committed (steps_completed=%s)",
-            uuid,
+            staged.uuid,
             job.metadata.get("steps_completed"),
         )
-        return str(uuid)
+        self.saved.append(staged.uuid)
+        if job.on_done is not None:
+            job.on_done(staged.uuid)
+
+    # ---- both ---------------------------------------------------------------------------------
+    def _fail(self, exc: BaseException) -> None:
+        logger.error("Background checkpoint save failed: %s", exc, exc_info=True)
+        with self._lock:
+            if self._error is None:
+                self._error = exc
+
+    def _finish(self, job: SaveJob, started: float) -> None:
+        self.write_seconds.append(time.perf_counter() - started)
+        if job.extra_dir:
+            shutil.rmtree(job.extra_dir, ignore_errors=True)
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
+
+
+@dataclasses.dataclass
+class _Staged:
+    """A checkpoint whose files are written, waiting in its open ``store_path()`` scope."""
+
+    job: SaveJob
+    scope: contextlib.AbstractContextManager[Any]
+    path: str
+    uuid: str
+    started: float
 
 
 def _takes_checksums(ckpt: Any) -> bool:

@@ -14,7 +14,7 @@ HDF5's small metadata blocks from the sparse file and each array's bytes from th
 in file order. The zip is stored (not compressed), exactly as Keras writes it, so
 ``keras.models.load_model`` and any zip tool read it; the local header of the weights entry is
 written last, once its CRC-32 is known, and the CRC-32C of the whole file is put together from the
-CRC-32C of its pieces (:func:`~ckptstore.keras_io.fast_crc.crc32c_combine`).
+CRC-32C of its pieces (:func:`~ckptstore.checkpointing.checksums.crc32c_combine`).
 
 Example::
 
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptstore.keras_io import fast_crc
+from ckptstore.checkpointing import checksums as fast_crc
 
 CONFIG_NAME = "config.json"
 METADATA_NAME = "metadata.json"

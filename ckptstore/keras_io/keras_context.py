@@ -6,6 +6,14 @@ plus a ``DeterminedCallback`` that resumes from the trial's latest checkpoint, s
 and reports metrics. The core context (registry rows, signal handlers) is opened on the first
 call that needs it, so a batch-inference job that only loads and predicts creates no trial.
 
+In a job (``ckptstore job run``, which sets ``CKPTSTORE_JOB_ID``) the context knows it does not
+train: ``context.training`` raises :class:`~ckptstore.errors.NotInTraining`,
+``context.config_data`` is the config's ``data:``, ``wrap_data`` shards without dropping rows,
+``predict`` gathers every worker's predictions back in the original order, ``evaluate`` records
+its metrics against the checkpoint the model came from (``checkpoint describe`` shows them under
+``metrics.evaluations``), and ``write_output(name, array_or_dataframe)`` stores a result in the
+job's folder of the storage (``jobs/<job id>/``).
+
 Example::
 
     import ckptstore as det
@@ -26,11 +34,14 @@ import atexit
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.keras_io import trial_info
-from ckptstore.keras_io.distributed import shard_batch_size
+from ckptstore.core import _info as trial_info
+from ckptstore.core._distributed import shard_batch_size
+
+if TYPE_CHECKING:
+    from ckptstore.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -80,16 +91,17 @@ def _is_array_like(obj: Any) -> bool:
     return hasattr(obj, "shape") and hasattr(obj, "__getitem__") and hasattr(obj, "__len__")
 
 
-def _shard_structure(obj: Any, rank: int, size: int, length: int) -> Any:
+def _shard_structure(obj: Any, rank: int, size: int, length: int, *, even: bool = True) -> Any:
     """Rows ``rank, rank+size, ...`` of every array in ``obj`` (array, list/tuple or dict),
-    cut so every worker gets ``length // size`` rows (equal step counts on all workers)."""
-    per_worker = length // size
+    cut so every worker gets ``length // size`` rows (equal step counts on all workers) when
+    ``even``; all of them otherwise (inference must not lose rows)."""
+    per_worker = length // size if even else length
     if _is_array_like(obj):
         return obj[rank::size][:per_worker]
     if isinstance(obj, Mapping):
-        return {k: _shard_structure(v, rank, size, length) for k, v in obj.items()}
+        return {k: _shard_structure(v, rank, size, length, even=even) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_shard_structure(v, rank, size, length) for v in obj)
+        return type(obj)(_shard_structure(v, rank, size, length, even=even) for v in obj)
     raise errors.InvalidConfig(
         "wrap_data() takes NumPy arrays (or lists/dicts of them), a tf.data.Dataset or a "
         f"keras.utils.PyDataset. Received: {type(obj).__name__}."
@@ -135,8 +147,43 @@ def _make_sharded_pydataset(dataset: Any, rank: int, size: int) -> Any:
     return ShardedPyDataset()
 
 
-def shard_data(data: Any, rank: int, size: int) -> Any:
-    """``data`` (arrays, tf.data.Dataset or PyDataset) cut to worker ``rank`` of ``size``."""
+def _encode_array(array: Any) -> dict[str, str]:
+    """A NumPy array as JSON-safe text (the worker channel carries JSON), exactly."""
+    import base64
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(array), allow_pickle=False)
+    return {"npy": base64.b64encode(buffer.getvalue()).decode("ascii")}
+
+
+def _decode_array(payload: Mapping[str, str]) -> Any:
+    import base64
+    import io
+
+    import numpy as np
+
+    return np.load(io.BytesIO(base64.b64decode(payload["npy"])), allow_pickle=False)
+
+
+def interleave(parts: Sequence[Any]) -> Any:
+    """Undo ``rank::size`` sharding: ``parts[r]`` holds rows ``r, r+size, ...`` of the whole."""
+    import numpy as np
+
+    size = len(parts)
+    total = sum(len(p) for p in parts)
+    first = np.asarray(parts[0])
+    out = np.empty((total, *first.shape[1:]), dtype=first.dtype)
+    for rank, part in enumerate(parts):
+        out[rank::size] = part
+    return out
+
+
+def shard_data(data: Any, rank: int, size: int, *, even: bool = True) -> Any:
+    """``data`` (arrays, tf.data.Dataset or PyDataset) cut to worker ``rank`` of ``size``;
+    ``even=False`` keeps every row (inference): workers then get one row more or less."""
     if size <= 1:
         return data
     if type(data).__module__.startswith("tensorflow") and hasattr(data, "shard"):
@@ -150,7 +197,7 @@ def shard_data(data: Any, rank: int, size: int) -> Any:
 
     if isinstance(data, keras.utils.PyDataset):
         return _make_sharded_pydataset(data, rank, size)
-    return _shard_structure(data, rank, size, _first_length(data))
+    return _shard_structure(data, rank, size, _first_length(data), even=even)
 
 
 # ---- the context ---------------------------------------------------------------------------------
@@ -178,14 +225,16 @@ class KerasContext:
         distributed: Any,
         strategy: Any,
         storage: Any,
-        registry: Any,
+        registry: Registry,
         trial_id: int | None,
         experiment_id: int | None,
         checkpoint_gc: Mapping[str, Any] | None = None,
         owns_distributed: bool = True,
+        job_id: int | None = None,
     ) -> None:
         self.config = config
-        self.training = TrainingInfo(hparams, trial_id, experiment_id)
+        self.job_id = job_id
+        self._training = TrainingInfo(hparams, trial_id, experiment_id)
         self.config_data = DataConfig(data_config, self)
         self._distributed = distributed
         self.strategy = strategy
@@ -202,6 +251,17 @@ class KerasContext:
         atexit.register(self.close)
 
     # ---- properties ---------------------------------------------------------------------------
+    @property
+    def training(self) -> TrainingInfo:
+        """The trial's hyperparameters and ids; not available in a job (which does not train)."""
+        if self.job_id is not None:
+            raise errors.NotInTraining(
+                f"context.training is not available in job {self.job_id}: a job started by "
+                "`ckptstore job run` does not train. Read the job's settings from "
+                "context.config_data (the config's `data:`), or train in an experiment."
+            )
+        return self._training
+
     @property
     def data(self) -> DataConfig:
         """Alias of :attr:`config_data`."""
@@ -222,7 +282,7 @@ class KerasContext:
                 "This Keras context was closed; call ckptstore.keras.init() again."
             )
         if self._core is None:
-            from ckptstore.keras_io.core_context import init as core_init
+            from ckptstore.core._context import init as core_init
 
             self._core = self._stack.enter_context(
                 core_init(
@@ -230,13 +290,13 @@ class KerasContext:
                     registry=self._registry,
                     trial_id=self._trial_id,
                     experiment_id=self._experiment_id,
-                    hparams=self.training.hparams,
+                    hparams=self._training.hparams,
                     distributed=self._distributed,
                     close_distributed=False,
                     checkpoint_gc=self._checkpoint_gc,
                 )
             )
-            self.training.trial_id = self._core.info.trial.trial_id
+            self._training.trial_id = self._core.info.trial.trial_id
         return self._core
 
     # ---- wrappers -----------------------------------------------------------------------------
@@ -250,11 +310,12 @@ class KerasContext:
         worker, or ``shard=False``, the data is returned unchanged."""
         rank = self._distributed.rank
         size = self._distributed.size if shard else 1
+        even = self.job_id is None  # a job keeps every row; predict() puts them back in order
         given = [v for v in (x, y, sample_weight) if v is not None]
         if y is None and sample_weight is not None:
             raise errors.InvalidConfig("wrap_data(x, sample_weight=...) needs y as well.")
         if len(given) == 1:
-            return shard_data(x, rank, size)
+            return shard_data(x, rank, size, even=even)
         length = _first_length(x)
         for name, value in (("y", y), ("sample_weight", sample_weight)):
             if value is not None and _first_length(value) != length:
@@ -264,15 +325,19 @@ class KerasContext:
                 )
         if size <= 1:
             return tuple(given)
-        return tuple(_shard_structure(v, rank, size, length) for v in given)
+        return tuple(_shard_structure(v, rank, size, length, even=even) for v in given)
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
         """Check and track an optimizer; returns it. Its full state (slots, ``iterations``) is
         saved in checkpoints by the ``.keras`` file; under a ``tf.distribute`` strategy
-        gradients are already aggregated across workers, so no Horovod wrapper is needed."""
-        import keras
+        gradients are already aggregated across workers, so no Horovod wrapper is needed.
+        On Keras 2 legacy optimizers (``tf.keras.optimizers.legacy.*``) are accepted too."""
+        from ckptstore.keras_io.backend import IS_KERAS2, keras
 
-        if not isinstance(optimizer, keras.optimizers.Optimizer):
+        kinds: tuple[type, ...] = (keras.optimizers.Optimizer,)
+        if IS_KERAS2:
+            kinds += (keras.optimizers.legacy.Optimizer,)
+        if not isinstance(optimizer, kinds):
             raise errors.InvalidConfig(
                 "wrap_optimizer() takes a keras.optimizers.Optimizer. "
                 f"Received: {type(optimizer).__name__}."
@@ -313,6 +378,12 @@ class KerasContext:
         last run reached (``initial_epoch`` is then set by the callback). ``epochs`` defaults to
         the config's ``searcher.max_length.epochs``, else 1.
         """
+        if self.job_id is not None:
+            raise errors.NotInTraining(
+                f"context.fit() is not available in job {self.job_id}: `ckptstore job run` "
+                "starts jobs that do not train (batch inference, evaluation). Train with "
+                "`ckptstore experiment create CONFIG DIR`."
+            )
         if x_val is not None or y_val is not None:
             if validation_data is not None:
                 raise errors.InvalidConfig("Pass validation_data= or x_val=/y_val=, not both.")
@@ -324,7 +395,7 @@ class KerasContext:
             )
         if epochs is None:
             epochs = self._default_epochs() or 1
-        from ckptstore.keras_io.callback import DeterminedCallback
+        from ckptstore.keras_io.determined_callback import DeterminedCallback
 
         core = self.core
         det_cb = DeterminedCallback(
@@ -337,7 +408,7 @@ class KerasContext:
         all_callbacks = [*(callbacks or []), det_cb]
         if validation_split:
             fit_kwargs["validation_split"] = validation_split
-        return model.fit(
+        history = model.fit(
             x,
             y,
             validation_data=validation_data,
@@ -346,10 +417,25 @@ class KerasContext:
             callbacks=all_callbacks,
             **fit_kwargs,
         )
+        # Commit the last checkpoint now: scripts like the reference's never call close(), and
+        # at interpreter exit thread pools (S3/GCS/Azure uploads) no longer take new work.
+        core.checkpoint.wait()
+        return history
 
     def evaluate(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         """``model.evaluate()``; inside a trial, the results are also reported as validation
-        metrics at the model's current step (``optimizer.iterations``)."""
+        metrics at the model's current step (``optimizer.iterations``). In a job, the metrics
+        (averaged over the workers, weighted by their rows) are recorded against the checkpoint
+        the model was loaded from by :meth:`load_checkpoint_model`."""
+        if self.job_id is not None:
+            # Named metrics to record; handed back in the form the caller asked for.
+            wanted_dict = bool(kwargs.pop("return_dict", False))
+            logs = model.evaluate(*args, return_dict=True, **kwargs)
+            self._record_evaluation(model, logs, args, kwargs)
+            if wanted_dict:
+                return logs
+            values = list(logs.values())
+            return values[0] if len(values) == 1 else values
         result = model.evaluate(*args, **kwargs)
         if self._in_trial():
             metrics = result if isinstance(result, Mapping) else None
@@ -362,8 +448,99 @@ class KerasContext:
         return result
 
     def predict(self, model: Any, *args: Any, **kwargs: Any) -> Any:
-        """``model.predict()``."""
-        return model.predict(*args, **kwargs)
+        """``model.predict()``. In a job with several workers, on data sharded by
+        :meth:`wrap_data`, every worker gets all predictions in the original row order."""
+        result = model.predict(*args, **kwargs)
+        if self.job_id is None or self._distributed.size <= 1:
+            return result
+        import numpy as np
+
+        if not isinstance(result, np.ndarray):
+            raise errors.InvalidConfig(
+                "context.predict() gathers one array per worker; this model returned a "
+                f"{type(result).__name__}. Gather it yourself with context.distributed.allgather."
+            )
+        parts = self._distributed.allgather(_encode_array(result))
+        return interleave([_decode_array(p) for p in parts])
+
+    def _record_evaluation(
+        self, model: Any, logs: Mapping[str, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> None:
+        metrics = {k: float(v) for k, v in logs.items()}
+        if self._distributed.size > 1:
+            data = args[0] if args else kwargs.get("x")
+            rows = _first_length(data) if data is not None and not hasattr(data, "shard") else 1
+            everyone = self._distributed.allgather([rows, metrics])
+            total = sum(n for n, _ in everyone) or 1
+            metrics = {k: sum(n * m[k] for n, m in everyone) / total for k in metrics}
+        uuid = getattr(model, "_ckptstore_checkpoint_uuid", None)
+        if uuid is None:
+            logger.warning(
+                "Job %s: evaluate() on a model not loaded with context.load_checkpoint_model(); "
+                "its metrics are not recorded against a checkpoint.",
+                self.job_id,
+            )
+        elif self._distributed.rank == 0:
+            import datetime as _dt
+
+            from ckptstore.registry import open_registry
+
+            registry = open_registry(self._registry)
+            try:
+                registry.add_checkpoint_evaluation(
+                    uuid,
+                    {
+                        "job_id": self.job_id,
+                        "metrics": metrics,
+                        "evaluated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+                    },
+                )
+            finally:
+                if registry is not self._registry:
+                    registry.close()
+            logger.info("Job %s: recorded %s against checkpoint %s", self.job_id, metrics, uuid)
+
+    def write_output(self, name: str, data: Any) -> str:
+        """Write a NumPy array (``.npy``) or a pandas DataFrame (``.csv``) to the job's folder
+        in the storage, ``jobs/<job id>/<name>`` (``outputs/<name>`` outside a job), on the
+        chief only; returns the object's URL. Works on every storage backend.
+
+        Example::
+
+            predictions = context.predict(model, x)
+            context.write_output("predictions.npy", predictions)
+        """
+        import io
+
+        import numpy as np
+
+        from ckptstore.storage_backends import open_storage, split_storage_config
+
+        if hasattr(data, "to_csv"):
+            payload = data.to_csv(index=False).encode()
+        else:
+            buffer = io.BytesIO()
+            np.save(buffer, np.asarray(data), allow_pickle=False)
+            payload = buffer.getvalue()
+        folder = f"jobs/{self.job_id}" if self.job_id is not None else "outputs"
+        key = f"{folder}/{name}"
+        spec = self._storage or trial_info.storage_from_env()
+        if spec is None:
+            from ckptstore import defaults
+
+            spec = defaults.default_storage_url()
+        if isinstance(spec, Mapping):
+            spec = split_storage_config(dict(spec))[0]
+        store = spec if not isinstance(spec, (str, dict)) else open_storage(spec)
+        try:
+            url = f"{store.url.rstrip('/')}/{key}"
+            if self._distributed.rank == 0:
+                store.write_bytes(key, payload)
+                logger.info("Wrote %d bytes to %s", len(payload), url)
+            return url
+        finally:
+            if store is not spec:
+                store.close()
 
     def load_checkpoint_model(
         self, trial_id: int | None = None, checkpoint_uuid: str | None = None, **kwargs: Any
@@ -372,6 +549,8 @@ class KerasContext:
         this context's storage and registry (see ``ckptstore.load_checkpoint_model``)."""
         from ckptstore.keras_io.loaders import load_checkpoint_model
 
+        if self._core is not None:  # checkpoints still being committed (exported) here count
+            self._core.checkpoint.wait()
         kwargs.setdefault("storage", self._storage)
         kwargs.setdefault("registry", self._registry)
         return load_checkpoint_model(trial_id=trial_id, checkpoint_uuid=checkpoint_uuid, **kwargs)
@@ -401,7 +580,8 @@ class KerasContext:
 
     def __repr__(self) -> str:
         return (
-            f"KerasContext(trial_id={self.training.trial_id}, rank={self._distributed.rank}/"
+            f"KerasContext(trial_id={self._training.trial_id}, job_id={self.job_id}, "
+            f"rank={self._distributed.rank}/"
             f"{self._distributed.size})"
         )
 
@@ -410,7 +590,7 @@ def init(
     hparams: Mapping[str, Any] | None = None,
     *,
     storage: Any = None,
-    registry: Any = None,
+    registry: Registry | str | None = None,
     trial_id: int | None = None,
     experiment_id: int | None = None,
     distributed: Any = None,
@@ -434,8 +614,9 @@ def init(
 
         context = ckptstore.keras.init({"lr": 0.1}, storage="s3://bucket/ckpts")
     """
-    import keras
     import tensorflow as tf
+
+    from ckptstore.keras_io.backend import keras
 
     config = dict(config or {})
     if config and not isinstance(config.get("data", {}), Mapping):
@@ -453,6 +634,7 @@ def init(
         trial_id = trial_info.parse_int_env(trial_info.TRIAL_ID_ENV)
     if experiment_id is None:
         experiment_id = trial_info.parse_int_env(trial_info.EXPERIMENT_ID_ENV)
+    job_id = trial_info.parse_int_env(trial_info.JOB_ID_ENV)
 
     seed = (config.get("reproducibility") or {}).get("experiment_seed")
     if seed is not None:
@@ -460,7 +642,7 @@ def init(
 
     owns_distributed = distributed is None
     if distributed is None:
-        from ckptstore.keras_io.distributed import DistributedContext
+        from ckptstore.core._distributed import DistributedContext
 
         distributed, strategy = DistributedContext.from_tf_config()
     else:
@@ -477,7 +659,8 @@ def init(
         experiment_id=experiment_id,
         checkpoint_gc=checkpoint_gc,
         owns_distributed=owns_distributed,
+        job_id=job_id,
     )
 
 
-__all__ = ["DataConfig", "KerasContext", "TrainingInfo", "init", "shard_data"]
+__all__ = ["DataConfig", "KerasContext", "TrainingInfo", "init", "interleave", "shard_data"]

@@ -24,10 +24,14 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
+from ckptstore.keras_io import keras2_format
+
+if TYPE_CHECKING:
+    from ckptstore.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -66,11 +70,32 @@ def _find_saved_model(path: str) -> str | None:
     return None
 
 
+def _check_archive(keras_file: str) -> None:
+    """Refuse a truncated or damaged ``.keras`` zip with a message that says so (Keras itself
+    reports such a file as "File not found" or an unsupported format)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(keras_file) as archive:
+            bad = archive.testzip()  # reads every member and checks its CRC-32
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        bad, reason = "", f"{type(exc).__name__}: {exc}"
+    else:
+        reason = f"member {bad!r} fails its CRC-32 check" if bad else ""
+    if bad is not None:
+        raise errors.ModelLoadError(
+            f"{keras_file} is not a complete Keras archive: it is truncated or damaged "
+            f"({reason}). Download the checkpoint again (ckptstore verifies every file against "
+            "its manifest) or load another checkpoint."
+        )
+
+
 def _load_keras_file(
     keras_file: str, compile: bool, custom_objects: Mapping[str, Any] | None, safe_mode: bool
 ) -> Any:
     import keras
 
+    _check_archive(keras_file)
     try:
         return keras.saving.load_model(
             keras_file,
@@ -113,7 +138,11 @@ class SavedModelPredictor:
 
         self.path = path
         self._loaded = tf.saved_model.load(path)
-        self._fn = getattr(self._loaded, endpoint)
+        if hasattr(self._loaded, endpoint):
+            self._fn = getattr(self._loaded, endpoint)
+        else:  # a signature (Keras 2 SavedModels): one output dict; keep it a plain array
+            signature = self._loaded.signatures[endpoint]
+            self._fn = lambda inputs: _single(signature(**_as_signature_input(signature, inputs)))
 
     def __call__(self, inputs: Any) -> Any:
         return self._fn(inputs)
@@ -135,12 +164,35 @@ class SavedModelPredictor:
         return tf.nest.map_structure(lambda *parts: np.concatenate(parts), *outputs)
 
 
+def _as_signature_input(signature: Any, inputs: Any) -> dict[str, Any]:
+    import tensorflow as tf
+
+    if isinstance(inputs, Mapping):
+        return {k: tf.convert_to_tensor(v) for k, v in inputs.items()}
+    _, kwargs = signature.structured_input_signature
+    (name, spec), *rest = kwargs.items()
+    if rest:
+        raise errors.ModelLoadError(
+            f"This SavedModel takes several inputs {sorted(kwargs)}; pass a dict of them."
+        )
+    return {name: tf.convert_to_tensor(inputs, dtype=spec.dtype)}
+
+
+def _single(outputs: Any) -> Any:
+    if isinstance(outputs, Mapping) and len(outputs) == 1:
+        return next(iter(outputs.values()))
+    return outputs
+
+
 def _load_saved_model(path: str) -> Any:
     import keras
     import tensorflow as tf
 
     loaded = tf.saved_model.load(path)
     signature = loaded.signatures.get("serving_default")
+    if not hasattr(loaded, SERVE_ENDPOINT):
+        # A Keras 2 SavedModel (model.save(save_format="tf")) has only its signature.
+        return SavedModelPredictor(path, endpoint="serving_default")
     if signature is not None:
         _, kwargs = signature.structured_input_signature
         if len(kwargs) == 1:
@@ -180,6 +232,15 @@ def load_model_from_checkpoint_path(
             "(CheckpointContext.download) or use ckptstore.load_checkpoint_model()."
         )
     keras_file = _find_keras_file(path)
+    if keras_file is None and os.path.isdir(path) and keras2_format.has_weights(path):
+        from ckptstore.keras_io import backend
+
+        if backend.IS_KERAS2:
+            logger.info("Loading Keras 2 model from %s", path)
+            return keras2_format.load_model(path, compile=compile, custom_objects=custom_objects)
+        # Keras 3 cannot rebuild a Keras 2 model from its config: the SavedModel serves
+        # predictions; ckptstore.keras.load_determined_checkpoint loads the weights into a
+        # Keras 3 model built in code.
     if keras_file is not None:
         logger.info("Loading Keras model from %s", keras_file)
         return _load_keras_file(keras_file, compile, custom_objects, safe_mode)
@@ -197,23 +258,10 @@ def load_model_from_checkpoint_path(
 
 
 # ---- by trial / uuid -----------------------------------------------------------------------------
-def _metric_value(metrics: Mapping[str, Any] | None, name: str) -> float | None:
-    if not metrics:
-        return None
-    for scope in (
-        metrics,
-        metrics.get("validation_metrics") or {},
-        metrics.get("avg_metrics") or {},
-    ):
-        value = scope.get(name) if isinstance(scope, Mapping) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return None
-
-
 def _scan_trial(storage: Any, trial_id: int, best_by: str | None, smaller_is_better: bool) -> str:
     """Find a trial's latest/best checkpoint from storage alone (no registry row)."""
-    from ckptstore.checkpointing.format import scan_checkpoints
+    from ckptstore.checkpointing.format import scan_checkpoints, sort_records
+    from ckptstore.checkpointing.metrics import rank_by_metric
 
     records = [r for r in scan_checkpoints(storage) if r.trial_id == trial_id]
     if not records:
@@ -223,18 +271,17 @@ def _scan_trial(storage: Any, trial_id: int, best_by: str | None, smaller_is_bet
         )
     if best_by is None:
         return max(records, key=lambda r: (r.steps_completed, r.created_at or 0)).uuid
-    scored = [(v, r) for r in records if (v := _metric_value(r.metrics, best_by)) is not None]
-    if not scored:
+    ranked = rank_by_metric(sort_records(records), best_by, smaller_is_better)
+    if not ranked:
         raise errors.CheckpointNotFound(
             f"No checkpoint of trial {trial_id} in {storage.url} has the metric {best_by!r}; "
             "use a metric the trial reported with its checkpoints, or drop best_by."
         )
-    pick = min if smaller_is_better else max
-    return pick(scored, key=lambda vr: vr[0])[1].uuid
+    return ranked[0].uuid
 
 
 def resolve_checkpoint(
-    registry: Any,
+    registry: Registry,
     storage: Any,
     trial_id: int | None,
     checkpoint_uuid: str | None,
@@ -242,7 +289,9 @@ def resolve_checkpoint(
     smaller_is_better: bool = True,
 ) -> tuple[str, str | None]:
     """``(uuid, storage_url or None)`` of the checkpoint to load (see :func:`load_checkpoint_model`)."""
-    from ckptstore.checkpointing.format import is_committed
+    from ckptstore.checkpointing.format import is_committed, sort_records
+    from ckptstore.checkpointing.metrics import rank_by_metric
+    from ckptstore.checkpointing.reconcile import newest_in_storage
 
     if (trial_id is None) == (checkpoint_uuid is None):
         raise errors.InvalidConfig(
@@ -267,11 +316,17 @@ def resolve_checkpoint(
         registry.get_trial(trial_id)
     except errors.TrialNotFound:
         return _scan_trial(storage(), trial_id, best_by, smaller_is_better), None
+    records = sort_records(registry.checkpoint_records(trial_id=trial_id))
     if best_by is None:
-        row = registry.latest_checkpoint(trial_id)
+        candidates = list(reversed(records))
     else:
-        row = registry.best_checkpoint(
-            trial_id=trial_id, metric=best_by, smaller_is_better=smaller_is_better
+        candidates = rank_by_metric(records, best_by, smaller_is_better)
+    row = None
+    if candidates:
+        # A row whose manifest is gone is skipped (logged): the next newest/best that exists.
+        recorded = candidates[0].storage_url or None
+        row = newest_in_storage(
+            storage(recorded), candidates, storage_url=recorded, trial_id=trial_id
         )
     if row is None:
         what = "checkpoint" if best_by is None else f"checkpoint with the metric {best_by!r}"
@@ -287,7 +342,7 @@ def load_checkpoint_model(
     checkpoint_uuid: str | None = None,
     *,
     storage: Any = None,
-    registry: Any = None,
+    registry: Registry | str | None = None,
     best_by: str | None = None,
     smaller_is_better: bool = True,
     compile: bool = True,
@@ -316,25 +371,11 @@ def load_checkpoint_model(
         model = ckptstore.load_checkpoint_model(trial_id=3, best_by="val_accuracy",
                                                 smaller_is_better=False)
     """
-    from ckptstore import defaults
     from ckptstore.checkpointing import CheckpointContext
-    from ckptstore.keras_io.trial_info import storage_from_env
     from ckptstore.registry import Registry, open_registry
-    from ckptstore.storage_backends import Storage, open_storage
 
     opened: list[Any] = []
-
-    def storage_for(url: str | None = None) -> Any:
-        spec = storage if storage is not None else (url or storage_from_env())
-        spec = spec or defaults.default_storage_url()
-        if isinstance(spec, Storage):
-            return spec
-        if isinstance(spec, Mapping):
-            from ckptstore.storage_backends import split_storage_config
-
-            spec = split_storage_config(dict(spec))[0]
-        opened.append(open_storage(spec))
-        return opened[-1]
+    storage_for = storage_opener(storage, opened)
 
     owns_registry = not isinstance(registry, Registry)
     reg = open_registry(registry)
@@ -343,6 +384,13 @@ def load_checkpoint_model(
             reg, storage_for, trial_id, checkpoint_uuid, best_by, smaller_is_better
         )
         store = storage_for(recorded_url)
+        if storage is not None and recorded_url and recorded_url != store.url:
+            logger.warning(
+                "Loading checkpoint %s from storage=%s as asked; the registry recorded it in %s.",
+                uuid,
+                store.url,
+                recorded_url,
+            )
         ckpt = CheckpointContext(store, verify=True)
         tmp = tempfile.mkdtemp(prefix=f"ckptstore-load-{uuid[:8]}-")
         try:
@@ -354,6 +402,8 @@ def load_checkpoint_model(
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        with _suppress():  # lets context.evaluate() record metrics against this checkpoint
+            model._ckptstore_checkpoint_uuid = uuid
         if _find_keras_file(tmp) is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
@@ -387,3 +437,24 @@ __all__ = [
     "load_model_from_checkpoint_path",
     "resolve_checkpoint",
 ]
+
+
+def storage_opener(storage: Any, opened: list[Any]) -> Callable[[str | None], Any]:
+    """``storage_for(url)``: the explicit ``storage`` if given (it always wins over the URL a
+    registry row recorded), else that URL, else ``CKPTSTORE_STORAGE``, else the default folder.
+    Storages it opens are appended to ``opened`` for the caller to close."""
+    from ckptstore import defaults
+    from ckptstore.core._info import storage_from_env
+    from ckptstore.storage_backends import Storage, open_storage, split_storage_config
+
+    def storage_for(url: str | None = None) -> Any:
+        spec = storage if storage is not None else (url or storage_from_env())
+        spec = spec or defaults.default_storage_url()
+        if isinstance(spec, Storage):
+            return spec
+        if isinstance(spec, Mapping):
+            spec = split_storage_config(dict(spec))[0]
+        opened.append(open_storage(spec))
+        return opened[-1]
+
+    return storage_for

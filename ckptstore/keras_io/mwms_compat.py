@@ -19,7 +19,7 @@ and tensorflow/tensorflow#72388; reproduced with Keras 3.15 / TensorFlow 2.21). 
 multi-worker mode (no strategy, ``MirroredStrategy``, one worker) Keras's own code runs, and the
 replaced functions call Keras's originals. Gradients were always aggregated correctly by
 Keras; two workers with the fixes train to the same weights and logs as one process on the
-global batch. :class:`~ckptstore.keras_io.callback.DeterminedCallback` applies the fixes itself
+global batch. :class:`~ckptstore.keras_io.determined_callback.DeterminedCallback` applies the fixes itself
 when its core context has several workers, so ``model.fit(..., callbacks=[det_cb])`` works as
 documented. Set ``CKPTSTORE_MWMS_COMPAT=0`` to leave Keras untouched.
 

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
 import shutil
 import tempfile
 from typing import Any
 
-import keras
-
 from ckptstore import errors
+from ckptstore.core._tensorboard import TensorboardSync
+from ckptstore.defaults import TENSORBOARD_PREFIX
+from ckptstore.keras_io.backend import check_model, keras
 
 logger = logging.getLogger(__name__)
 
-#: Logs go to ``<storage>/tensorboard/<trial id>/``.
-TENSORBOARD_PREFIX = "tensorboard"
+__all__ = ["TENSORBOARD_PREFIX", "TensorBoard", "TrialTensorBoard"]
 
 
 class TensorBoard(keras.callbacks.TensorBoard):
@@ -31,7 +30,7 @@ class TensorBoard(keras.callbacks.TensorBoard):
 
     Args:
         core_context: the context from ``ckptstore.core.init()``.
-        **keras_args: any argument of ``keras.callbacks.TensorBoard``. ``log_dir`` defaults to a
+        **kwargs: any argument of ``keras.callbacks.TensorBoard``. ``log_dir`` defaults to a
             local temporary folder (removed at the end of training); pass one to keep the logs.
 
     Example::
@@ -41,20 +40,37 @@ class TensorBoard(keras.callbacks.TensorBoard):
         # tensorboard --logdir <local copy of s3://bucket/ckpts/tensorboard/1>
     """
 
-    def __init__(self, core_context: Any, **keras_args: Any) -> None:
-        self._owns_log_dir = "log_dir" not in keras_args
+    def __init__(self, core_context: Any, *args: Any, **kwargs: Any) -> None:
+        if args:  # Determined's signature: (core_context, log_dir, histogram_freq, ...)
+            if "log_dir" in kwargs:
+                raise errors.InvalidConfig(
+                    "log_dir was given both positionally and as a keyword; pass it once. "
+                    f"Received: {args[0]!r} and log_dir={kwargs['log_dir']!r}."
+                )
+            kwargs["log_dir"], args = args[0], args[1:]
+        self._owns_log_dir = "log_dir" not in kwargs
         if self._owns_log_dir:
-            keras_args["log_dir"] = tempfile.mkdtemp(prefix="ckptstore-tb-")
-        super().__init__(**keras_args)
+            kwargs["log_dir"] = tempfile.mkdtemp(prefix="ckptstore-tb-")
+        super().__init__(*args, **kwargs)
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._future: concurrent.futures.Future[None] | None = None
+        if core_context is not None:
+            self.bind_core_context(core_context)
+
+    def bind_core_context(self, core_context: Any) -> None:
+        """Sync to ``core_context``'s storage (the TFKerasTrial controller calls this for
+        :class:`TrialTensorBoard`, which users create without a context)."""
         self._core = core_context
         self._is_chief = getattr(core_context.distributed, "rank", 0) == 0
         trial_id = getattr(getattr(core_context.info, "trial", None), "trial_id", None)
-        self.storage_key = f"{TENSORBOARD_PREFIX}/{trial_id if trial_id is not None else 'none'}"
-        self._uploaded: dict[str, tuple[int, int]] = {}
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._future: concurrent.futures.Future[None] | None = None
+        self._sync = TensorboardSync(core_context.checkpoint.storage, self.log_dir, trial_id)
+        self.storage_key = self._sync.key
 
     # ---- keras hooks --------------------------------------------------------------------------
+    def set_model(self, model: Any) -> None:
+        check_model(model, what="TensorBoard")
+        super().set_model(model)
+
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         super().on_epoch_end(epoch, logs)
         if not self._is_chief:
@@ -94,25 +110,7 @@ class TensorBoard(keras.callbacks.TensorBoard):
     # ---- syncing ------------------------------------------------------------------------------
     def sync(self) -> list[str]:
         """Upload new or changed files of the log folder; returns their relative paths."""
-        changed: list[str] = []
-        stats: dict[str, tuple[int, int]] = {}
-        for root, _dirs, files in os.walk(self.log_dir):
-            for name in files:
-                full = os.path.join(root, name)
-                rel = os.path.relpath(full, self.log_dir).replace(os.sep, "/")
-                try:
-                    st = os.stat(full)
-                except FileNotFoundError:
-                    continue
-                stats[rel] = (st.st_size, st.st_mtime_ns)
-                if self._uploaded.get(rel) != stats[rel]:
-                    changed.append(rel)
-        if changed:
-            self._core.checkpoint.storage.upload(self.log_dir, self.storage_key, paths=changed)
-            for rel in changed:
-                self._uploaded[rel] = stats[rel]
-            logger.debug("Synced %d TensorBoard files to %s", len(changed), self.storage_key)
-        return changed
+        return self._sync.upload()
 
     def _flush(self) -> None:
         for writer in getattr(self, "_writers", {}).values():
@@ -134,3 +132,71 @@ class TensorBoard(keras.callbacks.TensorBoard):
             )
             if raise_it:
                 raise errors.StorageError(f"TensorBoard log upload failed: {exc}") from exc
+
+
+class TrialTensorBoard(TensorBoard):
+    """Determined's ``det.keras.callbacks.TensorBoard`` for a ``TFKerasTrial``'s
+    ``keras_callbacks()``: Keras's TensorBoard callback writing to a trial-owned folder that is
+    synced to ``<storage>/tensorboard/<trial id>/`` like :class:`TensorBoard`.
+
+    As in Determined, each training workload (``scheduling_unit`` batches) is one TensorBoard
+    "epoch" (``workload_end_count`` counts them and is restored on resume), and ``log_dir`` is
+    ignored with a warning. Takes Keras's keyword arguments.
+
+    Example::
+
+        class MyTrial(det.keras.TFKerasTrial):
+            def keras_callbacks(self):
+                return [det.keras.callbacks.TensorBoard(update_freq="batch", histogram_freq=1)]
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if args:
+            raise errors.InvalidConfig(
+                "det.keras.callbacks.TensorBoard takes keyword arguments only (as in Determined, "
+                f"where the log folder is chosen for you). Received positional: {args!r}."
+            )
+        user_log_dir = kwargs.pop("log_dir", None)
+        if user_log_dir is not None:
+            logger.warning("log_dir=%s of det.keras.callbacks.TensorBoard is ignored", user_log_dir)
+        self._core = None
+        self.workload_end_count = 0
+        super().__init__(None, **kwargs)
+
+    def _require_core(self) -> None:
+        if self._core is None:
+            raise errors.InvalidConfig(
+                "det.keras.callbacks.TensorBoard is for TFKerasTrial.keras_callbacks(); with "
+                "model.fit() use ckptstore.keras.TensorBoard(core_context, ...) instead."
+            )
+
+    # Epochs are workloads here (Determined's translation); Keras's own epoch calls are skipped.
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        pass
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        pass
+
+    def on_train_workload_begin(
+        self, total_batches_trained: int, batches_requested: int | None, logs: dict[str, Any]
+    ) -> None:
+        self._require_core()
+        super().on_epoch_begin(self.workload_end_count, logs)
+
+    def on_train_workload_end(self, total_batches_trained: int, logs: dict[str, Any]) -> None:
+        self._require_core()
+        super().on_epoch_end(self.workload_end_count, logs)
+        self.workload_end_count += 1
+
+    def on_checkpoint_end(self, checkpoint_dir: str) -> None:
+        """Nothing to add to checkpoints (the logs live under ``tensorboard/``)."""
+
+    def get_state(self) -> dict[str, Any]:
+        return {"workload_end_count": self.workload_end_count}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.workload_end_count = int(state["workload_end_count"])
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self._require_core()
+        super().on_train_end(logs)

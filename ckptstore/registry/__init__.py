@@ -15,7 +15,6 @@ Example::
 """
 
 from ckptstore.registry.entities import Checkpoint, Experiment, MetricRow, Trial, lookup_metric
-from ckptstore.registry.leases import TrialLease
 from ckptstore.registry.models import Model, ModelVersion
 from ckptstore.registry.pins import Pin
 from ckptstore.registry.registry import Registry, open_registry
@@ -29,7 +28,6 @@ __all__ = [
     "Pin",
     "Registry",
     "Trial",
-    "TrialLease",
     "lookup_metric",
     "open_registry",
 ]

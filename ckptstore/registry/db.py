@@ -15,10 +15,13 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import threading
+import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -34,6 +37,41 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: A registry call still waiting after this many seconds is logged, then every
+#: ``SLOW_CALL_REPEAT_S``: behind a lock (another writer on the same SQLite file, a PostgreSQL
+#: transaction) a call can wait for minutes, and a silent wait looks like a hang.
+SLOW_CALL_LOG_S = 5.0
+SLOW_CALL_REPEAT_S = 15.0
+
+
+@contextlib.contextmanager
+def log_if_slow(url: str, what: str) -> Iterator[None]:
+    """Log a WARNING naming the registry and the operation while the block runs longer than
+    :data:`SLOW_CALL_LOG_S` (repeated every :data:`SLOW_CALL_REPEAT_S`)."""
+    done = threading.Event()
+    start = time.monotonic()
+
+    def watch() -> None:
+        delay = SLOW_CALL_LOG_S
+        while not done.wait(delay):
+            logger.warning(
+                "Still waiting (%.0f s) for registry %s to %s: another process holds a lock on "
+                "it (a writer on the same SQLite file, or an open PostgreSQL transaction), or the "
+                "server does not answer. ckptstore keeps retrying; stop the other process or "
+                "check the database.",
+                time.monotonic() - start,
+                url,
+                what,
+            )
+            delay = SLOW_CALL_REPEAT_S
+
+    watcher = threading.Thread(target=watch, name="ckptstore-registry-wait", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+
 
 class Database:
     """A migrated registry database (see the module docstring)."""
@@ -44,7 +82,8 @@ class Database:
         self._password = self.engine.url.password
         self._closed = False
         try:
-            self.version = migrate(self.engine)
+            with log_if_slow(self.url, "open and migrate the registry"):
+                self.version = migrate(self.engine)
         except errors.CkptstoreError:
             self.engine.dispose()
             raise
@@ -94,7 +133,8 @@ class Database:
                 return fn(conn)
 
         try:
-            return run_with_retry(attempt, what=what)
+            with log_if_slow(self.url, what):
+                return run_with_retry(attempt, what=what)
         except errors.CkptstoreError:
             raise
         except sa_exc.SQLAlchemyError as exc:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import math
 from typing import Any
 
 from ckptstore.checkpointing.index import CheckpointRecord
+from ckptstore.checkpointing.metrics import metric_value
 
 #: States a trial or experiment can be in (Determined's names).
 RUN_STATES = ("ACTIVE", "PAUSED", "COMPLETED", "CANCELED", "ERROR")
@@ -64,68 +64,31 @@ class MetricRow:
 
 
 @dataclasses.dataclass
-class Checkpoint:
-    """A checkpoint as the registry knows it (Determined SDK's ``Checkpoint`` fields).
+class Checkpoint(CheckpointRecord):
+    """A checkpoint as the registry knows it (Determined SDK's ``Checkpoint`` fields): the
+    fields of :class:`~ckptstore.checkpointing.index.CheckpointRecord` (the one place they are
+    spelled out) plus when the row last changed.
 
     ``resources`` is ``{relpath: size}``; ``state`` is one of PENDING, COMMITTED,
-    PARTIALLY_DELETED, DELETED.
+    PARTIALLY_DELETED, DELETING, DELETED.
     """
 
-    uuid: str
-    trial_id: int | None
-    experiment_id: int | None
-    steps_completed: int
-    continue_id: Any
-    metadata: dict[str, Any]
-    metrics: dict[str, Any]
-    resources: dict[str, int]
-    state: str
-    storage_url: str
-    created_at: _dt.datetime
     updated_at: _dt.datetime | None = None
 
     def to_record(self) -> CheckpointRecord:
         """This checkpoint as the :class:`CheckpointRecord` the checkpointing layer uses."""
-        return CheckpointRecord(
-            uuid=self.uuid,
-            trial_id=self.trial_id,
-            experiment_id=self.experiment_id,
-            steps_completed=self.steps_completed,
-            continue_id=self.continue_id,
-            state=self.state,
-            metadata=dict(self.metadata),
-            metrics=dict(self.metrics),
-            resources=dict(self.resources),
-            storage_url=self.storage_url,
-            created_at=self.created_at,
-        )
+        return CheckpointRecord(**record_fields(self))
 
 
-def lookup_metric(metrics: dict[str, Any], name: str) -> float | None:
-    """Find metric ``name`` in a checkpoint's metrics, or None.
+def record_fields(record: CheckpointRecord) -> dict[str, Any]:
+    """The :class:`CheckpointRecord` fields of ``record`` (dicts copied)."""
+    out: dict[str, Any] = {}
+    for field in dataclasses.fields(CheckpointRecord):
+        value = getattr(record, field.name)
+        out[field.name] = dict(value) if isinstance(value, dict) else value
+    return out
 
-    Looked up, in order: ``metrics[name]`` (flat form), ``metrics["validation_metrics"][name]``
-    (Determined's nested form) -- the same order GC's
-    :func:`ckptstore.checkpointing.gc.metric_value` uses -- then, as a fallback,
-    ``metrics[<any other nested dict>][name]`` (e.g. ``training_metrics``). Only finite
-    numbers count (not booleans, NaN or infinities).
-    """
 
-    def number(value: Any) -> float | None:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = float(value)
-            return value if math.isfinite(value) else None
-        return None
-
-    found = number(metrics.get(name))
-    if found is not None:
-        return found
-    nested = metrics.get("validation_metrics")
-    if isinstance(nested, dict) and number(nested.get(name)) is not None:
-        return number(nested[name])
-    for key, value in metrics.items():
-        if key != "validation_metrics" and isinstance(value, dict):
-            found = number(value.get(name))
-            if found is not None:
-                return found
-    return None
+#: The one metric lookup (:func:`ckptstore.checkpointing.metrics.metric_value`), under the name
+#: the registry has always exported.
+lookup_metric = metric_value

@@ -77,8 +77,41 @@ def _v3_checkpoint_pins(conn: sa.Connection) -> None:
     )
 
 
+#: Migration 4's table (migration 5 drops it; it is no longer in the schema). Its foreign key
+#: to trials.id is left out here: this copy lives in its own MetaData without ``trials``.
+_V4_TRIAL_LEASES = sa.Table(
+    "trial_leases",
+    sa.MetaData(),
+    sa.Column("trial_id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("owner", sa.String(256), nullable=False),
+    sa.Column("expires_at", sa.DateTime, nullable=False),
+    sa.Column("acquired_at", sa.DateTime, nullable=False),
+    sa.Column("renewed_at", sa.DateTime, nullable=False),
+    sa.Column("released_at", sa.DateTime, nullable=True),
+    sa.Column("claims", sa.Integer, nullable=False),
+)
+
+
 def _v4_trial_leases(conn: sa.Connection) -> None:
-    schema.trial_leases.create(conn, checkfirst=True)
+    _V4_TRIAL_LEASES.create(conn, checkfirst=True)
+
+
+def _v5_search_slots(conn: sa.Connection) -> None:
+    # Who runs which trial is now the Optuna study's business (heartbeats, re-queueing); the
+    # registry only keeps which searcher slot each trial fills, so a re-queued slot finds its
+    # trial again instead of creating a duplicate.
+    conn.exec_driver_sql("DROP TABLE IF EXISTS trial_leases")
+    columns = {c["name"] for c in sa.inspect(conn).get_columns("trials")}
+    if "search_slot" not in columns:  # a database created at v1 by this code already has it
+        conn.exec_driver_sql("ALTER TABLE trials ADD COLUMN search_slot INTEGER")
+    conn.exec_driver_sql(
+        "CREATE UNIQUE INDEX IF NOT EXISTS ux_trials_experiment_search_slot "
+        "ON trials (experiment_id, search_slot)"
+    )
+
+
+def _v6_jobs(conn: sa.Connection) -> None:
+    schema.jobs.create(conn, checkfirst=True)
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -86,6 +119,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(2, "index checkpoints by (trial, steps, created_at)", _v2_checkpoint_order_index),
     Migration(3, "checkpoint pins: cross-process GC protection leases", _v3_checkpoint_pins),
     Migration(4, "trial leases: one experiment runner per trial", _v4_trial_leases),
+    Migration(
+        5, "trial leases out (Optuna heartbeats own trials); trials.search_slot", _v5_search_slots
+    ),
+    Migration(6, "jobs: non-training runs (batch inference), state, exit code, log", _v6_jobs),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

@@ -29,6 +29,8 @@ import sqlalchemy as sa
 from ckptstore import errors
 from ckptstore.checkpointing.index import COMMITTED, PARTIALLY_DELETED
 from ckptstore.registry import schema
+from ckptstore.registry.rows import checkpoint_from_row, checkpoint_not_found
+from ckptstore.validators import is_int
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptstore.registry.db import Database
@@ -239,7 +241,6 @@ class ModelStore:
 
     # ---- versions -----------------------------------------------------------------------------
     def register_version(self, name: str, checkpoint_uuid: str) -> ModelVersion:
-        from ckptstore.registry.registry import _checkpoint_not_found
 
         def fn(conn: sa.Connection) -> ModelVersion:
             row = self._row(conn, name, for_update=True)
@@ -250,7 +251,7 @@ class ModelStore:
             ).scalar()
             if state not in (COMMITTED, PARTIALLY_DELETED):
                 raise (
-                    _checkpoint_not_found(checkpoint_uuid)
+                    checkpoint_not_found(checkpoint_uuid)
                     if state is None
                     else (
                         errors.CheckpointNotFound(
@@ -384,7 +385,7 @@ class ModelStore:
                     "the latest, or an alias set with set_alias()."
                 )
             return int(number)
-        if isinstance(version, bool) or not isinstance(version, int):
+        if not is_int(version):
             raise errors.InvalidConfig(
                 f"version must be an int (-1 for the latest) or an alias. Received: {version!r}"
             )
@@ -412,7 +413,6 @@ class ModelStore:
         return int(found)
 
     def _version(self, conn: sa.Connection, row: Any, number: int) -> ModelVersion:
-        from ckptstore.registry.registry import checkpoint_from_row
 
         vrow = conn.execute(
             sa.select(_V).where(_V.c.model_id == row.id, _V.c.version == number)

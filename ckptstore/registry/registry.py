@@ -19,37 +19,51 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 
 from ckptstore import defaults, errors
 from ckptstore.checkpointing.index import (
-    COMMITTED,
-    PARTIALLY_DELETED,
-    STATES,
+    LIVE_STATES,
     CheckpointRecord,
 )
+from ckptstore.checkpointing.metrics import rank_by_metric
+from ckptstore.jsonsafe import to_json
 from ckptstore.registry import schema
 from ckptstore.registry.db import Database
 from ckptstore.registry.entities import (
-    RUN_STATES,
     Checkpoint,
     Experiment,
     MetricRow,
     Trial,
-    lookup_metric,
 )
-from ckptstore.registry.leases import TrialLease, TrialLeaseStore
+from ckptstore.registry.jobs import Job, JobStore
 from ckptstore.registry.models import Model, ModelStore
 from ckptstore.registry.pins import Pin, PinStore
+from ckptstore.registry.rows import (
+    check_checkpoint_state,
+    check_id,
+    check_run_state,
+    check_steps,
+    checkpoint_from_row,
+    checkpoint_not_found,
+    checkpoint_values,
+    experiment_from_row,
+    experiment_not_found,
+    trial_from_row,
+    trial_not_found,
+)
+from ckptstore.validators import int_at_least
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptstore.storage_backends.base import Storage
 
 logger = logging.getLogger(__name__)
 
-_LIVE_STATES = (COMMITTED, PARTIALLY_DELETED)
+T = TypeVar("T")
+
+_LIVE_STATES = LIVE_STATES
 #: Metric ``best_checkpoint`` uses when neither the call nor the experiment config names one.
 DEFAULT_METRIC = "val_loss"
 
@@ -86,7 +100,7 @@ class Registry:
         self._db = Database(url)
         self._models = ModelStore(self._db, self)
         self._pins = PinStore(self._db)
-        self._leases = TrialLeaseStore(self._db)
+        self._jobs = JobStore(self._db)
         logger.debug("Opened registry %s (schema version %d)", self._db.url, self._db.version)
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -113,6 +127,48 @@ class Registry:
     def __repr__(self) -> str:
         return f"Registry({self.url!r})"
 
+    def read(self, fn: Callable[[sa.Connection], T], *, what: str) -> T:
+        """Run ``fn(connection)`` in one read transaction (retried when it loses a race), for
+        views that page, sort and filter in SQL over :mod:`ckptstore.registry.schema`'s tables
+        (the web UI). ``what`` completes "could not ..." in error messages.
+
+        Example::
+
+            n = registry.read(lambda c: c.execute(sa.select(sa.func.count()).select_from(
+                schema.trials)).scalar_one(), what="count trials")
+        """
+        return self._db.read(fn, what=what)
+
+    # ---- jobs (ckptstore job run) ---------------------------------------------------------------
+    def create_job(
+        self, config: Mapping[str, Any], model_dir: str, storage_url: str, name: str | None = None
+    ) -> int:
+        """Record a new ACTIVE job; returns its id (see :mod:`ckptstore.registry.jobs`)."""
+        return self._jobs.create(config, model_dir, storage_url, name)
+
+    def set_job_state(
+        self,
+        job_id: int,
+        state: str | None = None,
+        *,
+        exit_code: int | None = None,
+        log: str | None = None,
+    ) -> None:
+        """Change a job's state, exit status and/or stored output."""
+        self._jobs.update(job_id, state=state, exit_code=exit_code, log=log)
+
+    def get_job(self, job_id: int) -> Job:
+        """One job; :class:`~ckptstore.errors.JobNotFound` if there is none."""
+        return self._jobs.get(job_id)
+
+    def list_jobs(self) -> list[Job]:
+        """Every job, oldest first."""
+        return self._jobs.list()
+
+    def add_checkpoint_evaluation(self, uuid: str, evaluation: Mapping[str, Any]) -> None:
+        """Record metrics a job measured on checkpoint ``uuid`` (in its ``metrics``)."""
+        self._jobs.add_evaluation(uuid, evaluation)
+
     # ---- experiments --------------------------------------------------------------------------
     def create_experiment(
         self,
@@ -123,7 +179,7 @@ class Registry:
         state: str = "ACTIVE",
     ) -> int:
         """Create an experiment and return its id."""
-        _check_run_state(state, "experiment")
+        check_run_state(state, "experiment")
         now = schema.utcnow()
         values = {
             "name": name,
@@ -144,21 +200,23 @@ class Registry:
         def fn(conn: sa.Connection) -> Experiment:
             row = conn.execute(sa.select(_E).where(_E.c.id == experiment_id)).first()
             if row is None:
-                raise _experiment_not_found(experiment_id)
-            return _experiment(row)
+                raise experiment_not_found(experiment_id)
+            return experiment_from_row(row)
 
         return self._db.read(fn, what="get an experiment")
 
     def list_experiments(self) -> list[Experiment]:
         """All experiments, by id."""
         return self._db.read(
-            lambda conn: [_experiment(r) for r in conn.execute(sa.select(_E).order_by(_E.c.id))],
+            lambda conn: [
+                experiment_from_row(r) for r in conn.execute(sa.select(_E).order_by(_E.c.id))
+            ],
             what="list experiments",
         )
 
     def set_experiment_state(self, experiment_id: int, state: str) -> None:
         """Set an experiment's state (ACTIVE, PAUSED, COMPLETED, CANCELED, ERROR)."""
-        _check_run_state(state, "experiment")
+        check_run_state(state, "experiment")
 
         def fn(conn: sa.Connection) -> None:
             result = conn.execute(
@@ -167,9 +225,40 @@ class Registry:
                 .values(state=state, updated_at=schema.utcnow())
             )
             if result.rowcount == 0:
-                raise _experiment_not_found(experiment_id)
+                raise experiment_not_found(experiment_id)
 
         self._db.write(fn, what="set an experiment's state")
+
+    def update_experiment(
+        self,
+        experiment_id: int,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> Experiment:
+        """Replace an experiment's name, description and/or config (None leaves it); returns
+        the updated experiment. The SDK's ``Experiment.set_name/set_description/set_labels``."""
+        values: dict[str, Any] = {"updated_at": schema.utcnow()}
+        for key, value, kind in (("name", name, str), ("description", description, str)):
+            if value is not None:
+                if not isinstance(value, kind):
+                    raise errors.InvalidConfig(
+                        f"{key} must be a string. Received: {key}={value!r}."
+                    )
+                values[key] = value
+        if config is not None:
+            if not isinstance(config, Mapping):
+                raise errors.InvalidConfig(f"config must be a dict. Received: {config!r}.")
+            values["config"] = dict(config)
+
+        def fn(conn: sa.Connection) -> None:
+            result = conn.execute(_E.update().where(_E.c.id == experiment_id).values(**values))
+            if result.rowcount == 0:
+                raise experiment_not_found(experiment_id)
+
+        self._db.write(fn, what="update an experiment")
+        return self.get_experiment(experiment_id)
 
     # ---- trials -------------------------------------------------------------------------------
     def create_trial(
@@ -181,9 +270,9 @@ class Registry:
         state: str = "ACTIVE",
     ) -> int:
         """Create a trial (numbered automatically unless ``trial_id`` is given); returns its id."""
-        _check_run_state(state, "trial")
+        check_run_state(state, "trial")
         if trial_id is not None:
-            _check_id(trial_id, "trial_id")
+            check_id(trial_id, "trial_id")
 
         def fn(conn: sa.Connection) -> int:
             if experiment_id is not None:
@@ -191,7 +280,7 @@ class Registry:
             now = schema.utcnow()
             values: dict[str, Any] = {
                 "experiment_id": experiment_id,
-                "hparams": dict(hparams or {}),
+                "hparams": to_json(dict(hparams or {}), what="hparams"),
                 "state": state,
                 "created_at": now,
                 "updated_at": now,
@@ -218,13 +307,13 @@ class Registry:
     ) -> Trial:
         """The trial with that id, created (with its experiment, if missing) when absent.
         An existing trial keeps its values; only an unset experiment id is filled in."""
-        _check_id(trial_id, "trial_id")
+        check_id(trial_id, "trial_id")
         if experiment_id is not None:
-            _check_id(experiment_id, "experiment_id")
+            check_id(experiment_id, "experiment_id")
 
         def fn(conn: sa.Connection) -> Trial:
             self._ensure_trial_row(conn, trial_id, experiment_id, hparams)
-            return _trial(conn.execute(sa.select(_T).where(_T.c.id == trial_id)).one())
+            return trial_from_row(conn.execute(sa.select(_T).where(_T.c.id == trial_id)).one())
 
         return self._db.write(fn, what="ensure a trial")
 
@@ -234,8 +323,8 @@ class Registry:
         def fn(conn: sa.Connection) -> Trial:
             row = conn.execute(sa.select(_T).where(_T.c.id == trial_id)).first()
             if row is None:
-                raise _trial_not_found(trial_id)
-            return _trial(row)
+                raise trial_not_found(trial_id)
+            return trial_from_row(row)
 
         return self._db.read(fn, what="get a trial")
 
@@ -245,12 +334,12 @@ class Registry:
         if experiment_id is not None:
             query = query.where(_T.c.experiment_id == experiment_id)
         return self._db.read(
-            lambda conn: [_trial(r) for r in conn.execute(query)], what="list trials"
+            lambda conn: [trial_from_row(r) for r in conn.execute(query)], what="list trials"
         )
 
     def set_trial_state(self, trial_id: int, state: str) -> None:
         """Set a trial's state (ACTIVE, COMPLETED, ERROR, CANCELED, PAUSED)."""
-        _check_run_state(state, "trial")
+        check_run_state(state, "trial")
 
         def fn(conn: sa.Connection) -> None:
             result = conn.execute(
@@ -259,7 +348,7 @@ class Registry:
                 .values(state=state, updated_at=schema.utcnow())
             )
             if result.rowcount == 0:
-                raise _trial_not_found(trial_id)
+                raise trial_not_found(trial_id)
 
         self._db.write(fn, what="set a trial's state")
 
@@ -274,11 +363,12 @@ class Registry:
                 f"Metric group must be a non-empty string such as 'training' or 'validation'. "
                 f"Received: group={group!r}"
             )
-        _check_steps(steps_completed)
+        check_steps(steps_completed)
         if not isinstance(metrics, Mapping):
             raise errors.InvalidConfig(
                 f"metrics must be a dict of name -> value. Received: {type(metrics).__name__}"
             )
+        clean = to_json(dict(metrics), what="metrics")
 
         def fn(conn: sa.Connection) -> None:
             self._require_trial(conn, trial_id)
@@ -287,7 +377,7 @@ class Registry:
                     trial_id=trial_id,
                     group=group,
                     steps_completed=int(steps_completed),
-                    metrics=dict(metrics),
+                    metrics=clean,
                     reported_at=schema.utcnow(),
                 )
             )
@@ -320,10 +410,10 @@ class Registry:
     def record_checkpoint(self, record: CheckpointRecord) -> None:
         """Insert or update (by uuid) a checkpoint; creates its trial/experiment rows if
         missing."""
-        values = _checkpoint_values(record)
+        values = checkpoint_values(record)
 
         def fn(conn: sa.Connection) -> None:
-            self._upsert_checkpoint(conn, record, values)
+            self.upsert_checkpoint_row(conn, record, values)
 
         self._db.write(fn, what="record a checkpoint")
 
@@ -331,7 +421,7 @@ class Registry:
         self, uuid: str, state: str, resources: dict[str, int] | None = None
     ) -> None:
         """Change a checkpoint's state (and resource list, after a partial delete)."""
-        _check_checkpoint_state(state)
+        check_checkpoint_state(state)
         values: dict[str, Any] = {"state": state, "updated_at": schema.utcnow()}
         if resources is not None:
             values["resources"] = {str(k): int(v) for k, v in resources.items()}
@@ -339,7 +429,7 @@ class Registry:
         def fn(conn: sa.Connection) -> None:
             result = conn.execute(_C.update().where(_C.c.uuid == uuid).values(**values))
             if result.rowcount == 0:
-                raise _checkpoint_not_found(uuid)
+                raise checkpoint_not_found(uuid)
 
         self._db.write(fn, what="set a checkpoint's state")
 
@@ -382,58 +472,81 @@ class Registry:
         """Pins (of one checkpoint, or all), by uuid then holder; expired ones only if asked."""
         return self._pins.list_pins(uuid, include_expired)
 
-    # ---- trial leases (several experiment runners on one search) -----------------------------
-    def claim_trial(
-        self,
-        trial_id: int,
-        owner: str,
-        lease_seconds: float,
-        *,
-        replace_owner: str | None = None,
-    ) -> bool:
-        """Take the lease on an unfinished trial for ``owner`` for ``lease_seconds``; True if
-        ``owner`` now holds it. Atomic: of several runners claiming one trial, exactly one
-        wins. It succeeds when nobody holds the lease (never claimed, released, or expired),
-        when ``owner`` already holds it (a renewal), or when ``replace_owner`` holds it (a
-        runner known to be dead). Never for a COMPLETED, ERROR or CANCELED trial.
-        :class:`~ckptstore.errors.TrialNotFound` if the trial does not exist."""
-        return self._leases.claim(trial_id, owner, lease_seconds, replace_owner)
-
-    def renew_trial_lease(self, trial_id: int, owner: str, lease_seconds: float) -> bool:
-        """Extend ``owner``'s lease to ``lease_seconds`` from now; False when ``owner`` no
-        longer holds it (released, or claimed by another runner after it expired)."""
-        return self._leases.renew(trial_id, owner, lease_seconds)
-
-    def release_trial(self, trial_id: int, owner: str) -> bool:
-        """Let the trial go (others may claim it at once); False if ``owner`` did not hold it.
-        The lease row stays, as the record of the trial's last owner."""
-        return self._leases.release(trial_id, owner)
-
-    def create_claimed_trial(
+    # ---- search slots (several experiment runners on one search) ------------------------------
+    def ensure_slot_trial(
         self,
         experiment_id: int,
-        *,
-        hparams: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None,
-        max_trials: int,
-        owner: str,
-        lease_seconds: float,
-    ) -> int | None:
-        """Create a trial of the experiment claimed by ``owner``, unless the experiment already
-        has ``max_trials`` trials (then None). Count and create happen in one transaction with
-        the experiment row locked, so racing runners never exceed ``max_trials``. ``hparams``
-        may be a function returning them: it is called with the lock held, only when there is
-        room (again if the transaction is retried)."""
-        return self._leases.create_claimed_trial(
-            experiment_id, hparams, max_trials, owner, lease_seconds
-        )
+        slot: int,
+        hparams: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+    ) -> int:
+        """The id of the trial filling the searcher's ``slot`` of the experiment, created (ACTIVE,
+        with ``hparams``) when the slot has none. Atomic: runners racing on one slot get the
+        same trial, so a slot whose runner died and that another runner retries never gets a
+        second trial. ``hparams`` may be a function, called only when the trial is created.
 
-    def get_trial_lease(self, trial_id: int) -> TrialLease | None:
-        """The trial's lease row (held, expired or released), None if never claimed."""
-        return self._leases.get(trial_id)
+        Example::
 
-    def list_trial_leases(self, experiment_id: int | None = None) -> list[TrialLease]:
-        """Lease rows (of one experiment's trials, or all), by trial id."""
-        return self._leases.list(experiment_id)
+            trial_id = registry.ensure_slot_trial(3, slot=0, hparams={"lr": 0.1})
+        """
+        check_id(experiment_id, "experiment_id")
+        int_at_least("slot", slot, 0)
+
+        def existing(conn: sa.Connection) -> int | None:
+            query = sa.select(_T.c.id).where(
+                _T.c.experiment_id == experiment_id, _T.c.search_slot == slot
+            )
+            found = conn.execute(query).scalar()
+            return None if found is None else int(found)
+
+        def fn(conn: sa.Connection) -> int:
+            self._require_experiment(conn, experiment_id)
+            found = existing(conn)
+            if found is not None:
+                return found
+            values = hparams() if callable(hparams) else hparams
+            if not isinstance(values, Mapping):
+                raise errors.InvalidConfig(
+                    f"hparams must be a dict. Received: {type(values).__name__}"
+                )
+            now = schema.utcnow()
+            stmt = (
+                self._db.insert(_T)
+                .values(
+                    experiment_id=experiment_id,
+                    search_slot=slot,
+                    hparams=dict(values),
+                    state="ACTIVE",
+                    created_at=now,
+                    updated_at=now,
+                )
+                .on_conflict_do_nothing()
+            )
+            conn.execute(stmt)
+            found = existing(conn)  # ours, or the one a racing runner committed first
+            assert found is not None
+            return found
+
+        return self._db.write(fn, what="create a search slot's trial")
+
+    def run_exclusive(self, experiment_id: int, fn: Callable[[], T], *, what: str) -> T:
+        """``fn()`` while holding the experiment's row lock: of the processes (on any machine)
+        calling this for one experiment, one at a time. ``fn`` may run again if the transaction
+        is retried, so it must be idempotent; it must not write the registry itself.
+
+        Example::
+
+            registry.run_exclusive(3, lambda: queue.enqueue_missing(), what="fill the queue")
+        """
+
+        def body(conn: sa.Connection) -> T:
+            locked = conn.execute(
+                sa.select(_E.c.id).where(_E.c.id == experiment_id).with_for_update()
+            ).first()
+            if locked is None:  # SQLite: the write transaction itself serialises callers
+                raise experiment_not_found(experiment_id)
+            return fn()
+
+        return self._db.write(body, what=what)
 
     # ---- checkpoints (Determined SDK names) ---------------------------------------------------
     def get_checkpoint(self, uuid: str) -> Checkpoint:
@@ -443,7 +556,7 @@ class Registry:
         def fn(conn: sa.Connection) -> Checkpoint:
             row = conn.execute(sa.select(_C).where(_C.c.uuid == str(uuid))).first()
             if row is None:
-                raise _checkpoint_not_found(uuid)
+                raise checkpoint_not_found(uuid)
             return checkpoint_from_row(row)
 
         return self._db.read(fn, what="get a checkpoint")
@@ -464,7 +577,7 @@ class Registry:
         if states is not None:
             states = tuple(states)
             for state in states:
-                _check_checkpoint_state(state)
+                check_checkpoint_state(state)
             query = query.where(_C.c.state.in_(states))
         query = query.order_by(_C.c.steps_completed, _C.c.created_at, _C.c.uuid)
         return self._db.read(
@@ -488,6 +601,31 @@ class Registry:
 
         return self._db.read(fn, what="find the latest checkpoint")
 
+    def _searcher_config(self, trial_id: int | None, experiment_id: int | None) -> dict[str, Any]:
+        """The ``searcher`` section of the experiment config (of ``experiment_id``, else of the
+        trial's experiment), or ``{}``."""
+        if experiment_id is None and trial_id is not None:
+            experiment_id = self.get_trial(trial_id).experiment_id
+        if experiment_id is None:
+            return {}
+        searcher = self.get_experiment(experiment_id).config.get("searcher")
+        return dict(searcher) if isinstance(searcher, dict) else {}
+
+    def searcher_metric(
+        self, *, trial_id: int | None = None, experiment_id: int | None = None
+    ) -> tuple[str, bool] | None:
+        """``(searcher.metric, searcher.smaller_is_better)`` recorded in the experiment config of
+        ``experiment_id`` (else of the trial's experiment); None when there is none. GC's best-N
+        rules rank by it when no metric is given."""
+        try:
+            searcher = self._searcher_config(trial_id, experiment_id)
+        except (errors.TrialNotFound, errors.ExperimentNotFound):
+            return None
+        metric = searcher.get("metric")
+        if not isinstance(metric, str) or not metric:
+            return None
+        return metric, bool(searcher.get("smaller_is_better", True))
+
     def best_checkpoint(
         self,
         trial_id: int | None = None,
@@ -501,19 +639,12 @@ class Registry:
         ``"val_loss"``; ``smaller_is_better`` to ``searcher.smaller_is_better`` when the metric
         is the config's, else True. A
         checkpoint's metrics may be nested (``{"validation_metrics": {"val_loss": ...}}``) or
-        flat (``{"val_loss": ...}``); see :func:`~ckptstore.registry.entities.lookup_metric`.
+        flat (``{"val_loss": ...}``); see :func:`~ckptstore.checkpointing.metrics.metric_value`.
         Checkpoints without the metric are skipped; ties go to the most recent. None if no
         checkpoint has the metric.
         """
         if metric is None or smaller_is_better is None:
-            searcher: dict[str, Any] = {}
-            if experiment_id is not None:
-                searcher = self.get_experiment(experiment_id).config.get("searcher") or {}
-            elif trial_id is not None:
-                trial = self.get_trial(trial_id)
-                if trial.experiment_id is not None:
-                    exp = self.get_experiment(trial.experiment_id)
-                    searcher = exp.config.get("searcher") or {}
+            searcher = self._searcher_config(trial_id, experiment_id)
             configured = searcher.get("metric")
             if metric is None:
                 metric = configured or DEFAULT_METRIC
@@ -525,15 +656,8 @@ class Registry:
         candidates = self.list_checkpoints(
             trial_id=trial_id, experiment_id=experiment_id, states=_LIVE_STATES
         )
-        best: tuple[float, Checkpoint] | None = None
-        for ckpt in candidates:  # oldest first, so ">=" lets the most recent win ties
-            value = lookup_metric(ckpt.metrics, metric)
-            if value is None:
-                continue
-            score = -value if smaller_is_better else value
-            if best is None or score >= best[0]:
-                best = (score, ckpt)
-        return None if best is None else best[1]
+        ranked = rank_by_metric(candidates, metric, smaller_is_better)
+        return ranked[0] if ranked else None
 
     # ---- models -------------------------------------------------------------------------------
     def create_model(
@@ -564,7 +688,7 @@ class Registry:
         return reindex(self, storage)
 
     # ---- helpers shared with reindex/models ---------------------------------------------------
-    def _upsert_checkpoint(
+    def upsert_checkpoint_row(
         self, conn: sa.Connection, record: CheckpointRecord, values: dict[str, Any]
     ) -> None:
         if record.experiment_id is not None:
@@ -628,11 +752,11 @@ class Registry:
 
     def _require_trial(self, conn: sa.Connection, trial_id: int) -> None:
         if conn.execute(sa.select(_T.c.id).where(_T.c.id == trial_id)).first() is None:
-            raise _trial_not_found(trial_id)
+            raise trial_not_found(trial_id)
 
     def _require_experiment(self, conn: sa.Connection, experiment_id: int) -> None:
         if conn.execute(sa.select(_E.c.id).where(_E.c.id == experiment_id)).first() is None:
-            raise _experiment_not_found(experiment_id)
+            raise experiment_not_found(experiment_id)
 
 
 def open_registry(registry: Registry | str | None = None) -> Registry:
@@ -647,125 +771,4 @@ def open_registry(registry: Registry | str | None = None) -> Registry:
     raise errors.InvalidConfig(
         "registry must be a URL string, a path, None or a ckptstore.registry.Registry. "
         f"Received: {type(registry).__name__}"
-    )
-
-
-# ---- row conversion and validation ------------------------------------------------------------
-def checkpoint_from_row(row: Any) -> Checkpoint:
-    """A :class:`Checkpoint` from a ``checkpoints`` row."""
-    m = row._mapping
-    return Checkpoint(
-        uuid=m["uuid"],
-        trial_id=m["trial_id"],
-        experiment_id=m["experiment_id"],
-        steps_completed=int(m["steps_completed"]),
-        continue_id=m["continue_id"],
-        metadata=dict(m["metadata"] or {}),
-        metrics=dict(m["metrics"] or {}),
-        resources={str(k): int(v) for k, v in (m["resources"] or {}).items()},
-        state=m["state"],
-        storage_url=m["storage_url"],
-        created_at=schema.from_db_time(m["created_at"]),
-        updated_at=schema.from_db_time(m["updated_at"]),
-    )
-
-
-def _checkpoint_values(record: CheckpointRecord) -> dict[str, Any]:
-    if not isinstance(record, CheckpointRecord):
-        raise errors.InvalidConfig(
-            f"record_checkpoint needs a CheckpointRecord. Received: {type(record).__name__}"
-        )
-    if not record.uuid or not isinstance(record.uuid, str):
-        raise errors.InvalidConfig(
-            f"A checkpoint record needs a non-empty string uuid. Received: uuid={record.uuid!r}"
-        )
-    _check_checkpoint_state(record.state)
-    _check_steps(record.steps_completed)
-    for name in ("trial_id", "experiment_id"):
-        if getattr(record, name) is not None:
-            _check_id(getattr(record, name), name)
-    now = schema.utcnow()
-    return {
-        "uuid": record.uuid,
-        "trial_id": record.trial_id,
-        "experiment_id": record.experiment_id,
-        "steps_completed": int(record.steps_completed),
-        "continue_id": record.continue_id,
-        "state": record.state,
-        "metadata": dict(record.metadata or {}),
-        "metrics": dict(record.metrics or {}),
-        "resources": {str(k): int(v) for k, v in (record.resources or {}).items()},
-        "storage_url": record.storage_url or "",
-        "created_at": schema.to_db_time(record.created_at) if record.created_at else now,
-        "updated_at": now,
-    }
-
-
-def _experiment(row: Any) -> Experiment:
-    return Experiment(
-        id=row.id,
-        name=row.name,
-        config=dict(row.config or {}),
-        description=row.description,
-        state=row.state,
-        created_at=schema.from_db_time(row.created_at),
-        updated_at=schema.from_db_time(row.updated_at),
-    )
-
-
-def _trial(row: Any) -> Trial:
-    return Trial(
-        id=row.id,
-        experiment_id=row.experiment_id,
-        hparams=dict(row.hparams or {}),
-        state=row.state,
-        created_at=schema.from_db_time(row.created_at),
-        updated_at=schema.from_db_time(row.updated_at),
-    )
-
-
-def _check_run_state(state: str, what: str) -> None:
-    if state not in RUN_STATES:
-        raise errors.InvalidConfig(
-            f"Unknown {what} state. Received: state={state!r}; use one of {', '.join(RUN_STATES)}."
-        )
-
-
-def _check_checkpoint_state(state: str) -> None:
-    if state not in STATES:
-        raise errors.InvalidConfig(
-            f"Unknown checkpoint state. Received: state={state!r}; use one of {', '.join(STATES)}."
-        )
-
-
-def _check_id(value: Any, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise errors.InvalidConfig(f"{name} must be a positive integer. Received: {name}={value!r}")
-
-
-def _check_steps(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise errors.InvalidConfig(
-            f"steps_completed must be a non-negative integer. Received: steps_completed={value!r}"
-        )
-
-
-def _trial_not_found(trial_id: Any) -> errors.TrialNotFound:
-    return errors.TrialNotFound(
-        f"No trial with id {trial_id!r} in the registry. Check the id (list_trials() shows "
-        "them), or create it with create_trial()/ensure_trial()."
-    )
-
-
-def _experiment_not_found(experiment_id: Any) -> errors.ExperimentNotFound:
-    return errors.ExperimentNotFound(
-        f"No experiment with id {experiment_id!r} in the registry. Check the id "
-        "(list_experiments() shows them) or create it with create_experiment()."
-    )
-
-
-def _checkpoint_not_found(uuid: Any) -> errors.CheckpointNotFound:
-    return errors.CheckpointNotFound(
-        f"No checkpoint with uuid {uuid!r} in the registry. Check the UUID (list_checkpoints() "
-        "shows them); if the checkpoint exists in storage, run reindex(storage) first."
     )

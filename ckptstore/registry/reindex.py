@@ -26,6 +26,7 @@ import sqlalchemy as sa
 
 from ckptstore.checkpointing.index import COMMITTED, DELETED, PARTIALLY_DELETED, CheckpointRecord
 from ckptstore.registry import schema
+from ckptstore.registry.rows import checkpoint_values
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptstore.registry.registry import Registry
@@ -43,7 +44,6 @@ def reindex(registry: Registry, storage: Storage) -> int:
     """Make ``registry``'s checkpoint rows for ``storage`` match what ``storage`` holds.
     Returns the number of committed checkpoints found in storage."""
     from ckptstore.checkpointing.format import scan_checkpoints
-    from ckptstore.registry.registry import _checkpoint_values
 
     records: list[CheckpointRecord] = []
     for found in scan_checkpoints(storage):
@@ -54,11 +54,11 @@ def reindex(registry: Registry, storage: Storage) -> int:
 
     db = registry._db
     for start in range(0, len(records), BATCH):
-        batch = [(r, _checkpoint_values(r)) for r in records[start : start + BATCH]]
+        batch = [(r, checkpoint_values(r)) for r in records[start : start + BATCH]]
 
         def upsert(conn: sa.Connection, batch=batch) -> None:
             for record, values in batch:
-                registry._upsert_checkpoint(conn, record, values)
+                registry.upsert_checkpoint_row(conn, record, values)
 
         db.write(upsert, what="reindex checkpoints")
 

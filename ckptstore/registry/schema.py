@@ -54,6 +54,9 @@ trials = sa.Table(
     sa.Column("state", sa.String(32), nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.Column("updated_at", sa.DateTime, nullable=False),
+    # Migration 5: the searcher's slot this trial fills (unique per experiment, see
+    # Registry.ensure_slot_trial), so a slot retried after its runner died finds its trial.
+    sa.Column("search_slot", sa.Integer, nullable=True),
 )
 
 checkpoints = sa.Table(
@@ -151,6 +154,25 @@ model_aliases = sa.Table(
     ),
 )
 
+#: Non-training jobs (``ckptstore job run``: batch inference, evaluation, export), migration 6:
+#: the config as given, where it ran, its state, the exit status and the output of its workers.
+jobs = sa.Table(
+    "jobs",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(256), nullable=True),
+    sa.Column("config", sa.JSON, nullable=False),
+    sa.Column("model_dir", sa.Text, nullable=False),
+    sa.Column("storage_url", sa.Text, nullable=False),
+    sa.Column("state", sa.String(32), nullable=False),
+    sa.Column("exit_code", sa.Integer, nullable=True),
+    sa.Column("log", sa.Text, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("updated_at", sa.DateTime, nullable=False),
+    sa.Column("ended_at", sa.DateTime, nullable=True),
+)
+
+
 #: Leases that keep GC from deleting a checkpoint (``CheckpointContext.protect()``,
 #: ``restore_path``), one per (checkpoint, holder). No foreign key: a checkpoint may be pinned
 #: before the index knows it (resumed from storage alone). ``expires_at`` NULL: until unpinned.
@@ -162,29 +184,6 @@ checkpoint_pins = sa.Table(
     sa.Column("expires_at", sa.DateTime, nullable=True),
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.Column("updated_at", sa.DateTime, nullable=False),
-)
-
-
-#: Trial leases (migration 4): which experiment runner works on a trial, so several runners
-#: (machines) sharing one search never train the same trial at once. One row per trial; it
-#: stays after release (``expires_at`` set to the release time) as a record of the last owner.
-#: ``claims`` counts how many times a runner took the trial (1 unless it was resumed).
-trial_leases = sa.Table(
-    "trial_leases",
-    metadata,
-    sa.Column(
-        "trial_id",
-        sa.Integer,
-        sa.ForeignKey("trials.id", ondelete="CASCADE"),
-        primary_key=True,
-        autoincrement=False,
-    ),
-    sa.Column("owner", sa.String(256), nullable=False),
-    sa.Column("expires_at", sa.DateTime, nullable=False),
-    sa.Column("acquired_at", sa.DateTime, nullable=False),
-    sa.Column("renewed_at", sa.DateTime, nullable=False),
-    sa.Column("released_at", sa.DateTime, nullable=True),
-    sa.Column("claims", sa.Integer, nullable=False),
 )
 
 

@@ -12,8 +12,9 @@ Example::
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ckptstore.checkpointing.index import STATES
 from ckptstore.reports.views import (
     checkpoint_view,
     experiment_view,
@@ -22,7 +23,10 @@ from ckptstore.reports.views import (
     trial_view,
 )
 
-ALL_STATES = ("PENDING", "COMMITTED", "PARTIALLY_DELETED", "DELETED")
+if TYPE_CHECKING:
+    from ckptstore.registry import Registry
+
+ALL_STATES = STATES
 
 
 def _number(value: Any) -> float | None:
@@ -34,7 +38,9 @@ def _number(value: Any) -> float | None:
         return None
 
 
-def metric_series(registry: Any, trial_id: int) -> dict[str, dict[str, list[tuple[float, float]]]]:
+def metric_series(
+    registry: Registry, trial_id: int
+) -> dict[str, dict[str, list[tuple[float, float]]]]:
     """``{metric: {group: [(steps, value), ...]}}`` for a trial; validation names lose any
     ``val_`` prefix so training and validation curves of one metric share a chart."""
     series: dict[str, dict[str, list[tuple[float, float]]]] = {}
@@ -51,7 +57,7 @@ def metric_series(registry: Any, trial_id: int) -> dict[str, dict[str, list[tupl
     return dict(sorted(series.items()))
 
 
-def trial_section(registry: Any, trial: Any, versions: dict[str, list[str]]) -> dict[str, Any]:
+def trial_section(registry: Registry, trial: Any, versions: dict[str, list[str]]) -> dict[str, Any]:
     """One trial's part of a report: fields, hyperparameters, curves, checkpoints."""
     view = trial_view(trial)
     checkpoints = []
@@ -65,7 +71,7 @@ def trial_section(registry: Any, trial: Any, versions: dict[str, list[str]]) -> 
     return view
 
 
-def collect_trial_report(registry: Any, trial_id: int) -> dict[str, Any]:
+def collect_trial_report(registry: Registry, trial_id: int) -> dict[str, Any]:
     """The report of one trial (TrialNotFound if unknown)."""
     trial = registry.get_trial(trial_id)
     versions = model_versions_by_checkpoint(registry)
@@ -78,7 +84,7 @@ def collect_trial_report(registry: Any, trial_id: int) -> dict[str, Any]:
     }
 
 
-def collect_experiment_report(registry: Any, experiment_id: int) -> dict[str, Any]:
+def collect_experiment_report(registry: Registry, experiment_id: int) -> dict[str, Any]:
     """The report of an experiment and all its trials (ExperimentNotFound if unknown)."""
     experiment = experiment_view(registry.get_experiment(experiment_id))
     versions = model_versions_by_checkpoint(registry)

@@ -69,12 +69,19 @@ def line_chart(
     x_label: str = "batches",
     width: int = 520,
     height: int = 280,
+    log_y: bool = False,
+    lines: bool = True,
 ) -> str:
     """An ``<svg>`` element with one ``<polyline>`` per series that has points, axes with
-    round ticks, a legend and a title. Series without finite points are listed as "no data"."""
+    round ticks, a legend and a title. Series without finite points are listed as "no data".
+
+    ``log_y`` draws the y axis in powers of ten (values <= 0 are dropped); ``lines=False`` draws
+    every point as a marker and no line (a scatter plot)."""
     left, right, top, bottom = 64, 16, 48, 46
     plot_w, plot_h = width - left - right, height - top - bottom
     drawn = [(s, s.finite_points()) for s in series]
+    if log_y:
+        drawn = [(s, [(x, math.log10(y)) for x, y in pts if y > 0]) for s, pts in drawn]
     all_points = [p for _, pts in drawn for p in pts]
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
@@ -118,7 +125,7 @@ def line_chart(
         )
         parts.append(
             f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11" '
-            f'fill="#444">{escape(format_tick(tick))}</text>'
+            f'fill="#444">{escape(format_tick(10**tick if log_y else tick))}</text>'
         )
     for tick in nice_ticks(x_lo, x_hi):
         x = sx(tick)
@@ -151,16 +158,20 @@ def line_chart(
         legend_x += 34 + 7 * len(label)
         if not pts:
             continue
-        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-        parts.append(
-            f'<polyline class="series" data-series="{escape(item.name)}" points="{coords}" '
-            f'fill="none" stroke="{color}" stroke-width="2"/>'
-        )
-        if len(pts) <= 60:
+        if lines:
+            coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+            parts.append(
+                f'<polyline class="series" data-series="{escape(item.name)}" points="{coords}" '
+                f'fill="none" stroke="{color}" stroke-width="2"/>'
+            )
+        x_name = "step" if lines else x_label
+        if len(pts) <= 60 or not lines:
             for x, y in pts:
+                value = 10**y if log_y else y
                 parts.append(
                     f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{color}">'
-                    f"<title>{escape(item.name)}: step {format_tick(x)}, {y:.6g}</title></circle>"
+                    f"<title>{escape(item.name)}: {escape(x_name)} {format_tick(x)}, "
+                    f"{value:.6g}</title></circle>"
                 )
     parts.append("</svg>")
     return "".join(parts)

@@ -14,7 +14,10 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ckptstore.registry import Registry
 
 
 def flat_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -120,7 +123,7 @@ def version_view(version: Any) -> dict[str, Any]:
     }
 
 
-def model_versions_by_checkpoint(registry: Any) -> dict[str, list[str]]:
+def model_versions_by_checkpoint(registry: Registry) -> dict[str, list[str]]:
     """``{checkpoint uuid: ["model:version", ...]}`` over every model, archived ones included."""
     found: dict[str, list[str]] = {}
     for model in registry.list_models(include_archived=True):

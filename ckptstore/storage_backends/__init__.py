@@ -26,6 +26,7 @@ from ckptstore.storage_backends.config import (
 )
 from ckptstore.storage_backends.paths import check_key
 from ckptstore.storage_backends.schemes import backend_class, register_backend
+from ckptstore.storage_backends.urls import check_storage_spec
 
 __all__ = [
     "GC_KEYS",
@@ -33,6 +34,7 @@ __all__ = [
     "Selector",
     "Storage",
     "check_key",
+    "check_storage_spec",
     "open_storage",
     "parse_storage_config",
     "register_backend",
@@ -81,10 +83,7 @@ def open_storage(
             "open_storage needs a URL, a path or a checkpoint_storage dict. "
             f"Received: {type(spec).__name__}"
         )
-    if not url:
-        raise InvalidStorageConfig(
-            "An empty storage URL was given; pass e.g. s3://bucket/prefix or /mnt/checkpoints."
-        )
+    check_storage_spec(url)
     cls = backend_class(url_scheme(url))
     try:
         return cls(url, **options)

@@ -153,6 +153,18 @@ class Storage(abc.ABC):
         self.close()
 
 
+def close_all(storages: Iterable[Storage]) -> None:
+    """Close every storage; a failure to close one is logged (DEBUG) and does not stop the
+    others (for owners of several storages: the CLI, the web UI)."""
+    import logging
+
+    for storage in storages:
+        try:
+            storage.close()
+        except Exception:  # noqa: BLE001 - closing must not mask what came before
+            logging.getLogger(__name__).debug("closing %r failed", storage, exc_info=True)
+
+
 def describe_sizes(files: Mapping[str, int]) -> str:
     """``"3 files, 12.0 MiB"`` for log lines."""
     total = sum(files.values())

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ckptstore.errors import InvalidStorageConfig
+from ckptstore.validators import int_at_least
 
 #: Determined's checkpoint garbage-collection keys; not storage settings.
 GC_KEYS = ("save_experiment_best", "save_trial_best", "save_trial_latest")
@@ -55,12 +56,8 @@ def split_storage_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dic
     storage = {k: v for k, v in config.items() if k not in GC_KEYS}
     gc = {k: v for k, v in config.items() if k in GC_KEYS}
     for key, value in gc.items():
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 0
-        ):
-            raise InvalidStorageConfig(
-                f"checkpoint_storage.{key} must be an int >= 0. Received: {key}={value!r}"
-            )
+        if value is not None:
+            int_at_least(f"checkpoint_storage.{key}", value, 0, error=InvalidStorageConfig)
     return storage, gc
 
 

@@ -35,6 +35,7 @@ from ckptstore.storage_backends.object_store import (
     pwrite_all,
 )
 from ckptstore.storage_backends.urls import split_bucket_url
+from ckptstore.validators import optional_int_at_least
 
 _COMPOSE_LIMIT = 32
 #: Files up to this size go in one multipart request (the SDK's own cut-off); bigger ones as
@@ -71,15 +72,9 @@ class GCSStorage(ObjectStorage):
         scheme = url.split("://", 1)[0].lower()
         self.bucket_name, prefix = split_bucket_url(url, scheme)
         super().__init__(f"gs://{self.bucket_name}/{prefix}".rstrip("/"), prefix, **options)
-        if composite_threshold is not None and (
-            isinstance(composite_threshold, bool)
-            or not isinstance(composite_threshold, int)
-            or composite_threshold < 1
-        ):
-            raise errors.InvalidStorageConfig(
-                "Storage option composite_threshold must be a positive int (bytes) or None. "
-                f"Received: composite_threshold={composite_threshold!r}"
-            )
+        optional_int_at_least(
+            "composite_threshold", composite_threshold, 1, error=errors.InvalidStorageConfig
+        )
         self.composite_threshold = composite_threshold
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")
         try:

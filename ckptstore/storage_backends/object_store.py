@@ -28,6 +28,7 @@ from ckptstore import errors
 from ckptstore.storage_backends.base import ProgressCallback, Selector, Storage, describe_sizes
 from ckptstore.storage_backends.paths import check_key, check_relpath, compile_selector, join_key
 from ckptstore.storage_backends.retry import RetryPolicy
+from ckptstore.validators import int_at_least
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +39,7 @@ DEFAULT_MULTIPART_THRESHOLD = 64 * 2**20
 
 
 def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise errors.InvalidStorageConfig(
-            f"Storage option {name} must be a positive int. Received: {name}={value!r}"
-        )
-    return value
+    return int_at_least(name, value, 1, error=errors.InvalidStorageConfig)
 
 
 def walk_local_tree(local_dir: str) -> tuple[dict[str, int], list[str]]:

@@ -14,11 +14,25 @@ Example::
 from __future__ import annotations
 
 import fnmatch
+import unicodedata
 from collections.abc import Callable, Iterable
 
 from ckptstore.errors import InvalidStoragePath
 
-__all__ = ["check_key", "check_relpath", "join_key", "compile_selector", "matches_any"]
+__all__ = [
+    "check_key",
+    "check_relpath",
+    "key_problem",
+    "join_key",
+    "compile_selector",
+    "matches_any",
+]
+
+#: The longest path segment (file or folder name) in UTF-8 bytes: ext4, XFS, APFS and NTFS all
+#: stop at 255, so a longer name could be written to one storage and never copied to another.
+MAX_SEGMENT_BYTES = 255
+#: The longest key in UTF-8 bytes: S3, GCS and Azure object names stop at 1024.
+MAX_KEY_BYTES = 1024
 
 
 def _reject(key: object, why: str) -> InvalidStoragePath:
@@ -31,32 +45,48 @@ def _reject(key: object, why: str) -> InvalidStoragePath:
 def check_key(key: str, *, allow_empty: bool = True) -> str:
     """Validate ``key`` and return it normalized (one trailing ``/`` removed).
 
-    Rejects ``..`` and ``.`` segments, absolute paths, backslashes, NUL and other control
-    characters, and empty segments (``a//b``) with :class:`~ckptstore.errors.InvalidStoragePath`.
-    ``""`` means the prefix itself and is allowed unless ``allow_empty`` is False.
+    This is the one rule for every key and every file inside a checkpoint: writers check each
+    file with it before anything is committed, and readers check each manifest entry with it.
+    Rejects ``..`` and ``.`` segments, absolute paths, backslashes, a leading drive letter
+    (``C:``), control characters (Unicode category Cc: NUL, tab, newline, DEL, C1), text that
+    is not valid UTF-8 (lone surrogates, e.g. undecodable file names), empty segments
+    (``a//b``), segments over :data:`MAX_SEGMENT_BYTES` and keys over :data:`MAX_KEY_BYTES`
+    UTF-8 bytes, with :class:`~ckptstore.errors.InvalidStoragePath`. ``""`` means the prefix
+    itself and is allowed unless ``allow_empty`` is False.
     """
     if not isinstance(key, str):
         raise _reject(key, f"a key must be a str, got {type(key).__name__}")
     if key.endswith("/") and key != "/":
         key = key[:-1]
+    why = key_problem(key, allow_empty=allow_empty)
+    if why is not None:
+        raise _reject(key, why)
+    return key
+
+
+def key_problem(key: str, *, allow_empty: bool = True) -> str | None:
+    """Why ``key`` (already without its trailing ``/``) breaks the rule of :func:`check_key`,
+    or None when it is fine."""
     if key == "":
-        if not allow_empty:
-            raise _reject(key, "the key is empty")
-        return ""
+        return None if allow_empty else "the key is empty"
     if key.startswith("/"):
-        raise _reject(key, "absolute paths are not allowed")
+        return "absolute paths are not allowed"
     if "\\" in key:
-        raise _reject(key, "backslashes are not allowed")
-    if any(ord(c) < 32 or c == "\x7f" for c in key):
-        raise _reject(key, "NUL and control characters are not allowed")
+        return "backslashes are not allowed"
+    if any(unicodedata.category(c) in ("Cc", "Cs") for c in key):
+        return "NUL, control characters and undecodable (non-UTF-8) names are not allowed"
     if len(key) >= 2 and key[1] == ":" and key[0].isalpha():
-        raise _reject(key, "drive letters are not allowed")
+        return "drive letters are not allowed"
+    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        return f"keys may have at most {MAX_KEY_BYTES} UTF-8 bytes"
     for part in key.split("/"):
         if part == "":
-            raise _reject(key, "empty path segments ('//' or a trailing '/') are not allowed")
+            return "empty path segments ('//' or a trailing '/') are not allowed"
         if part in (".", ".."):
-            raise _reject(key, f"'{part}' segments are not allowed")
-    return key
+            return f"'{part}' segments are not allowed"
+        if len(part.encode("utf-8")) > MAX_SEGMENT_BYTES:
+            return f"names may have at most {MAX_SEGMENT_BYTES} UTF-8 bytes"
+    return None
 
 
 def check_relpath(relpath: str) -> str:

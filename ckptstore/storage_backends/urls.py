@@ -8,10 +8,41 @@ Example::
 
 from __future__ import annotations
 
+import re
 from urllib.parse import unquote
 
 from ckptstore.errors import InvalidStorageConfig
 from ckptstore.storage_backends.paths import check_key
+
+_SCHEME_WITHOUT_SLASHES = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+):(?!//)")
+
+
+def check_storage_spec(spec: str) -> str:
+    """Refuse a storage URL that is empty, has surrounding whitespace, or looks like a mistyped
+    URL (``s3:/bucket``, ``gs:bucket``: a scheme without ``//``); returns ``spec``.
+
+    Without this such a spec would silently become a local folder (``./s3:/bucket``) or the
+    default location. ``file:/path`` is accepted (a local path); a local folder whose name has
+    a colon can be given as ``./name:x``.
+    """
+    if not spec.strip():
+        raise InvalidStorageConfig(
+            f"The storage URL is empty. Received: {spec!r}. Pass e.g. s3://bucket/prefix or "
+            "/mnt/checkpoints, or leave --storage/storage= out for the default."
+        )
+    if spec != spec.strip():
+        raise InvalidStorageConfig(
+            f"The storage URL has leading or trailing whitespace. Received: {spec!r}. Remove "
+            "it (check the quoting in your shell or config)."
+        )
+    match = _SCHEME_WITHOUT_SLASHES.match(spec)
+    if match and match.group(1).lower() != "file":
+        scheme = match.group(1)
+        raise InvalidStorageConfig(
+            f"The storage URL {spec!r} looks like a mistyped URL: '{scheme}:' without '//'. "
+            f"Write {scheme}://bucket/prefix, or ./{spec} for a local folder of that name."
+        )
+    return spec
 
 
 def split_bucket_url(url: str, scheme: str) -> tuple[str, str]:

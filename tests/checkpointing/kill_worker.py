@@ -1,5 +1,7 @@
 """Saves checkpoints in a loop until killed (run as ``python -m tests.checkpointing.kill_worker
-URL SEED``). Prints ``ready`` once saving starts."""
+URL SEED [dedup]``). Prints ``ready`` once saving starts. With ``dedup`` the checkpoints share
+content-addressed blobs and GC (keep the latest 2) deletes checkpoints and sweeps
+blobs after every commit (a grace period as in real use: no upload of this process is older), while background uploads are in flight."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import random
 import sys
 import tempfile
 
-from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import CheckpointContext, LatestN
 
 
 def write_files(folder: str, rng: random.Random, step: int) -> None:
@@ -24,7 +26,18 @@ def write_files(folder: str, rng: random.Random, step: int) -> None:
 def main() -> None:
     url, seed = sys.argv[1], int(sys.argv[2])
     rng = random.Random(seed)
-    ctx = CheckpointContext(url, trial_id=1, max_in_flight=2)
+    if sys.argv[3:] == ["dedup"]:
+        ctx = CheckpointContext(
+            url,
+            trial_id=1,
+            max_in_flight=2,
+            dedup=True,
+            dedup_chunk_bytes=2**16,
+            gc_policy=LatestN(2),
+            gc_grace_seconds=60,
+        )
+    else:
+        ctx = CheckpointContext(url, trial_id=1, max_in_flight=2)
     src = tempfile.mkdtemp()
     print("ready", flush=True)
     step = 0

@@ -11,7 +11,7 @@ import os
 import sys
 import tempfile
 
-from ckptstore.checkpointing import CheckpointContext, DistributedContext
+from ckptstore.checkpointing import CheckpointContext, ProcessGroup
 
 
 def _write(path: str, data: bytes) -> None:
@@ -30,7 +30,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     rank = args.rank
-    dist = DistributedContext(
+    dist = ProcessGroup(
         rank=rank,
         size=args.size,
         local_rank=rank % 2,
@@ -54,12 +54,19 @@ def main() -> int:
             metadata = {"steps_completed": 5, "shared": {f"r{rank}": rank}}
             if args.mode == "meta_conflict":
                 metadata["steps_completed"] = rank
+            if args.mode == "bad_metadata":  # refused by the JSON policy on the chief
+                deep: object = 1
+                for _ in range(200):
+                    deep = [deep]
+                metadata["deep"] = deep
             if args.mode == "store_path":
                 with ctx.store_path(metadata, shard=True) as (path, uuid):
                     _write(os.path.join(path, f"rank{rank}", "w.bin"), bytes([rank]) * 100)
             else:
                 src = tempfile.mkdtemp()
                 name = "same.bin" if args.mode == "conflict" else f"rank{rank}/w.bin"
+                if args.mode == "bad_name" and rank == 1:
+                    name = "back\\slash.bin"  # refused by the one content rule
                 _write(os.path.join(src, name), bytes([rank]) * 100)
                 if rank == 0:
                     _write(os.path.join(src, "common.txt"), b"chief")

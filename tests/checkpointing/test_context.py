@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 
 import pytest
 
@@ -92,7 +93,8 @@ def test_local_store_path_renames_the_staging_folder(storage_url_factory):
         # Same inode: moved, not copied.
         assert os.stat(os.path.join(root, uuid, "big.bin")).st_ino == inode
         with ctx.restore_path(uuid) as restored:
-            assert restored == os.path.join(root, uuid)
+            # A pathlib.Path, as Determined's restore_path yields.
+            assert restored == pathlib.Path(root, uuid)
 
 
 def test_latest_checkpoint_orders_by_steps(url, tmp_path):
@@ -142,9 +144,9 @@ def test_delete_whole_and_partial(url, tmp_path):
 
 
 def test_non_chief_cannot_save_unsharded(tmp_path):
-    from ckptstore.checkpointing import DistributedContext
+    from ckptstore.checkpointing import ProcessGroup
 
-    dist = DistributedContext(rank=1, size=2, port=1)  # never connects: no collective is called
+    dist = ProcessGroup(rank=1, size=2, port=1)  # never connects: no collective is called
     with CheckpointContext(str(tmp_path / "s"), distributed=dist) as ctx:
         with pytest.raises(errors.InvalidConfig, match="rank 0"):
             ctx.upload(make_tree(str(tmp_path / "src"), {"a": b"1"}))

@@ -20,7 +20,7 @@ from ckptstore.checkpointing import (
     LatestN,
 )
 from ckptstore.checkpointing import format as fmt
-from ckptstore.checkpointing.gc import GCContext
+from ckptstore.checkpointing.retention import GCContext
 from tests.checkpointing._helpers import MemoryIndex, make_tree
 
 
@@ -56,7 +56,8 @@ LOSSES = [0.5, 0.2, 0.9, None, 0.4]  # best: step 2 (0.2); worst: step 3 (0.9); 
         (AnyOf([]), [0, 0, 0, 0, 0]),
         (KeepAll(), [1, 1, 1, 1, 1]),
         (GCPolicy.from_determined(metric="val_loss"), [0, 1, 0, 0, 1]),
-        (GCPolicy.from_determined(), [0, 0, 0, 0, 1]),
+        # Issue 15: with no metric known, save_trial_best keeps every candidate (was [0,0,0,0,1]).
+        (GCPolicy.from_determined(), [1, 1, 1, 1, 1]),
         (GCPolicy.from_determined(save_trial_latest=0, save_trial_best=0), [0, 0, 0, 0, 0]),
         (
             GCPolicy.from_determined(

@@ -157,7 +157,7 @@ def test_cli_gc_reconciles_before_applying_the_policy(registry_url, tmp_path):
         lost = [_commit_unrecorded(storage, reg, tmp_path, s) for s in (1, 2)]
     result = CliRunner().invoke(
         cli, ["--storage", url, "--registry", registry_url, "gc", "--save-trial-best", "0",
-              "--json"],
+              "--yes", "--json"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["deleted"] == [lost[0]]
@@ -322,7 +322,7 @@ def test_without_an_index_there_is_nothing_to_reconcile(tmp_path):
 def test_core_init_resumes_from_a_checkpoint_the_registry_called_pending(registry_url, tmp_path):
     """``ckptstore.core.init`` looks the trial's latest checkpoint up before it creates the
     checkpoint context: it reconciles first, so a resumed run finds the lost commit."""
-    from ckptstore.keras_io.core_context import init
+    from ckptstore.core._context import init
 
     url = str(tmp_path / "store")
     storage = open_storage(url)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ckptstore import errors
-from ckptstore.checkpointing import DistributedContext, DummyDistributed
+from ckptstore.checkpointing import DummyDistributed, ProcessGroup
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.sharded import check_conflicts, merge_metadata
 from ckptstore.storage_backends import open_storage
@@ -56,7 +56,7 @@ def run_ranks(size: int, mode: str, url: str, tmp_path) -> list[dict]:
 
 
 def test_single_process_collectives_need_no_sockets():
-    for dist in (DistributedContext.single(), DummyDistributed()):
+    for dist in (ProcessGroup.single(), DummyDistributed()):
         assert (dist.rank, dist.size, dist.get_rank(), dist.get_size()) == (0, 1, 0, 1)
         assert dist.allgather(1) == [1] and dist.gather(2) == [2] and dist.broadcast(3) == 3
         assert dist.allgather_local(4) == [4] and dist.broadcast_local(5) == 5
@@ -65,9 +65,9 @@ def test_single_process_collectives_need_no_sockets():
 
 def test_bad_rank_or_size():
     with pytest.raises(errors.InvalidConfig, match="Received: rank=2"):
-        DistributedContext(rank=2, size=2)
+        ProcessGroup(rank=2, size=2)
     with pytest.raises(errors.InvalidConfig, match="Received: size=0"):
-        DistributedContext(rank=0, size=0)
+        ProcessGroup(rank=0, size=0)
 
 
 def test_collectives_across_four_processes(tmp_path):
@@ -110,6 +110,28 @@ def test_sharded_conflicts_fail_on_every_rank(mode, storage_url_factory, tmp_pat
     assert [r["error"] for r in results] == ["CheckpointConflict", "CheckpointConflict"]
     assert "same.bin" in results[0]["message"] or "steps_completed" in results[0]["message"]
     assert fmt.list_committed(open_storage(url)) == []
+
+
+def test_sharded_refusals_fail_on_every_rank_before_anything_is_uploaded(
+    storage_url_factory, tmp_path
+):
+    """Issue 15: a name the content rule refuses on one rank, or metadata the JSON policy refuses
+    on the chief, raises on every rank (none is left waiting) and nothing is committed or
+    uploaded."""
+    for mode in ("bad_name", "bad_metadata"):
+        url = storage_url_factory("file")
+        results = run_ranks(2, mode, url, tmp_path)
+        errors_seen = [r["error"] for r in results]
+        assert None not in errors_seen, results
+        if mode == "bad_name":
+            assert errors_seen == ["CheckpointError", "UnsafeCheckpointPath"]
+            assert "back\\\\slash.bin" in results[1]["message"]
+        else:
+            assert errors_seen == ["InvalidConfig", "CheckpointError"]
+        storage = open_storage(url)
+        assert fmt.list_committed(storage) == []
+        for name in storage.list_children(""):  # only the chief's pending marker (GC's to clean)
+            assert set(storage.list(name)) <= {fmt.PENDING_MARKER_NAME}, name
 
 
 def test_merge_and_conflict_helpers():

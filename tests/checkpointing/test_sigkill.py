@@ -76,3 +76,61 @@ def test_sigkill_during_saves_never_exposes_a_partial_checkpoint(local_and_s3_ur
         children = ctx.storage.list_children("")
         assert set(children) == committed, "uncommitted leftovers were not collected"
         check_committed_checkpoints(ctx, tmp_path / "final")
+
+
+def stored_blobs(ctx: CheckpointContext) -> set[str]:
+    """SHA-256 of every blob in the prefix (local storage also lists emptied folders)."""
+    from ckptstore.checkpointing import blobs
+
+    names = {k.rsplit("/", 1)[-1] for k in ctx.storage.list(blobs.BLOBS_DIR)}
+    return {n for n in names if blobs.SHA_RE.match(n)}
+
+
+@pytest.mark.slow
+def test_sigkill_during_dedup_saves_and_blob_sweeps_never_leaves_a_missing_blob(
+    local_and_s3_url, tmp_path
+):
+    """Killed anywhere (uploading blobs, committing, deleting checkpoints, sweeping blobs), a
+    deduplicated prefix never holds a committed checkpoint whose blob is gone."""
+    from ckptstore.checkpointing import blobs
+
+    rng = random.Random(99)
+    url = local_and_s3_url
+    for iteration in range(4):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.checkpointing.kill_worker", url, str(iteration), "dedup"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.3, 1.5))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            proc.stdout.close()
+        with CheckpointContext(url, trial_id=1) as ctx:
+            check_committed_checkpoints(ctx, tmp_path / f"it{iteration}")
+    with CheckpointContext(url, trial_id=1) as ctx:
+        committed = fmt.list_committed(ctx.storage)
+        assert any(
+            fmt.read_manifest(ctx.storage, u)["format_version"] == fmt.BLOBS_FORMAT_VERSION
+            for u in committed
+        ), "no deduplicated checkpoint was committed; kill later"
+        stored = stored_blobs(ctx)
+        used = set().union(
+            *(blobs.referenced(fmt.read_manifest(ctx.storage, u)) for u in committed)
+        )
+        assert used <= stored
+    # A final GC with no grace removes every leftover and every blob nothing references.
+    with CheckpointContext(url, trial_id=1, gc_policy=KeepAll(), gc_grace_seconds=0) as ctx:
+        ctx.gc()
+        committed = fmt.list_committed(ctx.storage)
+        assert set(ctx.storage.list_children("")) - {blobs.BLOBS_DIR} == set(committed)
+        stored = stored_blobs(ctx)
+        used = set().union(
+            *(blobs.referenced(fmt.read_manifest(ctx.storage, u)) for u in committed)
+        )
+        assert stored == used
+        check_committed_checkpoints(ctx, tmp_path / "final")

@@ -14,18 +14,21 @@ def test_gc_dry_run_then_delete_keeps_latest_and_model_versions(env):
     env.run("model", "create", "m")
     assert env.run("model", "register-version", "m", uuids[0]).exit_code == 0
 
-    dry = env.json("gc", "--dry-run")
+    # Issue 15: without a metric, best rules keep every checkpoint, and gc needs --yes (these
+    # calls used to be plain `gc`, which then deleted the best checkpoint unasked).
+    no_best = ("--save-trial-best", "0")
+    dry = env.json("gc", "--dry-run", *no_best)
     assert dry["dry_run"] is True and sorted(dry["deleted"]) == sorted(uuids[1:3])
     assert len(env.json("checkpoint", "list")) == 5  # nothing deleted by a dry run
     assert all(os.path.isdir(os.path.join(env.storage_url, u)) for u in uuids)
 
-    result = env.run("gc")
+    result = env.run("gc", "--yes", *no_best)
     assert result.exit_code == 0, result.output
     assert "Deleted 2 checkpoint(s)." in result.stdout
     left = {r["uuid"] for r in env.json("checkpoint", "list")}
     assert left == {uuids[0], uuids[3], other}  # model version, trial 1 latest, trial 2 latest
     assert not os.path.exists(os.path.join(env.storage_url, uuids[1], "model.keras"))
-    assert env.json("gc")["deleted"] == []  # idempotent
+    assert env.json("gc", "--yes", *no_best)["deleted"] == []  # idempotent
 
 
 def test_gc_by_metric_for_one_trial(env):
@@ -33,11 +36,11 @@ def test_gc_by_metric_for_one_trial(env):
     env.save(1, 20, metrics={"val_loss": 0.9})
     latest = env.save(1, 30, metrics={"val_loss": 0.5})
     other = [env.save(2, s) for s in (1, 2)]
-    result = env.json("gc", "--trial", "1", "--metric", "val_loss")
+    result = env.json("gc", "--trial", "1", "--metric", "val_loss", "--yes")
     assert len(result["deleted"]) == 1
     left = {r["uuid"] for r in env.json("checkpoint", "list")}
     assert left == {best, latest, *other}
-    assert env.run("gc", "--save-trial-latest", "-1").exit_code == EXIT_BAD_INPUT
+    assert env.run("gc", "--save-trial-latest", "-1", "--yes").exit_code == EXIT_BAD_INPUT
 
 
 def test_reindex_rebuilds_a_fresh_registry(env, tmp_path):

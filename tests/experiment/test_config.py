@@ -5,7 +5,7 @@ import copy
 import pytest
 
 from ckptstore import errors
-from ckptstore.keras_io.experiment.config import Length, load_config, parse_config
+from ckptstore.experiment.config import Length, load_config, parse_config
 
 BASE = {
     "description": "t",
@@ -137,8 +137,16 @@ def test_script_entrypoint_needs_no_batch_size():
 
 
 def test_cluster_only_keys_are_ignored():
-    config = parse_config(make(resources={"slots_per_trial": 1}))
-    assert config.ignored_keys == ("resources",)
+    # resources.slots_per_trial now starts workers (issue 13); the cluster-only keys stay ignored.
+    config = parse_config(
+        make(resources={"slots_per_trial": 2, "resource_pool": "gpu"}, environment={"image": "x"})
+    )
+    assert config.slots_per_trial == 2
+    assert config.ignored_keys == (
+        "environment",
+        "resources.resource_pool",
+        "resources.slots_per_trial (a TFKerasTrial trains on one worker here)",
+    )
 
 
 def test_gc_settings_from_storage_dict():

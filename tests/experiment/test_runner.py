@@ -19,8 +19,8 @@ from click.testing import CliRunner
 import ckptstore
 from ckptstore import errors
 from ckptstore.cli.main import cli
-from ckptstore.keras_io.experiment import create_experiment, describe_experiment
-from ckptstore.keras_io.experiment.searcher import optuna_storage_url, study_name
+from ckptstore.experiment import create_experiment, describe_experiment
+from ckptstore.experiment.searcher import optuna_storage_url, study_name
 from ckptstore.registry import Registry
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mnist_tfkeras_trial"
@@ -77,6 +77,8 @@ def test_tutorial_runs_end_to_end(tmp_path, where):
     assert trial["hparams"]["global_batch_size"] == 32
     with Registry(registry) as reg:
         assert [m.steps_completed for m in reg.get_metrics(trial["id"], "validation")] == [10, 20]
+        # metadata.json says how many workers trained it (one process here)
+        assert reg.get_checkpoint(info["best_checkpoint"]).metadata["distributed"] == {"size": 1}
     model = ckptstore.load_checkpoint_model(
         checkpoint_uuid=info["best_checkpoint"], storage=storage, registry=registry
     )
@@ -140,9 +142,10 @@ def _wait_for(predicate, timeout=240):
 @pytest.mark.slow
 def test_killed_runner_resumes_with_the_same_trial_count(tmp_path, where, monkeypatch):
     storage, registry = where
-    # A lease far longer than the test: resume must take the killed runner's trial over at
-    # once because that runner's process is gone (same host), not wait for the lease to expire.
-    monkeypatch.setenv("CKPTSTORE_TRIAL_LEASE_SECONDS", "3600")
+    # Who owns a trial is Optuna's heartbeat (no lease, no same-host shortcut): resume takes
+    # the killed runner's trial once its heartbeat is 3 s old.
+    monkeypatch.setenv("CKPTSTORE_HEARTBEAT_INTERVAL", "1")
+    monkeypatch.setenv("CKPTSTORE_HEARTBEAT_GRACE", "3")
     cfg = write_config(
         tmp_path,
         "kill.yaml",
@@ -183,9 +186,17 @@ def test_killed_runner_resumes_with_the_same_trial_count(tmp_path, where, monkey
         assert len(before) == len(set(before))
         assert max(steps) == 400
         assert reg.get_experiment(1).state == "COMPLETED"
-        lease = reg.get_trial_lease(trial.id)
-        assert lease.claims == 2 and lease.owner.split(":")[1] != str(runner.pid)
-        assert reg.get_trial_lease(trials[1].id).claims == 1
+        # Optuna failed the killed runner's trial and re-queued it; resume ran the retry
+        url, kwargs = optuna_storage_url(registry)
+        study = optuna.load_study(
+            study_name=study_name(1), storage=optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        )
+        by_state = {
+            s: [t.user_attrs["ckptstore_trial_id"] for t in study.trials if t.state == s]
+            for s in (optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE)
+        }
+        assert by_state[optuna.trial.TrialState.FAIL] == [trial.id]
+        assert sorted(by_state[optuna.trial.TrialState.COMPLETE]) == [t.id for t in trials]
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -200,7 +211,7 @@ units = info.trial.hparams["units"]
 with det.core.init() as core_context:
     assert core_context.info.trial.trial_id == info.trial.trial_id
     with core_context.checkpoint.store_path({"steps_completed": 1}) as (path, uuid):
-        open(path + "/units.txt", "w").write(str(units))
+        open(f"{path}/units.txt", "w").write(str(units))  # path is a pathlib.Path, as in Determined
     core_context.train.report_validation_metrics(1, {"val_loss": abs(units - 5)})
 """
 

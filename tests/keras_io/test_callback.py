@@ -94,6 +94,7 @@ def test_checkpoint_contents_and_schedule(init, tmp_path):
         model = tiny_model()
         cb = det.keras.DeterminedCallback(ctx, None, 1, checkpoint_epochs=2)
         fit(model, [cb], epochs=4)
+        cb.wait()  # fit() does not wait for the final checkpoint's SavedModel export
         rows = committed(ctx)
         assert [r.steps_completed for r in rows] == [8, 16]  # epochs 2 and 4
         last = rows[-1]

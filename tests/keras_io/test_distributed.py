@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ckptstore import errors
-from ckptstore.keras_io.distributed import parse_tf_config, shard_batch_size
+from ckptstore.core._distributed import parse_tf_config, shard_batch_size
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,7 +111,7 @@ WORKER = textwrap.dedent(
     import json, os, sys
     import numpy as np
     import ckptstore
-    from ckptstore.keras_io.preempt import PreemptContext
+    from ckptstore.core._preempt import PreemptContext
 
     out_path = sys.argv[1]
     from ckptstore.keras_io.keras_context import init

@@ -12,8 +12,9 @@ import keras
 import numpy as np
 import pytest
 
+from ckptstore.checkpointing import checksums as fast_crc
 from ckptstore.checkpointing import format as fmt
-from ckptstore.keras_io import fast_crc, keras_archive
+from ckptstore.keras_io import keras_archive
 from ckptstore.keras_io import snapshot as snapshot_lib
 
 

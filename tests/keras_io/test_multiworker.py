@@ -248,6 +248,9 @@ def _worker(workdir: str, epochs: int, tag: str) -> None:
             if self.first_epoch is None:
                 self.first_epoch = epoch
 
+        def on_epoch_end(self, epoch, logs=None):
+            self.epochs_here = getattr(self, "epochs_here", 0) + 1
+
     with det.core.init(
         storage=storage,
         registry=f"sqlite:///{os.path.join(workdir, 'reg.db')}",
@@ -279,7 +282,7 @@ def _worker(workdir: str, epochs: int, tag: str) -> None:
             "restored_weights": recorder.restored_weights,
             "restored_iterations": recorder.restored_iterations,
             "first_epoch": recorder.first_epoch,
-            "epochs_run": len(history.history.get("loss", [])),
+            "epochs_run": getattr(recorder, "epochs_here", 0),  # History spans a resume
             "loss": history.history.get("loss"),
             "last_checkpoint": cb.last_checkpoint,
             "iterations": int(model.optimizer.iterations.numpy()),

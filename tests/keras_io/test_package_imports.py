@@ -23,7 +23,9 @@ def test_import_does_not_load_tensorflow_or_keras():
         "import json, sys\n"
         "import ckptstore, ckptstore.storage_backends, ckptstore.registry, ckptstore.checkpointing\n"
         "import ckptstore.core, ckptstore.errors\n"
-        "from ckptstore.keras_io import trial_info, loaders\n"
+        "from ckptstore.core import _info as trial_info\n"
+        "from ckptstore.keras_io import loaders\n"
+        "import ckptstore.experiment, ckptstore.import_determined.layouts\n"
         "ckptstore.get_trial_info; ckptstore.get_cluster_info; ckptstore.load_checkpoint_model\n"
         "print(json.dumps(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules)))"
     )

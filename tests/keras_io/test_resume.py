@@ -63,6 +63,7 @@ def test_four_epochs_equal_two_plus_sigkill_plus_two(tmp_path):
     assert got["resumed"] is True
     assert got["epochs_run"] == 2  # epochs 3 and 4 only
     assert ref["epochs_run"] == 4
+    assert got["history_epochs"] == 4  # Keras's History carried over the kill
     assert_same_state(load_arrays(straight), load_arrays(resumed))
     for key in ("steps_completed", "iterations", "learning_rate"):
         assert got[key] == ref[key], key
@@ -115,13 +116,17 @@ def test_sigterm_preemption_saves_stops_and_resumes(tmp_path):
     with open(ckpt_dir / "callback_state.json") as f:
         state = json.load(f)
     assert state["epoch"] == 1 and state["epoch_complete"] is False
-    assert (ckpt_dir / "epoch_counter.txt").read_text() == "2"
+    assert state["data"]["batch"] == 3  # saved at the batch boundary: 3 batches of epoch 2 done
+    # saved before the interrupted epoch's end reached any callback: one epoch counted
+    assert (ckpt_dir / "epoch_counter.txt").read_text() == "1"
     with open(ckpt_dir / "metadata.json") as f:
         meta = json.load(f)
     assert meta["continue_id"] == 1 and meta["steps_completed"] == 7
 
     second = run_worker(tmp_path, "--epochs", "4", "--tag", "second")
     assert second["resumed"] is True
-    assert second["epochs_run"] == 3  # epoch 2 again (from its start), then 3 and 4
-    assert second["steps_completed"] == 7 + 12
+    # the rest of epoch 2 (from its 4th batch), then 3 and 4: no batch trained twice
+    assert second["epochs_run"] == 3
+    assert second["steps_completed"] == 16
+    assert second["counter"]["epochs"] == 4
     assert second["preempted"] is False

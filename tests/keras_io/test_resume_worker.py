@@ -16,10 +16,15 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import ckptstore as det  # noqa: E402
+from tests.keras_io.keras_under_test import (  # noqa: E402
+    KERAS_MAJOR,
+    keras,
+    optimizer_variables,
+    variable_path,
+)
 
 STEPS_PER_EPOCH = 4
 BATCH = 8
@@ -34,6 +39,10 @@ def data() -> tuple[np.ndarray, np.ndarray]:
 
 def build_model() -> keras.Model:
     keras.utils.set_random_seed(1)
+    if KERAS_MAJOR == 2:
+        # Keras 2's default Dropout draws from TF's legacy stateful ops, which have no state to
+        # save; its own switch to tf.random.Generator makes the RNG a checkpointed variable.
+        keras.backend.experimental.enable_tf_random_generator()
     model = keras.Sequential(
         [
             keras.Input((4,)),
@@ -82,6 +91,10 @@ class Killer(keras.callbacks.Callback):
         self.det_cb = det_cb
         self.kill_after_epoch = kill_after_epoch
         self.sigterm_at_step = sigterm_at_step
+        self.epochs_here = 0  # epoch ends in this process (History now spans the resume)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epochs_here += 1
 
     def on_train_batch_end(self, batch, logs=None):
         if self.sigterm_at_step is not None and self.det_cb.steps_completed == self.sigterm_at_step:
@@ -139,16 +152,19 @@ def main(argv: list[str] | None = None) -> int:
             verbose=0,
             callbacks=[det_cb, stop, plateau, counter, killer],
         )
-        arrays = {f"model/{v.path}": v.numpy() for v in model.variables}
-        arrays.update({f"optimizer/{v.path}": v.numpy() for v in model.optimizer.variables})
+        arrays = {f"model/{variable_path(v)}": v.numpy() for v in model.variables}
+        arrays.update(
+            {f"optimizer/{variable_path(v)}": v.numpy() for v in optimizer_variables(model)}
+        )
         np.savez(os.path.join(args.dir, f"{args.tag}.npz"), **arrays)
         summary = {
-            "epochs_run": len(history.history.get("loss", [])),
+            "epochs_run": killer.epochs_here,
+            "history_epochs": len(history.history.get("loss", [])),
             "steps_completed": det_cb.steps_completed,
             "resumed": det_cb.resumed,
             "last_checkpoint": det_cb.last_checkpoint,
             "iterations": int(model.optimizer.iterations.numpy()),
-            "learning_rate": float(model.optimizer.learning_rate.numpy()),
+            "learning_rate": float(keras.backend.get_value(model.optimizer.learning_rate)),
             "early_stopping": stop.get_state(),
             "plateau": plateau.get_state(),
             "counter": counter.get_state(),

@@ -149,3 +149,45 @@ def test_unreachable_postgres_error_is_clear_and_password_free(caplog):
     assert "server is running" in message
     assert SECRET not in caplog.text
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_v4_registry_with_trial_leases_upgrades_in_place(registry_url):
+    """A registry from before the Optuna queue (schema 4: a trial_leases table, no
+    trials.search_slot) is migrated on open, keeping its trials; slots then work."""
+    with Registry(registry_url) as reg:
+        exp = reg.create_experiment("old", config={})
+        old_trial = reg.create_trial(experiment_id=exp, hparams={"lr": 0.1})
+        with reg._db.engine.begin() as conn:  # back to what a version-4 registry looks like
+            conn.exec_driver_sql("DROP INDEX ux_trials_experiment_search_slot")
+            conn.exec_driver_sql("ALTER TABLE trials DROP COLUMN search_slot")
+            migrations._V4_TRIAL_LEASES.create(conn)
+            conn.exec_driver_sql(
+                "INSERT INTO trial_leases VALUES "
+                f"({old_trial}, 'host:1', '2026-01-01', '2026-01-01', '2026-01-01', NULL, 1)"
+            )
+            # (and without the later migrations' tables: the jobs table came with version 6)
+            conn.exec_driver_sql("DROP TABLE jobs")
+            conn.execute(schema.schema_version.delete().where(schema.schema_version.c.version >= 5))
+    with Registry(registry_url) as reg:
+        assert [v for v, _ in _applied(reg)] == [m.version for m in migrations.MIGRATIONS]
+        inspector = sa.inspect(reg._db.engine)
+        assert not inspector.has_table("trial_leases")
+        assert "search_slot" in {c["name"] for c in inspector.get_columns("trials")}
+        assert reg.get_trial(old_trial).hparams == {"lr": 0.1}
+        first = reg.ensure_slot_trial(exp, 0, lambda: {"lr": 0.2})
+        # the same slot gives the same trial; hparams are not asked for again
+        assert reg.ensure_slot_trial(exp, 0, lambda: pytest.fail("asked twice")) == first
+        assert reg.ensure_slot_trial(exp, 1, {"lr": 0.3}) not in (first, old_trial)
+        assert [t.id for t in reg.list_trials(exp)] == sorted([old_trial, first, first + 1])
+
+
+def test_slot_trial_rejects_bad_input(registry_url):
+    with Registry(registry_url) as reg:
+        exp = reg.create_experiment("e", config={})
+        with pytest.raises(errors.InvalidConfig, match="slot=-1"):
+            reg.ensure_slot_trial(exp, -1, {})
+        with pytest.raises(errors.InvalidConfig, match="Received: list"):
+            reg.ensure_slot_trial(exp, 0, lambda: [1])  # type: ignore[arg-type,return-value]
+        with pytest.raises(errors.ExperimentNotFound):
+            reg.ensure_slot_trial(exp + 100, 0, {})
+        assert reg.list_trials(exp) == []

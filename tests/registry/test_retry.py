@@ -93,3 +93,25 @@ def test_write_waits_out_a_real_sqlite_lock(tmp_path, monkeypatch):
         blocker.close()
         assert attempts, "the write never hit the lock"
         assert registry.get_checkpoint("u").state == "COMMITTED"
+
+
+def test_a_wait_on_a_locked_registry_is_logged(tmp_path, monkeypatch, caplog):
+    """Issue 15 item 5: a registry locked by another process made core.init wait ~75 s without
+    a log line. Now a wait longer than SLOW_CALL_LOG_S names the registry and the operation."""
+    import logging
+    import sqlite3
+    import threading
+
+    from ckptstore.registry import Registry, db
+
+    path = tmp_path / "r.db"
+    Registry(f"sqlite:///{path}").close()
+    monkeypatch.setattr(db, "SLOW_CALL_LOG_S", 0.3)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # another process's write lock
+    threading.Timer(1.5, other.rollback).start()
+    with caplog.at_level(logging.WARNING, logger="ckptstore"), Registry(f"sqlite:///{path}") as r:
+        r.ensure_trial(1)
+    other.close()
+    assert "Still waiting" in caplog.text and "ensure a trial" in caplog.text
+    assert str(path) in caplog.text

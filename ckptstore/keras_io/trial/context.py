@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
+import pathlib
+import random
 from collections.abc import Callable
 from typing import Any
 
 from ckptstore import errors
+from ckptstore.validators import int_at_least, optional_int_at_least
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +74,7 @@ class _SingleProcess:
 
 def _default_distributed() -> Any:
     try:
-        from ckptstore.checkpointing.distributed import DistributedContext
+        from ckptstore.checkpointing.distributed import ProcessGroup as DistributedContext
     except ImportError:
         return _SingleProcess()
     single = getattr(DistributedContext, "single", None)
@@ -122,6 +126,45 @@ class TFKerasExperimentalContext:
         return decorator
 
 
+def _draw(hp: Any, rng: random.Random) -> Any:
+    """One value of a :class:`~ckptstore.experiment.config.Hyperparameter`."""
+    if hp.type == "const":
+        return hp.val
+    if hp.type == "categorical":
+        return rng.choice(list(hp.vals))
+    if hp.type == "int":
+        return rng.randint(int(hp.minval), int(hp.maxval))
+    if hp.type == "log":
+        return float(hp.base ** rng.uniform(hp.minval, hp.maxval))
+    return rng.uniform(hp.minval, hp.maxval)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialEnv:
+    """``context.env``: what Determined's ``EnvContext`` told a trial about where it runs.
+
+    Fields a Keras trial reads keep Determined's names; the cluster-only ones (master URL,
+    agent, GPUs) are empty because there is no cluster.
+    """
+
+    experiment_config: dict[str, Any]
+    hparams: dict[str, Any]
+    det_trial_id: str
+    det_experiment_id: str
+    trial_seed: int
+    steps_completed: int = 0
+    latest_checkpoint: str | None = None
+    trial_run_id: int = 1
+    on_cluster: bool = False
+    debug: bool = False
+    use_gpu: bool = False
+    master_url: str = ""
+    det_agent_id: str = ""
+    det_cluster_id: str = ""
+    container_gpus: tuple[str, ...] = ()
+    slot_ids: tuple[int, ...] = ()
+
+
 class TFKerasTrialContext:
     """The runtime information of one trial, passed to ``TFKerasTrial.__init__``.
 
@@ -137,6 +180,7 @@ class TFKerasTrialContext:
         trial_id: the registry id of the trial, if any.
         experiment_id: the registry id of the experiment, if any.
         trial_seed: seed of this trial's random number generators.
+        core_context: the trial's core context (for :meth:`get_tensorboard_path`).
 
     Example::
 
@@ -156,7 +200,12 @@ class TFKerasTrialContext:
         trial_id: int | None = None,
         experiment_id: int | None = None,
         trial_seed: int = 0,
+        core_context: Any = None,
     ) -> None:
+        self._core = core_context
+        self._stop_requested = False
+        #: Batches trained when the trial (re)started; the controller sets it after a resume.
+        self.initial_batch = 0
         self._hparams = dict(hparams)
         self._config = dict(experiment_config or {})
         self.distributed = distributed if distributed is not None else _default_distributed()
@@ -167,6 +216,37 @@ class TFKerasTrialContext:
         self._fit: dict[str, Any] = dict(FIT_DEFAULTS)
         self.models: list[Any] = []
         self.optimizers: list[Any] = []
+        #: Determined's attributes: the last wrapped model; the rest are harness state that
+        #: ckptstore's controller keeps itself (left at Determined's initial values).
+        self.model: Any = None
+        self.compile_args: Any = None
+        self.train_config: Any = None
+        self.dataset_initialized = False
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> TFKerasTrialContext:
+        """A context for trying a trial class outside an experiment (Determined's debugging
+        helper): hyperparameters are drawn once from the config's ``hyperparameters`` (``const``
+        values as they are, ranges and categories at random, seeded by
+        ``reproducibility.experiment_seed``).
+
+        Example::
+
+            context = det.keras.TFKerasTrialContext.from_config(yaml.safe_load(open("const.yaml")))
+            model = MyTrial(context).build_model()
+        """
+        from ckptstore.experiment.config import nest_hparams, parse_hyperparameters
+
+        if not isinstance(config, dict):
+            raise errors.InvalidConfig(
+                f"from_config needs the experiment config as a dict. Received: {config!r}."
+            )
+        seed = (config.get("reproducibility") or {}).get("experiment_seed", 0)
+        rng = random.Random(seed)
+        flat = {
+            hp.name: _draw(hp, rng) for hp in parse_hyperparameters(config.get("hyperparameters"))
+        }
+        return cls(nest_hparams(flat), experiment_config=config)
 
     # ---- hyperparameters and config -----------------------------------------------------------
     def get_hparams(self) -> dict[str, Any]:
@@ -201,15 +281,53 @@ class TFKerasTrialContext:
     def get_trial_seed(self) -> int:
         return self.trial_seed
 
+    def get_initial_batch(self) -> int:
+        """Batches already trained when this run of the trial started (0 unless resumed)."""
+        return self.initial_batch
+
+    @property
+    def env(self) -> TrialEnv:
+        """Determined's ``context.env`` (experiment config, hparams, ids, seed, steps)."""
+        latest = None
+        if self._core is not None:
+            latest = getattr(self._core.info, "latest_checkpoint", None)
+        return TrialEnv(
+            experiment_config=self.get_experiment_config(),
+            hparams=self.get_hparams(),
+            det_trial_id=str(self.trial_id) if self.trial_id is not None else "",
+            det_experiment_id=str(self.experiment_id) if self.experiment_id is not None else "",
+            trial_seed=self.trial_seed,
+            steps_completed=self.initial_batch,
+            latest_checkpoint=latest,
+        )
+
+    def get_stop_requested(self) -> bool:
+        """Whether the trial asked to stop early (:meth:`set_stop_requested`)."""
+        return self._stop_requested
+
+    def set_stop_requested(self, stop_requested: bool) -> None:
+        """Ask the controller to stop this trial after the current batch, as Determined does:
+        it validates, checkpoints and ends the trial as completed early."""
+        if not isinstance(stop_requested, bool):
+            raise errors.InvalidConfig(
+                f"stop_requested must be a bool. Received: stop_requested={stop_requested!r}."
+            )
+        self._stop_requested = stop_requested
+
+    def get_tensorboard_path(self) -> pathlib.Path:
+        """The local folder for TensorBoard files that is synced to
+        ``<storage>/tensorboard/<trial id>/`` (``core_context.train.get_tensorboard_path()``)."""
+        if self._core is None:
+            raise errors.InvalidConfig(
+                "This TFKerasTrialContext has no core context; create it with "
+                "core_context=... (the trial controller does) to get a TensorBoard path."
+            )
+        return self._core.train.get_tensorboard_path()
+
     def get_global_batch_size(self) -> int:
         """The ``global_batch_size`` hyperparameter: records per batch across all workers."""
         value = self.get_hparam("global_batch_size")
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise errors.InvalidConfig(
-                f"Hyperparameter global_batch_size must be a positive integer. Received: "
-                f"global_batch_size={value!r}."
-            )
-        return value
+        return int_at_least("global_batch_size", value, 1, hint=" (a hyperparameter).")
 
     def get_per_slot_batch_size(self) -> int:
         """``global_batch_size`` divided by the number of workers (slots)."""
@@ -228,6 +346,7 @@ class TFKerasTrialContext:
     def wrap_model(self, model: Any) -> Any:
         """Register ``model`` (call before compiling it) and return it for use in its place."""
         self.models.append(model)
+        self.model = model
         return model
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
@@ -273,12 +392,7 @@ class TFKerasTrialContext:
         for key in ("workers", "max_queue_size"):
             value = given[key]
             low = 0 if key == "workers" else 1
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < low
-            ):
-                raise errors.InvalidConfig(
-                    f"configure_fit({key}=...) needs an integer >= {low}. Received: {key}={value!r}."
-                )
+            optional_int_at_least(key, value, low)
         vs = given["validation_steps"]
         if vs is not NOT_PROVIDED and vs is not None and (not isinstance(vs, int) or vs < 1):
             raise errors.InvalidConfig(
@@ -298,4 +412,4 @@ class TFKerasTrialContext:
         return dict(self._fit)
 
 
-__all__ = ["TFKerasExperimentalContext", "TFKerasTrialContext"]
+__all__ = ["TFKerasExperimentalContext", "TFKerasTrialContext", "TrialEnv"]

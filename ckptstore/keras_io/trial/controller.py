@@ -4,7 +4,11 @@ reports metrics to the registry and resumes exactly from the trial's latest chec
 Scheduling follows Determined: training runs in workloads of at most ``scheduling_unit``
 batches that end at every ``min_validation_period`` and ``min_checkpoint_period`` boundary; the
 trial always validates and checkpoints when it reaches ``searcher.max_length``, when a callback
-stops training, when the searcher prunes it, and (checkpoint only) when it is preempted.
+stops training, when the searcher prunes it, and (checkpoint only) when it is preempted. Under
+``adaptive_asha`` it also validates at every rung boundary
+(:meth:`~ckptstore.experiment.config.SearcherConfig.rung_lengths`) and asks the searcher there
+whether to go on, as Determined's master told its trials to, so a search prunes even when the
+config sets no ``min_validation_period``.
 
 A checkpoint holds ``model.keras`` (architecture, weights, full optimizer state),
 ``callback_state.json`` (callback states, RNG states, steps — see
@@ -32,9 +36,10 @@ import keras
 import numpy as np
 
 from ckptstore import errors
+from ckptstore.checkpointing.metrics import reported_value
+from ckptstore.experiment.config import ExperimentConfig, Length, parse_config
+from ckptstore.experiment.metrics import searcher_metric_value
 from ckptstore.keras_io import callback_state
-from ckptstore.keras_io.experiment.config import ExperimentConfig, parse_config
-from ckptstore.keras_io.experiment.metrics import searcher_metric_value
 from ckptstore.keras_io.trial import data as data_mod
 from ckptstore.keras_io.trial.context import TFKerasTrialContext
 from ckptstore.keras_io.trial.trial import TFKerasTrial
@@ -44,7 +49,7 @@ logger = logging.getLogger(__name__)
 MODEL_FILENAME = "model.keras"
 SEQUENCER_FILENAME = "workload_sequencer.json"
 
-#: Called after each validation with (batches_trained, searcher metric value); True prunes.
+#: Called at each rung with (rung length in the unit of max_length, searcher metric); True prunes.
 PruneHook = Callable[[int, float], bool]
 
 
@@ -86,8 +91,8 @@ class TrialController:
             hparams, preemption).
         config: the experiment config (an :class:`ExperimentConfig` or a raw dict).
         trial_seed: seed for Python, NumPy, TensorFlow and Keras random generators.
-        prune_hook: called after each validation with the searcher metric; True stops the trial
-            (adaptive search).
+        prune_hook: called at each ``adaptive_asha`` rung boundary with the rung's length (in the
+            unit of ``max_length``) and the searcher metric; True stops the trial.
 
     Example::
 
@@ -131,6 +136,7 @@ class TrialController:
             trial_id=info.trial.trial_id,
             experiment_id=info.trial.experiment_id,
             trial_seed=self.trial_seed,
+            core_context=self.core,
         )
         self.trial = self.trial_class(self.context)
         if type(self.trial).session_config is not TFKerasTrial.session_config:
@@ -165,6 +171,10 @@ class TrialController:
         self.val_data = self.trial.build_validation_data_loader()
         data_mod.evaluate_kwargs(self.val_data, self.batch_size)  # type check now, not later
         self.user_callbacks = list(self.trial.keras_callbacks() or [])
+        for cb in self.user_callbacks:  # det.keras.callbacks.TensorBoard syncs to our storage
+            bind = getattr(cb, "bind_core_context", None)
+            if callable(bind):
+                bind(self.core)
         self.callbacks = keras.callbacks.CallbackList(
             self.user_callbacks, add_history=False, add_progbar=False, model=self.model
         )
@@ -184,6 +194,12 @@ class TrialController:
             if cfg.min_checkpoint_period
             else None
         )
+        # rung boundary in batches -> the rung's length in the searcher's unit
+        self.rungs: dict[int, int] = {}
+        if cfg.searcher.name == "adaptive_asha" and cfg.searcher.max_length is not None:
+            unit = cfg.searcher.max_length.unit
+            for length in cfg.searcher.rung_lengths()[:-1]:
+                self.rungs[Length(unit, length).to_batches(self.gbs, rpe)] = length
         if cfg.records_per_epoch:
             self.batches_per_epoch: int | None = max(1, math.ceil(cfg.records_per_epoch / self.gbs))
         else:
@@ -225,6 +241,11 @@ class TrialController:
             same_trial = state is not None and state.continue_id == trial_id
             if same_trial:
                 self._load_weights(model_file, uuid)
+                if "data_position" in sequencer:
+                    self.train_data.restore(sequencer["data_position"])
+                    read_files = getattr(self.train_data, "read_files", None)
+                    if callable(read_files):
+                        read_files(os.fspath(path))
             else:  # warm start: weights only, fresh optimizer and schedule
                 logger.info(
                     "Warm-starting trial %s from checkpoint %s (weights only)", trial_id, uuid
@@ -235,11 +256,10 @@ class TrialController:
                 return
         assert state is not None
         self.batches_trained = int(state.steps_completed)
+        self.context.initial_batch = self.batches_trained
         self.last_validation_at = sequencer.get("last_validation_at")
         self.last_checkpoint_at = self.batches_trained
         self.last_validation = dict(sequencer.get("last_validation") or {})
-        if "data_position" in sequencer:
-            self.train_data.restore(sequencer["data_position"])
         for key, cb in callback_state.stateful_callbacks(self.user_callbacks).items():
             if key in state.callbacks:
                 cb.load_state(state.callbacks[key])
@@ -273,6 +293,8 @@ class TrialController:
             "continue_id": trial_id,
             "epoch": epochs,
             "framework": "ckptstore.keras.TFKerasTrial",
+            # how many workers trained it (Ray Train / TF_CONFIG workers; 1 when launched alone)
+            "distributed": {"size": self.context.distributed.get_size()},
             "metrics": {"validation_metrics": dict(self.last_validation)},
             "hparams": self.context.get_hparams(),
         }
@@ -300,10 +322,13 @@ class TrialController:
             callback_state.write_state(path, state)
             with open(os.path.join(path, SEQUENCER_FILENAME), "w", encoding="utf-8") as f:
                 json.dump(sequencer, f)
+            write_files = getattr(self.train_data, "write_files", None)
+            if callable(write_files):
+                write_files(os.fspath(path))
             for cb in self.user_callbacks:
                 hook = getattr(cb, "on_checkpoint_end", None)
                 if callable(hook):
-                    hook(path)
+                    hook(os.fspath(path))  # a str, as Determined passed checkpoint_dir
         self.last_checkpoint_at = self.batches_trained
         self.latest_checkpoint = uuid
         logger.info("Trial %s: checkpoint %s at batch %d", trial_id, uuid, self.batches_trained)
@@ -315,6 +340,9 @@ class TrialController:
         for period in (self.val_period, self.ckpt_period):
             if period:
                 end = min(end, (self.batches_trained // period + 1) * period)
+        ahead = [b for b in self.rungs if b > self.batches_trained]
+        if ahead:
+            end = min(end, min(ahead))
         return min(end, self.batches_trained + self.config.scheduling_unit)
 
     def _train_workload(self, n: int) -> dict[str, float]:
@@ -325,6 +353,7 @@ class TrialController:
                 hook(self.batches_trained, n, {})
         logs: list[dict[str, Any]] = []
         bpe = self.batches_per_epoch
+        end = self.batches_trained + n
         for _ in range(n):
             if bpe and self.batches_trained % bpe == 0:
                 self.callbacks.on_epoch_begin(self.batches_trained // bpe)
@@ -337,9 +366,14 @@ class TrialController:
             self.batches_trained += 1
             logs.append(batch_logs)
             self.callbacks.on_train_batch_end(step, batch_logs)
+            if self.context.get_stop_requested():  # Determined's context.set_stop_requested(True)
+                self.model.stop_training = True
             if bpe and self.batches_trained % bpe == 0:
                 self.callbacks.on_epoch_end(self.batches_trained // bpe - 1, {})
             if self.model.stop_training:
+                break
+            if self.batches_trained < end and self.core.preempt.should_preempt():
+                # react within one batch: the workload ends here and run() checkpoints
                 break
         metrics = _mean_logs(logs)
         for cb in self.user_callbacks:
@@ -373,7 +407,8 @@ class TrialController:
 
     def _searcher_value(self, metrics: dict[str, float]) -> float:
         metric = self.config.searcher.metric
-        value = searcher_metric_value(metrics, metric)
+        # A diverged run's NaN is reported as NaN (the searcher must see it), not as missing.
+        value = reported_value(metrics, metric)
         if value is None:
             raise errors.InvalidConfig(
                 f"searcher.metric {metric!r} is not among the validation metrics "
@@ -404,10 +439,12 @@ class TrialController:
                 n = self._next_boundary() - self.batches_trained
                 self._train_workload(n)
                 at_end = self.batches_trained >= self.max_batches or self.model.stop_training
-                if at_end or (self.val_period and self.batches_trained % self.val_period == 0):
+                rung = self.rungs.get(self.batches_trained)
+                periodic = self.val_period and self.batches_trained % self.val_period == 0
+                if at_end or periodic or rung is not None:
                     value = self._searcher_value(self._validate())
-                    if self.prune_hook is not None and not at_end:
-                        if self.prune_hook(self.batches_trained, value):
+                    if self.prune_hook is not None and rung is not None and not at_end:
+                        if self.prune_hook(rung, value):
                             status = "pruned"
                             break
                 if self.model.stop_training:

@@ -4,14 +4,17 @@
 :class:`TrainingData`: ``next_batch()`` gives ``(x, y, sample_weight)``, ``position()`` /
 ``restore(position)`` save and restore where in the data training is (pass and batch index), so a
 resumed trial continues at the next batch. NumPy arrays are shuffled per pass with a permutation
-seeded by (trial seed, pass) — the same on resume. ``tf.data.Dataset`` resumes by skipping the
-batches already seen in the current pass, which is exact for datasets whose order is
-deterministic. Validation data goes to ``model.evaluate`` as is (:func:`evaluate_kwargs`).
+seeded by (trial seed, pass) — the same on resume. A ``tf.data.Dataset`` of known length is read
+through one iterator over ``dataset.repeat()`` whose state (position, shuffle buffers and
+per-pass shuffle seeds) goes into the checkpoint with ``tf.train.Checkpoint``, so a resumed trial
+reads exactly the batches an uninterrupted one would; one of unknown length resumes by skipping
+the batches already seen in the current pass (exact for a deterministic order). Validation data goes to ``model.evaluate`` as is (:func:`evaluate_kwargs`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -162,13 +165,66 @@ class SequenceData(TrainingData):
 
 
 class DatasetData(TrainingData):
-    """A ``tf.data.Dataset`` of batches; resuming skips the batches already seen in this pass."""
+    """A ``tf.data.Dataset`` of batches: one checkpointable iterator over ``dataset.repeat()``
+    when its length is known; else resuming skips the batches already seen in this pass."""
+
+    #: Folder of the tf.data iterator checkpoint inside a trial checkpoint.
+    ITERATOR_DIRNAME = "data_iterator"
 
     def __init__(self, dataset: Any) -> None:
         super().__init__()
         self.dataset = dataset
         cardinality = int(dataset.cardinality())
         self.batches_per_pass = cardinality if cardinality > 0 else None
+        self._stream: Any = None
+
+    def next_batch(self) -> tuple[Any, Any, Any]:
+        if self.batches_per_pass is None:
+            return super().next_batch()
+        batch = next(self._open_stream())
+        self.batch_index += 1
+        if self.batch_index >= self.batches_per_pass:
+            self.pass_index += 1
+            self.batch_index = 0
+        return _as_triple(tuple(batch) if isinstance(batch, (tuple, list)) else batch)
+
+    def _open_stream(self, skip: int = 0) -> Any:
+        if self._stream is None:
+            repeated = self.dataset.repeat()
+            self._stream = iter(repeated.skip(skip) if skip else repeated)
+        return self._stream
+
+    def write_files(self, folder: str) -> None:
+        """Save the iterator's state into ``folder`` (part of the checkpoint)."""
+        if self.batches_per_pass is None:
+            return
+        import tensorflow as tf
+
+        path = os.path.join(folder, self.ITERATOR_DIRNAME, "iterator")
+        tf.train.Checkpoint(iterator=self._open_stream(self.batch_index)).write(path)
+
+    def read_files(self, folder: str) -> None:
+        """Restore the iterator saved by :meth:`write_files`; a checkpoint without one (older
+        versions) continues by skipping to the saved batch of the pass."""
+        if self.batches_per_pass is None:
+            return
+        import tensorflow as tf
+
+        self._stream = None
+        path = os.path.join(folder, self.ITERATOR_DIRNAME, "iterator")
+        if not os.path.exists(path + ".index"):
+            logger.warning(
+                "The checkpoint holds no tf.data iterator state: skipping to batch %d of the "
+                "pass (exact only if the dataset's order does not change between passes).",
+                self.batch_index,
+            )
+            self._open_stream(self.batch_index)
+            return
+        tf.train.Checkpoint(iterator=self._open_stream()).read(path).assert_consumed()
+
+    def close(self) -> None:
+        super().close()
+        self._stream = None
 
     def _open(self, pass_index: int, start: int) -> Iterator[Any]:
         ds = self.dataset.skip(start) if start else self.dataset

@@ -10,8 +10,10 @@ from typing import Any
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 from ckptstore import errors
+from ckptstore.validators import int_at_least
 
 
 class InMemorySequence(keras.utils.PyDataset):
@@ -35,11 +37,7 @@ class InMemorySequence(keras.utils.PyDataset):
 
     def __init__(self, data: Any, labels: Any, batch_size: int) -> None:
         super().__init__()
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise errors.InvalidConfig(
-                f"InMemorySequence needs a positive integer batch_size. Received: "
-                f"batch_size={batch_size!r}."
-            )
+        int_at_least("batch_size", batch_size, 1)
         self._data = data
         self._labels = np.asarray(labels)
         self._batch_size = batch_size
@@ -100,10 +98,7 @@ class SequenceAdapter:
                 f"__getitem__. Received: {type(sequence).__name__}."
             )
         for name, value, low in (("workers", workers, 0), ("max_queue_size", max_queue_size, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise errors.InvalidConfig(
-                    f"SequenceAdapter needs an integer {name} >= {low}. Received: {name}={value!r}."
-                )
+            int_at_least(name, value, low)
         self.sequence = sequence
         self.use_multiprocessing = bool(use_multiprocessing)
         self.workers = workers
@@ -169,4 +164,11 @@ def _slice(data: Any, sl: Any) -> Any:
     return np.asarray(data)[sl]
 
 
-__all__ = ["InMemorySequence", "SequenceAdapter"]
+#: Determined's ``det.keras.ArrayLike``: what ``SequenceAdapter`` / ``InMemorySequence`` accept.
+ArrayLike = np.ndarray | list[np.ndarray] | dict[str, np.ndarray]
+#: Determined's ``det.keras.InputData``: what ``build_training_data_loader()`` /
+#: ``build_validation_data_loader()`` may return (a Keras ``PyDataset``/``Sequence``, a
+#: ``tf.data.Dataset``, a :class:`SequenceAdapter`, or an ``(x, y[, sample_weight])`` tuple).
+InputData = keras.utils.PyDataset | tf.data.Dataset | SequenceAdapter | tuple
+
+__all__ = ["ArrayLike", "InMemorySequence", "InputData", "SequenceAdapter"]

@@ -1,0 +1,221 @@
+"""Incremental checkpoints (issue 19): what a checkpoint costs with ``dedup=True`` against the
+whole-file path of ckptstore and Keras's own ``ModelCheckpoint`` / ``BackupAndRestore``.
+
+Two scenarios, one run:
+
+- (a) fine-tuning: a frozen Dense backbone of ``--backbone-mb`` MB and a small trained head;
+- (b) full training: the same model with every layer trained (every tensor changes).
+
+For each, ``fit()`` runs ``--epochs`` epochs with a checkpoint every epoch through
+``DeterminedCallback`` (``export_saved_model="never"``) on the moto S3 emulator, with the
+whole-file path (format 1) and with ``dedup=True`` (format 2), and with Keras's savers on local
+disk. Printed per checkpoint after the first (the first stores everything): bytes uploaded
+(counted from the manifests: whole files, and blobs no earlier checkpoint stored, which a
+create-only upload skips), the bytes of the tensors that changed (trainable weights + optimizer state), the
+whole cost (``fit()`` + waiting for the last commit, minus the same ``fit()`` without
+checkpoints, divided by the number of checkpoints), and the time to restore the last
+checkpoint (download, verify, ``keras.models.load_model``). Ratios are against the whole-file
+path measured in the same run.
+
+    .venv/bin/python benchmarks/incremental.py --backbone-mb 64 --epochs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+MiB = 2**20
+WIDTH = 1024  # a Dense(1024, 1024) layer is 4 MiB of float32
+
+
+def build(backbone_mb: float, frozen: bool):  # type: ignore[no-untyped-def]
+    import keras
+
+    layers = max(1, round(backbone_mb * MiB / (WIDTH * WIDTH * 4)))
+    inputs = keras.Input((WIDTH,))
+    x = inputs
+    for i in range(layers):
+        dense = keras.layers.Dense(WIDTH, activation="relu", name=f"backbone_{i}")
+        dense.trainable = not frozen
+        x = dense(x)
+    outputs = keras.layers.Dense(10, name="head")(x)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(True))
+    return model
+
+
+def data(n: int = 256):  # type: ignore[no-untyped-def]
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return rng.random((n, WIDTH), dtype="float32"), rng.integers(0, 10, n)
+
+
+def changed_bytes(model) -> int:  # type: ignore[no-untyped-def]
+    """Bytes of the tensors one epoch changes: trainable weights and the optimizer's state."""
+    weights = sum(int(v.numpy().nbytes) for v in model.trainable_variables)
+    slots = sum(int(v.numpy().nbytes) for v in model.optimizer.variables)
+    return weights + slots
+
+
+def uploaded_per_checkpoint(storage) -> list[int]:  # type: ignore[no-untyped-def]
+    """Bytes each checkpoint sent, oldest first: its whole files, its manifest and the blobs
+    no earlier checkpoint had stored (create-only uploads skip those)."""
+    from ckptstore.checkpointing import format as fmt
+
+    seen: set[str] = set()
+    out = []
+    for record in fmt.scan_checkpoints(storage):
+        manifest = fmt.read_manifest(storage, record.uuid)
+        sent = len(fmt.dump_json(manifest))
+        for entry in manifest["files"].values():
+            if "blobs" not in entry:
+                sent += entry["size"]
+                continue
+            for chunk in entry["blobs"]:
+                if chunk["sha256"] not in seen:
+                    seen.add(chunk["sha256"])
+                    sent += chunk["size"]
+        out.append(sent)
+    return out
+
+
+def run_ckptstore(url: str, reg: str, dedup: bool, args, frozen: bool) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    import keras
+
+    import ckptstore as det
+    from ckptstore.checkpointing import format as fmt
+
+    x, y = data()
+    model = build(args.backbone_mb, frozen)
+    model.fit(x, y, epochs=1, verbose=0)  # warm-up and optimizer built
+    t0 = time.perf_counter()
+    model.fit(x, y, epochs=args.epochs, verbose=0)
+    plain = time.perf_counter() - t0
+    with det.core.init(storage=url, registry=reg, trial_id=1, preempt_signals=False) as ctx:
+        ctx.checkpoint.dedup = dedup
+        ctx.checkpoint.dedup_chunk_bytes = args.chunk_kb * 1024
+        callback = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        t0 = time.perf_counter()
+        model.fit(x, y, epochs=args.epochs, verbose=0, callbacks=[callback])
+        ctx.checkpoint.wait()
+        whole = time.perf_counter() - t0
+        store = ctx.checkpoint.storage
+        committed = fmt.list_committed(store)
+        sent = uploaded_per_checkpoint(store)
+        last = ctx.checkpoint.latest_checkpoint()
+        t0 = time.perf_counter()
+        with ctx.checkpoint.restore_path(last) as path:
+            keras.models.load_model(os.path.join(path, "model.keras"))
+        restore = time.perf_counter() - t0
+    return {
+        "checkpoints": len(committed),
+        # Steady state: every checkpoint after the first (the first stores everything).
+        "uploaded/ckpt": sum(sent[1:]) / max(1, len(sent) - 1),
+        "first": sent[0],
+        "cost/ckpt": (whole - plain) / len(committed),
+        "restore": restore,
+        "changed": changed_bytes(model),
+    }
+
+
+def run_keras(kind: str, work: str, args, frozen: bool) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    import keras
+
+    x, y = data()
+    model = build(args.backbone_mb, frozen)
+    model.fit(x, y, epochs=1, verbose=0)
+    t0 = time.perf_counter()
+    model.fit(x, y, epochs=args.epochs, verbose=0)
+    plain = time.perf_counter() - t0
+    folder = os.path.join(work, kind)
+    os.makedirs(folder)
+    if kind == "ModelCheckpoint":
+        cb = keras.callbacks.ModelCheckpoint(os.path.join(folder, "m{epoch}.keras"))
+    else:
+        cb = keras.callbacks.BackupAndRestore(folder, delete_checkpoint=False)
+    t0 = time.perf_counter()
+    model.fit(x, y, epochs=args.epochs, verbose=0, callbacks=[cb])
+    whole = time.perf_counter() - t0
+    written = sum(os.path.getsize(os.path.join(r, f)) for r, _d, fs in os.walk(folder) for f in fs)
+    t0 = time.perf_counter()
+    if kind == "ModelCheckpoint":
+        keras.models.load_model(os.path.join(folder, f"m{args.epochs}.keras"))
+    restore = time.perf_counter() - t0
+    per = written / args.epochs if kind == "ModelCheckpoint" else written
+    return {
+        "checkpoints": args.epochs,
+        "written/ckpt": per,
+        "cost/ckpt": (whole - plain) / args.epochs,
+        "restore": restore,
+    }
+
+
+def report(name: str, rows: dict[str, dict[str, float]]) -> None:
+    base = rows["ckptstore whole-file (S3)"]
+    print(f"\n## {name}  (changed tensors per checkpoint: {base['changed'] / MiB:.2f} MiB)")
+    print(
+        f"{'method':34s} {'MiB up/ckpt':>12s} {'x whole':>8s} {'x changed':>9s} "
+        f"{'cost s/ckpt':>11s} {'x whole':>8s} {'restore s':>9s}"
+    )
+    for method, r in rows.items():
+        up = r.get("uploaded/ckpt", r.get("written/ckpt", 0.0))
+        kind = "" if "uploaded/ckpt" in r else " (local, written)"
+        print(
+            f"{method + kind:34s} {up / MiB:12.2f} {up / base['uploaded/ckpt']:8.3f} "
+            f"{up / base['changed']:9.2f} {r['cost/ckpt']:11.3f} "
+            f"{r['cost/ckpt'] / base['cost/ckpt'] if base['cost/ckpt'] > 0 else float('nan'):8.2f} "
+            f"{r['restore']:9.2f}"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backbone-mb", type=float, default=64.0)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--chunk-kb", type=int, default=4096)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    from tests.servers.emulators import create_bucket, start_server
+
+    work = tempfile.mkdtemp(prefix="incremental-")
+    server = start_server("s3", os.path.join(work, "s3"))
+    try:
+        os.environ.update(server.env)
+        print(
+            f"backbone {args.backbone_mb:g} MB, {args.epochs} checkpoints per method, "
+            f"chunks of {args.chunk_kb} KiB"
+        )
+        for name, frozen in (
+            ("(a) frozen backbone, trained head", True),
+            ("(b) full training", False),
+        ):
+            rows: dict[str, dict[str, float]] = {}
+            tag = "a" if frozen else "b"
+            for label, dedup in (("whole-file", False), ("dedup", True)):
+                bucket = f"inc-{tag}-{label}"
+                create_bucket(server, bucket)
+                rows[f"ckptstore {label} (S3)"] = run_ckptstore(
+                    f"s3://{bucket}/ckpts", f"sqlite:///{work}/{bucket}.db", dedup, args, frozen
+                )
+            for kind in ("ModelCheckpoint", "BackupAndRestore"):
+                rows[f"Keras {kind}"] = run_keras(kind, os.path.join(work, tag), args, frozen)
+            report(name, rows)
+            sys.stdout.flush()
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

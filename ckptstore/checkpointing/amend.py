@@ -1,0 +1,116 @@
+"""Adding files to a checkpoint that is already committed (e.g. a SavedModel exported later).
+
+A committed checkpoint is immutable to readers: what its ``MANIFEST.json`` lists is what they
+download and verify. Adding files keeps the same UUID (model versions, registry rows and the
+user's notes keep pointing at it) and uses the manifest-rewrite protocol of partial deletes,
+in the other direction:
+
+1. read the manifest; the new paths must not be listed yet (:class:`CheckpointConflict`);
+2. remove unlisted leftovers under the new files' top-level names (an earlier attempt that
+   was cut short), then upload the new files. They are not in the manifest, so readers neither
+   download nor verify them: a crash here leaves the checkpoint exactly as it was;
+3. re-read the manifest; if it changed since step 1 (another writer), stop with
+   :class:`CheckpointConflict` (the files stay unlisted, the checkpoint unchanged);
+4. replace the manifest with one listing the old and new files (a single-object replace on
+   every backend: local files are renamed into place, object stores replace whole objects),
+   so a reader sees either the old checkpoint or the new one, never a mix;
+5. update the index row (resources); a crash before this leaves the index behind storage,
+   which ``ckptstore reindex`` repairs (storage is the source of truth).
+
+``metadata.json`` is never rewritten (its checksum is in the manifest; rewriting it and the
+manifest could not be one step). Two rewrites of one manifest at the same time (this and a
+partial delete) are not serialised beyond step 3's check: do not run them together.
+
+Example::
+
+    from ckptstore.checkpointing import amend
+    record = amend.add_files(storage, "0b7c...", "/tmp/export")  # adds /tmp/export/* files
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ckptstore import errors
+from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing.commit import PreparedFiles, record_committed
+from ckptstore.checkpointing.index import CheckpointIndex, CheckpointRecord
+
+if TYPE_CHECKING:
+    from ckptstore.storage_backends.base import Storage
+
+logger = logging.getLogger(__name__)
+
+
+def add_files(
+    storage: Storage,
+    uuid: str,
+    local_dir: str,
+    *,
+    index: CheckpointIndex | None = None,
+    storage_url: str | None = None,
+) -> CheckpointRecord:
+    """Add every file under ``local_dir`` to committed checkpoint ``uuid`` (same relative
+    paths); returns the checkpoint's new record. See the module docstring for the protocol.
+
+    Raises :class:`~ckptstore.errors.CheckpointConflict` when a path is already listed or the
+    manifest changed meanwhile, :class:`~ckptstore.errors.InvalidCheckpoint` when ``uuid`` is
+    not committed, :class:`~ckptstore.errors.InvalidConfig` for reserved names.
+    """
+    fmt.check_storage_id(uuid)
+    manifest = fmt.read_manifest(storage, uuid)  # raises InvalidCheckpoint if not committed
+    before = fmt.dump_json(manifest)
+    prepared = PreparedFiles(local_dir)
+    if prepared.has_reserved:
+        raise errors.InvalidConfig(
+            f"{local_dir!r} holds {sorted(fmt.RESERVED_NAMES)} names, which ckptstore writes "
+            "itself; add only your own files to a checkpoint."
+        )
+    if not prepared.entries:
+        raise errors.InvalidConfig(
+            f"{local_dir!r} holds no files to add to checkpoint {uuid}; pass a folder with files."
+        )
+    clash = sorted(set(prepared.entries) & set(manifest["files"]))
+    if clash:
+        raise errors.CheckpointConflict(
+            f"Checkpoint {uuid} already lists {clash[:5]}; files of a committed checkpoint are "
+            "never replaced. Delete them first (`ckptstore checkpoint delete UUID --glob ...`) "
+            f"to replace them. Received: {local_dir!r}"
+        )
+    _remove_unlisted(storage, uuid, manifest, prepared.entries)
+    prepared.upload_to(storage, uuid)
+    try:
+        now = fmt.dump_json(fmt.read_manifest(storage, uuid))
+    except errors.InvalidCheckpoint:
+        now = b""
+    if now != before:
+        raise errors.CheckpointConflict(
+            f"The manifest of checkpoint {uuid} changed while files were being added to it "
+            "(another delete or add ran at the same time); it was left as the other writer "
+            "made it. Run the command again."
+        )
+    files = dict(manifest["files"])
+    files.update(prepared.entries)
+    new_manifest = dict(manifest, files=dict(sorted(files.items())))
+    storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.dump_json(new_manifest))
+    logger.info("Added %d files to checkpoint %s in %s", len(prepared.entries), uuid, storage.url)
+    metadata = fmt.read_metadata(storage, uuid)
+    metadata.setdefault("uuid", uuid)
+    return record_committed(index, new_manifest, metadata, storage_url or storage.url)
+
+
+def _remove_unlisted(
+    storage: Storage, uuid: str, manifest: dict[str, Any], new: dict[str, Any]
+) -> None:
+    """Delete files under the new entries' top-level names that the manifest does not list
+    (left by an attempt cut short), so the folder holds exactly what the new manifest lists."""
+    tops = {rel.split("/", 1)[0] for rel in new}
+    listed = set(manifest["files"]) | fmt.RESERVED_NAMES
+    stale = sorted(
+        rel for rel in storage.list(uuid) if rel.split("/", 1)[0] in tops and rel not in listed
+    )
+    if stale:
+        logger.info("Removing %d unlisted leftover files from checkpoint %s", len(stale), uuid)
+        storage.delete(uuid, globs=[_glob.escape(r) for r in stale])

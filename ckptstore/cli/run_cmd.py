@@ -1,0 +1,93 @@
+"""``ckptstore run -- python3 train.py``: run a Determined script unchanged, outside experiments.
+
+The command after ``--`` runs with ``import determined`` resolving to ckptstore (only in that
+process and its children), a leading ``python``/``python3`` replaced by ckptstore's interpreter,
+the current folder on ``PYTHONPATH``, and the global ``--storage`` / ``--registry`` passed on as
+``CKPTSTORE_STORAGE`` / ``CKPTSTORE_REGISTRY`` (see :mod:`ckptstore.launch.process`).
+
+``--trial-id N`` makes the script a trial (``det.get_cluster_info()`` is not None, so Determined
+scripts resume from that trial's latest checkpoint when run again); ``--config FILE`` passes an
+experiment config's constant ``hyperparameters``, ``data`` and ``resources.slots_per_trial``.
+The command replaces this process: signals reach it directly and its exit status is
+``ckptstore run``'s.
+
+Example::
+
+    $ ckptstore --storage s3://bucket/ckpts run --trial-id 7 -- python3 train.py --epochs 5
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from ckptstore import errors
+
+
+@click.command(
+    "run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}
+)
+@click.option("--trial-id", type=int, default=None, help="Run as this trial (resumes it).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="Experiment config: its constant hyperparameters, data and resources.",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.pass_context
+def run(ctx: click.Context, trial_id: int | None, config_path: str | None, command: tuple) -> None:
+    """Run COMMAND with `import determined` resolving to ckptstore.
+
+    \b
+    Example:
+      ckptstore run -- python3 train.py --epochs 3
+      ckptstore --storage s3://b/ckpts run --trial-id 7 -- python3 -m determined.launch.tensorflow -- python3 train.py
+    """
+    from ckptstore.core import _info as trial_info
+    from ckptstore.launch.process import child_command, child_env
+    from ckptstore.launch.tensorflow import SLOTS_ENV
+
+    argv = list(command)
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        raise errors.InvalidConfig(
+            "ckptstore run needs a command. Received: nothing. Write "
+            "`ckptstore run -- python3 train.py`."
+        )
+    env = dict(os.environ)
+    state = ctx.obj
+    if getattr(state, "storage_url", None):
+        env[trial_info.STORAGE_ENV] = state.storage_url
+    if getattr(state, "registry_url", None):
+        env[trial_info.REGISTRY_ENV] = state.registry_url
+    if trial_id is not None:
+        env[trial_info.TRIAL_ID_ENV] = str(trial_id)
+    if config_path is not None:
+        from ckptstore.experiment.config import load_config
+
+        config = load_config(config_path)
+        ranged = [hp.name for hp in config.hyperparameters if hp.type != "const"]
+        if ranged:
+            raise errors.InvalidConfig(
+                f"ckptstore run --config takes constant hyperparameters. Received ranges for "
+                f"{', '.join(ranged)}. Search them with `ckptstore experiment create`."
+            )
+        env[trial_info.HPARAMS_ENV] = json.dumps(config.constant_hparams())
+        env[trial_info.DATA_CONFIG_ENV] = json.dumps(config.data)
+        env[SLOTS_ENV] = str(config.slots_per_trial)
+    env = child_env(env, extra_paths=[os.getcwd()], who="ckptstore run")
+    argv = child_command(argv, env)
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as exc:
+        raise errors.InvalidConfig(
+            f"Cannot run {argv[0]!r}: {exc.strerror}. Check the command after `--`."
+        ) from None
+
+
+__all__ = ["run"]

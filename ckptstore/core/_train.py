@@ -1,0 +1,211 @@
+"""Metrics reporting for a trial (Determined's ``core_context.train``).
+
+Only the chief writes to the registry; calls on other workers are accepted and ignored, as in
+Determined. Metric values may be Python numbers, NumPy scalars/arrays or TensorFlow tensors;
+they are converted to plain JSON (non-finite floats become ``None``, since PostgreSQL's JSON
+rejects NaN) without importing TensorFlow.
+
+Example::
+
+    with ckptstore.core.init() as core_context:
+        core_context.train.report_training_metrics(100, {"loss": 0.31})
+        core_context.train.report_validation_metrics(100, {"val_loss": 0.35})
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import pathlib
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ckptstore import errors
+from ckptstore.core._modes import TensorboardMode, check_mode
+from ckptstore.core._tensorboard import TensorboardSync
+from ckptstore.jsonsafe import to_json
+from ckptstore.validators import int_at_least
+
+if TYPE_CHECKING:
+    from ckptstore.registry import Registry
+    from ckptstore.storage_backends import Storage
+
+logger = logging.getLogger(__name__)
+
+TRAINING = "training"
+VALIDATION = "validation"
+
+
+class EarlyExitReason(enum.Enum):
+    """Why a trial stopped early (Determined's ``core.EarlyExitReason``)."""
+
+    INVALID_HP = "EXITED_REASON_INVALID_HP"
+    USER_REQUESTED_STOP = "EXITED_REASON_USER_REQUESTED_STOP"
+
+
+def to_jsonable(value: Any) -> Any:
+    """``value`` as plain JSON by the one JSON policy (:mod:`ckptstore.jsonsafe`): tensors and
+    NumPy values become Python numbers/lists, non-finite floats ``None``."""
+    return to_json(value, what="metrics")
+
+
+class TrainContext:
+    """Reports a trial's training and validation metrics to the registry.
+
+    Args:
+        registry: a :class:`ckptstore.registry.Registry` (or None: metrics are only logged).
+        trial_id: the trial the metrics belong to.
+        distributed: the trial's distributed context; only rank 0 writes.
+        experiment_id: the trial's experiment, for :meth:`get_experiment_best_validation`.
+
+    Example::
+
+        train = TrainContext(registry, trial_id=3, distributed=None)
+        train.report_validation_metrics(200, {"val_accuracy": 0.93})
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        trial_id: int,
+        distributed: Any = None,
+        *,
+        experiment_id: int | None = None,
+        searcher_metric: str | None = None,
+        smaller_is_better: bool = True,
+        storage: Storage | None = None,
+        tensorboard_mode: TensorboardMode | str = TensorboardMode.AUTO,
+    ) -> None:
+        self._registry = registry
+        self.trial_id = trial_id
+        self.experiment_id = experiment_id
+        self._distributed = distributed
+        self.searcher_metric = searcher_metric
+        self.smaller_is_better = smaller_is_better
+        self._storage = storage
+        self.tensorboard_mode = check_mode(TensorboardMode, tensorboard_mode, "tensorboard_mode")
+        self._tb_sync: TensorboardSync | None = None
+        #: The last status given to :meth:`set_status` (Determined shows it in its web UI).
+        self.status: str | None = None
+        #: The reason given to :meth:`report_early_exit`, if any.
+        self.early_exit: EarlyExitReason | None = None
+        self._validation_hooks: list[Callable[[int, Mapping[str, Any]], None]] = []
+
+    def add_validation_hook(self, hook: Callable[[int, Mapping[str, Any]], None]) -> None:
+        """Call ``hook(steps_completed, metrics)`` after each validation report on the chief
+        (``core_context.searcher`` judges ASHA rungs this way)."""
+        self._validation_hooks.append(hook)
+
+    @property
+    def _is_chief(self) -> bool:
+        return self._distributed is None or getattr(self._distributed, "rank", 0) == 0
+
+    def _report(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
+        if not isinstance(metrics, Mapping):
+            raise errors.InvalidConfig(
+                f"{group} metrics must be a dict of name -> value. "
+                f"Received: metrics={type(metrics).__name__}."
+            )
+        steps = int_at_least("steps_completed", steps_completed, 0)
+        if not self._is_chief:
+            return
+        clean = to_jsonable(dict(metrics))
+        logger.debug("trial %s %s metrics at step %d: %s", self.trial_id, group, steps, clean)
+        if self._registry is not None:
+            self._registry.report_metrics(self.trial_id, group, steps, clean)
+        if self.tensorboard_mode is TensorboardMode.AUTO and self._tb_sync is not None:
+            self.upload_tensorboard_files()
+
+    def set_status(self, status: str) -> None:
+        """Record what the trial is doing (``"training"``, ``"checkpointing"``...). Determined
+        showed it in its web UI; here it is kept in :attr:`status` and logged at debug level."""
+        if not isinstance(status, str):
+            raise errors.InvalidConfig(f"status must be a string. Received: status={status!r}.")
+        self.status = status
+        logger.debug("trial %s status: %s", self.trial_id, status)
+
+    def get_tensorboard_path(self) -> pathlib.Path:
+        """A local folder for TensorBoard event files; its new files are copied to
+        ``<storage>/tensorboard/<trial id>/`` by :meth:`upload_tensorboard_files` (and after
+        every metrics report with ``tensorboard_mode=AUTO``, the default)."""
+        if self._tb_sync is None:
+            if self._storage is None:
+                raise errors.InvalidConfig(
+                    "This TrainContext has no storage to upload TensorBoard files to; create it "
+                    "with ckptstore.core.init(storage=...)."
+                )
+            local = tempfile.mkdtemp(prefix=f"ckptstore-tb-{self.trial_id}-")
+            self._tb_sync = TensorboardSync(self._storage, local, self.trial_id)
+        return pathlib.Path(self._tb_sync.log_dir)
+
+    def upload_tensorboard_files(
+        self,
+        selector: Callable[[pathlib.Path], bool] = lambda _: True,
+        mangler: Callable[[pathlib.Path, int], pathlib.Path] = lambda p, __: p,
+    ) -> None:
+        """Upload new or changed files of :meth:`get_tensorboard_path` (those ``selector``
+        accepts) to ``<storage>/tensorboard/<trial id>/`` (chief only). ``mangler`` renamed
+        files per rank in Determined; only the chief uploads here, so names are kept."""
+        if not self._is_chief:
+            return
+        if self._tb_sync is None:
+            self.get_tensorboard_path()
+        assert self._tb_sync is not None
+        self._tb_sync.upload(selector)
+
+    def report_early_exit(self, reason: EarlyExitReason) -> None:
+        """Say why the trial stops early (chief only): logged and kept in :attr:`early_exit`."""
+        reason = check_mode(EarlyExitReason, reason, "reason")
+        if self._is_chief:
+            self.early_exit = reason
+            logger.info("trial %s exits early: %s", self.trial_id, reason.name)
+
+    def report_training_metrics(
+        self,
+        steps_completed: int,
+        metrics: Mapping[str, Any],
+        batch_metrics: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Record training metrics after ``steps_completed`` batches (chief only).
+        ``batch_metrics`` (per-batch values, Determined's profiler input) are not stored."""
+        self._report(TRAINING, steps_completed, metrics)
+
+    def report_validation_metrics(self, steps_completed: int, metrics: Mapping[str, Any]) -> None:
+        """Record validation metrics after ``steps_completed`` batches (chief only)."""
+        self.report_metrics(VALIDATION, steps_completed, metrics)
+
+    def report_metrics(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
+        """Record metrics under any group name (chief only)."""
+        self._report(group, steps_completed, metrics)
+        if group == VALIDATION and self._is_chief:
+            for hook in self._validation_hooks:
+                hook(int(steps_completed), metrics)
+
+    def report_progress(self, progress: float) -> None:
+        """Log training progress in [0, 1] (there is no web UI to send it to)."""
+        logger.info("trial %s progress %.1f%%", self.trial_id, 100.0 * float(progress))
+
+    def get_experiment_best_validation(self) -> float | None:
+        """Best value of the searcher metric over the experiment's validations so far, or None
+        (no experiment, no searcher metric, or no validation yet)."""
+        if self._registry is None or self.searcher_metric is None:
+            return None
+        trial_ids = [self.trial_id]
+        if self.experiment_id is not None:
+            trial_ids = [t.id for t in self._registry.list_trials(experiment_id=self.experiment_id)]
+        values: list[float] = []
+        for tid in trial_ids:
+            for row in self._registry.get_metrics(tid, group=VALIDATION):
+                value = (row.metrics or {}).get(self.searcher_metric)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    values.append(float(value))
+        if not values:
+            return None
+        return min(values) if self.smaller_is_better else max(values)
+
+    def __repr__(self) -> str:
+        return f"TrainContext(trial_id={self.trial_id})"
+
+
+__all__ = ["EarlyExitReason", "TrainContext", "to_jsonable"]

@@ -1,0 +1,721 @@
+"""The local experiment runner: ``create``, ``resume``, ``describe`` and ``list`` experiments.
+
+``create_experiment(config, model_dir)`` checks the config (nothing runs when it is bad),
+records the experiment in the registry, then runs its trials: one after another, or up to
+``searcher.max_concurrent_trials`` at once, each in its own process (a ``model_def:Class``
+entrypoint runs in :mod:`ckptstore.keras_io.trial.worker`, a script entrypoint such as
+``python3 train.py`` runs under ckptstore's interpreter with ``import determined`` resolving to
+ckptstore, see :mod:`ckptstore.launch.process`). Every trial gets its id, hyperparameters, storage and registry
+through the environment (:mod:`ckptstore.core._info`), and its checkpoints, metrics and
+GC go through the registry. Trials die with the runner (Linux ``PR_SET_PDEATHSIG``), so a killed
+runner leaves no orphans; ``resume_experiment(id)`` then continues every unfinished trial from
+its latest checkpoint and starts the trials still missing.
+
+Several runners, on one machine or many, can work on one search: one runs ``ckptstore
+experiment create CONFIG MODEL_DIR`` (or ``create --no-run``), every other runs ``ckptstore
+experiment join ID`` against the same registry (PostgreSQL across machines; the Optuna study
+lives in it too) and the same checkpoint storage. Which runner runs which trial is decided by
+the experiment's Optuna study (:mod:`ckptstore.experiment.optuna_queue`): runners take waiting
+trials from it, Optuna's heartbeats mark them as owned, and the trial of a runner that died is
+re-queued by Optuna and continued by another runner from its latest checkpoint. The last
+runner to finish marks the experiment COMPLETED, or ERROR when every trial failed.
+:func:`run_experiment` returns how the run ended (the state and, for each failed trial, the last
+lines of its output); ``ckptstore experiment create/resume`` exit non-zero unless the
+experiment COMPLETED with no trial in ERROR.
+
+Storage precedence: the ``storage`` argument, else the config's ``checkpoint_storage``, else
+``CKPTSTORE_STORAGE``, else the default local folder.
+
+Example::
+
+    from ckptstore.experiment import create_experiment, describe_experiment
+
+    exp_id = create_experiment("examples/mnist_tfkeras_trial/const.yaml",
+                               "examples/mnist_tfkeras_trial")
+    print(describe_experiment(exp_id)["best_trial"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ckptstore import defaults, errors
+from ckptstore.core import _info as trial_info
+from ckptstore.experiment.common import (
+    MODEL_DIR_ENV,
+    OPTUNA_TRIAL_ENV,
+    RUNNER_KEY,
+    die_with_parent,
+    experiment_config,
+)
+from ckptstore.experiment.config import ExperimentConfig, load_config, parse_config
+from ckptstore.experiment.metrics import searcher_metric_value
+from ckptstore.experiment.optuna_queue import Claim, TrialQueue, runner_name, runners
+from ckptstore.experiment.trial_logs import TrialLogs
+from ckptstore.launch.process import child_command, child_env
+from ckptstore.launch.tensorflow import SLOTS_ENV
+
+if TYPE_CHECKING:
+    from ckptstore.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+FINISHED = ("COMPLETED", "ERROR", "CANCELED")
+_POLL_S = 0.2
+#: How often a runner with room looks for trials to claim or create (and a waiting one polls).
+_SCAN_S = 2.0
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def _registry_url(registry: Registry | str | None) -> str:
+    """The registry's URL with its password (for child processes), from a URL, None or Registry."""
+    if registry is None:
+        return defaults.default_registry_url()
+    if isinstance(registry, str):
+        return registry
+    db = getattr(registry, "_db", None)
+    engine = getattr(db, "engine", None)
+    if engine is not None:
+        return engine.url.render_as_string(hide_password=False)
+    return str(registry.url)
+
+
+def _open_registry(registry: Registry | str | None) -> tuple[Any, bool]:
+    from ckptstore.registry import Registry
+
+    if isinstance(registry, Registry):
+        return registry, False
+    return Registry(_registry_url(registry)), True
+
+
+def _storage_spec(storage: Any, config: ExperimentConfig) -> str | dict[str, Any]:
+    if storage is not None:
+        spec = storage
+    elif config.checkpoint_storage is not None:
+        spec = config.checkpoint_storage
+    else:
+        spec = trial_info.storage_from_env() or defaults.default_storage_url()
+    if not isinstance(spec, (str, dict)):
+        url = getattr(spec, "url", None)
+        if not isinstance(url, str):
+            raise errors.InvalidConfig(
+                f"storage must be a URL or a checkpoint_storage dict. Received: {type(spec).__name__}."
+            )
+        spec = url
+    return spec
+
+
+def _check_storage(spec: str | dict[str, Any]) -> None:
+    """Open the storage once so a bad URL/dict fails before any trial starts."""
+    from ckptstore.storage_backends import open_storage, split_storage_config
+
+    if isinstance(spec, dict):
+        spec, _ = split_storage_config(dict(spec))
+    open_storage(spec).close()
+
+
+def _check_model_dir(config: ExperimentConfig, model_dir: Path) -> None:
+    if not model_dir.is_dir():
+        raise errors.InvalidConfig(
+            f"MODEL_DIR {str(model_dir)!r} is not a folder. Pass the folder holding your model "
+            "code, e.g. `ckptstore experiment create const.yaml .`."
+        )
+    if config.entrypoint.is_trial_class:
+        assert config.entrypoint.module
+        rel = config.entrypoint.module.replace(".", "/")
+        if not ((model_dir / f"{rel}.py").exists() or (model_dir / rel / "__init__.py").exists()):
+            raise errors.InvalidConfig(
+                f"Invalid experiment config at `entrypoint`: module {config.entrypoint.module!r} "
+                f"is not in {str(model_dir)!r} (no {rel}.py). Fix `entrypoint` or MODEL_DIR."
+            )
+
+
+def _final_metric(registry: Registry, trial_id: int, metric: str) -> float | None:
+    rows = registry.get_metrics(trial_id, "validation")
+    for row in reversed(rows):
+        value = searcher_metric_value(row.metrics, metric)
+        if value is not None:
+            return value
+    return None
+
+
+def _best_metric(registry: Registry, trial_id: int, metric: str, smaller: bool) -> float | None:
+    values = []
+    for row in registry.get_metrics(trial_id, "validation"):
+        value = searcher_metric_value(row.metrics, metric)
+        if value is not None and math.isfinite(value):
+            values.append(value)
+    if not values:
+        return None
+    return min(values) if smaller else max(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialFailure:
+    """A trial that ended in ERROR: its exit status (None if another runner ran it) and the
+    last lines of its output."""
+
+    trial_id: int
+    exit_status: int | None
+    log_tail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """How :func:`run_experiment` ended: the experiment's state and its failed trials."""
+
+    experiment_id: int
+    state: str
+    failed: list[TrialFailure]
+
+    @property
+    def ok(self) -> bool:
+        """True when the experiment COMPLETED with no trial in ERROR."""
+        return self.state == "COMPLETED" and not self.failed
+
+    def message(self) -> str:
+        """What went wrong, naming each failed trial with the last lines of its log."""
+        exp = self.experiment_id
+        if not self.failed:
+            return (
+                f"Experiment {exp} was interrupted and is {self.state}; continue it with "
+                f"`ckptstore experiment resume {exp}`."
+            )
+        lines = [f"Experiment {exp} ended {self.state} with {len(self.failed)} failed trial(s)."]
+        for failure in self.failed:
+            status = "" if failure.exit_status is None else f" (exit status {failure.exit_status})"
+            lines.append(f"Trial {failure.trial_id} ERROR{status}. Last lines of its log:")
+            lines += ["  | " + line for line in (failure.log_tail or "(no output)").splitlines()]
+        lines.append(f"Fix the trial's code or config; see `ckptstore experiment describe {exp}`.")
+        return "\n".join(lines)
+
+
+def searcher_env(config: ExperimentConfig) -> dict[str, str]:
+    """What ``core_context.searcher`` in a trial needs: the searcher's lengths and the plugin
+    that asks Optuna whether to go on at a rung (see :mod:`ckptstore.core._searcher`)."""
+    from ckptstore.core import _searcher
+
+    s = config.searcher
+    length = s.search_length()
+    env = {
+        _searcher.SEARCHER_ENV: json.dumps(
+            {
+                "name": s.name,
+                "metric": s.metric,
+                "unit": length[0] if length else None,
+                "rungs": s.rung_lengths(),
+            }
+        )
+    }
+    # (a TFKerasTrial's controller asks the pruner at its rungs itself)
+    if s.name == "adaptive_asha" and not config.entrypoint.is_trial_class:
+        env[_searcher.ORACLE_ENV] = "ckptstore.experiment.searcher:oracle_from_env"
+    return env
+
+
+# ---- the run loop -------------------------------------------------------------------------------
+class _Run:
+    """Runs (or continues) one experiment's trials until its queue is empty.
+
+    Several ``_Run`` s (processes, machines) may work on one experiment at once: each takes
+    trials from the experiment's Optuna queue (:class:`~.optuna_queue.TrialQueue`), and a runner
+    with nothing left to take waits while other runners' trials run, to continue any whose
+    runner dies (Optuna re-queues it after its heartbeat's grace period).
+    """
+
+    def __init__(
+        self,
+        experiment_id: int,
+        registry: Registry,
+        registry_url: str,
+        storage: Any,
+        model_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.experiment_id = experiment_id
+        self.registry = registry
+        self.registry_url = registry_url
+        exp = registry.get_experiment(experiment_id)
+        runner = dict((exp.config or {}).get(RUNNER_KEY) or {})
+        self.config = parse_config(experiment_config(registry, experiment_id))
+        if model_dir is not None:
+            folder = Path(model_dir).resolve()
+            _check_model_dir(self.config, folder)
+            self.model_dir = str(folder)
+        else:
+            self.model_dir = runner.get("model_dir") or os.getcwd()
+        if storage is not None:
+            self.storage = _storage_spec(storage, self.config)
+        elif runner.get("storage") is not None:
+            self.storage = runner["storage"]
+        else:
+            self.storage = _storage_spec(None, self.config)
+        self.queue = TrialQueue(self.config, experiment_id, registry, registry_url)
+        self.running: dict[int, tuple[subprocess.Popen, Claim]] = {}
+        self.logs = TrialLogs(self.storage, runner_name())
+        self.restarts: dict[int, int] = {}
+        self.failures: dict[int, TrialFailure] = {}
+        self._stop = False
+        self._next_scan = 0.0
+        self._waiting_logged = False
+
+    def final_metric(self, trial_id: int) -> float | None:
+        """The trial's last value of the searcher metric (what the study is told)."""
+        return _final_metric(self.registry, trial_id, self.config.searcher.metric)
+
+    def experiment_env(self) -> dict[str, str]:
+        """What this experiment's trial processes get on top of the environment they start in,
+        without the per-trial keys (the Ray engine adds it to each node's own environment,
+        then the trial's keys with :func:`~ckptstore.experiment.common.trial_env`)."""
+        env = self._env(0, {}, None)
+        for key in (trial_info.TRIAL_ID_ENV, trial_info.HPARAMS_ENV, OPTUNA_TRIAL_ENV):
+            env.pop(key, None)
+        return {k: v for k, v in env.items() if os.environ.get(k) != v}
+
+    def _env(self, trial_id: int, hparams: dict[str, Any], optuna_id: int | None) -> dict[str, str]:
+        env = dict(os.environ)
+        env[trial_info.TRIAL_ID_ENV] = str(trial_id)
+        env[trial_info.EXPERIMENT_ID_ENV] = str(self.experiment_id)
+        env[trial_info.HPARAMS_ENV] = json.dumps(hparams)
+        env[trial_info.DATA_CONFIG_ENV] = json.dumps(self.config.data)
+        env[trial_info.STORAGE_ENV] = (
+            self.storage if isinstance(self.storage, str) else json.dumps(self.storage)
+        )
+        env[trial_info.REGISTRY_ENV] = self.registry_url
+        env[MODEL_DIR_ENV] = str(self.model_dir)
+        if optuna_id is not None:
+            env[OPTUNA_TRIAL_ENV] = str(optuna_id)
+        else:
+            env.pop(OPTUNA_TRIAL_ENV, None)
+        env[SLOTS_ENV] = str(self.config.slots_per_trial)
+        env.update(searcher_env(self.config))
+        return child_env(env, extra_paths=[str(self.model_dir)], who="ckptstore experiment")
+
+    def _launch(self, claim: Claim) -> None:
+        trial_id, hparams = claim.trial_id, claim.hparams
+        optuna_id = claim.optuna_id if self.queue.searcher is not None else None
+        if self.config.entrypoint.is_trial_class:
+            cmd = [sys.executable, "-m", "ckptstore.keras_io.trial.worker"]
+        else:
+            cmd = child_command(self.config.entrypoint.command())
+        logger.info(
+            "Experiment %d: starting trial %d with %s", self.experiment_id, trial_id, hparams
+        )
+        self.registry.set_trial_state(trial_id, "ACTIVE")
+        proc = subprocess.Popen(
+            cmd,
+            cwd=self.model_dir,
+            env=self._env(trial_id, hparams, optuna_id),
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+            stdout=subprocess.PIPE,  # teed to our stdout and to <storage>/logs/<trial id>/
+            stderr=subprocess.STDOUT,
+        )
+        self.logs.follow(trial_id, proc)
+        self.running[trial_id] = (proc, claim)
+
+    def _finish(self, claim: Claim, rc: int) -> None:
+        """Record how the trial's process ended: restarted here, re-queued (this runner
+        stops), or finished and told to the study."""
+        trial_id = claim.trial_id
+        tail = self.logs.close(trial_id)
+        state = self.registry.get_trial(trial_id).state
+        if rc != 0 and not self._stop:
+            n = self.restarts.get(trial_id, 0)
+            if n < self.config.max_restarts:
+                self.restarts[trial_id] = n + 1
+                logger.warning(
+                    "Trial %d exited with %d; restart %d of %d",
+                    trial_id,
+                    rc,
+                    n + 1,
+                    self.config.max_restarts,
+                )
+                self._launch(claim)
+                return
+            self.registry.set_trial_state(trial_id, "ERROR")
+            self.failures[trial_id] = TrialFailure(trial_id, rc, tail)
+            logger.error("Trial %d failed (exit status %d)", trial_id, rc)
+            self.queue.tell(claim, None)
+            return
+        if rc == 0 and state == "ACTIVE" and not self.config.entrypoint.is_trial_class:
+            # A script asked to stop (SIGTERM) checkpoints and exits 0: it is not finished.
+            state = "PAUSED" if self._stop else "COMPLETED"
+            self.registry.set_trial_state(trial_id, state)
+        if state not in FINISHED:  # stopped by a signal: any runner continues it later
+            self.queue.requeue(claim)
+            logger.info(
+                "Experiment %d: trial %d handed back to the queue", self.experiment_id, trial_id
+            )
+            return
+        value = None
+        if state == "COMPLETED":
+            value = _final_metric(self.registry, trial_id, self.config.searcher.metric)
+        self.queue.tell(claim, value)
+        logger.info("Experiment %d: trial %d ended %s", self.experiment_id, trial_id, state)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        logger.warning("Received signal %d: asking trials to checkpoint and stop", signum)
+        self._stop = True
+        for proc, _ in self.running.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    def _fill(self) -> None:
+        """Take waiting trials from the queue while there is room (and re-queue the trials of
+        runners that stopped sending heartbeats, so this runner may take them)."""
+        if time.monotonic() < self._next_scan:
+            return
+        self._next_scan = time.monotonic() + _SCAN_S
+        self.queue.reap()
+        while not self._stop and len(self.running) < self.config.searcher.max_concurrent_trials:
+            claim = self.queue.pop()
+            if claim is None:
+                return
+            self._waiting_logged = False
+            self._launch(claim)
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run(self) -> RunOutcome:
+        self.queue.ensure_slots()
+        old_handlers = {}
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                old_handlers[sig] = signal.signal(sig, self._on_signal)
+        try:
+            while True:
+                if not self._stop:
+                    self._fill()
+                if not self.running:
+                    if self._stop or not self.queue.busy():
+                        break
+                    if not self._waiting_logged:
+                        logger.info(
+                            "Experiment %d: nothing left to start here; waiting while other "
+                            "runners work (to continue any trial whose runner dies)",
+                            self.experiment_id,
+                        )
+                        self._waiting_logged = True
+                    time.sleep(_SCAN_S)
+                    continue
+                time.sleep(_POLL_S)
+                for trial_id, (proc, claim) in list(self.running.items()):
+                    rc = proc.poll()
+                    if rc is not None:
+                        del self.running[trial_id]
+                        self._finish(claim, rc)
+                        self._next_scan = 0.0
+        finally:
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+            for proc, claim in self.running.values():
+                if proc.poll() is None:
+                    proc.terminate()
+                    proc.wait()
+                self.queue.requeue(claim)
+            self.logs.close_all()
+        return self.conclude(self._stop)
+
+    def conclude(self, stopped: bool) -> RunOutcome:
+        """Mark the experiment COMPLETED (ERROR when every trial failed) once every trial
+        finished, else PAUSED unless other runners still work on it; how the run ended."""
+        cfg = self.config
+        states = [t.state for t in self.registry.list_trials(self.experiment_id)]
+        done = len(states) >= cfg.searcher.max_trials and all(s in FINISHED for s in states)
+        if done:
+            final = "ERROR" if all(s == "ERROR" for s in states) else "COMPLETED"
+            self.registry.set_experiment_state(self.experiment_id, final)
+            logger.info("Experiment %d ended %s", self.experiment_id, final)
+        elif self.queue.busy() and not stopped:
+            logger.info("Experiment %d: this runner stops; other runners go on", self.experiment_id)
+        else:
+            self.registry.set_experiment_state(self.experiment_id, "PAUSED")
+            logger.info("Experiment %d paused", self.experiment_id)
+        return self._outcome()
+
+    def _outcome(self) -> RunOutcome:
+        trials = self.registry.list_trials(self.experiment_id)
+        failed = [
+            self.failures.get(t.id) or TrialFailure(t.id, None, "")
+            for t in trials
+            if t.state == "ERROR"
+        ]
+        state = self.registry.get_experiment(self.experiment_id).state
+        return RunOutcome(self.experiment_id, state, failed)
+
+
+def _check_engine(engine: str) -> None:
+    if engine not in ("local", "ray"):
+        raise errors.InvalidConfig(f"engine must be 'local' or 'ray'. Received: engine={engine!r}")
+
+
+def _start(run: _Run, engine: str, address: str | None) -> RunOutcome:
+    """Run the experiment on the chosen engine (the local runner by default)."""
+    if engine == "ray":
+        from ckptstore.experiment.ray_engine import run_on_ray
+
+        return run_on_ray(run, address)
+    return run.run()
+
+
+# ---- public API -----------------------------------------------------------------------------------
+def create_experiment(
+    config_path: str | os.PathLike[str] | dict[str, Any],
+    model_dir: str | os.PathLike[str],
+    *,
+    storage: Any = None,
+    registry: Registry | str | None = None,
+    run: bool = True,
+    engine: str = "local",
+    address: str | None = None,
+) -> int:
+    """Check a config, record the experiment, run its trials; returns the experiment id.
+
+    Args:
+        config_path: a YAML config file (or the config as a dict).
+        model_dir: the folder with the entrypoint's code (``model_def.py``, ``train.py``).
+        storage: checkpoint storage URL/dict; default: the config's ``checkpoint_storage``,
+            then ``CKPTSTORE_STORAGE``, then the default local folder.
+        registry: a ``Registry`` or URL; default ``CKPTSTORE_REGISTRY`` or the SQLite default.
+        run: False only records the experiment (run it with :func:`resume_experiment`).
+        engine: ``"local"`` (trials as processes here) or ``"ray"`` (trials as Ray Tune trials
+            on the cluster at ``address``; see :mod:`ckptstore.experiment.ray_engine`).
+        address: the Ray cluster (``host:port``); default ``RAY_ADDRESS`` or a local Ray.
+
+    Raises :class:`~ckptstore.errors.InvalidConfig` (bad config, missing entrypoint) or a storage
+    error before any trial starts.
+
+    Example::
+
+        exp_id = create_experiment("const.yaml", ".", storage="s3://bucket/ckpts")
+    """
+    _check_engine(engine)
+    config = (
+        parse_config(config_path) if isinstance(config_path, dict) else load_config(config_path)
+    )
+    folder = Path(model_dir).resolve()
+    _check_model_dir(config, folder)
+    if engine == "ray":
+        from ckptstore.experiment.ray_engine import check_config
+
+        check_config(config)
+    spec = _storage_spec(storage, config)
+    _check_storage(spec)
+    if config.ignored_keys:
+        logger.warning(
+            "Config keys that only apply on a Determined cluster are ignored here: %s",
+            ", ".join(config.ignored_keys),
+        )
+    reg, owned = _open_registry(registry)
+    try:
+        stored = dict(config.raw)
+        stored[RUNNER_KEY] = {
+            "model_dir": str(folder),
+            "storage": spec if isinstance(spec, str) else None,
+        }
+        exp_id = reg.create_experiment(
+            config.description or None, config=stored, description=config.description or None
+        )
+        logger.info(
+            "Created experiment %d (other machines sharing this registry and storage can join "
+            "the search with `ckptstore experiment join %d`)",
+            exp_id,
+            exp_id,
+        )
+        if run:
+            run_ = _Run(
+                exp_id, reg, _registry_url(registry), storage if storage is not None else None
+            )
+            _start(run_, engine, address)
+        return exp_id
+    finally:
+        if owned:
+            reg.close()
+
+
+def resume_experiment(
+    experiment_id: int,
+    *,
+    storage: Any = None,
+    registry: Registry | str | None = None,
+    model_dir: str | os.PathLike[str] | None = None,
+    engine: str = "local",
+    address: str | None = None,
+) -> int:
+    """Continue an experiment, or join it from another machine: every unfinished trial from
+    its latest checkpoint, then the trials the searcher still wants. Returns the experiment id.
+
+    Several runners may work on one experiment at once: run this (``ckptstore experiment
+    resume ID``) on every machine that shares the registry (PostgreSQL; a SQLite file works for
+    several runners on one machine) and the checkpoint storage. Runners take trials from the
+    experiment's Optuna queue (:mod:`ckptstore.experiment.optuna_queue`), so no trial runs twice
+    and exactly ``max_trials`` are created. A runner with nothing left to take waits while other
+    runners' trials run and continues those of a runner that dies, once Optuna sees its
+    heartbeat stale (``CKPTSTORE_HEARTBEAT_GRACE``, default 30 s; also after a kill on this
+    machine, since a heartbeat does not say where its runner ran).
+
+    Args:
+        experiment_id: the experiment to run.
+        storage: checkpoint storage; default: the one recorded at ``create``.
+        registry: a ``Registry`` or URL; default ``CKPTSTORE_REGISTRY`` or the SQLite default.
+        model_dir: the folder with the entrypoint's code on this machine; default: the folder
+            given at ``create``.
+        engine, address: as for :func:`create_experiment` (a driver lost mid-run: resume with
+            ``engine="ray"`` continues its trials once their heartbeat is stale).
+
+    Example::
+
+        resume_experiment(3)
+    """
+    run_experiment(
+        experiment_id,
+        storage=storage,
+        registry=registry,
+        model_dir=model_dir,
+        engine=engine,
+        address=address,
+    )
+    return experiment_id
+
+
+def run_experiment(
+    experiment_id: int,
+    *,
+    storage: Any = None,
+    registry: Registry | str | None = None,
+    model_dir: str | os.PathLike[str] | None = None,
+    engine: str = "local",
+    address: str | None = None,
+) -> RunOutcome:
+    """:func:`resume_experiment`, returning how the run ended: the experiment's state and each
+    failed trial with the last lines of its output (what ``ckptstore experiment create`` prints
+    before exiting non-zero).
+
+    Example::
+
+        outcome = run_experiment(3)
+        if not outcome.ok:
+            print(outcome.message())
+    """
+    reg, owned = _open_registry(registry)
+    try:
+        reg.get_experiment(experiment_id)  # ExperimentNotFound early
+        _check_engine(engine)
+        run = _Run(experiment_id, reg, _registry_url(registry), storage, model_dir)
+        reg.set_experiment_state(experiment_id, "ACTIVE")
+        return _start(run, engine, address)
+    finally:
+        if owned:
+            reg.close()
+
+
+def describe_experiment(
+    experiment_id: int, *, registry: Registry | str | None = None
+) -> dict[str, Any]:
+    """The experiment's trials (state, hparams, batches, best metric, checkpoints, the runner
+    that runs or ran each) and its best trial, metric and checkpoint by ``searcher.metric``, as
+    a JSON-able dict.
+
+    Example::
+
+        info = describe_experiment(3)
+        info["best_trial"], info["best_metric"], info["best_checkpoint"]
+    """
+    reg, owned = _open_registry(registry)
+    try:
+        exp = reg.get_experiment(experiment_id)
+        config = parse_config(experiment_config(reg, experiment_id))
+        metric, smaller = config.searcher.metric, config.searcher.smaller_is_better
+        trials = []
+        ran_by = runners(_registry_url(registry), experiment_id)
+        for t in reg.list_trials(experiment_id):
+            runner, active = ran_by.get(t.id, (None, False))
+            latest = reg.latest_checkpoint(t.id)
+            best_ckpt = reg.best_checkpoint(trial_id=t.id, metric=metric, smaller_is_better=smaller)
+            trials.append(
+                {
+                    "id": t.id,
+                    "state": t.state,
+                    "hparams": t.hparams,
+                    "batches_trained": latest.steps_completed if latest else 0,
+                    "best_metric": _best_metric(reg, t.id, metric, smaller),
+                    "latest_checkpoint": latest.uuid if latest else None,
+                    "best_checkpoint": best_ckpt.uuid if best_ckpt else None,
+                    # the runner (host:pid) running it now or that ran it last
+                    "runner": runner,
+                    "runner_active": active,
+                }
+            )
+        scored = [t for t in trials if t["best_metric"] is not None]
+        best = None
+        if scored:
+            best = (min if smaller else max)(scored, key=lambda t: t["best_metric"])
+        best_ckpt = reg.best_checkpoint(
+            experiment_id=experiment_id, metric=metric, smaller_is_better=smaller
+        )
+        return {
+            "id": exp.id,
+            "description": exp.description or "",
+            "state": exp.state,
+            "searcher": config.searcher.name,
+            "metric": metric,
+            "smaller_is_better": smaller,
+            "max_trials": config.searcher.max_trials,
+            "trials": trials,
+            "best_trial": best["id"] if best else None,
+            "best_metric": best["best_metric"] if best else None,
+            "best_checkpoint": best_ckpt.uuid if best_ckpt else None,
+        }
+    finally:
+        if owned:
+            reg.close()
+
+
+def list_experiments(*, registry: Registry | str | None = None) -> list[dict[str, Any]]:
+    """Every experiment: id, description, state, searcher and trial count.
+
+    Example::
+
+        for exp in list_experiments():
+            print(exp["id"], exp["state"])
+    """
+    reg, owned = _open_registry(registry)
+    try:
+        out = []
+        for exp in reg.list_experiments():
+            cfg = dict(exp.config or {})
+            out.append(
+                {
+                    "id": exp.id,
+                    "description": exp.description or "",
+                    "state": exp.state,
+                    "searcher": (cfg.get("searcher") or {}).get("name"),
+                    "trials": len(reg.list_trials(exp.id)),
+                    "created_at": exp.created_at.isoformat() if exp.created_at else None,
+                }
+            )
+        return out
+    finally:
+        if owned:
+            reg.close()
+
+
+__all__ = [
+    "RunOutcome",
+    "TrialFailure",
+    "create_experiment",
+    "describe_experiment",
+    "list_experiments",
+    "resume_experiment",
+    "run_experiment",
+]

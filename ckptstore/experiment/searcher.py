@@ -1,0 +1,312 @@
+"""Hyperparameter search on Optuna: samplers, pruners and where the study lives.
+
+Searchers map to Optuna as follows:
+
+- ``single``: no study; one trial with the constant hyperparameters.
+- ``random``: ``RandomSampler``; ``tpe`` (ckptstore extension): ``TPESampler``;
+  ``grid``: ``GridSampler`` over each hyperparameter's ``count`` points / ``vals``.
+- ``adaptive_asha``: ``RandomSampler`` with ``SuccessiveHalvingPruner`` (``mode: standard``) or
+  ``HyperbandPruner`` (``aggressive``/``conservative``); ``divisor`` is the reduction factor and
+  the rungs are Determined's (:meth:`SearcherConfig.rung_lengths`), in the unit of
+  ``max_length`` (or ``time_metric``). Trials validate at every rung (the TFKerasTrial
+  controller by itself, Core API scripts through ``core_context.searcher.operations()``), report
+  the searcher metric there and stop when pruned.
+
+Where the study is stored (:func:`optuna_storage_url`):
+
+- registry on PostgreSQL: the registry's own database, in a separate schema ``optuna`` (so
+  Optuna's tables never clash with the registry's). Several machines can then work on one
+  search: each runs ``ckptstore experiment resume ID`` against the same registry.
+- registry in a SQLite file ``reg.db``: a sibling file ``reg.optuna.db``.
+- anything else (in-memory SQLite): a file under ``<ckptstore home>/optuna/``.
+
+Random and TPE samplers are seeded with ``experiment seed + experiment id + trial number``
+for each new trial, so a search is reproducible and runners sharing a study (same seed) still
+propose different values. The study of experiment N is named ``ckptstore-experiment-N``. Optuna's trial has the user
+attribute ``ckptstore_trial_id`` linking it to the registry trial.
+
+Example::
+
+    searcher = Searcher(config, experiment_id=3, registry_url="sqlite:////tmp/reg.db")
+    hparams, optuna_id = searcher.ask()
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ckptstore import defaults, errors
+from ckptstore.experiment.config import ExperimentConfig, Hyperparameter, nest_hparams
+
+logger = logging.getLogger(__name__)
+
+TRIAL_ATTR = "ckptstore_trial_id"
+OPTUNA_SCHEMA = "optuna"
+_PRIMITIVE = (str, int, float, bool, type(None))
+
+
+def study_name(experiment_id: int) -> str:
+    return f"ckptstore-experiment-{experiment_id}"
+
+
+def optuna_storage_url(registry_url: str) -> tuple[str, dict[str, Any]]:
+    """``(url, engine_kwargs)`` of the Optuna storage that goes with a registry URL."""
+    url = registry_url
+    if url.startswith(("postgres://", "postgresql://", "postgresql+psycopg://")):
+        url = url.replace("postgres://", "postgresql://", 1)
+        if url.startswith("postgresql://"):
+            url = "postgresql+psycopg://" + url[len("postgresql://") :]
+        _ensure_pg_schema(url)
+        return url, {"connect_args": {"options": f"-csearch_path={OPTUNA_SCHEMA}"}}
+    path: Path | None = None
+    if url.startswith("sqlite:///"):
+        rest = url[len("sqlite:///") :]
+        if rest and rest != ":memory:":
+            path = Path(rest)
+    elif "://" not in url:
+        path = Path(url)
+    if path is not None:
+        target = path.with_name(path.stem + ".optuna.db")
+    else:
+        target = defaults.home() / "optuna" / "studies.db"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{target}", {"connect_args": {"timeout": 60}}
+
+
+def _ensure_pg_schema(url: str) -> None:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"CREATE SCHEMA IF NOT EXISTS {OPTUNA_SCHEMA}"))
+    except sa.exc.IntegrityError:
+        pass  # another process created it at the same moment
+    finally:
+        engine.dispose()
+
+
+def _storage(registry_url: str) -> Any:
+    import optuna
+
+    url, engine_kwargs = optuna_storage_url(registry_url)
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    except Exception as exc:  # noqa: BLE001 - reported with the fix
+        raise errors.RegistryError(
+            f"Could not open the Optuna study storage for this registry ({type(exc).__name__}). "
+            "Check that the registry database is reachable and writable."
+        ) from exc
+
+
+def _categorical_choices(hp: Hyperparameter) -> tuple[list[Any], bool]:
+    values = list(hp.vals if hp.type == "categorical" else hp.grid_values())
+    if all(isinstance(v, _PRIMITIVE) for v in values):
+        return values, False
+    return list(range(len(values))), True  # lists/dicts: choose an index
+
+
+def _grid_sampler_class() -> Any:
+    import optuna
+
+    class AskTellGridSampler(optuna.samplers.GridSampler):
+        """Optuna's grid sampler without its ``study.stop()`` once the grid is used up (that
+        only works inside ``study.optimize``); the runner stops at ``max_trials`` itself."""
+
+        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+            return None
+
+    return AskTellGridSampler
+
+
+def _AskTellGridSampler(space: dict[str, list[Any]], seed: int) -> Any:  # noqa: N802
+    return _grid_sampler_class()(space, seed=seed)
+
+
+class Searcher:
+    """Proposes hyperparameters for new trials and judges pruning, on an Optuna study.
+
+    Args:
+        config: the experiment config.
+        experiment_id: the registry id of the experiment (names the study).
+        registry_url: the registry's URL, with password (see :func:`optuna_storage_url`).
+        storage: the Optuna storage to open the study on; default: a plain ``RDBStorage`` at
+            :func:`optuna_storage_url` (the runner passes one with heartbeats, see
+            :mod:`ckptstore.experiment.optuna_queue`).
+    """
+
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        experiment_id: int,
+        registry_url: str,
+        storage: Any = None,
+    ) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.config = config
+        self.experiment_id = experiment_id
+        s = config.searcher
+        seed = config.experiment_seed + experiment_id
+        self._seed = seed
+        if s.name == "grid":
+            space = {
+                hp.name: _categorical_choices(hp)[0]
+                for hp in config.hyperparameters
+                if hp.type != "const"
+            }
+            sampler: Any = _AskTellGridSampler(space or {"_": [0]}, seed=seed)
+        elif s.name == "tpe":
+            sampler = optuna.samplers.TPESampler(seed=seed)
+        else:
+            sampler = optuna.samplers.RandomSampler(seed=seed)
+        for attempt in range(3):
+            try:
+                self.study = optuna.create_study(
+                    storage=storage if storage is not None else _storage(registry_url),
+                    study_name=study_name(experiment_id),
+                    sampler=sampler,
+                    pruner=self._pruner(),
+                    direction="minimize" if s.smaller_is_better else "maximize",
+                    load_if_exists=True,
+                )
+                break
+            except Exception:  # noqa: BLE001 - runners starting together race on Optuna's tables
+                if attempt == 2:
+                    raise
+                logger.info("Opening the Optuna study failed; retrying", exc_info=True)
+                time.sleep(1.0 + attempt)
+
+    def _pruner(self) -> Any:
+        import optuna
+
+        s = self.config.searcher
+        if s.name != "adaptive_asha":
+            return optuna.pruners.NopPruner()
+        rungs = s.rung_lengths()
+        if s.mode == "standard":
+            return optuna.pruners.SuccessiveHalvingPruner(
+                min_resource=rungs[0], reduction_factor=s.divisor
+            )
+        return optuna.pruners.HyperbandPruner(
+            min_resource=rungs[0], max_resource=rungs[-1], reduction_factor=s.divisor
+        )
+
+    def ask(self) -> tuple[dict[str, Any], int]:
+        """``(nested hparams, optuna trial id)`` for a new trial."""
+        trial = self.study.ask()
+        return self.suggest(trial), trial._trial_id
+
+    def suggest(self, trial: Any) -> dict[str, Any]:
+        """Nested hparams for an Optuna trial already started (asked, or popped from the
+        study's queue); a retried trial gets back the values it had."""
+        if self.config.searcher.name in ("random", "tpe", "adaptive_asha"):
+            # A sampler seeded by the trial number: runners sharing the study (same seed) then
+            # propose different values, and a search stays reproducible.
+            self.study.sampler = self._sampler_for(self._seed + trial.number)
+        return self._suggest(trial)
+
+    def _sampler_for(self, seed: int) -> Any:
+        import optuna
+
+        if self.config.searcher.name == "tpe":
+            return optuna.samplers.TPESampler(seed=seed)
+        return optuna.samplers.RandomSampler(seed=seed)
+
+    def _suggest(self, trial: Any) -> dict[str, Any]:
+        grid = self.config.searcher.name == "grid"
+        flat: dict[str, Any] = {}
+        for hp in self.config.hyperparameters:
+            if hp.type == "const":
+                flat[hp.name] = hp.val
+            elif hp.type == "categorical" or grid:
+                choices, by_index = _categorical_choices(hp)
+                picked = trial.suggest_categorical(hp.name, choices)
+                values = list(hp.vals if hp.type == "categorical" else hp.grid_values())
+                flat[hp.name] = values[picked] if by_index else picked
+            elif hp.type == "int":
+                flat[hp.name] = trial.suggest_int(hp.name, int(hp.minval), int(hp.maxval))
+            elif hp.type == "double":
+                flat[hp.name] = trial.suggest_float(hp.name, float(hp.minval), float(hp.maxval))
+            else:  # log: minval/maxval are exponents of base
+                low, high = hp.base ** float(hp.minval), hp.base ** float(hp.maxval)
+                flat[hp.name] = trial.suggest_float(hp.name, low, high, log=True)
+        return nest_hparams(flat)
+
+    def link(self, optuna_id: int, trial_id: int) -> None:
+        """Record which registry trial an Optuna trial belongs to."""
+        self.study._storage.set_trial_user_attr(optuna_id, TRIAL_ATTR, trial_id)
+
+    def optuna_ids(self) -> dict[int, int]:
+        """``{registry trial id: optuna trial id}`` for every linked Optuna trial."""
+        out = {}
+        for t in self.study.get_trials(deepcopy=False):
+            tid = t.user_attrs.get(TRIAL_ATTR)
+            if tid is not None:
+                out[int(tid)] = t._trial_id
+        return out
+
+    def is_finished(self, optuna_id: int) -> bool:
+        return self.study._storage.get_trial(optuna_id).state.is_finished()
+
+    def tell(self, optuna_id: int, value: float | None) -> None:
+        """Finish an Optuna trial with its final searcher metric (failed when None)."""
+        import optuna
+
+        if self.is_finished(optuna_id):
+            return
+        number = self.study._storage.get_trial(optuna_id).number
+        if value is None or not math.isfinite(value):
+            self.study.tell(number, state=optuna.trial.TrialState.FAIL)
+        else:
+            self.study.tell(number, value)
+
+    def should_prune(self, optuna_id: int, step: int, value: float) -> bool:
+        """Report an intermediate value at ``step`` (in the unit of ``max_length`` /
+        ``time_metric``); True when the pruner stops the trial (it is then told PRUNED)."""
+        import optuna
+
+        if self.config.searcher.name != "adaptive_asha":
+            return False
+        trial = optuna.trial.Trial(self.study, optuna_id)
+        trial.report(value, step)
+        if trial.should_prune():
+            number = self.study._storage.get_trial(optuna_id).number
+            self.study.tell(number, state=optuna.trial.TrialState.PRUNED)
+            return True
+        return False
+
+
+def oracle_from_env() -> Callable[[int, float], bool]:
+    """The pruning decision of the trial this process runs, for ``core_context.searcher``
+    (named in ``CKPTSTORE_SEARCHER_ORACLE`` by the runner): ``oracle(rung_length, metric)``
+    reports the metric to the experiment's Optuna study and returns True when the trial is
+    pruned. A trial without an Optuna id never stops early."""
+    from ckptstore.core import _info as trial_info
+    from ckptstore.experiment.common import OPTUNA_TRIAL_ENV, experiment_config
+    from ckptstore.experiment.config import parse_config
+    from ckptstore.registry import Registry
+
+    optuna_id = trial_info.parse_int_env(OPTUNA_TRIAL_ENV)
+    experiment_id = trial_info.parse_int_env(trial_info.EXPERIMENT_ID_ENV)
+    if optuna_id is None or experiment_id is None:
+        return lambda length, value: False
+    registry_url = os.environ.get(trial_info.REGISTRY_ENV) or defaults.default_registry_url()
+    with Registry(registry_url) as registry:
+        config = parse_config(experiment_config(registry, experiment_id))
+    searcher = Searcher(config, experiment_id, registry_url)
+
+    def oracle(length: int, value: float) -> bool:
+        return searcher.should_prune(optuna_id, length, value)
+
+    return oracle
+
+
+__all__ = ["Searcher", "optuna_storage_url", "oracle_from_env", "study_name"]

@@ -1,0 +1,86 @@
+"""Determined's ``determined.keras`` API on ckptstore: ``import ckptstore as det; det.keras...``.
+
+The public list of names; the code lives in :mod:`ckptstore.keras_io` (Keras integration) and
+:mod:`ckptstore.import_determined`. Importing this module imports Keras.
+
+Example::
+
+    import ckptstore as det
+
+    with det.core.init(storage="/tmp/ckpts", trial_id=1) as core_context:
+        det_cb = det.keras.DeterminedCallback(
+            core_context,
+            checkpoint=core_context.info.latest_checkpoint,
+            continue_id=core_context.info.trial.trial_id,
+        )
+        model.fit(x, y, epochs=5, validation_data=(vx, vy), callbacks=[det_cb])
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from ckptstore.import_determined.weights import load_determined_checkpoint
+from ckptstore.keras import callbacks
+from ckptstore.keras._load import load_model_from_checkpoint_path
+from ckptstore.keras_io.callback_state import get_rng_state, set_rng_state
+from ckptstore.keras_io.determined_callback import DeterminedCallback
+from ckptstore.keras_io.export import ExportPolicy, export_checkpoint
+from ckptstore.keras_io.keras2_format import register_keras3_importer
+from ckptstore.keras_io.keras_context import KerasContext, init
+from ckptstore.keras_io.loaders import load_checkpoint_model
+from ckptstore.keras_io.stateful_callbacks import Callback, EarlyStopping, ReduceLROnPlateau
+from ckptstore.keras_io.tensorboard import TensorBoard, TrialTensorBoard
+from ckptstore.keras_io.trial import (
+    InMemorySequence,
+    SequenceAdapter,
+    TFKerasExperimentalContext,
+    TFKerasTrial,
+    TFKerasTrialContext,
+)
+from ckptstore.keras_io.trial.sequences import ArrayLike, InputData
+
+
+class TFKerasTensorBoard(TrialTensorBoard):
+    """Determined's deprecated name for :class:`ckptstore.keras.callbacks.TensorBoard` (warns
+    with a ``FutureWarning``, as Determined 0.38 does)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        warnings.warn(
+            "det.keras.TFKerasTensorBoard is a deprecated name for "
+            "det.keras.callbacks.TensorBoard; use that name.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        super().__init__(*args, **kwargs)
+
+
+# Keras 2 checkpoints resumed under Keras 3 go through the migration code (a layer above keras_io).
+register_keras3_importer(load_determined_checkpoint)
+
+__all__ = [
+    "ArrayLike",
+    "Callback",
+    "DeterminedCallback",
+    "EarlyStopping",
+    "ExportPolicy",
+    "InMemorySequence",
+    "InputData",
+    "KerasContext",
+    "ReduceLROnPlateau",
+    "SequenceAdapter",
+    "TFKerasExperimentalContext",
+    "TFKerasTensorBoard",
+    "TFKerasTrial",
+    "TFKerasTrialContext",
+    "TensorBoard",
+    "callbacks",
+    "export_checkpoint",
+    "get_rng_state",
+    "init",
+    "load_checkpoint_model",
+    "load_determined_checkpoint",
+    "load_model_from_checkpoint_path",
+    "set_rng_state",
+]

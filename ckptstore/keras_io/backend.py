@@ -1,0 +1,120 @@
+"""Which Keras ckptstore runs on: the one ``tf.keras`` is — Keras 3 (``keras``) or Keras 2
+(``tf_keras``, when ``TF_USE_LEGACY_KERAS=1`` is set before TensorFlow is imported).
+
+This module is the one place that decides; every other module of :mod:`ckptstore.keras_io`
+imports ``keras`` from here (``from ckptstore.keras_io.backend import keras``), so class bases
+(``keras.callbacks.Callback``) and the save/load code follow the user's Keras without the user
+saying which. The choice is made once, at first import, with TensorFlow's own rule:
+
+- if ``tf.keras`` was already resolved (TensorFlow imported and ``tf.keras`` touched), that
+  module decides;
+- else ``TF_USE_LEGACY_KERAS`` in ``("1", "true", "True")`` — the test TensorFlow's lazy
+  ``tf.keras`` loader makes — means Keras 2.
+
+Mixing is refused, not guessed around: a model built with the other Keras raises
+:class:`~ckptstore.errors.KerasMismatch` from :func:`check_model`.
+
+Example::
+
+    from ckptstore.keras_io import backend
+
+    print(backend.KERAS_MAJOR, backend.keras.__name__)   # 2 tf_keras  /  3 keras
+    backend.check_model(model)                           # raises KerasMismatch on a mix-up
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+from ckptstore import errors
+
+logger = logging.getLogger(__name__)
+
+#: TensorFlow's switch for Keras 2 (``tf_keras``) behind ``tf.keras``.
+LEGACY_ENV = "TF_USE_LEGACY_KERAS"
+_TRUE = ("1", "true", "True")
+
+
+def legacy_keras_requested() -> bool:
+    """Whether ``tf.keras`` is (or will be) Keras 2, by TensorFlow's own rule."""
+    tf = sys.modules.get("tensorflow")
+    loader = getattr(tf, "__dict__", {}).get("keras") if tf is not None else None
+    if loader is not None and getattr(loader, "_tfll_initialized", False):
+        return getattr(loader, "_tfll_keras_version", None) == "tf_keras"
+    return os.environ.get(LEGACY_ENV) in _TRUE
+
+
+def _import_keras() -> tuple[ModuleType, int]:
+    if legacy_keras_requested():
+        try:
+            import tf_keras
+        except ImportError as exc:
+            raise errors.MissingDependency(
+                f"{LEGACY_ENV}=1 makes tf.keras Keras 2, which needs the tf_keras package. "
+                f"Received: {LEGACY_ENV}={os.environ.get(LEGACY_ENV)!r} without tf_keras. "
+                "Install it (`pip install tf_keras` matching your TensorFlow) or unset "
+                f"{LEGACY_ENV} to use Keras 3."
+            ) from exc
+        return tf_keras, 2
+    import keras
+
+    return keras, int(keras.__version__.split(".")[0])
+
+
+keras, KERAS_MAJOR = _import_keras()
+#: True when ckptstore runs on Keras 2 (``tf_keras``).
+IS_KERAS2 = KERAS_MAJOR == 2
+#: ``"keras-3.15.1"`` / ``"tf_keras-2.21.0"``: recorded in every checkpoint's ``metadata.json``.
+FRAMEWORK = f"{keras.__name__}-{keras.__version__}"
+#: The top-level package name of this Keras (``"keras"`` or ``"tf_keras"``).
+PACKAGE = keras.__name__.split(".")[0]
+_OTHER = "keras" if IS_KERAS2 else "tf_keras"
+
+
+def backend_name() -> str:
+    """The Keras backend (always ``"tensorflow"`` on Keras 2)."""
+    return "tensorflow" if IS_KERAS2 else keras.backend.backend()
+
+
+def keras_of(obj: Any) -> str | None:
+    """``"keras"`` or ``"tf_keras"``: the Keras package ``obj``'s class comes from, else None."""
+    for cls in type(obj).__mro__:
+        root = (cls.__module__ or "").split(".")[0]
+        if root in ("keras", "tf_keras"):
+            return root
+    return None
+
+
+def check_model(model: Any, *, what: str = "DeterminedCallback") -> None:
+    """Raise :class:`~ckptstore.errors.KerasMismatch` if ``model`` is from the other Keras."""
+    got = keras_of(model)
+    if got is None or got == PACKAGE:
+        return
+    raise errors.KerasMismatch(
+        f"{what} runs on {FRAMEWORK} (tf.keras is {'Keras 2' if IS_KERAS2 else 'Keras 3'}), "
+        f"but the model is a {got} model. Received: {type(model).__module__}."
+        f"{type(model).__qualname__}. Build the model with tf.keras (or "
+        f"{'tf_keras' if IS_KERAS2 else 'keras'}) in the same process, or "
+        + (
+            f"unset {LEGACY_ENV} before importing TensorFlow to use Keras 3."
+            if IS_KERAS2
+            else f"set {LEGACY_ENV}=1 before importing TensorFlow to use Keras 2."
+        )
+    )
+
+
+class CallbackBase(keras.callbacks.Callback):
+    """``keras.callbacks.Callback`` of the running Keras that refuses a model of the other one.
+
+    Keras 2's ``CallbackList`` calls ``set_model`` before anything else, so this is the first
+    place a mix-up can be seen; without the check it would surface later as an obscure
+    ``AttributeError`` inside Keras.
+    """
+
+    def set_model(self, model: Any) -> None:
+        check_model(model, what=type(self).__name__)
+        super().set_model(model)

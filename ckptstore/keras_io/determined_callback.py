@@ -1,0 +1,712 @@
+"""``DeterminedCallback``: checkpoints, exact resume, metrics and preemption for ``model.fit()``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any
+
+from ckptstore import errors
+from ckptstore.keras_io import backend, keras2_format, resumable_data
+from ckptstore.keras_io import callback_state as state_lib
+from ckptstore.keras_io import keras_callback_state as cb_arrays
+from ckptstore.keras_io import snapshot as snapshot_lib
+from ckptstore.keras_io.backend import keras
+from ckptstore.keras_io.checkpoint_writer import CheckpointWriter, SaveJob
+from ckptstore.keras_io.export import SAVED_MODEL_DIRNAME, CheckpointExports, ExportPolicy
+from ckptstore.keras_io.mwms_compat import apply_mwms_compat
+from ckptstore.validators import int_at_least
+
+logger = logging.getLogger(__name__)
+
+#: What Determined's save_model/load_model hooks get as ``path`` inside the checkpoint.
+USER_MODEL_NAME = "model_checkpoint"
+
+__all__ = ["SAVED_MODEL_DIRNAME", "USER_MODEL_NAME", "DeterminedCallback"]
+
+
+class DeterminedCallback(backend.CallbackBase):
+    """Adds checkpointing to any storage, exact pause/resume, metric reporting and preemption
+    to ``model.fit()``. Include it in the ``callbacks`` list.
+
+    Every checkpoint holds ``model.keras`` (architecture, weights and the full optimizer state),
+    ``callback_state.json`` (epoch, ``steps_completed``, ``continue_id``, the state of every
+    callback in the ``fit()`` list that has ``get_state``/``load_state``, RNG states) and
+    ``metadata.json`` (written by the checkpoint context: ``continue_id``, ``steps_completed``,
+    ``epoch``, ``metrics``). The final checkpoint also holds an inference SavedModel in
+    ``saved_model/`` (see ``export_saved_model``), exported from the checkpoint's own
+    ``model.keras`` by a worker process (:mod:`ckptstore.keras_io.export`) and verified before
+    the checkpoint commits. ``fit()`` never waits for an export: a checkpoint carrying one may
+    commit after ``fit()`` returned; :meth:`wait`, reading :attr:`last_checkpoint`, the next
+    ``fit()``, leaving ``with ckptstore.core.init(...)`` (``core_context.checkpoint.wait()``)
+    and interpreter exit wait for it.
+
+    Saving does not hold training up: the model state is snapshotted in memory (a cheap
+    copy-on-write read of every variable) and written and uploaded by a background thread.
+    A failed background save raises :class:`~ckptstore.errors.BackgroundUploadError` from
+    ``fit()`` at the next epoch end or at the end of training.
+
+    Resuming: if ``checkpoint`` was written with the same ``continue_id``, training continues
+    exactly where it stopped: weights, optimizer slots and ``iterations``, the epoch to start
+    from (``fit(initial_epoch=...)`` is overridden), ``steps_completed``, stateful callbacks and
+    RNG states. Otherwise the checkpoint only provides the starting weights (warm start: fresh
+    optimizer, epoch 0). The checkpoint resumed from is protected from checkpoint GC.
+
+    Preemption (SIGTERM/SIGINT through ``core_context.preempt``) is checked at batch ends and
+    epoch ends; training then saves at that batch boundary and stops. The resumed run continues
+    the interrupted epoch at its next unseen batch, in the same data order, with the epoch's
+    metric accumulators, RNG states and callbacks' states, bit-equal to an uninterrupted run
+    under ``enable_op_determinism`` (see :mod:`~ckptstore.keras_io.resumable_data` for the
+    inputs this covers; for a Python generator the interrupted epoch restarts, with a warning
+    at ``fit()`` start).
+
+    Under ``MultiWorkerMirroredStrategy`` only the chief (rank 0) writes checkpoints; every
+    worker restores from the same checkpoint. With several workers the callback also applies
+    :func:`~ckptstore.keras_io.mwms_compat.apply_mwms_compat` (Keras 3's ``fit()`` fails under
+    a multi-worker strategy without it), so create it before calling ``fit()``.
+
+    Do not combine with ``BackupAndRestore`` or ``ModelCheckpoint``.
+
+    Args:
+        core_context: the context from ``ckptstore.core.init()``.
+        checkpoint: UUID of the checkpoint to start from, or None. In a trial, usually
+            ``core_context.info.latest_checkpoint``.
+        continue_id: saved with every checkpoint; equal to the one in ``checkpoint`` means
+            "continue that training", different means "warm start". Usually the trial id.
+            Must be JSON-able (int or str).
+        checkpoint_epochs: save every N epochs; 0 saves only at the end of training and on
+            preemption. Default 1.
+        train_metrics_report_period: ``"epoch"`` or a number of batches between training
+            metric reports. Default ``"epoch"``.
+        export_saved_model: which checkpoints get ``saved_model/`` (``model.export()``):
+            ``"final"`` (default: the one at the end of training), ``"every"`` (``"all"`` is
+            accepted too), ``"best"`` (better ``val_loss``, else ``loss``, than every earlier
+            checkpoint of the run), ``"never"``, or an
+            :class:`~ckptstore.keras_io.export.ExportPolicy` (e.g. ``"best"`` by another
+            metric). A preemption's checkpoint never gets one. Exports run in a worker process
+            and are checked against the model's predictions before the commit.
+        preempt_check_period: check for preemption every N batches (and at every epoch end);
+            0 checks only at epoch ends. With several workers each check is a small collective
+            call. Default 1.
+
+    Example::
+
+        import ckptstore as det
+
+        with det.core.init(storage="s3://bucket/ckpts", trial_id=1) as core_context:
+            det_cb = det.keras.DeterminedCallback(
+                core_context,
+                checkpoint=core_context.info.latest_checkpoint,
+                continue_id=core_context.info.trial.trial_id,
+            )
+            model.fit(x, y, epochs=10, validation_data=(vx, vy), callbacks=[det_cb])
+    """
+
+    def __init__(
+        self,
+        core_context: Any,
+        checkpoint: str | None,
+        continue_id: int | str,
+        *,
+        checkpoint_epochs: int = 1,
+        train_metrics_report_period: int | str = "epoch",
+        export_saved_model: str | ExportPolicy = "final",
+        preempt_check_period: int = 1,
+    ) -> None:
+        super().__init__()
+        int_at_least("checkpoint_epochs", checkpoint_epochs, 0, hint=" (0 = save only at the end).")
+        if train_metrics_report_period != "epoch":
+            int_at_least(
+                "train_metrics_report_period",
+                train_metrics_report_period,
+                1,
+                hint=" Pass 'epoch' or a number of batches.",
+            )
+        exports = CheckpointExports(export_saved_model)
+        int_at_least(
+            "preempt_check_period", preempt_check_period, 0, hint=" (0 = epoch ends only)."
+        )
+        try:
+            self._continue_id_json = json.loads(json.dumps(continue_id))
+        except (TypeError, ValueError) as exc:
+            raise errors.InvalidConfig(
+                f"continue_id must be JSON-able (an int or str). Received: {continue_id!r}"
+            ) from exc
+        if checkpoint is not None and not isinstance(checkpoint, str):
+            raise errors.InvalidConfig(
+                f"checkpoint must be a checkpoint UUID string or None. Received: {checkpoint!r}"
+            )
+
+        self._core = core_context
+        self._checkpoint = checkpoint
+        self._continue_id = continue_id
+        self._checkpoint_epochs = checkpoint_epochs
+        self._report_period = train_metrics_report_period
+        self._exports = exports
+        self._preempt_period = preempt_check_period
+        self._is_chief = getattr(core_context.distributed, "rank", 0) == 0
+        if getattr(core_context.distributed, "size", 1) > 1:
+            # Keras 3's fit() fails under a multi-worker MultiWorkerMirroredStrategy without
+            # these fixes; they must be in place before fit() starts (see mwms_compat).
+            apply_mwms_compat()
+
+        self._writer: CheckpointWriter | None = None
+        self._layout: snapshot_lib.StateLayout | keras2_format.Keras2Layout | None = None
+        self._callbacks: list[Any] = []
+        self._pending_callback_states: dict[str, Any] | None = None
+        self._loaded = False
+        self._pending_save: dict[str, Any] | None = None
+
+        self._steps_completed = 0
+        self._last_reported_steps = 0
+        self._batch_begin = 0
+        self._batches_this_epoch = 0
+        self._epochs_completed = 0
+        self._saved_steps = 0
+        self._saved_in_fit = False
+        self._last_epoch_complete = True
+        self._last_save_final = False
+        self._preempted = False
+        self._data: resumable_data.ResumableData | None = None
+        self._data_seed = 0
+        self._resume_batch = 0
+        self._resume_metrics: list[Any] | None = None
+        self._boundary_pending = False
+        self._saved_mid_epoch = False
+
+        self._last_checkpoint: str | None = None
+        #: Seconds ``fit()`` was blocked by each save (snapshot + hand-over), chief only.
+        self.save_blocked_seconds: list[float] = []
+        #: Whether the last ``fit()`` resumed training state (same ``continue_id``).
+        self.resumed = False
+        self._epoch = 0
+        self._user_saved_dir: str | None = None
+
+    # ---- public helpers -----------------------------------------------------------------------
+    @property
+    def steps_completed(self) -> int:
+        """Batches trained so far, including those before a resume."""
+        return self._steps_completed
+
+    @property
+    def last_checkpoint(self) -> str | None:
+        """UUID of the newest checkpoint this callback committed (None before the first);
+        waits for checkpoints still being written (e.g. exported) after ``fit()`` returned."""
+        self._exports.wait()
+        return self._last_checkpoint
+
+    def wait(self) -> None:
+        """Block until every checkpoint handed to the background writer is committed."""
+        self._exports.wait()
+        if self._writer is not None:
+            self._writer.wait()
+
+    # ---- keras hooks --------------------------------------------------------------------------
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._callbacks = _fit_callbacks(self)
+        self._preempted = False
+        self._boundary_pending = False
+        self._saved_mid_epoch = False
+        self._resume_batch = 0
+        self._resume_metrics = None
+        self._data_seed = resumable_data.default_seed()
+        # Mid-epoch resume hooks into Keras 3's fit loop; Keras 2 restarts a cut epoch.
+        self._data = (
+            None
+            if backend.IS_KERAS2
+            else resumable_data.attach(
+                self.model,
+                seed=self._data_seed,
+                distributed_size=getattr(self._core.distributed, "size", 1),
+                on_boundary=self._at_batch_boundary,
+            )
+        )
+        self._last_save_final = False
+        self._saved_in_fit = False
+        self._last_epoch_complete = True
+        self._pending_save = None
+        self.resumed = False
+        self._ensure_optimizer_built()
+        if self._checkpoint is not None and not self._loaded:
+            self._load(self._checkpoint)
+            self._loaded = True
+        self._saved_steps = self._steps_completed  # nothing new to save yet
+        if self._is_chief:
+            if self._layout is None or self._layout.model is not self.model:
+                self._layout = keras2_format.layout_of(self.model)
+            if self._writer is None or self._writer.closed:
+                self._writer = CheckpointWriter(self._core.checkpoint)
+            if not backend.IS_KERAS2:  # the export worker is for Keras 3 checkpoints
+                self._exports.prestart()
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._epoch = epoch
+        if self._pending_save is not None:
+            pending, self._pending_save = self._pending_save, None
+            self._save(**pending)
+        self._set_status("training")
+        if self._pending_callback_states is not None:
+            self._apply_callback_states(self._pending_callback_states)
+            self._pending_callback_states = None
+        start, self._resume_batch = self._resume_batch, 0
+        if self._data is not None:
+            self._data.begin_epoch(epoch, start)
+        if self._resume_metrics is not None:
+            # fit() has just reset the metrics; the interrupted epoch's accumulators go back
+            spec = None if self._data is None else self._data.element_spec
+            resumable_data.restore_metrics(self.model, self._resume_metrics, spec)
+            self._resume_metrics = None
+        self._batches_this_epoch = start
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._batch_begin = batch
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        done = max(1, batch - self._batch_begin + 1)
+        self._steps_completed += done
+        self._batches_this_epoch += done
+        period = self._report_period
+        if (
+            self._is_chief
+            and isinstance(period, int)
+            and logs
+            and self._steps_completed // period > self._last_reported_steps // period
+        ):
+            self._report("training", self._epoch + 1, logs)
+            self._last_reported_steps = self._steps_completed
+        if (
+            self._preempt_period
+            and not self._preempted
+            and self._steps_completed % self._preempt_period == 0
+            and self._core.preempt.should_preempt()
+        ):
+            logger.info("Preemption requested: stopping after step %d", self._steps_completed)
+            self._preempted = True
+            self._boundary_pending = True  # saved once every callback has seen this batch
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self._writer is not None:
+            self._writer.check()
+        logs = dict(logs or {})
+        # An epoch cut by a preemption and saved at its batch boundary is reported by the run
+        # that finishes it; its partial logs (and the validation Keras still runs on the way
+        # out) would add a second, partial validation for the same epoch.
+        if self._is_chief and not self._saved_mid_epoch:
+            train = {k: v for k, v in logs.items() if not k.startswith("val_")}
+            val = {k: v for k, v in logs.items() if k.startswith("val_")}
+            if self._report_period == "epoch" and train:
+                self._report("training", epoch + 1, train)
+            if val:
+                self._report("validation", epoch + 1, val)
+            if (self.params or {}).get("epochs"):
+                self._core.train.report_progress((epoch + 1) / self.params["epochs"])
+        total_steps = (self.params or {}).get("steps")
+        if total_steps:
+            complete = self._batches_this_epoch >= total_steps
+        else:
+            complete = not self._preempted
+        self._last_epoch_complete = complete
+        self._epochs_completed = epoch + 1 if complete else epoch
+        if not self._preempted and self._core.preempt.should_preempt():
+            logger.info("Preemption requested: stopping after epoch %d", epoch + 1)
+            self._preempted = True
+            self.model.stop_training = True
+        last_epoch = self._epochs_completed >= (self.params or {}).get("epochs", sys.maxsize)
+        periodic = (
+            complete and self._checkpoint_epochs > 0 and (epoch + 1) % self._checkpoint_epochs == 0
+        )
+        if self._saved_mid_epoch:
+            return  # the interrupted epoch was saved at its batch boundary
+        if self._preempted or periodic or last_epoch:
+            # Saved at the next epoch begin (or train end), once every other callback's
+            # on_epoch_end has run: their state and any change they make (e.g. the learning rate
+            # ReduceLROnPlateau sets) belong to this checkpoint.
+            self._pending_save = {
+                "logs": logs,
+                "complete": complete,
+                "final": last_epoch and not self._preempted,
+            }
+
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._set_status("validating")
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        try:
+            if self._pending_save is not None:
+                pending, self._pending_save = self._pending_save, None
+                pending["final"] = not self._preempted
+                self._save(**pending)
+            trained = self._steps_completed > self._saved_steps
+            needs_final = (
+                not self._preempted
+                and self._exports.policy.mode == "final"
+                and self._saved_in_fit
+                and not self._last_save_final
+            )
+            if trained or needs_final:
+                self._save(
+                    dict(logs or {}), complete=self._last_epoch_complete, final=not self._preempted
+                )
+            if self._writer is not None and self._exports.submitted:
+                # fit() does not wait for SavedModel exports (see the class docstring).
+                writer, self._writer = self._writer, None
+                self._exports.detach(writer, self._core.checkpoint)
+            elif self._writer is not None:
+                self._writer.wait()
+            self._set_status("finishing")
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+                self._exports.close()
+            keras2_format.set_initial_epoch(self.model, None)
+
+    # ---- Determined's override hooks and reporting -----------------------------------------------
+    def save_model(self, model: keras.Model, path: str, distributed: Any) -> None:
+        """Save ``model`` to ``path`` (Determined's hook; subclass it to change how the model
+        is saved). Called on every worker when a subclass overrides it, with ``path`` =
+        ``<checkpoint>/model_checkpoint``; the chief's files go into the checkpoint.
+
+        The default writes ``<path>.weights.h5`` (Keras weights); the callback itself does not
+        need it: every checkpoint also holds ``model.keras`` with the optimizer state.
+        """
+        model.save_weights(_weights_file(path))
+
+    def load_model(self, model: keras.Model, path: str, distributed: Any) -> None:
+        """Load ``model`` from ``path`` (``<checkpoint>/model_checkpoint``; Determined's hook).
+        Called instead of the built-in restore of ``model.keras`` when a subclass overrides it.
+        The default reads what :meth:`save_model` wrote, else the checkpoint's ``model.keras``."""
+        weights = _weights_file(path)
+        if not os.path.exists(weights):
+            weights = os.path.join(os.path.dirname(path), snapshot_lib.MODEL_FILENAME)
+        model.load_weights(weights)
+
+    def _overrides(self, hook: str) -> bool:
+        return getattr(type(self), hook) is not getattr(DeterminedCallback, hook)
+
+    def _run_user_save_model(self) -> None:
+        """A subclass's save_model, in the training thread, on every worker (Keras's
+        multi-worker saving needs all of them); only the chief's files are kept."""
+        folder = tempfile.mkdtemp(prefix="ckptstore-user-save-")
+        try:
+            self.save_model(
+                self.model, os.path.join(folder, USER_MODEL_NAME), self._core.distributed
+            )
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        if self._is_chief:
+            self._user_saved_dir = folder
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _set_status(self, status: str) -> None:
+        if self._is_chief:
+            self._core.train.set_status(status)
+
+    def _report(self, group: str, epochs: int, logs: dict[str, Any]) -> None:
+        """Report ``logs`` as Determined does: without Keras's ``batch``/``size`` entries, with
+        ``epochs`` and ``batches``."""
+        metrics = {k: v for k, v in _floats(logs).items() if k not in ("batch", "size")}
+        metrics.setdefault("epochs", epochs)
+        metrics.setdefault("batches", self._steps_completed)
+        self._core.train.report_metrics(group, self._steps_completed, metrics)
+
+    # ---- saving -------------------------------------------------------------------------------
+    def _at_batch_boundary(self) -> None:
+        """Runs before any other callback's epoch end once a batch after a preemption request
+        is done: saves the middle of the epoch (an epoch that is complete anyway takes the
+        usual epoch-end path)."""
+        if not self._boundary_pending:
+            return
+        self._boundary_pending = False
+        if self._data is None or self._batches_this_epoch >= self._data.num_batches:
+            return
+        self._save({}, complete=False, final=False)
+        self._saved_mid_epoch = True
+
+    def _save(self, logs: dict[str, Any], *, complete: bool, final: bool) -> None:
+        self._saved_steps = self._steps_completed
+        self._saved_in_fit = True
+        self._last_save_final = final
+        self._set_status("checkpointing")
+        if self._overrides("save_model"):
+            self._run_user_save_model()
+        if not self._is_chief:
+            return
+        assert self._writer is not None and self._layout is not None
+        started = time.perf_counter()
+        snap = keras2_format.snapshot_of(self._layout)
+        saved_ids = {id(e.variable) for e in self._layout.entries if e.variable is not None}
+        callback_states, arrays = cb_arrays.split_arrays(
+            {
+                key: cb.get_state()
+                for key, cb in state_lib.stateful_callbacks(self._callbacks).items()
+                if cb is not self
+            }
+        )
+        state = state_lib.TrainingState(
+            epoch=self._epochs_completed,
+            steps_completed=self._steps_completed,
+            continue_id=self._continue_id_json,
+            epoch_complete=complete,
+            callbacks=callback_states,
+            rng={**state_lib.capture_rng(), **keras2_format.capture_layer_rng(self.model)},
+            extra_variables=state_lib.capture_extra_variables(self.model, saved_ids),
+            metrics_variables=(
+                None
+                if complete or self._data is None
+                else resumable_data.capture_metrics(self.model)
+            ),
+        )
+        # Keras 2: the export worker reads model.keras files, which Keras 2 checkpoints do not
+        # have; its SavedModel (model.save) is written below, in this thread.
+        export_hook = (
+            None
+            if backend.IS_KERAS2
+            else self._exports.hook(
+                final=final,
+                preempted=self._preempted,
+                metrics=_floats(logs),
+                config_json=self._layout.config_json,
+            )
+        )
+        files = {}
+        if arrays:
+            files[cb_arrays.ARRAYS_FILENAME] = cb_arrays.arrays_to_bytes(arrays)
+        extra_dir = self._user_saved_dir or tempfile.mkdtemp(prefix="ckptstore-extra-")
+        self._user_saved_dir = None
+        try:
+            if self._data is not None:
+                batches = 0 if complete else self._batches_this_epoch
+                state.data = self._data.snapshot(self._epochs_completed, batches, extra_dir)
+            files[state_lib.STATE_FILENAME] = state.to_json().encode()
+            keras2_export = (
+                backend.IS_KERAS2
+                and not self._preempted
+                and self._exports.policy.wants(final=final, metrics=_floats(logs))
+            )
+            if keras2_export:
+                keras2_format.export_saved_model(
+                    self.model, os.path.join(extra_dir, SAVED_MODEL_DIRNAME)
+                )
+            for cb in self._callbacks:
+                hook = getattr(cb, "on_checkpoint_end", None)
+                if cb is not self and callable(hook):
+                    hook(extra_dir)
+            metadata = {
+                "steps_completed": self._steps_completed,
+                "continue_id": self._continue_id_json,
+                "epoch": self._epochs_completed,
+                "metrics": _floats(logs),
+                "framework": backend.FRAMEWORK,
+                "keras_version": backend.keras.__version__,
+                "keras_backend": backend.backend_name(),
+                "final": final,
+                "saved_model": export_hook is not None or keras2_export,
+                **self._exports.policy.metadata(),
+                # how many workers trained it (TF_CONFIG / Ray Train workers; 1 alone)
+                "distributed": {"size": int(getattr(self._core.distributed, "size", 1))},
+            }
+            job = SaveJob(
+                snapshot=snap,
+                metadata=metadata,
+                files=files,
+                extra_dir=extra_dir,
+                on_done=self._on_committed,
+                before_commit=export_hook,
+            )
+            self._writer.submit(job)
+        except BaseException:
+            shutil.rmtree(extra_dir, ignore_errors=True)
+            raise
+        blocked = time.perf_counter() - started
+        self.save_blocked_seconds.append(blocked)
+        logger.debug("Checkpoint handed to the background writer in %.3f s", blocked)
+
+    def _on_committed(self, uuid: str) -> None:
+        self._last_checkpoint = uuid
+
+    # ---- loading ------------------------------------------------------------------------------
+    def _ensure_optimizer_built(self) -> None:
+        optimizer = getattr(self.model, "optimizer", None)
+        # Keras 2: legacy optimizers have no build() (TensorFlow restores their slots when the
+        # first step creates them); Keras 2.11+ optimizers keep the flag in ``_built``.
+        if optimizer is None or not hasattr(optimizer, "build"):
+            return
+        if getattr(optimizer, "built", None) or getattr(optimizer, "_built", False):
+            return
+        strategy = getattr(self.model, "distribute_strategy", None)
+        if strategy is not None:
+            with strategy.scope():
+                optimizer.build(self.model.trainable_variables)
+        else:
+            optimizer.build(self.model.trainable_variables)
+
+    def _load(self, uuid: str) -> None:
+        self._set_status("restoring")
+        with self._core.checkpoint.restore_path(uuid) as path:
+            path = os.fspath(path)
+            model_path = os.path.join(path, snapshot_lib.MODEL_FILENAME)
+            user_load = self._overrides("load_model")
+            keras2_weights = keras2_format.has_weights(path)
+            if not user_load and not keras2_weights and not os.path.exists(model_path):
+                raise errors.ResumeError(
+                    f"Checkpoint {uuid} has no {snapshot_lib.MODEL_FILENAME}; it was not written "
+                    "by DeterminedCallback. Pass checkpoint=None or a checkpoint that holds a "
+                    "Keras model."
+                )
+            state = state_lib.read_state(path)
+            continuing = state is not None and state.continue_id == self._continue_id_json
+            if user_load:  # a subclass's load_model decides what is restored, as in Determined
+                self.load_model(
+                    self.model, os.path.join(path, USER_MODEL_NAME), self._core.distributed
+                )
+            elif backend.IS_KERAS2 or (keras2_weights and not os.path.exists(model_path)):
+                keras2_format.load_into(self.model, path, with_optimizer=continuing)
+            else:
+                self._load_model_file(uuid, model_path, with_optimizer=continuing)
+            if continuing:
+                assert state is not None
+                arrays_path = os.path.join(path, cb_arrays.ARRAYS_FILENAME)
+                if os.path.exists(arrays_path):
+                    state.callbacks = cb_arrays.join_arrays(
+                        state.callbacks, cb_arrays.arrays_from_file(arrays_path)
+                    )
+                if state.data is not None and self._data is not None:
+                    self._resume_batch = self._data.restore(state.data, path)
+        protect = getattr(self._core.checkpoint, "protect", None)
+        if callable(protect):
+            protect(uuid)
+        if not continuing:
+            logger.info(
+                "Warm start from checkpoint %s (its continue_id %r differs from %r): weights "
+                "only, optimizer fresh, epoch 0.",
+                uuid,
+                None if state is None else state.continue_id,
+                self._continue_id_json,
+            )
+            return
+        assert state is not None
+        self.resumed = True
+        self._exports.resume_from(self._core.checkpoint, uuid)
+        self._steps_completed = int(state.steps_completed)
+        self._last_reported_steps = self._steps_completed
+        self._epochs_completed = int(state.epoch)
+        keras2_format.set_initial_epoch(self.model, int(state.epoch))
+        state_lib.restore_rng(state.rng)
+        keras2_format.restore_layer_rng(self.model, state.rng)
+        state_lib.restore_extra_variables(self.model, state.extra_variables)
+        self._pending_callback_states = dict(state.callbacks)
+        if not state.epoch_complete and self._resume_batch:
+            self._resume_metrics = state.metrics_variables
+            self._batches_this_epoch = self._resume_batch
+            logger.info(
+                "Checkpoint %s was saved after batch %d of epoch %d (preemption); that epoch "
+                "continues at its next batch.",
+                uuid,
+                self._resume_batch,
+                state.epoch + 1,
+            )
+        elif not state.epoch_complete:
+            self._resume_batch = 0
+            logger.warning(
+                "Checkpoint %s was saved in the middle of epoch %d (preemption); that epoch "
+                "restarts from its first batch.",
+                uuid,
+                state.epoch + 1,
+            )
+        logger.info(
+            "Resumed from checkpoint %s: epoch %d, steps_completed %d",
+            uuid,
+            state.epoch,
+            state.steps_completed,
+        )
+
+    def _load_model_file(self, uuid: str, model_path: str, *, with_optimizer: bool) -> None:
+        from keras.src.saving import saving_lib
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                if with_optimizer:
+                    self.model.load_weights(model_path)
+                else:
+                    skip = [self.model.optimizer] if self.model.optimizer is not None else None
+                    saving_lib.load_weights_only(self.model, model_path, objects_to_skip=skip)
+            except (ValueError, KeyError, OSError) as exc:
+                raise errors.ResumeError(
+                    f"Could not load checkpoint {uuid} into this model: {exc}. The model "
+                    "(layers, shapes) must be the one the checkpoint was saved from."
+                ) from exc
+        for w in caught:
+            text = str(w.message)
+            if "Skipping variable loading" in text or "mismatch" in text.lower():
+                raise errors.ResumeError(
+                    f"Checkpoint {uuid} could not be restored exactly: {text.strip()} Compile "
+                    "the model with the same optimizer it was saved with."
+                )
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+    def _apply_callback_states(self, states: dict[str, Any]) -> None:
+        targets = {
+            key: cb
+            for key, cb in state_lib.stateful_callbacks(self._callbacks).items()
+            if cb is not self
+        }
+        for key, value in states.items():
+            cb = targets.get(key)
+            if cb is None:
+                logger.warning(
+                    "Checkpoint has state for callback %r but fit() has no such callback; ignored.",
+                    key,
+                )
+                continue
+            cb.load_state(value)
+        missing = sorted(set(targets) - set(states))
+        if missing:
+            logger.warning("No saved state for callbacks %s; they start fresh.", missing)
+
+
+def _weights_file(path: str) -> str:
+    """Keras 3 saves weights only to ``*.weights.h5``; Determined's paths have no suffix."""
+    return path if path.endswith(".weights.h5") else path + ".weights.h5"
+
+
+def _floats(logs: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in logs.items():
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _fit_callbacks(me: Any) -> list[Any]:
+    """The callbacks of the running ``fit()``: found on the ``CallbackList`` calling ``me``.
+
+    Keras gives a callback no handle on its siblings; ``CallbackList.on_train_begin`` is the
+    caller, so its ``self`` is looked up a few frames up the stack.
+    """
+    CallbackList = backend.keras.callbacks.CallbackList  # noqa: N806 - a class
+
+    frame = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            break
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, CallbackList) and me in candidate.callbacks:
+            return list(candidate.callbacks)
+        frame = frame.f_back
+    logger.warning(
+        "Could not find the fit() callback list; other callbacks' state will not be saved."
+    )
+    return [me]

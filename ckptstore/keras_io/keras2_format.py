@@ -1,0 +1,416 @@
+"""The Keras 2 (``tf_keras``) checkpoint: what Determined wrote, saved off the training thread.
+
+A Keras 2 checkpoint written by ``DeterminedCallback`` holds
+
+- ``model_checkpoint.index`` / ``model_checkpoint.data-00000-of-00001`` (+ the ``checkpoint``
+  state file): the TensorFlow object-graph checkpoint ``model.save_weights(path /
+  "model_checkpoint")`` writes — layer weights *and* the optimizer's state (legacy optimizers'
+  slots and ``iter``, or a Keras 2.11+ optimizer's variables), exactly what Determined's docs load
+  with ``model.load_weights(path / "model_checkpoint")``;
+- ``model_config.json``: ``model.to_json()``, so :func:`load_model` can rebuild the model from any
+  checkpoint, not only the final one;
+- ``saved_model/`` (final checkpoint): ``model.save(..., save_format="tf")``, the SavedModel
+  ``tf.keras.models.load_model`` reads back for inference;
+- ``callback_state.json``, ``metadata.json`` and ``MANIFEST.json`` as for Keras 3.
+
+Saving keeps the Keras 3 path's shape: :func:`take_snapshot` runs TensorFlow's own checkpoint
+serialisation (the object graph and one tensor per variable) in the training thread, forcing
+every variable read now. A read of a resource variable shares its buffer and the next update of
+the variable copies it first (TensorFlow's copy-on-write), so this is a cheap point-in-time
+copy; :meth:`Keras2Snapshot.write_into` then writes the files with TensorFlow's saver from the
+writer thread, and the folder is handed to storage without another copy.
+
+Example::
+
+    layout = Keras2Layout.of(model)
+    snap = take_snapshot(layout)           # training thread, fast
+    snap.write_into("/tmp/ckpt")           # any thread: model_checkpoint.* + model_config.json
+    load_weights(model, "/tmp/ckpt", with_optimizer=True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ckptstore import errors
+
+logger = logging.getLogger(__name__)
+
+#: TF checkpoint prefix inside a checkpoint folder (Determined's name).
+WEIGHTS_PREFIX = "model_checkpoint"
+#: ``model.to_json()`` of the saved model.
+MODEL_CONFIG_FILENAME = "model_config.json"
+
+
+def has_weights(path: str) -> bool:
+    """Whether ``path`` holds a ``model_checkpoint`` TF checkpoint."""
+    return os.path.isfile(os.path.join(path, WEIGHTS_PREFIX + ".index"))
+
+
+@dataclasses.dataclass
+class _Var:
+    variable: Any
+
+
+@dataclasses.dataclass
+class Keras2Layout:
+    """What one model's checkpoints need that does not change between saves.
+
+    ``entries`` lists every variable the TF checkpoint holds (the callback skips them when it
+    records variables a checkpoint would otherwise miss).
+    """
+
+    model: Any
+    entries: list[_Var]
+    config_json: str | None
+
+    @classmethod
+    def of(cls, model: Any) -> Keras2Layout:
+        try:
+            config_json: str | None = model.to_json()
+        except (NotImplementedError, TypeError, ValueError) as exc:
+            # Subclassed models have no config: checkpoints still resume, and load by
+            # building the model in code + load_weights(); log why the file is missing.
+            logger.info("Model has no JSON config (%s); %s not written", exc, MODEL_CONFIG_FILENAME)
+            config_json = None
+        return cls(model=model, entries=[_Var(v) for v in model.variables], config_json=config_json)
+
+    def close(self) -> None:
+        """Nothing to release (the Keras 3 layout keeps an assets folder)."""
+
+
+@dataclasses.dataclass
+class Keras2Snapshot:
+    """Tensors of one point in training, ready for TensorFlow's saver."""
+
+    layout: Keras2Layout
+    serialized_tensors: Any
+    registered_savers: Any
+
+    @property
+    def nbytes(self) -> int:
+        total = 0
+        for tensors in self.serialized_tensors.values():
+            for value in _leaves(tensors):
+                size = getattr(getattr(value, "dtype", None), "size", 0)
+                total += int(size) * int(getattr(value, "shape", []).num_elements() or 0)
+        return total
+
+    def write_into(self, directory: str) -> dict[str, str]:
+        """Write ``model_checkpoint.*``, ``checkpoint`` and ``model_config.json`` into
+        ``directory``; returns checksums already known (none: the manifest computes them)."""
+        import tensorflow as tf
+        from tensorflow.python.checkpoint import functional_saver
+
+        prefix = os.path.join(directory, WEIGHTS_PREFIX)
+        saver = functional_saver.MultiDeviceSaver(self.serialized_tensors, self.registered_savers)
+        with tf.device("/cpu:0"):
+            saver.save(tf.constant(prefix))
+        tf.__internal__.train.update_checkpoint_state(
+            save_dir=directory,
+            model_checkpoint_path=WEIGHTS_PREFIX,
+            all_model_checkpoint_paths=[WEIGHTS_PREFIX],
+            save_relative_paths=True,
+        )
+        if self.layout.config_json is not None:
+            with open(os.path.join(directory, MODEL_CONFIG_FILENAME), "w", encoding="utf-8") as f:
+                f.write(self.layout.config_json)
+        self.serialized_tensors = None  # the values are on disk: let the tensors go
+        return {}
+
+
+def _leaves(tensors: Any) -> list[Any]:
+    if isinstance(tensors, Mapping):
+        return [leaf for value in tensors.values() for leaf in _leaves(value)]
+    return [tensors]
+
+
+def _force(value: Any) -> Any:
+    """Evaluate TensorFlow's lazy read (a ``SaveSpec`` callable) now, in this thread."""
+    from tensorflow.python.training.saving import saveable_object
+
+    if isinstance(value, Mapping):
+        return {k: _force(v) for k, v in value.items()}
+    if isinstance(value, saveable_object.SaveSpec):
+        return value.tensor
+    return value
+
+
+def take_snapshot(layout: Keras2Layout) -> Keras2Snapshot:
+    """Serialise ``layout.model`` (weights + optimizer) into tensors now; see the module doc."""
+    import tensorflow as tf
+    from tensorflow.python.checkpoint import graph_view, save_util
+    from tensorflow.python.trackable import base
+
+    serialized, _feed, registered, proto = save_util.serialize_graph_view(
+        graph_view.ObjectGraphView(layout.model)
+    )
+    from tensorflow.python.util import object_identity
+
+    forced = object_identity.ObjectIdentityDictionary()  # variables are not hashable
+    for trackable, tensors in serialized.items():
+        forced[trackable] = _force(tensors)
+    with tf.device("/cpu:0"):
+        graph_tensor = tf.constant(proto.SerializeToString(), dtype=tf.string)
+    forced.setdefault(None, {})[base.OBJECT_GRAPH_PROTO_KEY] = graph_tensor
+    return Keras2Snapshot(layout=layout, serialized_tensors=forced, registered_savers=registered)
+
+
+def _weights_only_root(model: Any) -> Any:
+    """A checkpoint root with the model's children except its optimizer (warm start)."""
+    import tensorflow as tf
+
+    children = {
+        name: child
+        for name, child in model._trackable_children(save_type="checkpoint").items()
+        if name != "optimizer" and not name.endswith("_function")
+    }
+    return tf.train.Checkpoint(**children)
+
+
+def _create_legacy_slots(model: Any) -> None:
+    """Create a legacy optimizer's slots now (zeros, as its first step would).
+
+    Otherwise TensorFlow restores them only when that first step creates them, reading the
+    checkpoint files then — after a downloaded checkpoint's temporary folder is gone.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    create = getattr(optimizer, "_create_all_weights", None)
+    if not callable(create) or not model.trainable_variables:
+        return
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is not None:
+        with strategy.scope():
+            create(model.trainable_variables)
+    else:
+        create(model.trainable_variables)
+
+
+def load_weights(model: Any, path: str, *, with_optimizer: bool) -> None:
+    """Restore ``path/model_checkpoint`` into ``model`` (and its optimizer if ``with_optimizer``).
+
+    A legacy optimizer's slots are created first, so everything is read before ``path`` may be
+    removed (a downloaded checkpoint). Raises
+    :class:`~ckptstore.errors.ResumeError` when the model does not match the checkpoint.
+    """
+    prefix = os.path.join(path, WEIGHTS_PREFIX)
+    try:
+        if with_optimizer:
+            _create_legacy_slots(model)
+            status = model.load_weights(prefix)
+        else:
+            status = _weights_only_root(model).read(prefix)
+            status.expect_partial()
+        status.assert_existing_objects_matched()
+    except (AssertionError, ValueError, KeyError, OSError) as exc:
+        raise errors.ResumeError(
+            f"Could not load {prefix} into this model: {exc}. The model (layers, shapes) must "
+            "be the one the checkpoint was saved from."
+        ) from exc
+
+
+def export_saved_model(model: Any, path: str) -> None:
+    """The inference SavedModel of a Keras 2 model (``model.save(..., save_format="tf")``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save(path, save_format="tf", include_optimizer=False)
+
+
+class _StartAt:
+    """What Keras 2's ``fit()`` asks for its first epoch (the hook ``BackupAndRestore`` uses)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def maybe_load_initial_counters_from_ckpt(
+        self, steps_per_epoch: Any, initial_epoch: int, mode: Any = None
+    ) -> tuple[int, int]:
+        return self.epoch, 0
+
+    def maybe_load_initial_epoch_from_ckpt(self, initial_epoch: int, mode: Any = None) -> int:
+        return self.epoch
+
+
+# ---- layer RNGs: Keras 2 keeps them out of its checkpoints ------------------------------------
+#: Key of the layers' generator states in ``callback_state.json``'s ``rng``.
+LAYER_RNG_KEY = "tf_keras_layer_generators"
+
+
+def _random_layers(model: Any) -> list[Any]:
+    flatten = getattr(model, "_flatten_layers", None)
+    layers = list(flatten(include_self=False, recursive=True)) if flatten else []
+    return [layer for layer in layers if getattr(layer, "_random_generator", None) is not None]
+
+
+def capture_layer_rng(model: Any) -> dict[str, Any]:
+    """The ``tf.random.Generator`` states of Keras 2 layers (``Dropout``, noise layers...).
+
+    Keras 2 leaves them out of ``save_weights`` on purpose; without them a resumed run draws
+    different dropout masks. Layers on Keras 2's default legacy stateful RNG have no state to
+    save (see :func:`legacy_rng_layers`). Empty on Keras 3 (its seed generators are variables).
+    """
+    from ckptstore.keras_io import backend
+
+    if not backend.IS_KERAS2:
+        return {}
+    states = []
+    for layer in _random_layers(model):
+        generator = getattr(layer._random_generator, "_generator", None)
+        states.append(None if generator is None else generator.state.numpy().tolist())
+    return {LAYER_RNG_KEY: states} if any(s is not None for s in states) else {}
+
+
+def restore_layer_rng(model: Any, rng: Mapping[str, Any]) -> None:
+    """Put back what :func:`capture_layer_rng` recorded, layer by layer in model order."""
+    import numpy as np
+
+    states = rng.get(LAYER_RNG_KEY)
+    if not states:
+        return
+    layers = _random_layers(model)
+    if len(layers) != len(states):
+        logger.warning(
+            "Checkpoint has RNG state for %d random layers, the model has %d; not restored.",
+            len(states),
+            len(layers),
+        )
+        return
+    for layer, state in zip(layers, states, strict=True):
+        generator = getattr(layer._random_generator, "_generator", None)
+        if state is not None and generator is not None:
+            generator.reset(np.asarray(state, dtype=np.int64))
+
+
+def legacy_rng_layers(model: Any) -> list[str]:
+    """Names of Keras 2 layers drawing from TensorFlow's legacy stateful RNG ops (no state)."""
+    return [
+        layer.name
+        for layer in _random_layers(model)
+        if getattr(layer._random_generator, "_rng_type", None) == "legacy_stateful"
+    ]
+
+
+# ---- one call for either Keras (what DeterminedCallback uses) ---------------------------------
+def layout_of(model: Any) -> Any:
+    """The save layout of ``model`` for the running Keras (built once per model)."""
+    from ckptstore.keras_io import backend, snapshot
+
+    if not backend.IS_KERAS2:
+        return snapshot.StateLayout.of(model)
+    legacy = legacy_rng_layers(model)
+    if legacy:
+        logger.warning(
+            "Layers %s draw from TensorFlow's legacy stateful RNG (Keras 2's default), whose "
+            "state cannot be saved: a resumed run will not be bit-exact. Call "
+            "tf.keras.backend.experimental.enable_tf_random_generator() before building the "
+            "model to make their RNG state part of every checkpoint.",
+            legacy,
+        )
+    return Keras2Layout.of(model)
+
+
+def snapshot_of(layout: Any) -> Any:
+    """A point-in-time snapshot of ``layout``'s model, for the writer thread."""
+    from ckptstore.keras_io import snapshot
+
+    if isinstance(layout, Keras2Layout):
+        return take_snapshot(layout)
+    return snapshot.take_snapshot(layout)
+
+
+def set_initial_epoch(model: Any, epoch: int | None) -> None:
+    """Make the next ``fit()`` start at ``epoch`` (None: as ``fit`` was asked)."""
+    from ckptstore.keras_io import backend
+
+    if backend.IS_KERAS2:
+        model._training_state = None if epoch is None else _StartAt(epoch)
+    else:
+        model._initial_epoch = epoch
+
+
+#: Loads a Keras 2 checkpoint folder into a Keras 3 model: ``fn(model, path, load_optimizer=)``.
+#: Set by :mod:`ckptstore.keras` to the migration code (``import_determined``), which sits above
+#: this layer.
+_keras3_importer: Callable[..., Any] | None = None
+
+
+def register_keras3_importer(fn: Callable[..., Any]) -> None:
+    """Install the function that reads Keras 2 checkpoints into Keras 3 models."""
+    global _keras3_importer
+    _keras3_importer = fn
+
+
+def load_into(model: Any, path: str, *, with_optimizer: bool) -> None:
+    """Restore a Keras 2 checkpoint folder into ``model``, whichever Keras is running."""
+    from ckptstore.keras_io import backend
+
+    if not has_weights(path):
+        raise errors.ResumeError(
+            f"Checkpoint folder {path} has no {WEIGHTS_PREFIX}.index: it was written by Keras 3 "
+            f"(model.keras), which Keras 2 cannot read. Received: {sorted(os.listdir(path))}. "
+            f"Resume it with Keras 3 (unset {backend.LEGACY_ENV}) or pass checkpoint=None."
+        )
+    if backend.IS_KERAS2:
+        load_weights(model, path, with_optimizer=with_optimizer)
+        return
+    if _keras3_importer is None:
+        raise errors.ResumeError(
+            f"Checkpoint folder {path} was written by Keras 2; reading it into Keras 3 needs the "
+            "migration code. Import ckptstore.keras (det.keras.DeterminedCallback) or call "
+            "ckptstore.keras.load_determined_checkpoint(model, path) yourself."
+        )
+    try:
+        _keras3_importer(model, path, load_optimizer=with_optimizer)
+    except errors.ModelLoadError as exc:
+        raise errors.ResumeError(f"Keras 2 checkpoint {path} into Keras 3: {exc}") from exc
+
+
+def load_model(path: str, *, compile: bool, custom_objects: Mapping[str, Any] | None) -> Any:
+    """A Keras 2 model from a Keras 2 checkpoint folder: the SavedModel when there is one (full
+    model), else ``model_config.json`` + ``model_checkpoint`` (weights, and the optimizer state
+    once the model is compiled and trained)."""
+    from ckptstore.keras_io.backend import keras
+
+    objects = dict(custom_objects) if custom_objects else None
+    saved = os.path.join(path, "saved_model")
+    if os.path.isfile(os.path.join(saved, "saved_model.pb")):
+        try:
+            return keras.models.load_model(saved, compile=compile, custom_objects=objects)
+        except (ValueError, TypeError, OSError) as exc:
+            raise errors.ModelLoadError(f"Keras 2 could not load {saved}: {exc}") from exc
+    config = os.path.join(path, MODEL_CONFIG_FILENAME)
+    if not os.path.isfile(config):
+        raise errors.ModelLoadError(
+            f"Keras 2 checkpoint {path} has weights but no {MODEL_CONFIG_FILENAME} or "
+            "saved_model/ (a subclassed model): build the model in code and call "
+            f"model.load_weights('{os.path.join(path, WEIGHTS_PREFIX)}')."
+        )
+    with open(config, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        model = keras.models.model_from_json(text, custom_objects=objects)
+    except (ValueError, TypeError) as exc:
+        raise errors.ModelLoadError(
+            f"Keras 2 could not rebuild the model of {path}: {exc}. Pass custom_objects= for "
+            "custom layers."
+        ) from exc
+    model.load_weights(os.path.join(path, WEIGHTS_PREFIX)).expect_partial()
+    return model
+
+
+def written_by_keras2(path: str) -> bool:
+    """Whether the checkpoint folder ``path`` was written under Keras 2 (by its metadata)."""
+    meta = os.path.join(path, "metadata.json")
+    if os.path.isfile(meta):
+        try:
+            with open(meta, encoding="utf-8") as f:
+                return str(json.load(f).get("keras_version", "")).startswith("2")
+        except (OSError, ValueError):
+            return False
+    return False

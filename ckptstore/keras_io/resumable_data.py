@@ -1,0 +1,492 @@
+"""Resumable input for Keras 3's ``fit()``: continue a preempted epoch at its next unseen batch.
+
+Keras's fit loop (``keras/src/backend/tensorflow/trainer.py``) builds a ``TFEpochIterator``
+around a data adapter, makes a fresh iterator of its dataset every epoch and runs
+``num_batches`` steps on it. It cannot start an epoch at a batch offset. :func:`attach`, called
+by :class:`~ckptstore.keras_io.determined_callback.DeterminedCallback` in ``on_train_begin``,
+finds that epoch iterator and gives it an iterable whose iterator for each epoch is one this
+module controls, so that the epoch's data order depends only on checkpointed state and a
+resumed epoch starts at batch ``k`` without reading or training on batches ``0..k-1``:
+
+=====================  =========================================================================
+input given to fit()   how an epoch is reproduced
+=====================  =========================================================================
+NumPy/tensor arrays    batches of a permutation drawn from ``(seed, epoch)`` with TF's stateless
+                       shuffle (identity without ``shuffle=True``; ``shuffle="batch"`` shuffles
+                       within each batch the same way); the seed is saved in the checkpoint.
+                       Keras's ``class_weight``/``sample_weight`` handling is reused.
+PyDataset / Sequence   ``py_dataset[i]`` for ``i`` in the epoch's order (as above); a PyDataset
+                       that reorders itself in ``on_epoch_end`` keeps that order across a resume
+                       only if it has ``get_state()``/``load_state()`` (saved with the checkpoint).
+tf.data.Dataset        one iterator over ``dataset.repeat()`` for the whole fit (or over the
+                       dataset itself when ``steps_per_epoch`` is given), snapshotted with
+                       ``tf.train.Checkpoint`` (TF's own iterator checkpointing: shuffle buffers,
+                       shuffle seeds, position) -- exact whenever TF can checkpoint the pipeline.
+Python generator, ...  cannot be rewound: a warning at fit start, and a preempted epoch restarts
+                       from its first batch on resume.
+=====================  =========================================================================
+
+Only Keras 3 with the TensorFlow backend is handled here (the one place that knows Keras's
+``EpochIterator`` internals); anything else gets :data:`None` from :func:`attach` and the
+epoch-restart behaviour.
+
+Example (what DeterminedCallback does)::
+
+    data = attach(model)                       # in on_train_begin, inside fit()
+    data.begin_epoch(epoch, start_batch=0)     # in on_epoch_begin
+    state = data.snapshot(epoch, batches_done, checkpoint_dir)   # at a preemption
+    start = data.restore(state, checkpoint_dir)                  # in the resumed run
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import keras
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+#: Folder of the tf.data iterator checkpoint inside a checkpoint.
+ITERATOR_DIRNAME = "data_iterator"
+_ITERATOR_PREFIX = "iterator"
+
+
+class ResumableData(Protocol):
+    """The per-fit handle :func:`attach` returns."""
+
+    kind: str
+    num_batches: int
+    element_spec: Any
+
+    def begin_epoch(self, epoch: int, start_batch: int) -> None: ...
+
+    def snapshot(self, epoch: int, batches_done: int, checkpoint_dir: str) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any], checkpoint_dir: str) -> int: ...
+
+
+def find_fit_frame(model: Any) -> Any:
+    """The frame of the running ``model.fit()`` (Keras gives callbacks no handle on its loop)."""
+    frame = sys._getframe(1)
+    for _ in range(12):
+        if frame is None:
+            return None
+        if (
+            frame.f_code.co_name == "fit"
+            and frame.f_locals.get("self") is model
+            and "epoch_iterator" in frame.f_locals
+        ):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def default_seed() -> int:
+    """A seed for the data order that follows the user's seeding (``keras.utils.set_random_seed``
+    / ``np.random.seed``) without drawing from any generator."""
+    keys = np.random.get_state()[1]
+    return int(zlib.crc32(np.asarray(keys[:8], dtype=np.uint32).tobytes()))
+
+
+def attach(
+    model: Any,
+    *,
+    seed: int,
+    distributed_size: int = 1,
+    on_boundary: Callable[[], None] | None = None,
+) -> ResumableData | None:
+    """Take over the epoch iteration of the running ``fit()`` of ``model``.
+
+    Returns None (after one warning saying what happens instead) when the input cannot be
+    resumed mid-epoch exactly. ``seed`` orders shuffled arrays/PyDatasets (saved in every
+    checkpoint, so a resumed run gets the same orders). ``on_boundary`` is called first thing
+    at every epoch end, validation begin and train end -- once every callback has finished
+    the last batch and before any of them reacts to the end of the epoch.
+    """
+    frame = find_fit_frame(model) if keras.backend.backend() == "tensorflow" else None
+    if frame is None:
+        logger.warning(
+            "Could not find the running fit() loop (not Keras 3's TensorFlow trainer?): a "
+            "preempted epoch will restart from its first batch on resume."
+        )
+        return None
+    if on_boundary is not None:
+        callback_list = frame.f_locals.get("callbacks")
+        if callback_list is not None and hasattr(callback_list, "callbacks"):
+            # A new list, not an insert: CallbackList is iterating the old one right now.
+            callback_list.callbacks = [_BatchBoundary(on_boundary), *callback_list.callbacks]
+    epoch_iterator = frame.f_locals["epoch_iterator"]
+    if distributed_size > 1:
+        logger.warning(
+            "Exact mid-epoch resume is not available with several workers yet: a preempted "
+            "epoch will restart from its first batch on resume (epoch-boundary resume stays "
+            "exact)."
+        )
+        return None
+    adapter = epoch_iterator.data_adapter
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+    from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
+
+    reason = None
+    if getattr(epoch_iterator, "steps_per_execution", 1) != 1:
+        reason = "steps_per_execution > 1"
+    elif isinstance(adapter, ArrayDataAdapter):
+        if epoch_iterator.steps_per_epoch:
+            reason = "arrays with steps_per_epoch (an epoch is not one pass over the data)"
+        elif _has_sparse(adapter._inputs):
+            reason = "sparse array inputs"
+        else:
+            return _ArrayData(epoch_iterator, adapter, seed)
+    elif isinstance(adapter, PyDatasetAdapter):
+        if epoch_iterator.steps_per_epoch or adapter.py_dataset.num_batches is None:
+            reason = "a PyDataset with steps_per_epoch or without a length"
+        else:
+            return _PyDatasetData(epoch_iterator, adapter, seed)
+    elif isinstance(adapter, TFDatasetAdapter):
+        data = _TFDatasetData.make(epoch_iterator, adapter)
+        if data is not None:
+            return data
+        reason = "a tf.data.Dataset of unknown length without steps_per_epoch"
+    else:
+        reason = f"a {type(adapter).__name__} input (e.g. a Python generator) cannot be rewound"
+    logger.warning(
+        "Exact mid-epoch resume is not available for %s: a preempted epoch will restart from "
+        "its first batch on resume (epoch-boundary resume stays exact).",
+        reason,
+    )
+    return None
+
+
+class _BatchBoundary(keras.callbacks.Callback):
+    """First in the fit()'s callback list: calls back before any epoch-end reaction."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        super().__init__()
+        self._fn = fn
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self._fn()
+
+    def on_test_begin(self, logs: Any = None) -> None:
+        self._fn()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self._fn()
+
+
+def capture_metrics(model: Any) -> list[Any]:
+    """The values of ``model.metrics_variables`` (the running epoch's accumulators)."""
+    return [
+        {"path": v.path, "dtype": str(v.dtype), "value": np.asarray(v.numpy()).tolist()}
+        for v in model.metrics_variables
+    ]
+
+
+def restore_metrics(model: Any, saved: list[Any], element_spec: Any = None) -> None:
+    """Assign what :func:`capture_metrics` recorded (same model, same compile()).
+
+    Keras builds the compiled metrics lazily, in the first training step; ``element_spec``
+    (the input's batch spec) lets Keras build them now, as it does itself under a strategy.
+    """
+    variables = list(model.metrics_variables)
+    if len(variables) != len(saved) and element_spec is not None:
+        model._symbolic_build(data_batch=element_spec)
+        variables = list(model.metrics_variables)
+    if [v.path for v in variables] != [item["path"] for item in saved]:
+        logger.warning(
+            "The model's metric variables differ from the checkpoint's (%d vs %d): the resumed "
+            "epoch's metrics start from zero.",
+            len(variables),
+            len(saved),
+        )
+        return
+    for variable, item in zip(variables, saved, strict=True):
+        variable.assign(np.asarray(item["value"], dtype=item["dtype"]))
+
+
+def _has_sparse(inputs: Any) -> bool:
+    from keras.src import tree
+    from keras.src.trainers.data_adapters import array_slicing
+
+    sliceable = array_slicing.convert_to_sliceable(inputs, target_backend="tensorflow")
+    return any(
+        isinstance(x, array_slicing.TensorflowSparseWrapper)
+        or type(x).__name__ in ("SparseTensor", "RaggedTensor")
+        for x in tree.flatten(sliceable)
+    )
+
+
+class _EpochIterable:
+    """Stands in for ``TFEpochIterator._distributed_dataset``: ``iter()`` asks the owner."""
+
+    def __init__(self, owner: _Base, element_spec: Any) -> None:
+        self._owner = owner
+        self.element_spec = element_spec
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._owner._epoch_iterator()
+
+
+class _Base:
+    kind = "base"
+
+    def __init__(self, epoch_iterator: Any, num_batches: int) -> None:
+        self._keras_iterator = epoch_iterator
+        self._strategy = epoch_iterator._distribute_strategy
+        self.num_batches = num_batches
+        self._epoch = 0
+        self._start = 0
+        original = epoch_iterator._distributed_dataset
+        self._original = original
+        epoch_iterator._distributed_dataset = _EpochIterable(
+            self, getattr(original, "element_spec", None)
+        )
+        epoch_iterator._current_iterator = None
+
+    @property
+    def element_spec(self) -> Any:
+        """The spec of one batch (to build the model's metrics before the first step)."""
+        return getattr(self._original, "element_spec", None)
+
+    def begin_epoch(self, epoch: int, start_batch: int) -> None:
+        """Called at every epoch begin: the next iterator Keras makes starts at ``start_batch``
+        of ``epoch``, and this epoch runs only the batches left."""
+        self._epoch = epoch
+        self._start = start_batch
+        self._set_epoch_steps(self.num_batches - start_batch)
+
+    def _set_epoch_steps(self, steps: int) -> None:
+        self._keras_iterator._num_batches = steps
+
+    def _distribute(self, dataset: Any) -> Any:
+        return self._strategy.experimental_distribute_dataset(dataset)
+
+    def _epoch_iterator(self) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def snapshot(self, epoch: int, batches_done: int, checkpoint_dir: str) -> dict[str, Any]:
+        return {"kind": self.kind, "epoch": epoch, "batch": batches_done, **self._extra()}
+
+    def _extra(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: dict[str, Any], checkpoint_dir: str) -> int:
+        """Check ``state`` fits this input; returns the batch the resumed epoch starts at, or
+        0 (with a warning) when it does not fit."""
+        if state.get("kind") != self.kind or int(state.get("num_batches", -1)) != self.num_batches:
+            logger.warning(
+                "The checkpoint's data position (%s, %s batches per epoch) does not fit this "
+                "fit() input (%s, %d batches per epoch): the interrupted epoch restarts from "
+                "its first batch.",
+                state.get("kind"),
+                state.get("num_batches"),
+                self.kind,
+                self.num_batches,
+            )
+            return 0
+        self._restore_extra(state, checkpoint_dir)
+        return int(state["batch"])
+
+    def _restore_extra(self, state: dict[str, Any], checkpoint_dir: str) -> None:
+        pass
+
+
+def _epoch_order(seed: int, epoch: int, n: int, shuffle: Any) -> np.ndarray:
+    """The order of the ``n`` items of ``epoch``: a permutation drawn from ``(seed, epoch)``."""
+    if shuffle and shuffle != "batch":
+        return np.random.default_rng([seed, epoch]).permutation(n)
+    return np.arange(n)
+
+
+class _ArrayData(_Base):
+    """NumPy / tensor arrays: per-epoch permutation from ``(seed, epoch)``, gathered in TF."""
+
+    kind = "arrays"
+
+    def __init__(self, epoch_iterator: Any, adapter: Any, seed: int) -> None:
+        self._adapter = adapter
+        self._seed = int(seed)
+        self._inputs_ds: Any = None
+        super().__init__(epoch_iterator, int(adapter.num_batches))
+
+    def _extra(self) -> dict[str, Any]:
+        return {"seed": self._seed, "num_batches": self.num_batches}
+
+    def _restore_extra(self, state: dict[str, Any], checkpoint_dir: str) -> None:
+        self._seed = int(state["seed"])
+
+    def _epoch_iterator(self) -> Iterator[Any]:
+        import tensorflow as tf
+        from keras.src import tree
+        from keras.src.trainers.data_adapters import array_slicing
+
+        adapter = self._adapter
+        n, bs, shuffle = adapter._num_samples, adapter._batch_size, adapter._shuffle
+        order = _epoch_order(self._seed, self._epoch, n, shuffle)
+        batches = [order[b * bs : (b + 1) * bs] for b in range(self._start, self.num_batches)]
+        if shuffle == "batch":
+            batches = [
+                b[np.random.default_rng([self._seed, self._epoch, i]).permutation(len(b))]
+                for i, b in enumerate(batches, start=self._start)
+            ]
+        if self._inputs_ds is None:
+            inputs = array_slicing.convert_to_sliceable(
+                adapter._inputs, target_backend="tensorflow"
+            )
+            self._inputs_ds = tf.data.Dataset.from_tensors(tree.lists_to_tuples(inputs)).repeat()
+        indices = tf.data.Dataset.from_generator(
+            lambda: iter(batches), output_signature=tf.TensorSpec([None], tf.int64)
+        )
+
+        def grab_batch(i: Any, data: Any) -> Any:
+            return tree.traverse(
+                lambda x: (
+                    None
+                    if isinstance(x, (list, tuple, dict))
+                    else (tf.gather(x, i, axis=0) if tf.is_tensor(x) else x)
+                ),
+                data,
+            )
+
+        dataset = tf.data.Dataset.zip((indices, self._inputs_ds)).map(
+            grab_batch, num_parallel_calls=tf.data.AUTOTUNE
+        )
+        options = tf.data.Options()
+        options.experimental_optimization.apply_default_optimizations = False
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.DATA
+        )
+        dataset = dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+        return iter(self._distribute(dataset))
+
+
+class _PyDatasetData(_Base):
+    """A ``keras.utils.PyDataset``: epochs Keras can produce itself go through Keras (workers,
+    multiprocessing); a resumed epoch and shuffled epochs are read here in a known order."""
+
+    kind = "pydataset"
+
+    def __init__(self, epoch_iterator: Any, adapter: Any, seed: int) -> None:
+        self._adapter = adapter
+        self._seed = int(seed)
+        py_dataset = adapter.py_dataset
+        self._stateful = callable(getattr(py_dataset, "get_state", None)) and callable(
+            getattr(py_dataset, "load_state", None)
+        )
+        reorders = type(py_dataset).on_epoch_end is not keras.utils.PyDataset.on_epoch_end
+        if reorders and not self._stateful:
+            logger.warning(
+                "%s overrides on_epoch_end() but has no get_state()/load_state(): if it "
+                "reorders itself there, a resumed run continues the interrupted epoch in its "
+                "freshly built order, not the interrupted run's. Give it get_state()/"
+                "load_state() to make mid-epoch resume exact.",
+                type(py_dataset).__name__,
+            )
+        super().__init__(epoch_iterator, int(py_dataset.num_batches))
+
+    def _extra(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"seed": self._seed, "num_batches": self.num_batches}
+        if self._stateful:
+            out["py_dataset"] = self._adapter.py_dataset.get_state()
+        return out
+
+    def _restore_extra(self, state: dict[str, Any], checkpoint_dir: str) -> None:
+        self._seed = int(state["seed"])
+        if self._stateful and "py_dataset" in state:
+            self._adapter.py_dataset.load_state(state["py_dataset"])
+
+    def _epoch_iterator(self) -> Iterator[Any]:
+        import tensorflow as tf
+
+        adapter = self._adapter
+        if self._start == 0 and not adapter.shuffle:
+            return iter(self._original)  # Keras's own reading (workers, multiprocessing)
+        order = _epoch_order(self._seed, self._epoch, self.num_batches, bool(adapter.shuffle))
+        wanted = [int(i) for i in order[self._start :]]
+
+        def batches() -> Iterator[Any]:
+            for i in wanted:
+                yield adapter._standardize_batch(adapter.py_dataset[i])
+
+        adapter.get_tf_dataset()  # makes Keras compute the output signature once
+        dataset = tf.data.Dataset.from_generator(
+            batches, output_signature=adapter._output_signature
+        ).prefetch(tf.data.AUTOTUNE)
+        return iter(self._distribute(dataset))
+
+
+class _TFDatasetData(_Base):
+    """A ``tf.data.Dataset``: one iterator for the whole ``fit()``, checkpointed by TF."""
+
+    kind = "tf.data"
+
+    def __init__(self, epoch_iterator: Any, dataset: Any, num_batches: int) -> None:
+        super().__init__(epoch_iterator, num_batches)
+        self._dataset = dataset
+        self._iterator: Any = None
+        self._steps_given = bool(epoch_iterator.steps_per_epoch)
+
+    @classmethod
+    def make(cls, epoch_iterator: Any, adapter: Any) -> _TFDatasetData | None:
+        dataset = adapter._dataset
+        cardinality = int(dataset.cardinality())
+        steps = epoch_iterator.steps_per_epoch
+        if steps:
+            return cls(epoch_iterator, dataset, int(steps))
+        if cardinality > 0:
+            # A pass is an epoch; repeating inside one iterator keeps the per-pass reshuffle
+            # seeds in the iterator's own (checkpointable) state.
+            return cls(epoch_iterator, dataset.repeat(), cardinality)
+        return None
+
+    def _set_epoch_steps(self, steps: int) -> None:
+        if self._steps_given:
+            self._keras_iterator.steps_per_epoch = steps
+        # An endless iterator: Keras must stop after `steps`, not wait for the end of the data.
+        self._keras_iterator._num_batches = steps
+
+    def _iter(self) -> Any:
+        if self._iterator is None:
+            self._iterator = iter(self._distribute(self._dataset))
+        return self._iterator
+
+    def _epoch_iterator(self) -> Iterator[Any]:
+        return self._iter()
+
+    def snapshot(self, epoch: int, batches_done: int, checkpoint_dir: str) -> dict[str, Any]:
+        import tensorflow as tf
+
+        folder = os.path.join(checkpoint_dir, ITERATOR_DIRNAME)
+        os.makedirs(folder, exist_ok=True)
+        tf.train.Checkpoint(iterator=self._iter()).write(os.path.join(folder, _ITERATOR_PREFIX))
+        return {
+            "kind": self.kind,
+            "epoch": epoch,
+            "batch": batches_done,
+            "num_batches": self.num_batches,
+            "iterator": f"{ITERATOR_DIRNAME}/{_ITERATOR_PREFIX}",
+        }
+
+    def _restore_extra(self, state: dict[str, Any], checkpoint_dir: str) -> None:
+        import tensorflow as tf
+
+        path = os.path.join(checkpoint_dir, state["iterator"])
+        tf.train.Checkpoint(iterator=self._iter()).read(path).assert_consumed()
+
+
+__all__ = [
+    "ITERATOR_DIRNAME",
+    "ResumableData",
+    "attach",
+    "capture_metrics",
+    "default_seed",
+    "find_fit_frame",
+    "restore_metrics",
+]

@@ -1,0 +1,146 @@
+"""One trial of a ``model_def:TrialClass`` experiment, run in its own process by the runner.
+
+``python -m ckptstore.keras_io.trial.worker`` reads the trial from the environment
+(``CKPTSTORE_TRIAL_ID``, ``CKPTSTORE_EXPERIMENT_ID``, ``CKPTSTORE_HPARAMS``,
+``CKPTSTORE_STORAGE``, ``CKPTSTORE_REGISTRY``; see :mod:`ckptstore.core._info`) plus
+``CKPTSTORE_MODEL_DIR`` and ``CKPTSTORE_OPTUNA_TRIAL``, loads the experiment config from the
+registry, imports the trial class from the model folder and trains it with
+:class:`~ckptstore.keras_io.trial.controller.TrialController`. It resumes from the trial's latest
+checkpoint, and sets the trial COMPLETED (done, stopped early or pruned), PAUSED (preempted by
+SIGTERM/SIGINT) or ERROR in the registry. Exit status: 0 unless the trial failed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from typing import Any
+
+from ckptstore import errors
+from ckptstore.core import _info as trial_info
+from ckptstore.experiment.common import MODEL_DIR_ENV, OPTUNA_TRIAL_ENV, experiment_config
+
+logger = logging.getLogger(__name__)
+
+
+def import_trial_class(model_dir: str, module_name: str, attr: str) -> Any:
+    """Import ``module_name:attr`` from ``model_dir``; InvalidConfig naming what is missing."""
+    if model_dir not in sys.path:
+        sys.path.insert(0, model_dir)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name.split(".")[0]:
+            raise
+        raise errors.InvalidConfig(
+            f"entrypoint module {module_name!r} was not found in the model folder {model_dir!r}. "
+            f"Pass the folder holding {module_name.replace('.', '/')}.py as MODEL_DIR."
+        ) from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise errors.InvalidConfig(
+                f"entrypoint {module_name}:{attr}: module {module_name!r} has no {part!r}. "
+                "Fix `entrypoint` in the experiment config."
+            )
+        obj = getattr(obj, part)
+    return obj
+
+
+def run_trial() -> int:
+    """Run the trial described by the environment; returns the exit status."""
+    from ckptstore import core
+    from ckptstore.experiment.config import parse_config
+    from ckptstore.keras_io.trial.controller import TrialController
+    from ckptstore.registry import Registry
+
+    trial_id = trial_info.parse_int_env(trial_info.TRIAL_ID_ENV)
+    experiment_id = trial_info.parse_int_env(trial_info.EXPERIMENT_ID_ENV)
+    if trial_id is None or experiment_id is None:
+        raise errors.InvalidConfig(
+            f"{trial_info.TRIAL_ID_ENV} and {trial_info.EXPERIMENT_ID_ENV} must be set; this "
+            "module is started by `ckptstore experiment create/resume`."
+        )
+    registry_url = os.environ.get(trial_info.REGISTRY_ENV) or None
+    model_dir = os.environ.get(MODEL_DIR_ENV) or os.getcwd()
+    optuna_id = trial_info.parse_int_env(OPTUNA_TRIAL_ENV)
+    registry = Registry(registry_url)
+    try:
+        config = parse_config(experiment_config(registry, experiment_id))
+        hparams = trial_info.parse_json_env(trial_info.HPARAMS_ENV)
+        if hparams is None:
+            hparams = registry.get_trial(trial_id).hparams
+        assert config.entrypoint.module and config.entrypoint.attr
+        trial_class = import_trial_class(
+            model_dir, config.entrypoint.module, config.entrypoint.attr
+        )
+        gc = dict(config.gc_settings())
+        gc.update(
+            metric=config.searcher.metric, smaller_is_better=config.searcher.smaller_is_better
+        )
+        prune_hook = None
+        if optuna_id is not None and config.searcher.name == "adaptive_asha":
+            from ckptstore.experiment.searcher import Searcher
+
+            searcher = Searcher(config, experiment_id, registry_url or _default_registry())
+
+            def prune_hook(step: int, value: float) -> bool:
+                return searcher.should_prune(optuna_id, step, value)
+
+        storage = trial_info.storage_from_env()
+        try:
+            with core.init(
+                storage=storage,
+                registry=registry,
+                trial_id=trial_id,
+                experiment_id=experiment_id,
+                hparams=hparams,
+                checkpoint_gc=gc,
+            ) as core_context:
+                result = TrialController(
+                    trial_class,
+                    core_context,
+                    config,
+                    trial_seed=config.experiment_seed + trial_id,
+                    prune_hook=prune_hook,
+                ).run()
+        except BaseException:
+            registry.set_trial_state(trial_id, "ERROR")
+            raise
+        state = "PAUSED" if result.status == "preempted" else "COMPLETED"
+        registry.set_trial_state(trial_id, state)
+        logger.info(
+            "Trial %d %s after %d batches: %s",
+            trial_id,
+            result.status,
+            result.batches_trained,
+            result.last_validation,
+        )
+        return 0
+    finally:
+        registry.close()
+
+
+def _default_registry() -> str:
+    from ckptstore import defaults
+
+    return defaults.default_registry_url()
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=os.environ.get("CKPTSTORE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s trial[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        code = run_trial()
+    except errors.CkptstoreError as exc:
+        logger.error("%s: %s", type(exc).__name__, exc)
+        code = 2 if isinstance(exc, errors.InvalidConfig) else 1
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Rows of the registry's tables turned into entities, and the checks on values written to them.
+
+One owner for a checkpoint's columns: :func:`checkpoint_values` (entity -> row) and
+:func:`checkpoint_from_row` (row -> entity); :class:`~ckptstore.registry.registry.Registry`,
+:mod:`~ckptstore.registry.models` and :mod:`~ckptstore.registry.reindex` all use these.
+
+Example::
+
+    from ckptstore.registry.rows import checkpoint_from_row
+
+    checkpoint = checkpoint_from_row(conn.execute(select_stmt).one())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ckptstore import errors
+from ckptstore.checkpointing.index import STATES, CheckpointRecord
+from ckptstore.jsonsafe import to_json
+from ckptstore.registry import schema
+from ckptstore.registry.entities import RUN_STATES, Checkpoint, Experiment, Trial, record_fields
+from ckptstore.validators import int_at_least
+
+
+def _resources(value: Any) -> dict[str, int]:
+    return {str(k): int(v) for k, v in (value or {}).items()}
+
+
+#: How a checkpoint field is turned into its column (entity -> row) and back (row -> entity);
+#: fields not listed are stored as they are. The fields themselves are those of
+#: :class:`~ckptstore.checkpointing.index.CheckpointRecord` plus ``updated_at``.
+_TO_ROW: dict[str, Any] = {
+    "steps_completed": int,
+    "metadata": lambda v: to_json(dict(v or {}), what="checkpoint metadata"),
+    "metrics": lambda v: to_json(dict(v or {}), what="checkpoint metrics"),
+    "resources": _resources,
+    "storage_url": lambda v: v or "",
+}
+_FROM_ROW: dict[str, Any] = {
+    "steps_completed": int,
+    "metadata": lambda v: dict(v or {}),
+    "metrics": lambda v: dict(v or {}),
+    "resources": _resources,
+    "created_at": schema.from_db_time,
+    "updated_at": schema.from_db_time,
+}
+
+
+def checkpoint_from_row(row: Any) -> Checkpoint:
+    """A :class:`Checkpoint` from a ``checkpoints`` row."""
+    m = row._mapping
+    names = [f.name for f in dataclasses.fields(Checkpoint)]
+    return Checkpoint(**{n: _FROM_ROW.get(n, lambda v: v)(m[n]) for n in names})
+
+
+def checkpoint_values(record: CheckpointRecord) -> dict[str, Any]:
+    """The ``checkpoints`` row of ``record`` (validated; ``updated_at`` is now)."""
+    if not isinstance(record, CheckpointRecord):
+        raise errors.InvalidConfig(
+            f"record_checkpoint needs a CheckpointRecord. Received: {type(record).__name__}"
+        )
+    if not record.uuid or not isinstance(record.uuid, str):
+        raise errors.InvalidConfig(
+            f"A checkpoint record needs a non-empty string uuid. Received: uuid={record.uuid!r}"
+        )
+    check_checkpoint_state(record.state)
+    check_steps(record.steps_completed)
+    for name in ("trial_id", "experiment_id"):
+        if getattr(record, name) is not None:
+            check_id(getattr(record, name), name)
+    now = schema.utcnow()
+    values = {n: _TO_ROW.get(n, lambda v: v)(v) for n, v in record_fields(record).items()}
+    values["created_at"] = schema.to_db_time(record.created_at) if record.created_at else now
+    values["updated_at"] = now
+    return values
+
+
+def experiment_from_row(row: Any) -> Experiment:
+    return Experiment(
+        id=row.id,
+        name=row.name,
+        config=dict(row.config or {}),
+        description=row.description,
+        state=row.state,
+        created_at=schema.from_db_time(row.created_at),
+        updated_at=schema.from_db_time(row.updated_at),
+    )
+
+
+def trial_from_row(row: Any) -> Trial:
+    return Trial(
+        id=row.id,
+        experiment_id=row.experiment_id,
+        hparams=dict(row.hparams or {}),
+        state=row.state,
+        created_at=schema.from_db_time(row.created_at),
+        updated_at=schema.from_db_time(row.updated_at),
+    )
+
+
+def check_run_state(state: str, what: str) -> None:
+    if state not in RUN_STATES:
+        raise errors.InvalidConfig(
+            f"Unknown {what} state. Received: state={state!r}; use one of {', '.join(RUN_STATES)}."
+        )
+
+
+def check_checkpoint_state(state: str) -> None:
+    if state not in STATES:
+        raise errors.InvalidConfig(
+            f"Unknown checkpoint state. Received: state={state!r}; use one of {', '.join(STATES)}."
+        )
+
+
+def check_id(value: Any, name: str) -> None:
+    int_at_least(name, value, 1)
+
+
+def check_steps(value: Any) -> None:
+    int_at_least("steps_completed", value, 0)
+
+
+def trial_not_found(trial_id: Any) -> errors.TrialNotFound:
+    return errors.TrialNotFound(
+        f"No trial with id {trial_id!r} in the registry. Check the id (list_trials() shows "
+        "them), or create it with createtrial_from_row()/ensuretrial_from_row()."
+    )
+
+
+def experiment_not_found(experiment_id: Any) -> errors.ExperimentNotFound:
+    return errors.ExperimentNotFound(
+        f"No experiment with id {experiment_id!r} in the registry. Check the id "
+        "(list_experiments() shows them) or create it with createexperiment_from_row()."
+    )
+
+
+def checkpoint_not_found(uuid: Any) -> errors.CheckpointNotFound:
+    return errors.CheckpointNotFound(
+        f"No checkpoint with uuid {uuid!r} in the registry. Check the UUID (list_checkpoints() "
+        "shows them); if the checkpoint exists in storage, run reindex(storage) first."
+    )

@@ -1,0 +1,199 @@
+"""What every page handler shares: the registry, storages opened once per URL, the templates,
+and the translation of ckptstore errors into HTTP statuses.
+
+Example::
+
+    ui = UiContext(settings)
+    html = ui.render(request, "models.html", page=page)
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as _dt
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+import jinja2
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+
+from ckptstore import errors
+from ckptstore.registry import Registry
+from ckptstore.storage_backends import open_storage
+from ckptstore.storage_backends.base import Storage, close_all
+from ckptstore.storage_backends.redact import redact
+from ckptstore.ui.settings import UiSettings
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_TEMPLATES = Path(__file__).parent / "templates"
+#: Rendered chart sets kept in memory (one per experiment and metric version).
+CACHE_ENTRIES = 32
+_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
+
+
+def safe_url(url: str | None) -> str:
+    """A storage or registry URL as a page may show it: no ``user:password@``, no query string
+    (SAS tokens), and the SDK secrets :func:`~ckptstore.storage_backends.redact.redact` knows."""
+    if not url:
+        return ""
+    text = _USERINFO.sub("", str(url)).split("?", 1)[0]
+    return redact(text)
+
+
+#: Keys whose values a page never shows (storage credentials in configs and metadata).
+SECRET_KEYS = re.compile(
+    r"(secret|password|passwd|token|credential|connection_string|access_key|account_key|sas)",
+    re.IGNORECASE,
+)
+
+
+def safe_config(value: Any) -> Any:
+    """``value`` (a config, metadata) with secret-named keys hidden and URLs cleaned."""
+    if isinstance(value, dict):
+        return {
+            k: "<hidden>" if SECRET_KEYS.search(str(k)) else safe_config(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [safe_config(v) for v in value]
+    if isinstance(value, str) and "://" in value:
+        return safe_url(value)
+    return value
+
+
+def human_size(n: int | None) -> str:
+    if n is None:
+        return ""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, _dt.datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def status_of(exc: Exception) -> int:
+    """The HTTP status for a ckptstore error."""
+    not_found = (
+        errors.CheckpointNotFound,
+        errors.TrialNotFound,
+        errors.ExperimentNotFound,
+        errors.ModelNotFound,
+        errors.StorageNotFound,
+    )
+    if isinstance(exc, not_found):
+        return 404
+    if isinstance(exc, (errors.InvalidConfig, errors.InvalidStoragePath, ValueError)):
+        return 400
+    if isinstance(exc, errors.ModelVersionConflict):
+        return 409
+    return 500
+
+
+class UiContext:
+    """One per app: the open registry, storages by URL, and the Jinja2 environment."""
+
+    def __init__(self, settings: UiSettings) -> None:
+        self.settings = settings
+        self.registry = Registry(settings.registry_url)
+        self._storages: dict[str, Storage] = {}
+        self._lock = threading.Lock()
+        self._cache: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        self.env.filters["fmt"] = _fmt
+        self.env.filters["size"] = human_size
+        self.env.filters["safe_url"] = safe_url
+        self.env.globals["json"] = lambda v: json.dumps(v, indent=2, sort_keys=True, default=str)
+
+    def storage(self, url: str | None = None) -> Storage:
+        """The storage at ``url`` (a registry row's URL; default: ``--storage``), opened once."""
+        key = url or self.settings.storage_url
+        with self._lock:
+            if key not in self._storages:
+                self._storages[key] = open_storage(key)
+            return self._storages[key]
+
+    def storage_for(self, ckpt: Any) -> Storage:
+        """The storage of a registry checkpoint row, by the CLI's rule
+        (:meth:`ckptstore.cli.state.CliState.storage_for`): an explicit ``--storage`` wins,
+        else the URL the row recorded, else the default storage."""
+        if self.settings.explicit_storage:
+            return self.storage()
+        return self.storage(getattr(ckpt, "storage_url", "") or None)
+
+    def cached(self, key: tuple, make: Callable[[], T]) -> T:
+        """``make()``, remembered under ``key`` (the newest :data:`CACHE_ENTRIES` kept). Keys
+        carry a stamp of the data, so a change is never served stale."""
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        value = make()
+        with self._lock:
+            self._cache[key] = value
+            while len(self._cache) > CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+        return value
+
+    def render(
+        self, request: Request, template: str, status: int = 200, **ctx: Any
+    ) -> HTMLResponse:
+        def link(**changes: Any) -> str:
+            """This page's URL with some query parameters changed (None removes one)."""
+            params = [(k, v) for k, v in request.query_params.multi_items() if k not in changes]
+            for key, value in changes.items():
+                if value is None:
+                    continue
+                values = value if isinstance(value, (list, tuple)) else [value]
+                params.extend((key, str(v)) for v in values)
+            return request.url.path + ("?" + urlencode(params) if params else "")
+
+        html = self.env.get_template(template).render(
+            request=request,
+            link=link,
+            csrf=self.settings.csrf_secret,
+            read_only=self.settings.read_only,
+            registry_url=safe_url(self.registry.url),
+            storage_url=safe_url(self.settings.storage_url),
+            **ctx,
+        )
+        return HTMLResponse(html, status_code=status)
+
+    def error(self, request: Request, exc: Exception) -> HTMLResponse:
+        status = status_of(exc)
+        if status == 500:
+            logger.exception("UI request %s failed", request.url.path, exc_info=exc)
+        return self.render(
+            request, "error.html", status=status, status_code=status, message=redact(str(exc))
+        )
+
+    def close(self) -> None:
+        close_all(self._storages.values())
+        self._storages.clear()
+        self.registry.close()

@@ -1,0 +1,107 @@
+"""Why a checkpoint is still there: which GC rule keeps it, a pin, or a model version.
+
+The rules are the ones the experiment's trials ran with (Determined's GC keys with Determined's
+defaults, judged by ``searcher.metric``; see :func:`gc_settings`), applied with the same policy
+classes GC uses (:mod:`ckptstore.checkpointing.retention`). A trial that ran without a policy
+(outside an experiment, or a script without GC keys) has its checkpoints listed as kept because
+nothing asked to delete them.
+
+Example::
+
+    reasons = kept_by(registry, trial, experiment_config, ["0b7c..."])
+    print(reasons["0b7c..."])  # ['latest (save_trial_latest=1)', 'model mnist:2']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ckptstore import errors
+from ckptstore.checkpointing.index import CheckpointRecord
+from ckptstore.checkpointing.retention import BestN, LatestN
+from ckptstore.experiment.config import GC_KEYS, parse_config
+from ckptstore.registry import Registry, Trial
+from ckptstore.ui import queries
+
+
+def gc_settings(config: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """The GC keys the experiment's trials ran with, Determined's defaults filled in; None
+    when they ran without a policy.
+
+    A TFKerasTrial entrypoint always runs with one (the trial worker passes the config's
+    ``gc_settings()``); a script gets one only from GC keys in a ``checkpoint_storage`` dict
+    (``core.init`` splits them off the storage spec)."""
+    if not config:
+        return None
+    storage = config.get("checkpoint_storage")
+    given = {}
+    if isinstance(storage, Mapping):
+        given = {k: storage[k] for k in GC_KEYS if isinstance(storage.get(k), int)}
+    try:
+        parsed = parse_config(dict(config))
+    except errors.CkptstoreError:
+        parsed = None  # a config from an import or a hand-made registry: judge by its keys
+    if parsed is not None and parsed.entrypoint.is_trial_class:
+        return parsed.gc_settings()
+    return {**GC_KEYS, **given} if given else None
+
+
+def kept_by(
+    registry: Registry,
+    trial: Trial,
+    config: Mapping[str, Any] | None,
+    uuids: Sequence[str],
+) -> dict[str, list[str]]:
+    """``{uuid: [reason, ...]}`` for the given checkpoints of ``trial`` (live ones only get
+    rule reasons; pins and model versions are listed for any)."""
+    reasons: dict[str, list[str]] = {u: [] for u in uuids}
+    settings = gc_settings(config)
+    live = queries.live_checkpoints(registry, trial.id)
+    live_uuids = {row["uuid"] for row in live}
+    if settings is None:
+        for uuid in uuids:
+            if uuid in live_uuids:
+                reasons[uuid].append("no retention policy recorded")
+    else:
+        searcher = queries.Searcher.of(dict(config or {}))
+        records = [
+            CheckpointRecord(
+                uuid=r["uuid"], steps_completed=r["steps_completed"], metrics=r["metrics"]
+            )
+            for r in live
+        ]
+        rules: list[tuple[str, list[bool] | set[str]]] = []
+        n_latest = settings["save_trial_latest"]
+        rules.append(
+            (f"latest (save_trial_latest={n_latest})", LatestN(n_latest).should_preserve(records))
+        )
+        n_best = settings["save_trial_best"]
+        if n_best:
+            best = BestN(n_best, searcher.metric, searcher.smaller_is_better)
+            rules.append(
+                (
+                    f"trial best by {searcher.metric} (save_trial_best={n_best})",
+                    best.should_preserve(records),
+                )
+            )
+        n_exp = settings["save_experiment_best"]
+        if n_exp and trial.experiment_id is not None:
+            top = queries.experiment_best_uuids(
+                registry, trial.experiment_id, searcher.metric, searcher.smaller_is_better, n_exp
+            )
+            rules.append((f"experiment best (save_experiment_best={n_exp})", top))
+        for label, keep in rules:
+            chosen = (
+                keep
+                if isinstance(keep, set)
+                else {r.uuid for r, k in zip(records, keep, strict=True) if k}
+            )
+            for uuid in uuids:
+                if uuid in chosen:
+                    reasons[uuid].append(label)
+    for uuid, holders in queries.pins_of(registry, uuids).items():
+        reasons[uuid].extend(f"pinned by {h}" for h in holders)
+    for uuid, versions in queries.versions_of(registry, uuids).items():
+        reasons[uuid].extend(f"model {v}" for v in versions)
+    return reasons

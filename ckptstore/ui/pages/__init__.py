@@ -1,0 +1,1 @@
+"""Page handlers, one module per kind of thing (experiments, trials, checkpoints, models)."""

@@ -1,0 +1,201 @@
+"""Deduplicated checkpoints (``dedup=True``, format 2): content stored once per prefix as
+SHA-256-addressed chunks; readers get ordinary, verified files; deletes are reference-counted."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckptstore import errors
+from ckptstore.checkpointing import CheckpointContext, LatestN, blob_gc, blobs
+from ckptstore.checkpointing import format as fmt
+from ckptstore.cli.main import cli
+from tests.checkpointing._helpers import make_tree, read_tree
+
+CHUNK = 2**16
+
+
+def stored(ctx: CheckpointContext) -> set[str]:
+    names = {k.rsplit("/", 1)[-1] for k in ctx.storage.list(blobs.BLOBS_DIR)}
+    return {n for n in names if blobs.SHA_RE.match(n)}
+
+
+def tree(seed: int, *, frozen: bytes) -> dict[str, bytes]:
+    rng = random.Random(seed)
+    return {
+        "model/frozen.bin": frozen,
+        "model/head.bin": rng.randbytes(3 * CHUNK + 17),
+        "config.json": json.dumps({"seed": seed}).encode(),
+    }
+
+
+@pytest.fixture
+def frozen() -> bytes:
+    return random.Random(0).randbytes(20 * CHUNK)
+
+
+def test_unchanged_chunks_are_not_uploaded_and_files_come_back_identical(
+    local_and_s3_url, frozen, tmp_path
+):
+    with CheckpointContext(
+        local_and_s3_url, trial_id=1, dedup=True, dedup_chunk_bytes=CHUNK
+    ) as ctx:
+        first = tree(1, frozen=frozen)
+        u1 = ctx.upload(make_tree(str(tmp_path / "a"), first), {"steps_completed": 1})
+        after_first = stored(ctx)
+        second = tree(2, frozen=frozen)
+        with ctx.store_path({"steps_completed": 2}) as (path, u2):
+            make_tree(str(path), second)
+        new = stored(ctx) - after_first
+        # Only the head's 4 chunks and the small config changed; the 20 frozen chunks are shared.
+        assert len(new) == 5
+        assert sum(len(ctx.storage.read_bytes(blobs.blob_key(s))) for s in new) == len(
+            second["model/head.bin"]
+        ) + len(second["config.json"])
+        # The checkpoint folders hold only metadata and the manifest: the content is in blobs.
+        assert set(ctx.storage.list(u2)) == {fmt.METADATA_NAME, fmt.MANIFEST_NAME}
+        assert fmt.read_manifest(ctx.storage, u2)["format_version"] == fmt.BLOBS_FORMAT_VERSION
+        ctx.download(u1, tmp_path / "d1")
+        assert read_tree(str(tmp_path / "d1")) == {
+            **first,
+            fmt.METADATA_NAME: ctx.storage.read_bytes(f"{u1}/{fmt.METADATA_NAME}"),
+        }
+        with ctx.restore_path(u2, selector="model/*") as path:
+            got = read_tree(str(path))
+        assert got == {k: v for k, v in second.items() if k.startswith("model/")}
+
+
+def test_whole_file_and_dedup_checkpoints_share_a_prefix(tmp_path, frozen):
+    url = str(tmp_path / "store")
+    with CheckpointContext(url, trial_id=1) as ctx:
+        old = ctx.upload(make_tree(str(tmp_path / "a"), tree(1, frozen=frozen)))
+        assert fmt.read_manifest(ctx.storage, old)["format_version"] == fmt.FORMAT_VERSION
+        assert not ctx.storage.exists(blobs.BLOBS_DIR)
+    with CheckpointContext(url, trial_id=1, dedup=True, dedup_chunk_bytes=CHUNK) as ctx:
+        new = ctx.upload(make_tree(str(tmp_path / "b"), tree(2, frozen=frozen)))
+        assert fmt.list_committed(ctx.storage) == sorted([old, new])
+        with ctx.restore_path(old) as path:
+            assert read_tree(str(path))["model/frozen.bin"] == frozen
+        with ctx.restore_path(new) as path:
+            assert read_tree(str(path))["model/frozen.bin"] == frozen
+
+
+def test_gc_and_partial_delete_remove_only_unreferenced_blobs(tmp_path, frozen):
+    url = str(tmp_path / "store")
+    with CheckpointContext(
+        url, trial_id=1, dedup=True, dedup_chunk_bytes=CHUNK, gc_policy=LatestN(1)
+    ) as ctx:
+        u1 = ctx.upload(make_tree(str(tmp_path / "a"), tree(1, frozen=frozen)))
+        ctx.wait()
+        first = blobs.referenced(fmt.read_manifest(ctx.storage, u1))
+        u2 = ctx.upload(make_tree(str(tmp_path / "b"), tree(2, frozen=frozen)))
+        ctx.wait()  # GC (LatestN(1)) deleted u1 and swept its own blobs
+        assert fmt.list_committed(ctx.storage) == [u2]
+        used = blobs.referenced(fmt.read_manifest(ctx.storage, u2))
+        assert stored(ctx) == used
+        assert first - used and not (first - used) & stored(ctx)
+        # Partial delete: the manifest is rewritten first; the head's blobs go at the next GC.
+        ctx.delete(u2, globs=["model/head.bin"])
+        ctx.gc()
+        assert stored(ctx) == blobs.referenced(fmt.read_manifest(ctx.storage, u2))
+        with ctx.restore_path(u2) as path:
+            assert sorted(read_tree(str(path))) == [
+                "config.json",
+                fmt.METADATA_NAME,
+                "model/frozen.bin",
+            ]
+
+
+def test_blobs_named_by_an_in_flight_upload_are_kept(tmp_path):
+    url = str(tmp_path / "store")
+    # No GC policy: the background GC after a commit would sweep too, racing the sweeps this
+    # test makes itself (on a loaded machine it ran first and took the blobs).
+    with CheckpointContext(url, dedup=True, dedup_chunk_bytes=4096, gc_policy=None) as ctx:
+        uuid = ctx.upload(make_tree(str(tmp_path / "a"), {"x.bin": b"a" * 9000}))
+        shas = blobs.referenced(fmt.read_manifest(ctx.storage, uuid))
+        # Another process is uploading a checkpoint that reuses them; its manifest is not
+        # written yet, only its pending marker.
+        in_flight = "0b7c6f5e-0000-4000-8000-000000000001"
+        from ckptstore.checkpointing import commit
+
+        commit.write_pending_marker(ctx.storage, in_flight, shas)
+        ctx.delete(uuid)
+        assert blob_gc.sweep(ctx.storage) == []
+        assert stored(ctx) == shas
+        ctx.storage.delete(in_flight)  # that upload died and its leftovers were removed
+        assert sorted(blob_gc.sweep(ctx.storage)) == sorted(shas)
+        assert stored(ctx) == set()
+
+
+def test_corrupted_shared_blob_is_reported_with_every_checkpoint_using_it(
+    local_and_s3_url, frozen, tmp_path
+):
+    registry = f"sqlite:///{tmp_path / 'reg.db'}"
+    with CheckpointContext(
+        local_and_s3_url, trial_id=1, dedup=True, dedup_chunk_bytes=CHUNK
+    ) as ctx:
+        uuids = [
+            ctx.upload(make_tree(str(tmp_path / f"s{i}"), tree(i, frozen=frozen))) for i in range(3)
+        ]
+        shared = blobs.chunk_file(str(tmp_path / "s0" / "model" / "frozen.bin"), CHUNK)[5]
+        key = blobs.blob_key(shared["sha256"])
+        data = ctx.storage.read_bytes(key)
+        local = ctx.storage.local_path(key)
+        if local is not None:
+            os.chmod(local, 0o644)
+        ctx.storage.write_bytes(key, data[:100] + bytes([data[100] ^ 1]) + data[101:])
+        with pytest.raises(errors.ChecksumMismatch, match=shared["sha256"]):
+            ctx.download(uuids[1], tmp_path / "out")
+        result = CliRunner().invoke(
+            cli,
+            [
+                "--storage",
+                local_and_s3_url,
+                "--registry",
+                registry,
+                "checkpoint",
+                "verify",
+                uuids[0],
+            ],
+            catch_exceptions=False,
+        )
+        assert result.exit_code == 5, result.output
+        assert shared["sha256"] in result.output
+        for uuid in uuids:
+            assert uuid in result.output
+
+
+def test_dedup_is_off_by_default_and_the_chunk_size_is_checked(tmp_path):
+    with CheckpointContext(str(tmp_path / "s")) as ctx:
+        assert ctx.dedup is False
+        uuid = ctx.upload(make_tree(str(tmp_path / "a"), {"x": b"1"}))
+        assert fmt.read_manifest(ctx.storage, uuid)["format_version"] == fmt.FORMAT_VERSION
+    with pytest.raises(errors.InvalidConfig, match="dedup_chunk_bytes"):
+        CheckpointContext(str(tmp_path / "s"), dedup=True, dedup_chunk_bytes=10)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 20_000), min_size=1, max_size=4),
+    drop=st.integers(0, 3),
+)
+def test_manifest_blob_lists_must_add_up(sizes, drop):
+    """A manifest whose blob list does not add up to the file size is refused, typed."""
+    entry = {"size": sum(sizes), "crc32c": "00000000"}
+    entry["blobs"] = [{"sha256": f"{i:064x}", "size": s} for i, s in enumerate(sizes)]
+    manifest = {"format_version": 2, "uuid": None, "files": {"f": entry}}
+    assert fmt.parse_manifest(json.dumps(manifest).encode(), "u")["files"]["f"] == entry
+    damaged = dict(entry, blobs=entry["blobs"][: len(sizes) - 1 - min(drop, len(sizes) - 1)])
+    if sum(c["size"] for c in damaged["blobs"]) != entry["size"]:
+        bad = {"format_version": 2, "uuid": None, "files": {"f": damaged}}
+        with pytest.raises(errors.InvalidCheckpoint, match="blob list"):
+            fmt.parse_manifest(json.dumps(bad).encode(), "u")
+    old = {"format_version": 1, "uuid": None, "files": {"f": entry}}
+    with pytest.raises(errors.InvalidCheckpoint, match="format_version=1"):
+        fmt.parse_manifest(json.dumps(old).encode(), "u")

@@ -1,0 +1,124 @@
+"""Issue 15 items 3, 4 and 7 through the command line: an explicit --storage wins over the URL a
+registry row recorded, mistyped storage URLs are refused, and gc never deletes a checkpoint a
+best rule could protect, nor anything without --yes or a confirmed dry run on a terminal."""
+
+from __future__ import annotations
+
+import os
+import pty
+import shutil
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from ckptstore import errors
+from ckptstore.cli.errors import EXIT_BAD_INPUT, EXIT_CORRUPT
+from ckptstore.cli.main import cli
+from ckptstore.core import init
+from ckptstore.registry import Registry
+from ckptstore.storage_backends import open_storage
+from tests.cli.helpers import Env
+
+MISTYPED = ["s3:/bucket", "gs:bucket/x", "", "   ", " /tmp/x", "az:/c/p"]
+
+
+@pytest.mark.parametrize("spec", MISTYPED)
+def test_mistyped_storage_is_refused_everywhere(tmp_path, spec, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(errors.InvalidStorageConfig, match="Received|mistyped"):
+        open_storage(spec)
+    with pytest.raises(errors.InvalidStorageConfig):
+        with init(storage=spec, registry=f"sqlite:///{tmp_path}/r.db", trial_id=1):
+            pass
+    result = CliRunner().invoke(
+        cli, ["--storage", spec, "--registry", f"sqlite:///{tmp_path}/r.db", "checkpoint", "list"]
+    )
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert os.listdir(tmp_path) == []  # no ./s3:/bucket folder, no registry created
+
+
+def test_file_urls_and_colon_folders_still_work(tmp_path):
+    assert open_storage(f"file:{tmp_path}/a").local_path("") == f"{tmp_path}/a"
+    assert open_storage(f"{tmp_path}/x:y").local_path("") == f"{tmp_path}/x:y"
+
+
+def test_explicit_storage_wins_over_the_recorded_url(tmp_path, caplog):
+    """Item 3: verify/download with --storage OTHER use OTHER (a damaged copy fails), and the
+    command says that the registry recorded another URL."""
+    env = Env(str(tmp_path / "a"), f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path))
+    uuid = env.save(1, 10)
+    other = tmp_path / "b"
+    shutil.copytree(tmp_path / "a", other)
+    with open(other / uuid / "model.keras", "r+b") as f:
+        f.write(b"damaged")
+    assert env.run("checkpoint", "verify", uuid).exit_code == 0  # the recorded, intact copy
+    explicit = Env(str(other), env.registry_url, str(tmp_path))
+    result = explicit.run("checkpoint", "verify", uuid)
+    assert result.exit_code == EXIT_CORRUPT, result.output
+    assert "model.keras" in result.output
+    assert "registry recorded it in" in caplog.text
+    out = tmp_path / "dl"
+    assert explicit.run("checkpoint", "download", uuid, "-o", str(out)).exit_code == EXIT_CORRUPT
+
+
+def _env_with_best(tmp_path) -> tuple[Env, str, str]:
+    env = Env(str(tmp_path / "s"), f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path))
+    best = env.save(1, 10, metrics={"val_loss": 0.1})
+    env.save(1, 20, metrics={"val_loss": 0.9})
+    latest = env.save(1, 30, metrics={"val_loss": 0.5})
+    return env, best, latest
+
+
+def test_gc_without_a_metric_keeps_every_checkpoint_and_says_so(tmp_path, caplog):
+    env, best, _latest = _env_with_best(tmp_path)
+    result = env.run("gc", "--yes")
+    assert result.exit_code == 0, result.output
+    assert "Deleted 0 checkpoint(s)." in result.stdout
+    assert "no metric is known" in caplog.text  # a WARNING log line: stderr of the command
+    assert best in {r["uuid"] for r in env.json("checkpoint", "list")}
+
+
+def test_gc_uses_the_searcher_metric_recorded_for_the_experiment(tmp_path):
+    env = Env(str(tmp_path / "s"), f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path))
+    with Registry(env.registry_url) as reg:
+        exp = reg.create_experiment(
+            config={"searcher": {"metric": "accuracy", "smaller_is_better": False}}
+        )
+        reg.ensure_trial(1, experiment_id=exp)
+    best = env.save(1, 10, experiment_id=exp, metrics={"val_accuracy": 0.9})  # val_ alias
+    env.save(1, 20, experiment_id=exp, metrics={"val_accuracy": 0.2})
+    latest = env.save(1, 30, experiment_id=exp, metrics={"val_accuracy": 0.5})
+    assert env.json("gc", "--yes")["deleted"] != []
+    assert {r["uuid"] for r in env.json("checkpoint", "list")} == {best, latest}
+
+
+def test_gc_refuses_to_delete_without_yes_off_a_terminal(tmp_path):
+    env, _best, _latest = _env_with_best(tmp_path)
+    result = env.run("gc", "--metric", "val_loss")
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "--dry-run" in result.output and "--yes" in result.output
+    assert len(env.json("checkpoint", "list")) == 3
+
+
+@pytest.mark.parametrize("answer, left", [(b"n\n", 3), (b"y\n", 2)])
+def test_gc_on_a_terminal_shows_a_dry_run_and_asks(tmp_path, answer, left):
+    env, _best, _latest = _env_with_best(tmp_path)
+    main, child = pty.openpty()
+    argv = [sys.executable, "-m", "ckptstore.cli.main", "--storage", env.storage_url,
+            "--registry", env.registry_url, "gc", "--metric", "val_loss"]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, stdin=child, stdout=child, stderr=child, env={**os.environ, "PYTHONPATH": os.getcwd()}
+    )
+    os.close(child)
+    seen = b""
+    while b"Delete these 1 checkpoint(s)?" not in seen:
+        chunk = os.read(main, 4096)
+        assert chunk, seen
+        seen += chunk
+    assert b"Would delete" in seen
+    os.write(main, answer)
+    assert proc.wait(timeout=60) == (0 if answer.startswith(b"y") else 1)
+    os.close(main)
+    assert len(env.json("checkpoint", "list")) == left

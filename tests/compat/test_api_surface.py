@@ -1,0 +1,88 @@
+"""Every Keras-facing name of Determined 0.38.1 keeps the status docs/determined-compat.md
+records for it (same / compatible / not supported ...): a name that disappears or whose
+signature stops accepting Determined's calls fails here.
+
+The Determined side comes from the committed snapshot (tests/compat/determined_0_38_1_api.json,
+extracted from the real wheel by scripts/determined_api_snapshot.py), so no wheel is needed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.compat import api_surface
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[api_surface.Row]:
+    return api_surface.rows_for(api_surface.load_snapshot())
+
+
+def test_snapshot_is_determined_0_38_1_with_its_keras_modules():
+    snapshot = json.loads(api_surface.SNAPSHOT.read_text())
+    assert snapshot["determined_version"] == "0.38.1"
+    keras = snapshot["modules"]["determined.keras"]
+    # Names every TFKerasTrial example and the DeterminedCallback docs use.
+    for name in ("InputData", "TFKerasTrial", "DeterminedCallback", "TFKerasTensorBoard"):
+        assert name in keras
+    assert keras["load_model_from_checkpoint_path"]["params"][:2] == [
+        ["path", "pos", None],
+        ["tags", "pos", "None"],
+    ]
+
+
+def test_no_row_is_worse_than_documented(rows):
+    documented = api_surface.documented_statuses(api_surface.DOC.read_text())
+    assert len(documented) > 400, "docs/determined-compat.md lost its table"
+    worse = [
+        f"{r.name}: {documented[r.name]} -> {r.status} ({r.notes})"
+        for r in rows
+        if r.name in documented
+        and api_surface.RANK[r.status] > api_surface.RANK[documented[r.name]]
+    ]
+    vanished = sorted(set(documented) - {r.name for r in rows})
+    assert not worse, "Determined compatibility regressed:\n" + "\n".join(worse)
+    assert not vanished, f"rows vanished from the comparison: {vanished}"
+
+
+def test_names_a_determined_keras_script_needs_are_same_or_compatible(rows):
+    by_name = {r.name: r for r in rows}
+    for name in (
+        "determined.LOG_FORMAT",
+        "determined.core.DummyDistributedContext",
+        "determined.core.DownloadMode",
+        "determined.core.PreemptMode",
+        "determined.core.TensorboardMode",
+        "determined.core.CheckpointContext.restore_path",
+        "determined.core.CheckpointContext.download",
+        "determined.keras.InputData",
+        "determined.keras.load_model_from_checkpoint_path",
+        "determined.keras.TFKerasTrialContext.get_stop_requested",
+        "determined.keras.TFKerasTrialContext.env",
+        "determined.experimental.client.get_checkpoint",
+        "determined.experimental.client.Checkpoint.download",
+        "determined.experimental.client.Model.register_version",
+    ):
+        assert by_name[name].status in ("same", "compatible"), by_name[name]
+
+
+def test_the_comparison_rejects_a_changed_positional_order():
+    det = [["path", "pos", None], ["tags", "pos", "None"]]
+    assert api_surface.compare_params(det, det) == ("same", "")
+    status, notes = api_surface.compare_params(
+        det, [["path", "pos", None], ["compile", "pos", "True"]]
+    )
+    assert status == "different" and "'compile', not 'tags'" in notes
+    status, notes = api_surface.compare_params(
+        det, [["path", "pos", None], ["tags", "pos", "None"], ["model", "kw", "None"]]
+    )
+    assert status == "compatible" and "adds model" in notes
+    status, _ = api_surface.compare_params(det, [["path", "pos", None]])
+    assert status == "different"
+
+
+def test_the_table_parser_reads_what_render_writes(rows):
+    text = api_surface.render(rows)
+    assert api_surface.documented_statuses(text) == {r.name: r.status for r in rows}

@@ -1,0 +1,190 @@
+"""core.init(): trial resolution, checkpoints, metrics, GC policy, preemption, trial info."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ckptstore
+from ckptstore import errors
+from ckptstore.core import _info as trial_info
+from ckptstore.core import init
+from ckptstore.core._train import to_jsonable
+from ckptstore.registry import Registry
+
+
+@pytest.fixture
+def where(tmp_path, monkeypatch):
+    for name in trial_info.ALL_ENV:
+        monkeypatch.delenv(name, raising=False)
+    return str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
+
+
+def _save(ctx, steps, **metrics):
+    with ctx.checkpoint.store_path({"steps_completed": steps, "metrics": metrics}) as (path, uuid):
+        Path(path, "weights.bin").write_bytes(os.urandom(64))
+    return uuid
+
+
+def test_new_trial_is_created_and_latest_checkpoint_found(where):
+    storage, registry = where
+    with init(storage=storage, registry=registry, hparams={"lr": 0.1}) as ctx:
+        trial_id = ctx.info.trial.trial_id
+        assert ctx.info.task_type == "TRIAL" and ctx.info.latest_checkpoint is None
+        assert ctx.info.hparams == {"lr": 0.1}
+        _save(ctx, 5)
+        second = _save(ctx, 10)
+    with init(storage=storage, registry=registry, trial_id=trial_id) as ctx:
+        assert ctx.info.latest_checkpoint == second
+        assert ctx.info.trial.hparams == {"lr": 0.1}  # from the trial row
+        assert ctx.checkpoint.get_metadata(second)["trial_id"] == trial_id
+    with init(storage=storage, registry=registry) as ctx:
+        assert ctx.info.trial.trial_id != trial_id
+
+
+def test_env_vars_are_honoured(where, monkeypatch):
+    storage, registry = where
+    monkeypatch.setenv("CKPTSTORE_STORAGE", storage)
+    monkeypatch.setenv("CKPTSTORE_REGISTRY", registry)
+    monkeypatch.setenv("CKPTSTORE_TRIAL_ID", "42")
+    monkeypatch.setenv("CKPTSTORE_HPARAMS", '{"units": 8}')
+    with init() as ctx:
+        assert (ctx.trial_id, ctx.hparams) == (42, {"units": 8})
+        uuid = _save(ctx, 1)
+    assert Path(storage, uuid, "MANIFEST.json").exists()
+    info = ckptstore.get_cluster_info()
+    assert (info.trial.trial_id, info.trial.hparams, info.latest_checkpoint) == (
+        42,
+        {"units": 8},
+        uuid,
+    )
+    monkeypatch.setenv("CKPTSTORE_TRIAL_ID", "forty-two")
+    with pytest.raises(errors.InvalidConfig, match="CKPTSTORE_TRIAL_ID"):
+        ckptstore.get_trial_info()
+    monkeypatch.setenv("CKPTSTORE_TRIAL_ID", "1")
+    monkeypatch.setenv("CKPTSTORE_HPARAMS", "[1, 2]")
+    with pytest.raises(errors.InvalidConfig, match="JSON object"):
+        ckptstore.get_trial_info()
+    monkeypatch.delenv("CKPTSTORE_TRIAL_ID")
+    assert ckptstore.get_trial_info() is None
+
+
+def test_metrics_reach_the_registry_as_json(where):
+    storage, registry = where
+    with init(storage=storage, registry=registry, trial_id=2) as ctx:
+        ctx.train.report_training_metrics(10, {"loss": np.float32(0.5), "nan": float("nan")})
+        ctx.train.report_validation_metrics(10, {"val_loss": np.array(0.25)})
+        with pytest.raises(errors.InvalidConfig, match="steps_completed"):
+            ctx.train.report_training_metrics(-1, {"loss": 1.0})
+    with Registry(registry) as reg:
+        train = reg.get_metrics(2, group="training")
+        val = reg.get_metrics(2, group="validation")
+    assert train[0].metrics == {"loss": 0.5, "nan": None} and train[0].steps_completed == 10
+    assert val[0].metrics == {"val_loss": 0.25}
+
+
+def test_to_jsonable():
+    import tensorflow as tf
+
+    got = to_jsonable({"a": tf.constant(2.0), 3: [np.int64(4), math.inf], "s": "x"})
+    assert got == {"a": 2.0, "3": [4, None], "s": "x"}
+
+
+def test_checkpoint_gc_policy(where):
+    storage, registry = where
+    gc = {"save_trial_latest": 1, "save_trial_best": 1, "metric": "val_loss"}
+    with init(storage=storage, registry=registry, trial_id=5, checkpoint_gc=gc) as ctx:
+        best = _save(ctx, 1, val_loss=0.1)
+        _save(ctx, 2, val_loss=0.5)
+        latest = _save(ctx, 3, val_loss=0.9)
+        ctx.checkpoint.wait()
+        ctx.checkpoint.gc()
+    with Registry(registry) as reg:
+        live = {c.uuid for c in reg.list_checkpoints(trial_id=5, states=("COMMITTED",))}
+    assert live == {best, latest}
+    assert sorted(os.listdir(storage)) == sorted([best, latest])
+    with pytest.raises(errors.InvalidConfig, match="save_trial_lastest"):
+        with init(storage=storage, registry=registry, checkpoint_gc={"save_trial_lastest": 1}):
+            pass
+
+
+def test_no_gc_by_default_and_storage_dict_gc_keys(where):
+    storage, registry = where
+    with init(storage=storage, registry=registry, trial_id=6) as ctx:
+        uuids = {_save(ctx, s) for s in range(3)}
+    assert uuids <= set(os.listdir(storage))
+    config = {
+        "type": "shared_fs",
+        "host_path": storage,
+        "save_trial_latest": 1,
+        "save_trial_best": 0,
+    }
+    with init(storage=config, registry=registry, trial_id=7) as ctx:
+        _save(ctx, 1)
+        last = _save(ctx, 2)
+        ctx.checkpoint.wait()
+        ctx.checkpoint.gc()
+    with Registry(registry) as reg:
+        live = [c.uuid for c in reg.list_checkpoints(trial_id=7, states=("COMMITTED",))]
+    assert live == [last]
+
+
+def test_preemption_by_signal_and_handlers_restored(where):
+    storage, registry = where
+    before = signal.getsignal(signal.SIGTERM)
+    with init(storage=storage, registry=registry, trial_id=8, set_trial_state=True) as ctx:
+        assert signal.getsignal(signal.SIGTERM) is not before
+        assert ctx.preempt.should_preempt() is False
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert ctx.preempt.should_preempt() is True
+    assert signal.getsignal(signal.SIGTERM) is before
+    with Registry(registry) as reg:
+        assert reg.get_trial(8).state == "PAUSED"
+
+
+def test_trial_state_on_error_and_completion(where):
+    storage, registry = where
+    with pytest.raises(RuntimeError):
+        with init(storage=storage, registry=registry, trial_id=9, set_trial_state=True):
+            raise RuntimeError("boom")
+    with init(storage=storage, registry=registry, trial_id=10, set_trial_state=True):
+        pass
+    with init(storage=storage, registry=registry, trial_id=11):
+        pass
+    with Registry(registry) as reg:
+        states = [reg.get_trial(t).state for t in (9, 10, 11)]
+    assert states == ["ERROR", "COMPLETED", "ACTIVE"]
+
+
+def test_background_upload_failure_is_raised_on_exit(where, tmp_path, s3_server):
+    _, registry = where
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"x" * 10)
+    with pytest.raises(errors.CkptstoreError) as caught:
+        with init(storage="s3://ckptstore-no-such-bucket/p", registry=registry, trial_id=12) as ctx:
+            ctx.checkpoint.upload(str(src), {"steps_completed": 1}, background=True)
+    assert "no-such-bucket" in str(caught.value) or "no-such-bucket" in str(caught.value.__cause__)
+
+
+def test_old_import_paths_warn_and_give_the_same_objects():
+    import importlib
+    import sys
+    import warnings
+
+    from ckptstore import _deprecated
+
+    for old, new in _deprecated.MOVED.items():
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old
+        assert any(
+            issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught
+        ), old

@@ -1,0 +1,69 @@
+"""Helpers for the Determined compatibility corpus: run the ``ckptstore`` command as a user
+would (a subprocess of this checkout's ckptstore) against fresh local or S3 storage."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = Path(__file__).resolve().parent / "corpus"
+CLI_TIMEOUT_S = 300
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The environment of a user's shell: this checkout importable, quiet TensorFlow."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    env.update(extra)
+    return env
+
+
+def ckptstore(
+    *args: str, storage: str, registry: str, cwd: str | Path | None = None, **env: str
+) -> subprocess.CompletedProcess:
+    """``ckptstore --storage S --registry R ARGS...``; returns the finished process."""
+    cmd = [sys.executable, "-m", "ckptstore.cli.main", "--storage", storage, "--registry", registry]
+    return subprocess.run(
+        [*cmd, *args],
+        cwd=cwd,
+        env=cli_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+    )
+
+
+def copy_corpus(name: str, tmp_path: Path) -> Path:
+    """A fresh copy of one corpus folder (runs must not write into the repository)."""
+    target = tmp_path / name
+    shutil.copytree(CORPUS / name, target)
+    return target
+
+
+@pytest.fixture(params=("file", "s3"))
+def where(request, tmp_path, storage_url_factory) -> tuple[str, str]:
+    """(storage URL, registry URL): local folder or the S3 emulator, a fresh SQLite registry."""
+    return storage_url_factory(request.param), f"sqlite:///{tmp_path / 'registry.db'}"
+
+
+@pytest.fixture
+def local(tmp_path) -> tuple[str, str]:
+    return str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'registry.db'}"
+
+
+def create_ok(
+    config: str, model_dir: Path, storage: str, registry: str
+) -> subprocess.CompletedProcess:
+    """``ckptstore experiment create CONFIG .`` in ``model_dir``; fails the test unless it exits 0."""
+    done = ckptstore(
+        "experiment", "create", config, ".", storage=storage, registry=registry, cwd=model_dir
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done

@@ -1,0 +1,142 @@
+"""The reference's "new Keras API" end to end (issue 21): its const.yaml (hyperparameters +
+entrypoint_script, no searcher) trains one trial through ``experiment create``; its
+batch_inference.py runs through ``ckptstore job run`` by trial id and by UUID, a job that fails
+is recorded and fails the command, and a 2-slot job gathers the same predictions as 1 slot."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from ckptstore.registry import Registry
+from ckptstore.storage_backends import open_storage
+from tests.determined_compat.conftest import ckptstore, copy_corpus
+
+
+def _job_config(model_dir, name, **data):
+    raw = yaml.safe_load((model_dir / "batch_inference.yaml").read_text())
+    slots = data.pop("slots", 1)
+    raw["data"].update(data)
+    raw["resources"]["slots"] = slots
+    (model_dir / name).write_text(yaml.safe_dump(raw))
+    return name
+
+
+def _predictions(storage, job_id):
+    store = open_storage(storage)
+    try:
+        return np.load(io.BytesIO(store.read_bytes(f"jobs/{job_id}/predictions.npy")))
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def trained(tmp_path, where):
+    """The reference's const.yaml trained once: (model_dir, storage, registry)."""
+    storage, registry = where
+    model_dir = copy_corpus("new_keras_api", tmp_path)
+    done = ckptstore(
+        "experiment", "create", "const.yaml", ".", storage=storage, registry=registry, cwd=model_dir
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return model_dir, storage, registry
+
+
+def test_reference_train_then_batch_inference(trained):
+    model_dir, storage, registry = trained
+    with Registry(registry) as reg:
+        (trial,) = reg.list_trials(1)
+        assert trial.state == "COMPLETED" and trial.hparams["dropout"] == 0.1
+        latest = reg.latest_checkpoint(trial.id)
+        assert latest.metadata["epoch"] == 3  # the epochs the script passed to context.fit
+
+    by_id = ckptstore(
+        "job",
+        "run",
+        _job_config(model_dir, "by_id.yaml", trial_id=trial.id),
+        ".",
+        storage=storage,
+        registry=registry,
+        cwd=model_dir,
+    )
+    assert by_id.returncode == 0, by_id.stderr[-3000:]
+    assert "Job 1 completed" in by_id.stdout
+    cfg = _job_config(model_dir, "by_uuid.yaml", trial_id=None, checkpoint_uuid=latest.uuid)
+    by_uuid = ckptstore("job", "run", cfg, ".", storage=storage, registry=registry, cwd=model_dir)
+    assert by_uuid.returncode == 0, by_uuid.stderr[-3000:]
+    first, second = _predictions(storage, 1), _predictions(storage, 2)
+    assert first.shape == (203, 10)
+    np.testing.assert_allclose(first, second, rtol=1e-6)
+
+    # Each evaluation is recorded against the checkpoint it evaluated.
+    shown = ckptstore(
+        "checkpoint", "describe", latest.uuid, "--json", storage=storage, registry=registry
+    )
+    assert shown.returncode == 0, shown.stderr
+    evaluations = json.loads(shown.stdout)["metrics"]["evaluations"]
+    assert [e["job_id"] for e in evaluations] == [1, 2]
+    assert 0.0 <= evaluations[0]["metrics"]["accuracy"] <= 1.0
+    assert evaluations[0]["metrics"] == pytest.approx(evaluations[1]["metrics"])
+
+    listed = json.loads(
+        ckptstore("job", "list", "--json", storage=storage, registry=registry).stdout
+    )
+    assert [(j["id"], j["state"], j["exit_code"]) for j in listed] == [
+        (1, "COMPLETED", 0),
+        (2, "COMPLETED", 0),
+    ]
+    logs = ckptstore("job", "logs", "2", storage=storage, registry=registry)
+    assert "wrote (203, 10) to" in logs.stdout
+
+
+def test_failing_job_and_two_slots(trained):
+    model_dir, storage, registry = trained
+    (model_dir / "wrong.yaml").write_text(
+        "entrypoint_script: python3 wrong_job.py\ndata: {batch_size: 8}\n"
+    )
+    failed = ckptstore(
+        "job", "run", "wrong.yaml", ".", storage=storage, registry=registry, cwd=model_dir
+    )
+    assert failed.returncode == 1
+    assert "Job 1 ended ERROR (exit status 1)" in failed.stderr
+    assert "NotInTraining: context.training is not available in job 1" in failed.stderr
+    described = json.loads(
+        ckptstore("job", "describe", "1", "--json", storage=storage, registry=registry).stdout
+    )
+    assert described["state"] == "ERROR" and described["exit_code"] == 1
+    assert described["data"] == {"batch_size": 8}
+    assert (
+        "data: {'batch_size': 8}"
+        in ckptstore("job", "logs", "1", storage=storage, registry=registry).stdout
+    )
+
+    one = ckptstore(
+        "job",
+        "run",
+        _job_config(model_dir, "one.yaml"),
+        ".",
+        storage=storage,
+        registry=registry,
+        cwd=model_dir,
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = ckptstore(
+        "job",
+        "run",
+        _job_config(model_dir, "two.yaml", slots=2),
+        ".",
+        storage=storage,
+        registry=registry,
+        cwd=model_dir,
+    )
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "Starting 2 workers" in two.stderr
+    np.testing.assert_allclose(
+        _predictions(storage, 3), _predictions(storage, 2), rtol=1e-5, atol=1e-6
+    )
+    with Registry(registry) as reg:
+        evaluations = reg.latest_checkpoint(1).metrics["evaluations"]
+    assert [e["job_id"] for e in evaluations] == [2, 3]
+    assert evaluations[1]["metrics"] == pytest.approx(evaluations[0]["metrics"], rel=1e-4)

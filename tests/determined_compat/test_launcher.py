@@ -1,0 +1,123 @@
+"""Determined's iris example shape through ``python3 -m determined.launch.tensorflow -- python3
+train.py``, unchanged: one worker on local storage and on the S3 emulator, resume after SIGTERM,
+and ``resources.slots_per_trial: 2`` (two workers with TF_CONFIG on this machine)."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from ckptstore.registry import Registry
+from tests.determined_compat.conftest import ckptstore, cli_env, copy_corpus, create_ok
+
+
+def _describe(exp_id, storage, registry):
+    shown = ckptstore(
+        "experiment", "describe", str(exp_id), "--json", storage=storage, registry=registry
+    )
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)
+
+
+def test_iris_const_through_the_launcher(tmp_path, where):
+    storage, registry = where
+    model_dir = copy_corpus("iris", tmp_path)
+    done = create_ok("const.yaml", model_dir, storage, registry)
+    output = done.stdout + done.stderr  # trial output is copied to the runner's stdout
+    assert "`import determined` uses ckptstore" in output
+    assert "ignored here: environment" in done.stderr
+    info = _describe(1, storage, registry)
+    assert info["state"] == "COMPLETED"
+    (trial,) = info["trials"]
+    assert trial["state"] == "COMPLETED" and trial["best_metric"] > 0.5
+    with Registry(registry) as reg:
+        latest = reg.latest_checkpoint(trial["id"])
+        assert latest.metadata["epoch"] == 6 and latest.steps_completed == 6 * 15
+
+
+def test_iris_resumes_after_sigterm(tmp_path, local):
+    storage, registry = local
+    model_dir = copy_corpus("iris", tmp_path)
+    raw = (model_dir / "const.yaml").read_text().replace("--epochs 6", "--epochs 12")
+    (model_dir / "const.yaml").write_text(raw)
+    cmd = [sys.executable, "-m", "ckptstore.cli.main", "--storage", storage, "--registry", registry]
+    runner = subprocess.Popen(
+        [*cmd, "experiment", "create", "const.yaml", "."],
+        cwd=model_dir,
+        env=cli_env(IRIS_EPOCH_PAUSE_S="0.5"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 180
+    first = None
+    while first is None and time.monotonic() < deadline and runner.poll() is None:
+        time.sleep(0.3)
+        try:
+            with Registry(registry) as reg:
+                first = reg.latest_checkpoint(1)
+        except Exception:  # noqa: BLE001 - the registry may not exist yet
+            first = None
+    assert first is not None, "no checkpoint before the deadline"
+    runner.send_signal(signal.SIGTERM)
+    _, err = runner.communicate(timeout=120)
+    # Interrupted: not completed, so the command fails and says how to continue.
+    assert runner.returncode != 0
+    assert "PAUSED" in err and "ckptstore experiment resume 1" in err
+    with Registry(registry) as reg:
+        assert reg.get_trial(1).state == "PAUSED"
+        paused_at = reg.latest_checkpoint(1).steps_completed
+    assert 0 < paused_at < 12 * 15
+
+    resumed = ckptstore(
+        "experiment", "resume", "1", storage=storage, registry=registry, cwd=model_dir
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    with Registry(registry) as reg:
+        assert reg.get_trial(1).state == "COMPLETED"
+        # (a run preempted mid-epoch redoes that epoch: steps may exceed 12 * 15 by a few)
+        assert reg.latest_checkpoint(1).metadata["epoch"] == 12
+        steps = [row.steps_completed for row in reg.get_metrics(1, "validation")]
+    # Every epoch validated once: the resumed run went on from the checkpoint, not from zero.
+    assert len(steps) == len(set(steps)) == 12
+
+
+def test_iris_two_slots_start_two_workers(tmp_path, local):
+    storage, registry = local
+    model_dir = copy_corpus("iris", tmp_path)
+    done = ckptstore(
+        "experiment",
+        "create",
+        "distributed.yaml",
+        ".",
+        storage=storage,
+        registry=registry,
+        cwd=model_dir,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    output = done.stdout + done.stderr
+    assert "Starting 2 workers" in output
+    assert "MultiWorkerMirroredStrategy: rank 1 of 2" in output
+    info = _describe(1, storage, registry)
+    assert info["state"] == "COMPLETED" and info["trials"][0]["latest_checkpoint"]
+
+
+def test_iris_adaptive_prunes_through_the_callback(tmp_path, local):
+    """Determined's iris adaptive.yaml shape (launcher + train.py with DeterminedCallback, the
+    max_length form): trials report validation metrics every epoch; the first report past the
+    rung (30 batches) is judged and a pruned trial checkpoints and stops there."""
+    storage, registry = local
+    model_dir = copy_corpus("iris", tmp_path)
+    create_ok("adaptive.yaml", model_dir, storage, registry)
+    with Registry(registry) as reg:
+        trials = reg.list_trials(1)
+        assert len(trials) == 4 and all(t.state == "COMPLETED" for t in trials)
+        lr = {t.id: t.hparams["learning_rate"] for t in trials}
+        trained = {t.id: reg.latest_checkpoint(t.id).steps_completed for t in trials}
+    bad_after_good = [
+        t for t in sorted(lr) if lr[t] < 1e-6 and any(lr[e] > 1e-6 for e in lr if e < t)
+    ]
+    assert bad_after_good, lr
+    assert all(trained[t] < 60 for t in bad_after_good), (trained, lr)
+    assert all(trained[t] == 60 for t in lr if lr[t] > 1e-6 and t < bad_after_good[0]), trained

@@ -1,0 +1,157 @@
+"""The experiment's trial queue on Optuna's RDB storage, without TensorFlow: slots enqueued
+once, each taken by one runner, a dead runner's trial re-queued by Optuna's heartbeat and
+continued as the same registry trial, retries bounded by max_restarts."""
+
+import time
+
+import optuna
+import pytest
+
+from ckptstore import errors
+from ckptstore.experiment.config import parse_config
+from ckptstore.experiment.optuna_queue import TrialQueue, heartbeat_settings, runners
+from ckptstore.registry import Registry
+
+STATE = optuna.trial.TrialState
+
+
+def _config(max_trials: int = 3, max_restarts: int = 5):
+    return parse_config(
+        {
+            "entrypoint": "python3 train.py",
+            "hyperparameters": {"lr": {"type": "double", "minval": 0.001, "maxval": 0.1}},
+            "searcher": {
+                "name": "random",
+                "metric": "val_loss",
+                "max_length": {"batches": 10},
+                "max_trials": max_trials,
+            },
+            "max_restarts": max_restarts,
+        }
+    )
+
+
+@pytest.fixture
+def fast_heartbeat(monkeypatch):
+    monkeypatch.setenv("CKPTSTORE_HEARTBEAT_INTERVAL", "1")
+    monkeypatch.setenv("CKPTSTORE_HEARTBEAT_GRACE", "2")
+
+
+def _wait_stale(queue: TrialQueue, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        queue.reap()
+        claim = queue.pop()
+        if claim is not None:
+            return claim
+        time.sleep(0.5)
+    return None
+
+
+def test_slots_are_enqueued_once_and_taken_once(registry_url, fast_heartbeat):
+    with Registry(registry_url) as reg:
+        exp = reg.create_experiment("q", config={})
+        a = TrialQueue(_config(), exp, reg, registry_url)
+        b = TrialQueue(_config(), exp, reg, registry_url)
+        a.ensure_slots()
+        b.ensure_slots()  # the second runner finds them enqueued
+        assert len(a.study.get_trials(states=(STATE.WAITING,))) == 3
+        claims = [a.pop(), b.pop(), a.pop()]
+        assert b.pop() is None and a.pop() is None
+        assert sorted(c.trial_id for c in claims) == [t.id for t in reg.list_trials(exp)]
+        assert len({c.hparams["lr"] for c in claims}) == 3
+        assert all(0.001 <= c.hparams["lr"] <= 0.1 for c in claims)
+        assert a.busy()
+        for i, claim in enumerate(claims):
+            (a if i % 2 else b).tell(claim, float(i))
+        assert not a.busy()
+        complete = a.study.get_trials(states=(STATE.COMPLETE,))
+        assert sorted(t.user_attrs["ckptstore_trial_id"] for t in complete) == sorted(
+            c.trial_id for c in claims
+        )
+
+
+def test_dead_runners_trial_is_requeued_as_the_same_registry_trial(tmp_path, fast_heartbeat):
+    url = f"sqlite:///{tmp_path / 'reg.db'}"
+    with Registry(url) as reg:
+        exp = reg.create_experiment("q", config={})
+        dead = TrialQueue(_config(max_trials=1), exp, reg, url)
+        dead.ensure_slots()
+        lost = dead.pop()
+        lost.heartbeat.join()  # the runner "dies": no more heartbeats, never tells
+        survivor = TrialQueue(_config(max_trials=1), exp, reg, url)
+        survivor.reap()
+        assert survivor.pop() is None  # not stale yet: its heartbeat is fresh
+        retry = _wait_stale(survivor)
+        assert retry is not None and retry.retried
+        assert (retry.trial_id, retry.slot, retry.hparams) == (
+            lost.trial_id,
+            lost.slot,
+            lost.hparams,
+        )
+        assert len(reg.list_trials(exp)) == 1
+        assert runners(url, exp)[lost.trial_id][1]  # running again, under the survivor
+        survivor.tell(retry, 0.25)
+        assert survivor.study.best_value == 0.25
+        assert [t.state for t in survivor.study.trials] == [STATE.FAIL, STATE.COMPLETE]
+
+
+def test_retries_stop_at_max_restarts(tmp_path, fast_heartbeat, monkeypatch):
+    monkeypatch.setattr("ckptstore.experiment.optuna_queue.MIN_REQUEUES", 1)
+    url = f"sqlite:///{tmp_path / 'reg.db'}"
+    with Registry(url) as reg:
+        exp = reg.create_experiment("q", config={})
+        queue = TrialQueue(_config(max_trials=1, max_restarts=0), exp, reg, url)
+        queue.ensure_slots()
+        first = queue.pop()
+        first.heartbeat.join()
+        second = _wait_stale(queue)  # retry 1 of max(max_restarts=0, MIN_REQUEUES=1)
+        assert second is not None and second.trial_id == first.trial_id
+        second.heartbeat.join()
+        assert _wait_stale(queue, timeout=6) is None  # failed again: no retry 2
+        assert reg.get_trial(first.trial_id).state == "ERROR"
+        assert not queue.busy()
+
+
+def test_requeue_hands_a_trial_back_at_once(tmp_path, fast_heartbeat):
+    url = f"sqlite:///{tmp_path / 'reg.db'}"
+    with Registry(url) as reg:
+        exp = reg.create_experiment("q", config={})
+        queue = TrialQueue(_config(max_trials=1), exp, reg, url)
+        queue.ensure_slots()
+        claim = queue.pop()
+        queue.requeue(claim)  # a runner stopping on SIGTERM
+        again = queue.pop()
+        assert again is not None and again.trial_id == claim.trial_id and again.retried
+        queue.tell(again, None)  # failed
+        assert not queue.busy()
+
+
+def test_unfinished_trials_of_an_old_runner_are_requeued_on_upgrade(tmp_path, fast_heartbeat):
+    """An experiment a lease-era ckptstore started: its unfinished registry trial goes back in
+    the queue linked to itself, and only the missing slots are added."""
+    url = f"sqlite:///{tmp_path / 'reg.db'}"
+    with Registry(url) as reg:
+        exp = reg.create_experiment("old", config={})
+        done = reg.create_trial(experiment_id=exp, hparams={"lr": 0.01}, state="COMPLETED")
+        unfinished = reg.create_trial(experiment_id=exp, hparams={"lr": 0.02})
+        queue = TrialQueue(_config(max_trials=3), exp, reg, url)
+        queue.ensure_slots()
+        claims = [queue.pop(), queue.pop()]
+        assert queue.pop() is None
+        assert claims[0].trial_id == unfinished and claims[0].hparams == {"lr": 0.02}
+        assert claims[1].trial_id not in (done, unfinished)
+        assert len(reg.list_trials(exp)) == 3
+        for claim in claims:
+            queue.tell(claim, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("interval", "grace"), [("0", None), ("x", None), ("5", "5"), ("2.5", None)]
+)
+def test_bad_heartbeat_settings_are_refused(monkeypatch, interval, grace):
+    monkeypatch.setenv("CKPTSTORE_HEARTBEAT_INTERVAL", interval)
+    if grace is not None:
+        monkeypatch.setenv("CKPTSTORE_HEARTBEAT_GRACE", grace)
+    with pytest.raises(errors.InvalidConfig, match="Received"):
+        heartbeat_settings()

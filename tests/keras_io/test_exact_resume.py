@@ -1,0 +1,156 @@
+"""Exact mid-epoch resume: N epochs straight == preempted (real SIGTERM) + resumed in new processes.
+
+Every run is a fresh process (tests/keras_io/exact_resume_worker.py): 3 epochs of 5 steps, a
+Dropout layer, op determinism on. The preempted run gets SIGTERM right after a random step inside
+an epoch; the resumed run must continue from the next unseen batch so that weights, optimizer
+variables, ``iterations``, the metrics history and every callback's state are bit-equal to the
+straight run, with no batch trained twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STEPS_PER_EPOCH = 5
+EPOCHS = 3
+TOTAL = STEPS_PER_EPOCH * EPOCHS
+TRIAL_TOTAL = 12  # TFKerasTrial: 12 batches, 4 per pass, validation every 4, workloads of <= 3
+
+
+def run(workdir, kind: str, tag: str, sigterm_at: int | None = None) -> dict:
+    args = ["--dir", str(workdir), "--kind", kind, "--epochs", str(EPOCHS), "--tag", tag]
+    if sigterm_at is not None:
+        args += ["--sigterm-at-step", str(sigterm_at)]
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.keras_io.exact_resume_worker", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    with open(os.path.join(workdir, f"{tag}.json")) as f:
+        out = json.load(f)
+    out["stderr"] = proc.stderr
+    with np.load(os.path.join(workdir, f"{tag}.npz")) as z:
+        out["arrays"] = {k: z[k] for k in z.files}
+    return out
+
+
+def assert_same_arrays(ref: dict, got: dict) -> None:
+    a, b = ref["arrays"], got["arrays"]
+    assert sorted(a) == sorted(b)
+    assert any(k.startswith("optimizer/") for k in a)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def assert_bit_equal(ref: dict, got: dict) -> None:
+    assert_same_arrays(ref, got)
+    assert any(k.startswith("best_weights/") for k in ref["arrays"])  # EarlyStopping's
+    for key in (
+        "iterations",
+        "steps_completed",
+        "learning_rate",
+        "history",
+        "history_epochs",
+        "early_stopping",
+        "plateau",
+        "model_checkpoint_best",
+        "counter",
+    ):
+        assert got[key] == ref[key], key
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The uninterrupted run of each kind, made once per kind."""
+    cache: dict[str, dict] = {}
+
+    def get(kind: str) -> dict:
+        if kind not in cache:
+            d = tmp_path_factory.mktemp(f"straight-{kind}")
+            cache[kind] = run(d, kind, "straight")
+            assert cache[kind]["iterations"] == (TRIAL_TOTAL if "trial" in kind else TOTAL)
+        return cache[kind]
+
+    return get
+
+
+def preempt_and_resume(tmp_path, kind: str, steps: list[int], total: int = TOTAL) -> dict:
+    """SIGTERM after each step in ``steps`` (one process each), then a run to the end."""
+    done = 0
+    for i, step in enumerate(steps):
+        part = run(tmp_path, kind, f"part{i}", sigterm_at=step)
+        assert part["preempted"], f"SIGTERM after step {step} did not preempt"
+        assert part["iterations"] == step, (step, part["iterations"])
+        done += part["steps_here"]
+        assert done == step  # no batch trained twice
+    final = run(tmp_path, kind, "final")
+    assert final["resumed"] and not final["preempted"]
+    assert done + final["steps_here"] == total  # and none skipped
+    return final
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["arrays", "arrays_shuffle", "pydataset", "tfdata", "wrap_data"])
+def test_sigterm_at_a_random_batch_resumes_bit_exactly(tmp_path, straight, kind):
+    rng = random.Random()
+    epoch = rng.randrange(EPOCHS)
+    step = epoch * STEPS_PER_EPOCH + rng.randrange(1, STEPS_PER_EPOCH)  # inside the epoch
+    final = preempt_and_resume(tmp_path, kind, [step])
+    assert_bit_equal(straight(kind), final)
+    with open(tmp_path / "part0.json") as f:
+        assert json.load(f)["preempted"]
+
+
+@pytest.mark.slow
+def test_preempted_twice_in_the_same_epoch(tmp_path, straight):
+    final = preempt_and_resume(
+        tmp_path, "arrays_shuffle", [STEPS_PER_EPOCH + 1, STEPS_PER_EPOCH + 3]
+    )
+    assert_bit_equal(straight("arrays_shuffle"), final)
+
+
+@pytest.mark.slow
+def test_preempted_in_the_last_batch_of_an_epoch(tmp_path, straight):
+    final = preempt_and_resume(tmp_path, "tfdata", [2 * STEPS_PER_EPOCH])
+    assert_bit_equal(straight("tfdata"), final)
+    ckpts = sorted((tmp_path / "ckpts").glob("*/callback_state.json"), key=os.path.getmtime)
+    state = json.loads(ckpts[-1].read_text())
+    assert state["epoch_complete"] is True  # saved at the epoch's end, after its validation
+
+
+@pytest.mark.slow
+def test_generator_warns_once_and_restarts_the_epoch(tmp_path):
+    first = run(tmp_path, "generator", "part0", sigterm_at=STEPS_PER_EPOCH + 2)
+    warning = "Exact mid-epoch resume is not available"
+    assert first["stderr"].count(warning) == 1, first["stderr"][-3000:]
+    final = run(tmp_path, "generator", "final")
+    assert "restarts from its first batch" in final["stderr"]
+    # the interrupted epoch is trained again from its first batch
+    assert final["steps_here"] == TOTAL - STEPS_PER_EPOCH
+    assert final["iterations"] == STEPS_PER_EPOCH + 2 + final["steps_here"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["trial_in_memory", "trial_adapter_threads", "trial_dataset"])
+def test_tfkerastrial_sigterm_inside_a_workload_resumes_bit_exactly(tmp_path, straight, kind):
+    # workloads are (0,3) (3,1) (4,3) (7,1) (8,3) (11,1): batch 5 or 9 is inside one, and not
+    # at a pass (4 batches) boundary; the trial stops right after it
+    step = random.choice([5, 6, 9, 10])
+    final = preempt_and_resume(tmp_path, kind, [step], total=TRIAL_TOTAL)
+    ref = straight(kind)
+    assert_same_arrays(ref, final)
+    for key in ("iterations", "batches_trained", "counter", "validation"):
+        assert final[key] == ref[key], key

@@ -1,0 +1,197 @@
+"""SavedModel exports (issue 20): built in a worker process from the checkpoint's own
+``model.keras``, committed only once verified, for the checkpoints the policy picks; and added
+later to a committed checkpoint with ``ckptstore checkpoint export`` / ``export_checkpoint``."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import ckptstore as det
+from ckptstore import errors
+from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import format as fmt
+from ckptstore.keras_io.export import ExportPolicy, export_checkpoint
+from ckptstore.storage_backends import open_storage
+from tests.cli.helpers import make_env
+
+X = np.random.RandomState(1).rand(24, 4).astype("float32")
+Y = (X @ np.arange(8, dtype="float32").reshape(4, 2)).astype("float32")
+
+
+def tiny_model() -> keras.Model:
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(5, activation="relu"), keras.layers.Dense(2)]
+    )
+    model.compile(keras.optimizers.Adam(0.01), loss="mse")
+    return model
+
+
+def fit(model, callbacks, epochs):
+    model.fit(X, Y, batch_size=8, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
+
+
+def init(tmp_path, storage=None):
+    return det.core.init(
+        storage=storage or str(tmp_path / "ckpts"),
+        registry=f"sqlite:///{tmp_path / 'reg.db'}",
+        trial_id=1,
+        preempt_signals=False,
+    )
+
+
+def has_saved_model(storage, uuid: str) -> bool:
+    return "saved_model/saved_model.pb" in fmt.read_manifest(storage, uuid)["files"]
+
+
+def serve(saved_model_dir: str, x: np.ndarray) -> np.ndarray:
+    loaded = tf.saved_model.load(saved_model_dir)  # keep it alive: serve uses its variables
+    return loaded.serve(tf.constant(x)).numpy()
+
+
+class Score(keras.callbacks.Callback):
+    """Puts a chosen metric into the epoch logs (before DeterminedCallback reads them)."""
+
+    def __init__(self, values):
+        super().__init__()
+        self.values = list(values)
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs["score"] = self.values.pop(0)
+
+
+def test_every_checkpoint_exported_in_a_worker_and_verified(tmp_path, monkeypatch):
+    def no_export_here(self, *args, **kwargs):
+        raise AssertionError("model.export() ran in the training process")
+
+    monkeypatch.setattr(keras.Model, "export", no_export_here)
+    with init(tmp_path) as ctx:
+        model = tiny_model()
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="every")
+        fit(model, [cb], epochs=2)
+        last = cb.last_checkpoint  # waits for the commit
+        rows = ctx.registry.list_checkpoints(trial_id=1)
+        assert [r.steps_completed for r in rows] == [3, 6] and rows[-1].uuid == last
+        for row in rows:
+            assert has_saved_model(ctx.storage, row.uuid)
+            assert row.metadata["saved_model"] is True
+            assert "saved_model/saved_model.pb" in row.resources
+        assert len(cb.save_blocked_seconds) == 2
+        with CheckpointContext(ctx.storage) as reader:
+            reader.download(last, str(tmp_path / "dl"))  # every file checks against the manifest
+        predicted = serve(str(tmp_path / "dl" / "saved_model"), X)
+        np.testing.assert_allclose(predicted, model.predict(X, verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_default_exports_the_final_checkpoint_and_leaving_the_context_waits(tmp_path):
+    with init(tmp_path) as ctx:
+        model = tiny_model()
+        cb = det.keras.DeterminedCallback(ctx, None, 1)  # export_saved_model="final"
+        fit(model, [cb], epochs=2)
+        storage_root = tmp_path / "ckpts"
+    # no explicit wait: leaving the core context waited for the final checkpoint's export
+    storage = open_storage(str(storage_root))
+    committed = fmt.sort_records(fmt.scan_checkpoints(storage))
+    assert [r.steps_completed for r in committed] == [3, 6]
+    assert not has_saved_model(storage, committed[0].uuid)
+    assert has_saved_model(storage, committed[1].uuid)
+    predicted = serve(str(storage_root / committed[1].uuid / "saved_model"), X)
+    np.testing.assert_allclose(predicted, model.predict(X, verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_best_exports_improving_checkpoints_across_a_resume(tmp_path):
+    policy = ExportPolicy("best", metric="score", smaller_is_better=True)
+    with init(tmp_path) as ctx:
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model=policy)
+        fit(tiny_model(), [Score([3.0, 1.0, 2.0]), cb], epochs=3)
+        first = cb.last_checkpoint
+    with init(tmp_path) as ctx:
+        cb = det.keras.DeterminedCallback(ctx, first, 1, export_saved_model=policy)
+        fit(tiny_model(), [Score([1.5, 0.5]), cb], epochs=5)  # resumes at epoch 3
+        assert cb.resumed
+        cb.wait()
+        rows = ctx.registry.list_checkpoints(trial_id=1)
+        exported = [r.steps_completed for r in rows if has_saved_model(ctx.storage, r.uuid)]
+    # 3 -> export, 1 -> export, 2 no; after the resume the best is still 1: 1.5 no, 0.5 export
+    assert [r.steps_completed for r in rows] == [3, 6, 9, 12, 15]
+    assert exported == [3, 6, 15]
+    assert rows[-1].metadata["saved_model_best"] == 0.5
+
+
+@keras.saving.register_keras_serializable(package="ckptstore_test_export")
+class Doubler(keras.layers.Layer):
+    def call(self, x):
+        return x * 2.0
+
+
+def test_a_failed_export_commits_nothing_and_raises(tmp_path):
+    # A class registered only in this process (a different name than the module-level one):
+    # the worker cannot load the model, so the checkpoint must not be committed.
+    @keras.saving.register_keras_serializable(package="ckptstore_test_local")
+    class LocalDoubler(keras.layers.Layer):
+        def call(self, x):
+            return x * 2.0
+
+    model = keras.Sequential([keras.Input((4,)), LocalDoubler(), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.SGD(0.01), loss="mse")
+    with pytest.raises(errors.BackgroundUploadError, match="export"):
+        with init(tmp_path) as ctx:
+            cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="every")
+            fit(model, [cb], epochs=1)
+            cb.wait()
+    storage = open_storage(str(tmp_path / "ckpts"))
+    assert fmt.list_committed(storage) == []
+    assert not any(  # the staging folder of the failed checkpoint is gone too
+        n.startswith(fmt.STAGING_PREFIX) or not n.startswith(".")
+        for n in os.listdir(tmp_path / "ckpts")
+    )
+
+
+def test_cli_export_adds_a_verified_saved_model_to_an_existing_checkpoint(tmp_path):
+    env = make_env(tmp_path)
+    model = keras.Sequential([keras.Input((4,)), Doubler(), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.SGD(0.01), loss="mse")
+    with det.core.init(
+        storage=env.storage_url, registry=env.registry_url, trial_id=1, preempt_signals=False
+    ) as ctx:
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        fit(model, [cb], epochs=1)
+        uuid = cb.last_checkpoint
+    assert not has_saved_model(open_storage(env.storage_url), uuid)
+
+    result = env.run("checkpoint", "export", uuid, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["verified"] and report["max_abs_diff"] < 1e-4
+    assert env.run("checkpoint", "verify", uuid).exit_code == 0
+    detail = env.json("checkpoint", "describe", uuid)
+    assert "saved_model/saved_model.pb" in detail["resources"]
+    predicted = serve(os.path.join(env.storage_url, uuid, "saved_model"), X)
+    np.testing.assert_allclose(predicted, model.predict(X, verbose=0), rtol=1e-5, atol=1e-6)
+
+    again = env.run("checkpoint", "export", uuid)
+    assert again.exit_code != 0 and "already has a saved_model/" in again.output
+    missing = env.run("checkpoint", "export", "00000000-0000-4000-8000-000000000000")
+    assert missing.exit_code == 3, missing.output
+
+
+def test_python_export_on_s3(tmp_path, storage_url_factory):
+    url = storage_url_factory("s3")
+    registry = f"sqlite:///{tmp_path / 'reg.db'}"
+    model = tiny_model()
+    with det.core.init(storage=url, registry=registry, trial_id=1, preempt_signals=False) as ctx:
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        fit(model, [cb], epochs=1)
+        uuid = cb.last_checkpoint
+    result = export_checkpoint(uuid, registry=registry)  # the storage URL comes from the registry
+    assert result.verified and result.path.endswith(f"{uuid}/saved_model")
+    with CheckpointContext(url) as reader:
+        reader.download(uuid, str(tmp_path / "dl"))
+    predicted = serve(str(tmp_path / "dl" / "saved_model"), X)
+    np.testing.assert_allclose(predicted, model.predict(X, verbose=0), rtol=1e-5, atol=1e-6)

@@ -1,0 +1,160 @@
+"""A two-node Ray cluster on loopback for the Ray engine tests: the head on 127.0.0.2 and a
+second node on 127.0.0.3 (Ray swaps 127.0.0.1 for the machine's interface address), one CPU
+and a small object store each, each node with its own temp dir. Tear-down SIGKILLs every
+process the fixture's nodes started (found by their temp dir and as their descendants), so
+nothing outlives the tests and no other Ray on the machine is touched (no ``ray stop``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+#: Ray turns token auth on by itself when ~/.ray/auth_token exists (another cluster on this
+#: machine may have made one); the test cluster and its drivers keep it off, all alike.
+CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled"}
+HEAD_IP, NODE_IP = "127.0.0.2", "127.0.0.3"
+OBJECT_STORE_BYTES = 80 * 1024 * 1024
+# Dead nodes are noticed after ~3 s instead of Ray's default ~30 s.
+SYSTEM_CONFIG = '{"health_check_period_ms": 1000, "health_check_failure_threshold": 3}'
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """{pid: (parent pid, command line)} of every process."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        out[int(entry)] = (ppid, cmdline)
+    return out
+
+
+def _tree(marker: str) -> set[int]:
+    """Processes whose command line names ``marker`` (a node's temp dir), and their
+    descendants (Ray renames its workers' titles, so they are found through their parents)."""
+    procs = _processes()
+    found = {pid for pid, (_, cmd) in procs.items() if marker in cmd}
+    grew = True
+    while grew:
+        more = {pid for pid, (ppid, _) in procs.items() if ppid in found} - found
+        found |= more
+        grew = bool(more)
+    found.discard(os.getpid())
+    return found
+
+
+def _kill(pids: set[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class RayCluster:
+    address: str
+    base: Path
+    env: dict[str, str]
+
+    def node_dir(self, name: str) -> str:
+        return str(self.base / name)
+
+    def processes(self, name: str) -> set[int]:
+        return _tree(self.node_dir(name))
+
+    def kill_node(self, name: str) -> None:
+        """SIGKILL a node's raylet and everything under it (a lost machine)."""
+        _kill(self.processes(name))
+
+    def start_node(self, name: str = "w", ip: str = NODE_IP) -> None:
+        _ray_start(
+            ["--address", self.address, "--node-ip-address", ip],
+            self.node_dir(name),
+            self.env,
+        )
+
+
+def _ray_start(args: list[str], temp_dir: str, env: dict[str, str]) -> None:
+    ray = str(Path(sys.executable).with_name("ray"))
+    cmd = [ray, "start", *args, "--num-cpus", "1", "--object-store-memory"]
+    cmd += [str(OBJECT_STORE_BYTES), "--temp-dir", temp_dir, "--disable-usage-stats"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = Path(sys.executable).with_name("ray")
+    if not ray.exists():
+        message = "Ray is not installed (pip install 'ckptstore[ray]')"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    # Short: Ray's unix sockets live under the temp dir (paths are limited to 107 bytes).
+    base = Path(tempfile.mkdtemp(prefix="ckr", dir="/tmp"))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    env.update(RAY_USAGE_STATS_ENABLED="0", TF_CPP_MIN_LOG_LEVEL="3", **CLUSTER_ENV)
+    cluster = None
+    try:
+        # Other Ray clusters may start on this machine meanwhile and take the free port picked
+        # here before the head binds it: start again on another port if a node cannot join.
+        for attempt in range(3):
+            port = _free_port(HEAD_IP)
+            cluster = RayCluster(f"{HEAD_IP}:{port}", base, env)
+            try:
+                _ray_start(
+                    [
+                        "--head",
+                        "--node-ip-address",
+                        HEAD_IP,
+                        "--port",
+                        str(port),
+                        "--include-dashboard",
+                        "false",
+                        "--system-config",
+                        SYSTEM_CONFIG,
+                    ],
+                    cluster.node_dir("h"),
+                    env,
+                )
+                cluster.start_node("w", NODE_IP)
+                break
+            except RuntimeError:
+                _kill(_tree(str(base)))
+                if attempt == 2:
+                    raise
+        yield cluster
+    finally:
+        for _ in range(3):  # workers may still be forking while the first round is killed
+            _kill(_tree(str(base)))
+            time.sleep(0.5)
+        shutil.rmtree(base, ignore_errors=True)
