@@ -4,7 +4,10 @@ lookup from a blob to the checkpoints that use it.
 A blob is removed only when no committed manifest and no pending marker (an upload in flight
 names every blob it will reference before it looks for existing ones) in the prefix names it.
 A manifest that cannot be parsed stops the sweep: nothing is removed while a checkpoint's
-references are unknown.
+references are unknown. A sweep announces itself before it reads references and removes the
+announcement when done; writers wait for announced sweeps before they commit (the protocol is
+in :mod:`.blobs`). A sweep stops deleting before its lease ends, so a writer that outlives the
+lease of a killed or stuck sweep can trust it.
 
 Example::
 
@@ -16,11 +19,25 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+import uuid as _uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from ckptstore import errors
 from ckptstore.checkpointing import format as fmt
-from ckptstore.checkpointing.blobs import BLOBS_DIR, SHA_RE, blob_key, referenced
+from ckptstore.checkpointing.blobs import (
+    BLOBS_DIR,
+    CLOCK_SKEW_SECONDS,
+    SHA_RE,
+    SWEEP_LEASE_SECONDS,
+    SWEEPS_DIR,
+    blob_key,
+    process_identity,
+    referenced,
+    sweep_is_over,
+)
 
 if TYPE_CHECKING:
     from ckptstore.storage_backends.base import Storage
@@ -50,7 +67,9 @@ def _references(storage: Storage) -> set[str] | None:
     for name in storage.list_children(""):
         if name == BLOBS_DIR or name.startswith("."):
             continue
-        for doc in (fmt.MANIFEST_NAME, fmt.PENDING_MARKER_NAME):
+        # The marker before the manifest: a writer writes its manifest before it removes its
+        # marker, so one of the two is always seen.
+        for doc in (fmt.PENDING_MARKER_NAME, fmt.MANIFEST_NAME):
             try:
                 data = json.loads(storage.read_bytes(f"{name}/{doc}"))
             except errors.StorageNotFound:
@@ -65,13 +84,76 @@ def _references(storage: Storage) -> set[str] | None:
     return found
 
 
-def sweep(storage: Storage, *, dry_run: bool = False) -> list[str]:
+@contextmanager
+def _announced(storage: Storage, lease_seconds: float) -> Iterator[float]:
+    """Announce a sweep for ``lease_seconds``; yields the monotonic time at which it must stop
+    deleting. Announcements of killed sweeps, long expired, are removed on the way."""
+    started_wall, started = time.time(), time.monotonic()
+    name = f"{_uuid.uuid4()}.json"
+    info = {
+        **process_identity(),
+        "started_at": started_wall,
+        "expires_at": started_wall + lease_seconds,
+    }
+    storage.write_bytes(f"{SWEEPS_DIR}/{name}", fmt.dump_json(info))
+    try:
+        _remove_expired_announcements(storage, keep=name)
+        yield started + lease_seconds - CLOCK_SKEW_SECONDS
+    finally:
+        try:
+            storage.delete(f"{SWEEPS_DIR}/{name}")
+        except errors.StorageError as exc:  # writers wait until its lease is over instead
+            logger.warning("Could not remove the blob sweep announcement %s: %s", name, exc)
+
+
+def _remove_expired_announcements(storage: Storage, keep: str) -> None:
+    now = time.time()
+    for rel in storage.list(SWEEPS_DIR):
+        if rel == keep:
+            continue
+        try:
+            info = json.loads(storage.read_bytes(f"{SWEEPS_DIR}/{rel}"))
+            expires = float(info["expires_at"])
+        except (errors.StorageNotFound, ValueError, TypeError, KeyError, AttributeError):
+            continue
+        if sweep_is_over(info, expires, now):
+            storage.delete(f"{SWEEPS_DIR}/{rel}")
+
+
+def sweep(
+    storage: Storage, *, dry_run: bool = False, lease_seconds: float = SWEEP_LEASE_SECONDS
+) -> list[str]:
     """Delete the blobs no committed checkpoint and no in-flight upload references.
 
     References are read twice (before and after listing the blobs) so an upload that wrote
-    its pending marker meanwhile is seen. Returns the removed (or removable) SHA-256s."""
+    its pending marker meanwhile is seen; uploads that write theirs later wait for this sweep
+    to end before they commit. Deleting stops when the lease (minus the tolerated clock
+    skew) is over; the rest waits for the next sweep. Returns the removed (or removable)
+    SHA-256s."""
     if not storage.exists(BLOBS_DIR):
         return []
+    if dry_run:
+        return _unreferenced(storage)
+    with _announced(storage, lease_seconds) as deadline:
+        doomed = _unreferenced(storage)
+        removed = []
+        for sha in doomed:
+            if time.monotonic() >= deadline:
+                logger.warning(
+                    "Blob sweep stopped after %d of %d blobs: its lease is over (the next GC "
+                    "goes on).",
+                    len(removed),
+                    len(doomed),
+                )
+                break
+            storage.delete(blob_key(sha))
+            removed.append(sha)
+    if removed:
+        logger.info("Blob sweep removed %d blobs", len(removed))
+    return removed
+
+
+def _unreferenced(storage: Storage) -> list[str]:
     first = _references(storage)
     if first is None:
         return []
@@ -83,10 +165,4 @@ def sweep(storage: Storage, *, dry_run: bool = False) -> list[str]:
     second = _references(storage)
     if second is None:
         return []
-    doomed = sorted(stored - first - second)
-    if not dry_run:
-        for sha in doomed:
-            storage.delete(blob_key(sha))
-    if doomed:
-        logger.info("Blob sweep %s %d blobs", "would remove" if dry_run else "removed", len(doomed))
-    return doomed
+    return sorted(stored - first - second)

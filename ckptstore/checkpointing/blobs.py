@@ -19,10 +19,15 @@ made where the issue is silent:
   their offsets) shares every chunk that did not change.
 - The blob folder starts with ``.`` so no listing of checkpoints ever takes it for one.
 - An in-flight upload names every blob it will reference in its pending marker *before* it
-  looks for existing blobs; :func:`sweep` (run by GC) never deletes a blob a committed manifest
-  or any pending marker names, and the writer checks the blobs it reused again after its
-  commit (re-uploading one a concurrent sweep removed), so no committed checkpoint points at a
-  missing blob. The sweep and the reverse lookup live in
+  looks for existing blobs; a sweep (run by GC) never deletes a blob a committed manifest or
+  any pending marker names. A sweep may still have read the references *before* a writer's
+  marker appeared, and then delete a blob that writer found and reuses. So every sweep
+  announces itself (``.ckptstore-blobs/.sweeps/<id>.json``, with a lease) before it reads
+  references, and a writer, before its commit, waits until no sweep that was announced is
+  still running (:func:`wait_for_sweeps`), then checks its reused blobs again
+  (:func:`recheck`, re-uploading any that a sweep removed). A sweep that starts after that
+  check sees the writer's marker (or manifest), so no committed checkpoint points at a
+  missing blob, whenever either process is killed. The sweep and the reverse lookup live in
   :mod:`~ckptstore.checkpointing.blob_gc`.
 
 Example::
@@ -34,9 +39,11 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,6 +61,14 @@ DEFAULT_CHUNK_BYTES = 4 * 2**20
 #: Threads uploading blobs of one checkpoint.
 UPLOAD_WORKERS = 8
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+#: Where running sweeps announce themselves (one file each; not a blob name).
+SWEEPS_DIR = f"{BLOBS_DIR}/.sweeps"
+#: How long a sweep may delete after it announced itself (it stops deleting then).
+SWEEP_LEASE_SECONDS = 600.0
+#: The clock difference between machines this protocol tolerates: a writer trusts a sweep's
+#: lease as over only this long after its ``expires_at``, and the sweep stops deleting this
+#: long before it (on its own monotonic clock).
+CLOCK_SKEW_SECONDS = 60.0
 
 
 def blob_key(sha256: str) -> str:
@@ -185,9 +200,82 @@ def upload(
     return stats
 
 
+def process_identity() -> dict[str, Any]:
+    """``host``, ``pid`` and (on Linux) ``pid_start`` of this process, so a process on the same
+    host can tell that it died (and its pid was not reused) without waiting for a lease."""
+    ident: dict[str, Any] = {"host": os.uname().nodename, "pid": os.getpid()}
+    start = _pid_start(os.getpid())
+    if start is not None:
+        ident["pid_start"] = start
+    return ident
+
+
+def _pid_start(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # Field 22 (start time in clock ticks); the command name (field 2) may hold spaces.
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+def _dead_on_this_host(info: Mapping[str, Any]) -> bool:
+    if info.get("host") != os.uname().nodename or not isinstance(info.get("pid"), int):
+        return False
+    pid = info["pid"]
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, someone else's
+    started = info.get("pid_start")
+    return started is not None and _pid_start(pid) not in (None, started)
+
+
+def active_sweeps(storage: Storage) -> set[str]:
+    """Names of the sweep announcements in storage whose sweep may still delete: lease not
+    over, and not a process of this host that is gone (an announcement that cannot be read
+    counts as active until its sweep removes it)."""
+    now = time.time()
+    active = set()
+    for rel in storage.list(SWEEPS_DIR):
+        try:
+            info = json.loads(storage.read_bytes(f"{SWEEPS_DIR}/{rel}"))
+            expires = float(info["expires_at"])
+        except errors.StorageNotFound:
+            continue  # that sweep just finished
+        except (ValueError, TypeError, KeyError, AttributeError):
+            active.add(rel)
+            continue
+        if not sweep_is_over(info, expires, now):
+            active.add(rel)
+    return active
+
+
+def sweep_is_over(info: Mapping[str, Any], expires_at: float, now: float) -> bool:
+    """Whether the sweep of announcement ``info`` can no longer delete anything."""
+    return now >= expires_at + CLOCK_SKEW_SECONDS or _dead_on_this_host(info)
+
+
+def wait_for_sweeps(storage: Storage, *, poll_seconds: float = 0.05) -> None:
+    """Block until every sweep announced now has ended (or its lease is over). A sweep that
+    starts later reads references after our pending marker was written, so it keeps our blobs;
+    one running now may have read them before, so we let it finish and :func:`recheck` after."""
+    waiting = active_sweeps(storage)
+    if waiting:
+        logger.info("Waiting for %d blob sweep(s) to finish before the commit.", len(waiting))
+    delay = poll_seconds
+    while waiting:
+        time.sleep(delay)
+        delay = min(delay * 2, 1.0)
+        waiting &= active_sweeps(storage)
+
+
 def recheck(storage: Storage, local_dir: str, stats: UploadStats) -> int:
-    """After the commit: upload again any reused blob a concurrent sweep removed between our
-    existence check and our manifest (see the module docstring). Returns how many."""
+    """Before the commit and after :func:`wait_for_sweeps`: upload again any reused blob a
+    sweep removed between our existence check and now. Returns how many."""
     healed = 0
     for rel, sha, offset, size in stats.reused_keys:
         key = blob_key(sha)

@@ -208,7 +208,8 @@ def _commit_dedup(
     chunk_bytes: int,
 ) -> CheckpointRecord:
     """The deduplicated commit: marker naming every blob -> missing blobs (create-only) ->
-    ``metadata.json`` -> manifest (the commit) -> reused blobs checked again -> marker gone."""
+    ``metadata.json`` -> running sweeps waited for -> reused blobs checked again -> manifest
+    (the commit) -> marker gone (the protocol: :mod:`~ckptstore.checkpointing.blobs`)."""
     entries = blobs.plan(prepared.local_dir, prepared.entries, chunk_bytes)
     meta_bytes = fmt.dump_json(metadata)
     manifest = manifest_for(uuid, entries, meta_bytes)
@@ -217,11 +218,12 @@ def _commit_dedup(
     stats = blobs.upload(storage, prepared.local_dir, entries, chunk_bytes)
     # Empty folders ("dir/" entries) live only in the manifest: readers recreate them.
     storage.write_bytes(f"{uuid}/{fmt.METADATA_NAME}", meta_bytes)
-    # Reused blobs are checked right before the commit (shrinking the window in which a
-    # concurrent sweep could remove one to the manifest write) and again after it.
+    # A sweep running now may have read the references before our marker existed: let it
+    # end, then put back any reused blob it removed. Only then commit, so a kill at any
+    # point after the manifest leaves every blob it names in place.
+    blobs.wait_for_sweeps(storage)
     blobs.recheck(storage, prepared.local_dir, stats)
     write_manifest(storage, uuid, manifest)
-    blobs.recheck(storage, prepared.local_dir, stats)
     remove_pending_marker(storage, uuid)
     if owned:
         shutil.rmtree(prepared.local_dir, ignore_errors=True)

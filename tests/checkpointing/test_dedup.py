@@ -6,6 +6,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -131,6 +135,91 @@ def test_blobs_named_by_an_in_flight_upload_are_kept(tmp_path):
         ctx.storage.delete(in_flight)  # that upload died and its leftovers were removed
         assert sorted(blob_gc.sweep(ctx.storage)) == sorted(shas)
         assert stored(ctx) == set()
+
+
+def test_a_commit_waits_for_a_running_sweep_and_keeps_the_blobs_it_reuses(
+    tmp_path, monkeypatch
+):
+    """The race CI once lost: a sweep decides a blob is unreferenced, then an upload finds that
+    blob and reuses it, then the sweep deletes it. The upload must not commit before the sweep
+    ends, and must put the blob back."""
+    content = {"x.bin": random.Random(5).randbytes(9000)}
+    with CheckpointContext(
+        str(tmp_path / "store"), dedup=True, dedup_chunk_bytes=4096, gc_policy=None
+    ) as ctx:
+        first = ctx.upload(make_tree(str(tmp_path / "a"), content))
+        shas = blobs.referenced(fmt.read_manifest(ctx.storage, first))
+        ctx.delete(first)  # its blobs are unreferenced now
+        decided, go_on = threading.Event(), threading.Event()
+        real = blob_gc._unreferenced
+
+        def decide_then_pause(storage):
+            doomed = real(storage)
+            decided.set()
+            assert go_on.wait(60)
+            return doomed
+
+        monkeypatch.setattr(blob_gc, "_unreferenced", decide_then_pause)
+        removed: list[str] = []
+        sweeper = threading.Thread(target=lambda: removed.extend(blob_gc.sweep(ctx.storage)))
+        sweeper.start()
+        assert decided.wait(60)
+        assert blobs.active_sweeps(ctx.storage)
+        result: dict[str, str] = {}
+        writer = threading.Thread(
+            target=lambda: result.update(uuid=ctx.upload(make_tree(str(tmp_path / "b"), content)))
+        )
+        writer.start()
+        try:
+            writer.join(1.0)
+            assert fmt.list_committed(ctx.storage) == []  # not before the sweep has ended
+        finally:
+            go_on.set()
+        sweeper.join(60)
+        writer.join(60)
+        assert sorted(removed) == sorted(shas)  # the sweep did remove them ...
+        assert stored(ctx) == shas  # ... and the writer put them back before its commit
+        out = tmp_path / "out"
+        ctx.download(result["uuid"], str(out))
+        assert (out / "x.bin").read_bytes() == content["x.bin"]
+        assert not blobs.active_sweeps(ctx.storage)
+
+
+def test_announcements_of_dead_or_expired_sweeps_do_not_block_commits(tmp_path):
+    with CheckpointContext(
+        str(tmp_path / "store"), dedup=True, dedup_chunk_bytes=4096, gc_policy=None
+    ) as ctx:
+        ctx.upload(make_tree(str(tmp_path / "a"), {"x.bin": b"a" * 9000}))
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        now = time.time()
+        dead_here = dict(blobs.process_identity(), pid=gone.pid, expires_at=now + 3600)
+        expired_elsewhere = {"host": "elsewhere", "pid": 1, "expires_at": now - 3600}
+        alive_elsewhere = {"host": "elsewhere", "pid": 1, "expires_at": now + 3600}
+        for name, info in [
+            ("dead.json", dead_here),
+            ("expired.json", expired_elsewhere),
+            ("alive.json", alive_elsewhere),
+        ]:
+            ctx.storage.write_bytes(f"{blobs.SWEEPS_DIR}/{name}", json.dumps(info).encode())
+        assert blobs.active_sweeps(ctx.storage) == {"alive.json"}
+        ctx.storage.delete(f"{blobs.SWEEPS_DIR}/alive.json")
+        ctx.upload(make_tree(str(tmp_path / "b"), {"x.bin": b"a" * 9000}))  # does not wait
+        blob_gc.sweep(ctx.storage)  # removes the leftovers of the two others
+        assert ctx.storage.list(blobs.SWEEPS_DIR) == {}
+
+
+def test_a_sweep_stops_deleting_when_its_lease_is_over(tmp_path):
+    with CheckpointContext(
+        str(tmp_path / "store"), dedup=True, dedup_chunk_bytes=4096, gc_policy=None
+    ) as ctx:
+        uuid = ctx.upload(make_tree(str(tmp_path / "a"), {"x.bin": b"a" * 9000}))
+        ctx.delete(uuid)
+        # A lease shorter than the tolerated clock skew leaves no time to delete anything.
+        assert blob_gc.sweep(ctx.storage, lease_seconds=blobs.CLOCK_SKEW_SECONDS / 2) == []
+        assert stored(ctx)
+        assert blob_gc.sweep(ctx.storage)
+        assert not stored(ctx)
 
 
 def test_corrupted_shared_blob_is_reported_with_every_checkpoint_using_it(
