@@ -137,9 +137,7 @@ def test_blobs_named_by_an_in_flight_upload_are_kept(tmp_path):
         assert stored(ctx) == set()
 
 
-def test_a_commit_waits_for_a_running_sweep_and_keeps_the_blobs_it_reuses(
-    tmp_path, monkeypatch
-):
+def test_a_commit_waits_for_a_running_sweep_and_keeps_the_blobs_it_reuses(tmp_path, monkeypatch):
     """The race CI once lost: a sweep decides a blob is unreferenced, then an upload finds that
     blob and reuses it, then the sweep deletes it. The upload must not commit before the sweep
     ends, and must put the blob back."""
