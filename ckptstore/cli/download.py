@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -19,10 +19,13 @@ from ckptstore import errors
 from ckptstore.cli.progress import transfer_progress
 from ckptstore.cli.state import CliState
 
+if TYPE_CHECKING:
+    from ckptstore.storage_backends import Storage
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def read_committed_manifest(storage: Any, uuid: str) -> dict[str, Any]:
+def read_committed_manifest(storage: Storage, uuid: str) -> dict[str, Any]:
     """The manifest of a committed checkpoint; CheckpointNotFound if nothing is stored."""
     from ckptstore.checkpointing import format as ckpt_format
 
@@ -35,7 +38,7 @@ def read_committed_manifest(storage: Any, uuid: str) -> dict[str, Any]:
 
 
 def assemble_blobs(
-    storage: Any, uuid: str, manifest: dict[str, Any], out_dir: str, wanted: Any
+    storage: Storage, uuid: str, manifest: dict[str, Any], out_dir: str, wanted: Any
 ) -> None:
     """Write the deduplicated files of ``manifest`` (format 2) as ordinary files; a damaged
     blob is reported with every checkpoint in the prefix that uses it."""

@@ -58,6 +58,7 @@ from ckptstore.launch.tensorflow import SLOTS_ENV
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
+    from ckptstore.storage_backends import StorageSpec
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +172,7 @@ def run_job(
     config_path: str | os.PathLike[str] | dict[str, Any],
     model_dir: str | os.PathLike[str],
     *,
-    storage: Any = None,
+    storage: StorageSpec | None = None,
     registry: Registry | str | None = None,
 ) -> JobOutcome:
     """Run a job to its end (see the module docstring); returns its :class:`JobOutcome`.

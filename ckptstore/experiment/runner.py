@@ -67,6 +67,7 @@ from ckptstore.launch.tensorflow import SLOTS_ENV
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
+    from ckptstore.storage_backends import StorageSpec
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def _open_registry(registry: Registry | str | None) -> tuple[Any, bool]:
     return Registry(_registry_url(registry)), True
 
 
-def _storage_spec(storage: Any, config: ExperimentConfig) -> str | dict[str, Any]:
+def _storage_spec(storage: StorageSpec | None, config: ExperimentConfig) -> str | dict[str, Any]:
     if storage is not None:
         spec = storage
     elif config.checkpoint_storage is not None:
@@ -238,7 +239,7 @@ class _Run:
         experiment_id: int,
         registry: Registry,
         registry_url: str,
-        storage: Any,
+        storage: StorageSpec | None,
         model_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.experiment_id = experiment_id
@@ -473,7 +474,7 @@ def create_experiment(
     config_path: str | os.PathLike[str] | dict[str, Any],
     model_dir: str | os.PathLike[str],
     *,
-    storage: Any = None,
+    storage: StorageSpec | None = None,
     registry: Registry | str | None = None,
     run: bool = True,
     engine: str = "local",
@@ -546,7 +547,7 @@ def create_experiment(
 def resume_experiment(
     experiment_id: int,
     *,
-    storage: Any = None,
+    storage: StorageSpec | None = None,
     registry: Registry | str | None = None,
     model_dir: str | os.PathLike[str] | None = None,
     engine: str = "local",
@@ -591,7 +592,7 @@ def resume_experiment(
 def run_experiment(
     experiment_id: int,
     *,
-    storage: Any = None,
+    storage: StorageSpec | None = None,
     registry: Registry | str | None = None,
     model_dir: str | os.PathLike[str] | None = None,
     engine: str = "local",

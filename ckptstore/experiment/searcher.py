@@ -39,10 +39,13 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptstore import defaults, errors
 from ckptstore.experiment.config import ExperimentConfig, Hyperparameter, nest_hparams
+
+if TYPE_CHECKING:
+    from ckptstore.storage_backends import StorageSpec
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +149,7 @@ class Searcher:
         config: ExperimentConfig,
         experiment_id: int,
         registry_url: str,
-        storage: Any = None,
+        storage: StorageSpec | None = None,
     ) -> None:
         import optuna
 

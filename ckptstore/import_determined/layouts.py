@@ -33,9 +33,12 @@ import pickle
 import shutil
 import tempfile
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
+
+if TYPE_CHECKING:
+    from ckptstore.storage_backends import StorageSpec
 
 logger = logging.getLogger(__name__)
 
@@ -280,7 +283,7 @@ def _is_url(source: str) -> bool:
 def import_determined(
     source: str,
     *,
-    storage: Any = None,
+    storage: StorageSpec | None = None,
     index: Any = None,
     trial_id: int | None = None,
     experiment_id: int | None = None,

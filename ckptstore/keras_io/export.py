@@ -68,6 +68,7 @@ from ckptstore import errors
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
+    from ckptstore.storage_backends import StorageSpec
 
 logger = logging.getLogger(__name__)
 
@@ -581,7 +582,7 @@ class _Finisher:
 def export_checkpoint(
     checkpoint_uuid: str,
     *,
-    storage: Any = None,
+    storage: StorageSpec | None = None,
     registry: Registry | str | None = None,
     verify: bool = True,
     safe_mode: bool = True,
@@ -672,7 +673,9 @@ def _archive_modules(model_path: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _checkpoint_context(uuid: str, storage: Any, registry: Registry) -> Iterator[Any]:
+def _checkpoint_context(
+    uuid: str, storage: StorageSpec | None, registry: Registry
+) -> Iterator[Any]:
     """A CheckpointContext on the storage holding ``uuid``, indexed by the registry."""
     from ckptstore.checkpointing import CheckpointContext
     from ckptstore.keras_io.loaders import resolve_checkpoint, storage_opener

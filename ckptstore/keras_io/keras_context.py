@@ -42,6 +42,7 @@ from ckptstore.core._distributed import shard_batch_size
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
+    from ckptstore.storage_backends import StorageSpec
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +225,7 @@ class KerasContext:
         data_config: dict[str, Any],
         distributed: Any,
         strategy: Any,
-        storage: Any,
+        storage: StorageSpec | None,
         registry: Registry,
         trial_id: int | None,
         experiment_id: int | None,
@@ -589,7 +590,7 @@ class KerasContext:
 def init(
     hparams: Mapping[str, Any] | None = None,
     *,
-    storage: Any = None,
+    storage: StorageSpec | None = None,
     registry: Registry | str | None = None,
     trial_id: int | None = None,
     experiment_id: int | None = None,

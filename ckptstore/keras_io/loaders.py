@@ -32,6 +32,7 @@ from ckptstore.keras_io import keras2_format
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
+    from ckptstore.storage_backends import Storage, StorageSpec
 
 logger = logging.getLogger(__name__)
 
@@ -258,7 +259,9 @@ def load_model_from_checkpoint_path(
 
 
 # ---- by trial / uuid -----------------------------------------------------------------------------
-def _scan_trial(storage: Any, trial_id: int, best_by: str | None, smaller_is_better: bool) -> str:
+def _scan_trial(
+    storage: Storage, trial_id: int, best_by: str | None, smaller_is_better: bool
+) -> str:
     """Find a trial's latest/best checkpoint from storage alone (no registry row)."""
     from ckptstore.checkpointing.format import scan_checkpoints, sort_records
     from ckptstore.checkpointing.metrics import rank_by_metric
@@ -282,7 +285,7 @@ def _scan_trial(storage: Any, trial_id: int, best_by: str | None, smaller_is_bet
 
 def resolve_checkpoint(
     registry: Registry,
-    storage: Any,
+    storage: StorageSpec | None,
     trial_id: int | None,
     checkpoint_uuid: str | None,
     best_by: str | None = None,
@@ -341,7 +344,7 @@ def load_checkpoint_model(
     trial_id: int | None = None,
     checkpoint_uuid: str | None = None,
     *,
-    storage: Any = None,
+    storage: StorageSpec | None = None,
     registry: Registry | str | None = None,
     best_by: str | None = None,
     smaller_is_better: bool = True,
@@ -439,7 +442,7 @@ __all__ = [
 ]
 
 
-def storage_opener(storage: Any, opened: list[Any]) -> Callable[[str | None], Any]:
+def storage_opener(storage: StorageSpec | None, opened: list[Any]) -> Callable[[str | None], Any]:
     """``storage_for(url)``: the explicit ``storage`` if given (it always wins over the URL a
     registry row recorded), else that URL, else ``CKPTSTORE_STORAGE``, else the default folder.
     Storages it opens are appended to ``opened`` for the caller to close."""

@@ -28,11 +28,16 @@ from ckptstore.storage_backends.paths import check_key
 from ckptstore.storage_backends.schemes import backend_class, register_backend
 from ckptstore.storage_backends.urls import check_storage_spec
 
+#: What every public ``storage=`` argument takes: a URL or path, a Determined
+#: ``checkpoint_storage`` dict, or a :class:`Storage` already opened (then used as it is).
+StorageSpec = str | os.PathLike[str] | Mapping[str, Any] | Storage
+
 __all__ = [
     "GC_KEYS",
     "ProgressCallback",
     "Selector",
     "Storage",
+    "StorageSpec",
     "check_key",
     "check_storage_spec",
     "open_storage",
