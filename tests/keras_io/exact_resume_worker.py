@@ -1,7 +1,7 @@
 """Training script the exact-resume tests run in fresh processes (no tests in here).
 
     python -m tests.keras_io.exact_resume_worker --dir D --kind arrays --epochs 3 \
-        [--sigterm-at-step 7] [--tag first]
+        [--sigterm-at-step 7] [--tag first] [--preempt-check-period 3]
 
 One tiny model (Dense + Dropout, Adam) trained on 40 samples in batches of 8 (5 steps per
 epoch) from the input ``--kind`` names, with DeterminedCallback, ckptstore's EarlyStopping
@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--sigterm-at-step", type=int, default=None)
     p.add_argument("--tag", default="result")
+    p.add_argument("--preempt-check-period", type=int, default=None)
     args = p.parse_args(argv)
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -252,11 +253,15 @@ def main(argv: list[str] | None = None) -> int:
             preempted = ctx.core.preempt.acknowledged
     else:
         with det.core.init(storage=storage, registry=registry, trial_id=1) as core:
+            period = {}
+            if args.preempt_check_period is not None:
+                period["preempt_check_period"] = args.preempt_check_period
             det_cb = det.keras.DeterminedCallback(
                 core,
                 checkpoint=core.info.latest_checkpoint,
                 continue_id=core.info.trial.trial_id,
                 export_saved_model="never",
+                **period,
             )
             inputs, kwargs = fit_input(args.kind, x, y)
             history = model.fit(

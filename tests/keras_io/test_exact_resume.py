@@ -25,8 +25,12 @@ TOTAL = STEPS_PER_EPOCH * EPOCHS
 TRIAL_TOTAL = 12  # TFKerasTrial: 12 batches, 4 per pass, validation every 4, workloads of <= 3
 
 
-def run(workdir, kind: str, tag: str, sigterm_at: int | None = None) -> dict:
+def run(
+    workdir, kind: str, tag: str, sigterm_at: int | None = None, period: int | None = None
+) -> dict:
     args = ["--dir", str(workdir), "--kind", kind, "--epochs", str(EPOCHS), "--tag", tag]
+    if period is not None:
+        args += ["--preempt-check-period", str(period)]
     if sigterm_at is not None:
         args += ["--sigterm-at-step", str(sigterm_at)]
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
@@ -126,9 +130,25 @@ def test_preempted_twice_in_the_same_epoch(tmp_path, straight):
 def test_preempted_in_the_last_batch_of_an_epoch(tmp_path, straight):
     final = preempt_and_resume(tmp_path, "tfdata", [2 * STEPS_PER_EPOCH])
     assert_bit_equal(straight("tfdata"), final)
-    ckpts = sorted((tmp_path / "ckpts").glob("*/callback_state.json"), key=os.path.getmtime)
-    state = json.loads(ckpts[-1].read_text())
+    # the preemption's checkpoint (not the final run's, which is complete anyway)
+    with open(tmp_path / "part0.json") as f:
+        uuid = json.load(f)["last_checkpoint"]
+    state = json.loads((tmp_path / "ckpts" / uuid / "callback_state.json").read_text())
+    assert state["steps_completed"] == 2 * STEPS_PER_EPOCH and state["epoch"] == 2
     assert state["epoch_complete"] is True  # saved at the epoch's end, after its validation
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("period", "stops_after"), [(0, 2 * STEPS_PER_EPOCH), (3, 9)])
+def test_preempt_check_period_is_honoured_and_stays_exact(tmp_path, straight, period, stops_after):
+    # SIGTERM after step 7 (inside epoch 2): period 0 checks at epoch ends only (stops after step
+    # 10, the epoch's end); period 3 checks after steps 9, 12, ... (stops inside epoch 2)
+    part = run(tmp_path, "arrays_shuffle", "part0", sigterm_at=7, period=period)
+    assert part["preempted"] and part["iterations"] == stops_after == part["steps_here"]
+    final = run(tmp_path, "arrays_shuffle", "final", period=period)
+    assert final["resumed"] and not final["preempted"]
+    assert part["steps_here"] + final["steps_here"] == TOTAL  # no batch twice, none skipped
+    assert_bit_equal(straight("arrays_shuffle"), final)
 
 
 @pytest.mark.slow

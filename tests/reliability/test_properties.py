@@ -388,11 +388,12 @@ def check_delete_property(base_url: str, ops) -> None:
                             asked.add(target)
                             ctx.delete(target)
                         elif kind == "gc":
-                            live = {r.uuid for r in registry.checkpoint_records(trial_id=1)}
-                            asked |= live  # any live one may go; the invariant decides
-                            keep = set(saved) - asked
+                            # LatestN(arg) may delete any live checkpoint but the newest
+                            # ``arg`` (oldest first, as GC orders them), fault or not: those
+                            # stay in ``saved - asked``, which the invariants check.
+                            live = registry.checkpoint_records(trial_id=1)
+                            asked |= {r.uuid for r in live[:-arg]}
                             ctx.gc()
-                            asked -= keep
                         event(f"{kind}, fault {type(fault).__name__}: completed")
                     except errors.CkptstoreError as exc:
                         # a typed failure is fine; the invariants below must hold
