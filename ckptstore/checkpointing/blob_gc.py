@@ -30,6 +30,7 @@ from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.blobs import (
     BLOBS_DIR,
     CLOCK_SKEW_SECONDS,
+    REQUEST_BUDGET_SECONDS,
     SHA_RE,
     SWEEP_LEASE_SECONDS,
     SWEEPS_DIR,
@@ -95,10 +96,11 @@ def _announced(storage: Storage, lease_seconds: float) -> Iterator[float]:
         "started_at": started_wall,
         "expires_at": started_wall + lease_seconds,
     }
-    storage.write_bytes(f"{SWEEPS_DIR}/{name}", fmt.dump_json(info))
+    if not storage.write_if_absent(f"{SWEEPS_DIR}/{name}", fmt.dump_json(info)):  # whole or not
+        raise errors.CheckpointConflict(f"Blob sweep announcement {name} exists already.")
     try:
         _remove_expired_announcements(storage, keep=name)
-        yield started + lease_seconds - CLOCK_SKEW_SECONDS
+        yield started + lease_seconds - CLOCK_SKEW_SECONDS - REQUEST_BUDGET_SECONDS
     finally:
         try:
             storage.delete(f"{SWEEPS_DIR}/{name}")
@@ -114,7 +116,10 @@ def _remove_expired_announcements(storage: Storage, keep: str) -> None:
         try:
             info = json.loads(storage.read_bytes(f"{SWEEPS_DIR}/{rel}"))
             expires = float(info["expires_at"])
-        except (errors.StorageNotFound, ValueError, TypeError, KeyError, AttributeError):
+        except errors.StorageNotFound:
+            continue
+        except (ValueError, TypeError, KeyError, AttributeError):
+            storage.delete(f"{SWEEPS_DIR}/{rel}")  # damaged: writers ignore it already
             continue
         if sweep_is_over(info, expires, now):
             storage.delete(f"{SWEEPS_DIR}/{rel}")

@@ -63,12 +63,15 @@ UPLOAD_WORKERS = 8
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 #: Where running sweeps announce themselves (one file each; not a blob name).
 SWEEPS_DIR = f"{BLOBS_DIR}/.sweeps"
-#: How long a sweep may delete after it announced itself (it stops deleting then).
-SWEEP_LEASE_SECONDS = 600.0
+#: How long an announced sweep counts as running, from its announcement.
+SWEEP_LEASE_SECONDS = 900.0
 #: The clock difference between machines this protocol tolerates: a writer trusts a sweep's
 #: lease as over only this long after its ``expires_at``, and the sweep stops deleting this
 #: long before it (on its own monotonic clock).
 CLOCK_SKEW_SECONDS = 60.0
+#: How long one storage request may take with all its retries (5 tries of a 60 s timeout
+#: plus backoff): a sweep sends no delete later than this before its lease ends.
+REQUEST_BUDGET_SECONDS = 300.0
 
 
 def blob_key(sha256: str) -> str:
@@ -201,13 +204,26 @@ def upload(
 
 
 def process_identity() -> dict[str, Any]:
-    """``host``, ``pid`` and (on Linux) ``pid_start`` of this process, so a process on the same
-    host can tell that it died (and its pid was not reused) without waiting for a lease."""
+    """``host``, ``pid`` and (on Linux) the boot id, PID namespace and ``pid_start`` of this
+    process, so a process that sees the same processes can tell that it died (and its pid was
+    not reused) without waiting for a lease. Containers sharing a host name but not their
+    processes differ in PID namespace, so none of them judges the others."""
     ident: dict[str, Any] = {"host": os.uname().nodename, "pid": os.getpid()}
+    ident.update(_pid_view())
     start = _pid_start(os.getpid())
     if start is not None:
         ident["pid_start"] = start
     return ident
+
+
+def _pid_view() -> dict[str, str]:
+    """Which kernel boot and PID namespace this process sees pids in ({} if unknown)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return {"boot_id": boot, "pid_ns": os.readlink("/proc/self/ns/pid")}
+    except OSError:
+        return {}
 
 
 def _pid_start(pid: int) -> int | None:
@@ -221,8 +237,14 @@ def _pid_start(pid: int) -> int | None:
 
 
 def _dead_on_this_host(info: Mapping[str, Any]) -> bool:
-    if info.get("host") != os.uname().nodename or not isinstance(info.get("pid"), int):
-        return False
+    view = _pid_view()
+    if (
+        not view
+        or info.get("host") != os.uname().nodename
+        or any(info.get(k) != v for k, v in view.items())
+        or not isinstance(info.get("pid"), int)
+    ):
+        return False  # not a process we can see: only its lease tells
     pid = info["pid"]
     try:
         os.kill(pid, 0)
@@ -236,8 +258,9 @@ def _dead_on_this_host(info: Mapping[str, Any]) -> bool:
 
 def active_sweeps(storage: Storage) -> set[str]:
     """Names of the sweep announcements in storage whose sweep may still delete: lease not
-    over, and not a process of this host that is gone (an announcement that cannot be read
-    counts as active until its sweep removes it)."""
+    over, and not a process we can see that is gone. Announcements are created whole
+    (create-only writes), so one that cannot be parsed is damaged: it is ignored with a
+    warning (the next sweep removes it)."""
     now = time.time()
     active = set()
     for rel in storage.list(SWEEPS_DIR):
@@ -247,7 +270,7 @@ def active_sweeps(storage: Storage) -> set[str]:
         except errors.StorageNotFound:
             continue  # that sweep just finished
         except (ValueError, TypeError, KeyError, AttributeError):
-            active.add(rel)
+            logger.warning("Ignoring the damaged blob sweep announcement %s/%s.", SWEEPS_DIR, rel)
             continue
         if not sweep_is_over(info, expires, now):
             active.add(rel)
@@ -266,8 +289,18 @@ def wait_for_sweeps(storage: Storage, *, poll_seconds: float = 0.05) -> None:
     waiting = active_sweeps(storage)
     if waiting:
         logger.info("Waiting for %d blob sweep(s) to finish before the commit.", len(waiting))
+    # Every announcement is over SWEEP_LEASE_SECONDS + CLOCK_SKEW_SECONDS after it was written
+    # (by its writer's clock); waiting longer means the clocks disagree by more than we allow.
+    give_up = time.monotonic() + SWEEP_LEASE_SECONDS + 2 * CLOCK_SKEW_SECONDS
     delay = poll_seconds
     while waiting:
+        if time.monotonic() > give_up:
+            raise errors.StorageUnavailable(
+                f"Blob sweep(s) {sorted(waiting)} announced in {storage.url}/{SWEEPS_DIR} have "
+                f"not ended within their lease; nothing was committed. The clocks of the "
+                f"machines sharing this storage may differ by more than {CLOCK_SKEW_SECONDS:.0f} "
+                "s: fix the clocks, or remove the announcement if no GC is running."
+            )
         time.sleep(delay)
         delay = min(delay * 2, 1.0)
         waiting &= active_sweeps(storage)

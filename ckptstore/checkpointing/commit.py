@@ -222,6 +222,7 @@ def _commit_dedup(
     # end, then put back any reused blob it removed. Only then commit, so a kill at any
     # point after the manifest leaves every blob it names in place.
     blobs.wait_for_sweeps(storage)
+    _check_marker_kept(storage, uuid)
     blobs.recheck(storage, prepared.local_dir, stats)
     write_manifest(storage, uuid, manifest)
     remove_pending_marker(storage, uuid)
@@ -236,6 +237,18 @@ def _commit_dedup(
         storage.url,
     )
     return record_committed(index, manifest, metadata, url)
+
+
+def _check_marker_kept(storage: Storage, uuid: str) -> None:
+    """Our pending marker protects the blobs we created; GC removes it (with the folder) only
+    from an upload older than its grace period. Then a sweep may have taken those blobs:
+    commit nothing."""
+    if not storage.exists(f"{uuid}/{fmt.PENDING_MARKER_NAME}"):
+        raise errors.CheckpointError(
+            f"The upload of checkpoint {uuid} to {storage.url} outlived GC's grace period: GC "
+            "removed it as a stale leftover, so nothing was committed. Save again, and set "
+            "gc_grace_seconds above the longest upload."
+        )
 
 
 # ---- deletes -----------------------------------------------------------------------------------

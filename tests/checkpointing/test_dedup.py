@@ -200,11 +200,34 @@ def test_announcements_of_dead_or_expired_sweeps_do_not_block_commits(tmp_path):
             ("alive.json", alive_elsewhere),
         ]:
             ctx.storage.write_bytes(f"{blobs.SWEEPS_DIR}/{name}", json.dumps(info).encode())
+        ctx.storage.write_bytes(f"{blobs.SWEEPS_DIR}/damaged.json", b"{not json")
         assert blobs.active_sweeps(ctx.storage) == {"alive.json"}
         ctx.storage.delete(f"{blobs.SWEEPS_DIR}/alive.json")
         ctx.upload(make_tree(str(tmp_path / "b"), {"x.bin": b"a" * 9000}))  # does not wait
         blob_gc.sweep(ctx.storage)  # removes the leftovers of the two others
         assert ctx.storage.list(blobs.SWEEPS_DIR) == {}
+
+
+def test_an_upload_collected_as_stale_by_gc_commits_nothing(tmp_path, monkeypatch):
+    """GC removes an upload's folder (and pending marker) once it is older than the grace
+    period; a sweep may then take the blobs that upload created. It must not commit."""
+    from ckptstore.checkpointing import commit
+
+    with CheckpointContext(
+        str(tmp_path / "store"), dedup=True, dedup_chunk_bytes=4096, gc_policy=None
+    ) as ctx:
+        real_wait = blobs.wait_for_sweeps
+
+        def gc_collects_the_leftover(storage):
+            for name in storage.list_children(""):
+                if not name.startswith("."):
+                    storage.delete(name)
+            real_wait(storage)
+
+        monkeypatch.setattr(commit.blobs, "wait_for_sweeps", gc_collects_the_leftover)
+        with pytest.raises(errors.CheckpointError, match="grace period"):
+            ctx.upload(make_tree(str(tmp_path / "a"), {"x.bin": b"a" * 9000}))
+        assert fmt.list_committed(ctx.storage) == []
 
 
 def test_a_sweep_stops_deleting_when_its_lease_is_over(tmp_path):
@@ -213,8 +236,10 @@ def test_a_sweep_stops_deleting_when_its_lease_is_over(tmp_path):
     ) as ctx:
         uuid = ctx.upload(make_tree(str(tmp_path / "a"), {"x.bin": b"a" * 9000}))
         ctx.delete(uuid)
-        # A lease shorter than the tolerated clock skew leaves no time to delete anything.
-        assert blob_gc.sweep(ctx.storage, lease_seconds=blobs.CLOCK_SKEW_SECONDS / 2) == []
+        # A lease within the tolerated clock skew plus one request's retry budget leaves no
+        # time to delete anything.
+        short = blobs.CLOCK_SKEW_SECONDS + blobs.REQUEST_BUDGET_SECONDS
+        assert blob_gc.sweep(ctx.storage, lease_seconds=short) == []
         assert stored(ctx)
         assert blob_gc.sweep(ctx.storage)
         assert not stored(ctx)

@@ -1,0 +1,74 @@
+"""Deduplicated checkpoints (issue 19) written by DeterminedCallback: the frozen tensors of a
+fine-tuned model are not stored again, and a reader still gets an ordinary ``model.keras`` that
+plain ``keras.models.load_model`` opens (and that ``export_checkpoint`` can export)."""
+
+from __future__ import annotations
+
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import ckptstore as det
+from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import format as fmt
+from ckptstore.keras_io.export import export_checkpoint
+
+CHUNK = 16 * 1024
+X = np.random.RandomState(2).rand(32, 256).astype("float32")
+Y = np.random.RandomState(3).randint(0, 4, 32)
+
+
+def fine_tuned_model() -> keras.Model:
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((256,))
+    x = inputs
+    for i in range(3):  # a frozen "backbone" of 3 x 256 KiB
+        layer = keras.layers.Dense(256, activation="relu", name=f"backbone_{i}")
+        layer.trainable = False
+        x = layer(x)
+    model = keras.Model(inputs, keras.layers.Dense(4, name="head")(x))
+    model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(True))
+    return model
+
+
+def test_frozen_tensors_are_stored_once_and_model_keras_loads_with_plain_keras(tmp_path):
+    url, registry = str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
+    model = fine_tuned_model()
+    with det.core.init(storage=url, registry=registry, trial_id=1, preempt_signals=False) as ctx:
+        ctx.checkpoint.dedup = True
+        ctx.checkpoint.dedup_chunk_bytes = CHUNK
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        model.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[cb])
+        cb.wait()
+        storage = ctx.checkpoint.storage
+        first, second = (r.uuid for r in fmt.sort_records(fmt.scan_checkpoints(storage)))
+    manifests = [fmt.read_manifest(storage, u) for u in (first, second)]
+    assert [m["format_version"] for m in manifests] == [fmt.BLOBS_FORMAT_VERSION] * 2
+    before = {c["sha256"] for c in manifests[0]["files"]["model.keras"]["blobs"]}
+    chunks = manifests[1]["files"]["model.keras"]["blobs"]
+    new = sum(c["size"] for c in chunks if c["sha256"] not in before)
+    changed = sum(int(v.numpy().nbytes) for v in model.trainable_variables) + sum(
+        int(v.numpy().nbytes) for v in model.optimizer.variables
+    )
+    # The frozen backbone keeps its offsets, so only the chunks around the head, the optimizer
+    # state and the archive's headers are new: a small part of the file.
+    assert new <= changed + 4 * CHUNK, (new, changed)
+    assert new < manifests[1]["files"]["model.keras"]["size"] / 10
+
+    with CheckpointContext(url) as reader:
+        reader.download(second, str(tmp_path / "dl"))
+    loaded = keras.models.load_model(str(tmp_path / "dl" / "model.keras"))  # plain Keras
+    np.testing.assert_array_equal(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+    assert int(loaded.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy())
+
+    # A SavedModel added later to a deduplicated checkpoint serves the same predictions.
+    result = export_checkpoint(second, storage=url, registry=registry)
+    assert result.verified
+    with CheckpointContext(url) as reader:
+        reader.download(second, str(tmp_path / "dl2"))  # verifies every file, blobs included
+    served = tf.saved_model.load(os.path.join(tmp_path, "dl2", "saved_model"))
+    np.testing.assert_allclose(
+        served.serve(tf.constant(X)).numpy(), model.predict(X, verbose=0), rtol=1e-5, atol=1e-6
+    )
