@@ -140,3 +140,24 @@ def test_failing_job_and_two_slots(trained):
         evaluations = reg.latest_checkpoint(1).metrics["evaluations"]
     assert [e["job_id"] for e in evaluations] == [2, 3]
     assert evaluations[1]["metrics"] == pytest.approx(evaluations[0]["metrics"], rel=1e-4)
+
+
+def test_write_output_puts_a_dataframe_in_the_jobs_folder(tmp_path, where, monkeypatch):
+    """The documented helper on any backend: a DataFrame becomes CSV under jobs/<job id>/."""
+    pd = pytest.importorskip("pandas")
+    import ckptstore
+
+    storage, registry = where
+    monkeypatch.setenv("CKPTSTORE_JOB_ID", "5")
+    monkeypatch.setenv("CKPTSTORE_DATA_CONFIG", '{"batch_size": 4}')
+    frame = pd.DataFrame({"row": [0, 1, 2], "label": [3, 1, 4]})
+    with ckptstore.keras.init(storage=storage, registry=registry) as context:
+        assert context.config_data == {"batch_size": 4}
+        url = context.write_output("predictions.csv", frame)
+    assert url.endswith("jobs/5/predictions.csv")
+    store = open_storage(storage)
+    try:
+        written = pd.read_csv(io.BytesIO(store.read_bytes("jobs/5/predictions.csv")))
+    finally:
+        store.close()
+    pd.testing.assert_frame_equal(written, frame)

@@ -37,8 +37,8 @@ class MNISTTrial(keras.TFKerasTrial):
         )
         return model
 
-    def build_training_data_loader(self):
+    def build_training_data_loader(self) -> keras.InputData:
         return make_images(512, seed=0)
 
-    def build_validation_data_loader(self):
+    def build_validation_data_loader(self) -> keras.InputData:
         return make_images(128, seed=1)
