@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -85,9 +86,10 @@ def checkpoint_seconds(storage: str, saves: int) -> float:
 
 
 def _train_worker(config: dict) -> None:
-    import ray.train
-
-    ray.train.report({"seconds": checkpoint_seconds(config["storage"], config["saves"])})
+    # Handed back through a file: Ray Train 2.5x's Result.metrics is None when the worker
+    # reports no checkpoint, and the worker runs on this machine (one-node cluster).
+    seconds = checkpoint_seconds(config["storage"], config["saves"])
+    Path(config["storage"], "seconds.txt").write_text(repr(seconds))
 
 
 def _ray_checkpoint_seconds(address: str, storage: str, saves: int) -> float:
@@ -97,13 +99,13 @@ def _ray_checkpoint_seconds(address: str, storage: str, saves: int) -> float:
 
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
-    result = TensorflowTrainer(
+    TensorflowTrainer(
         _train_worker,
         train_loop_config={"storage": storage, "saves": saves},
         scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
         run_config=RunConfig(storage_path=str(Path(storage) / "ray_results")),
     ).fit()
-    return float(result.metrics["seconds"])
+    return float(Path(storage, "seconds.txt").read_text())
 
 
 def _local_checkpoint_seconds(storage: str, saves: int) -> float:
@@ -161,6 +163,7 @@ def main() -> None:
         for _ in range(3):
             ray_cluster._kill(ray_cluster._tree(str(base)))
             time.sleep(0.5)
+        shutil.rmtree(base, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in figures.items()}
     print(f"{'measure':<28}{'local s':>10}{'ray s':>10}{'ray/local':>11}")
     for name in ("first step", "checkpoint"):

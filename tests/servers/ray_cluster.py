@@ -1,8 +1,11 @@
 """A two-node Ray cluster on loopback for the Ray engine tests: the head on 127.0.0.2 and a
 second node on 127.0.0.3 (Ray swaps 127.0.0.1 for the machine's interface address), one CPU
 and a small object store each, each node with its own temp dir. Tear-down SIGKILLs every
-process the fixture's nodes started (found by their temp dir and as their descendants), so
-nothing outlives the tests and no other Ray on the machine is touched (no ``ray stop``).
+process the fixture's nodes started (found by their temp dir in their command line or in the
+:data:`NODE_ENV` variable every process inherits from its ``ray start``, and as their
+descendants: ``ray start --head`` also leaves a client server behind, re-parented to init, that
+names neither), checks that none is left, and touches no other Ray on the machine (no
+``ray stop``).
 """
 
 from __future__ import annotations
@@ -28,22 +31,36 @@ HEAD_IP, NODE_IP = "127.0.0.2", "127.0.0.3"
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
 # Dead nodes are noticed after ~3 s instead of Ray's default ~30 s.
 SYSTEM_CONFIG = '{"health_check_period_ms": 1000, "health_check_failure_threshold": 3}'
+#: Set to the node's temp dir for ``ray start`` and so inherited by every process of that node.
+NODE_ENV = "CKPTSTORE_TEST_RAY_NODE"
 
 
 def _processes() -> dict[int, tuple[int, str]]:
-    """{pid: (parent pid, command line)} of every process."""
+    """{pid: (parent pid, command line + this fixture's NODE_ENV value)} of every live
+    process (zombies left out: they are gone once their parent is)."""
     out = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                fields = f.read().rsplit(")", 1)[1].split()
+            if fields[0] == "Z":
+                continue
+            ppid = int(fields[1])
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            node = ""
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    for item in f.read().split(b"\0"):
+                        if item.startswith(NODE_ENV.encode() + b"="):
+                            node = item.decode(errors="replace")
+            except OSError:  # another user's process: not one of ours
+                pass
         except (OSError, ValueError, IndexError):
             continue
-        out[int(entry)] = (ppid, cmdline)
+        out[int(entry)] = (ppid, f"{cmdline} {node}")
     return out
 
 
@@ -103,6 +120,7 @@ def _ray_start(args: list[str], temp_dir: str, env: dict[str, str]) -> None:
     ray = str(Path(sys.executable).with_name("ray"))
     cmd = [ray, "start", *args, "--num-cpus", "1", "--object-store-memory"]
     cmd += [str(OBJECT_STORE_BYTES), "--temp-dir", temp_dir, "--disable-usage-stats"]
+    env = {**env, NODE_ENV: temp_dir}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
@@ -157,4 +175,6 @@ def ray_cluster():
         for _ in range(3):  # workers may still be forking while the first round is killed
             _kill(_tree(str(base)))
             time.sleep(0.5)
+        left = {pid: cmd for pid, (_, cmd) in _processes().items() if pid in _tree(str(base))}
         shutil.rmtree(base, ignore_errors=True)
+        assert not left, f"Ray processes outlived the test cluster: {left}"
