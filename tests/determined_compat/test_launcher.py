@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from ckptstore.checkpointing import CheckpointContext
 from ckptstore.registry import Registry
 from tests.determined_compat.conftest import ckptstore, cli_env, copy_corpus, create_ok
 
@@ -100,7 +101,11 @@ def test_iris_two_slots_start_two_workers(tmp_path, local):
     assert "Starting 2 workers" in output
     assert "MultiWorkerMirroredStrategy: rank 1 of 2" in output
     info = _describe(1, storage, registry)
-    assert info["state"] == "COMPLETED" and info["trials"][0]["latest_checkpoint"]
+    latest = info["trials"][0]["latest_checkpoint"]
+    assert info["state"] == "COMPLETED" and latest
+    # The checkpoint records how many workers trained it, as on the Ray engine.
+    with CheckpointContext(storage) as ctx:
+        assert ctx.get_metadata(latest)["distributed"]["size"] == 2
 
 
 def test_iris_adaptive_prunes_through_the_callback(tmp_path, local):
