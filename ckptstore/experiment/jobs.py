@@ -189,11 +189,7 @@ def run_job(
         )
     spec = _storage_spec(storage, config)
     _check_storage(spec)
-    if config.ignored_keys:
-        logger.warning(
-            "Config keys that only apply on a Determined cluster are ignored here: %s",
-            ", ".join(config.ignored_keys),
-        )
+    warn_ignored_keys(config)
     reg, owned = _open_registry(registry)
     try:
         storage_url = spec if isinstance(spec, str) else json.dumps(spec)

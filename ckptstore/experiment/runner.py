@@ -99,6 +99,15 @@ def _open_registry(registry: Registry | str | None) -> tuple[Any, bool]:
     return Registry(_registry_url(registry)), True
 
 
+def warn_ignored_keys(config: ExperimentConfig) -> None:
+    """One warning naming the config keys that only mean something on a Determined cluster."""
+    if config.ignored_keys:
+        logger.warning(
+            "Config keys that only apply on a Determined cluster are ignored here: %s",
+            ", ".join(config.ignored_keys),
+        )
+
+
 def _storage_spec(storage: StorageSpec | None, config: ExperimentConfig) -> str | dict[str, Any]:
     if storage is not None:
         spec = storage
@@ -512,11 +521,7 @@ def create_experiment(
         check_config(config)
     spec = _storage_spec(storage, config)
     _check_storage(spec)
-    if config.ignored_keys:
-        logger.warning(
-            "Config keys that only apply on a Determined cluster are ignored here: %s",
-            ", ".join(config.ignored_keys),
-        )
+    warn_ignored_keys(config)
     reg, owned = _open_registry(registry)
     try:
         stored = dict(config.raw)
