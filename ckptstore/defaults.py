@@ -20,10 +20,13 @@ REGISTRY_ENV = "CKPTSTORE_REGISTRY"
 HOME_ENV = "CKPTSTORE_HOME"
 
 #: Folders beside the checkpoints in a storage: TensorBoard logs
-#: (``<storage>/tensorboard/<trial id>/``, written by ``ckptstore.keras.TensorBoard``) and
-#: the output of trials the experiment runner started (``<storage>/logs/<trial id>/``).
+#: (``<storage>/tensorboard/<trial id>/``, written by ``ckptstore.keras.TensorBoard``),
+#: the output of trials the experiment runner started (``<storage>/logs/<trial id>/``) and
+#: each trial's metadata (``<storage>/trial_metadata/<trial id>.json``, written by
+#: ``core_context.train.set_metadata``).
 TENSORBOARD_PREFIX = "tensorboard"
 TRIAL_LOGS_PREFIX = "logs"
+TRIAL_METADATA_PREFIX = "trial_metadata"
 
 
 def home() -> Path:

@@ -20,7 +20,15 @@ from ckptstore.core._distributed import DistributedContext, DummyDistributedCont
 from ckptstore.core._info import ClusterInfo, TrialInfo, get_cluster_info, get_trial_info
 from ckptstore.core._modes import PreemptMode, TensorboardMode
 from ckptstore.core._preempt import PreemptContext
-from ckptstore.core._searcher import SearcherContext, SearcherMode, SearcherOperation, Unit
+from ckptstore.core._searcher import (
+    DummySearcherContext,
+    DummySearcherOperation,
+    SearcherContext,
+    SearcherContextMissing,
+    SearcherMode,
+    SearcherOperation,
+    Unit,
+)
 from ckptstore.core._train import EarlyExitReason, TrainContext
 
 __all__ = [
@@ -30,11 +38,14 @@ __all__ = [
     "DistributedContext",
     "DownloadMode",
     "DummyDistributedContext",
+    "DummySearcherContext",
+    "DummySearcherOperation",
     "EarlyExitReason",
     "PreemptContext",
     "PreemptMode",
     "TensorboardMode",
     "SearcherContext",
+    "SearcherContextMissing",
     "SearcherMode",
     "SearcherOperation",
     "TrainContext",

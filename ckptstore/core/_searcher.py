@@ -295,9 +295,9 @@ class SearcherContext:
                 length = self._dist.broadcast(None)
                 if length is None:
                     return
-                yield SearcherOperation(length, False, trial_id=self._trial_id)
+                yield self._new_operation(length, False)
         for i, length in enumerate(self._lengths):
-            op = SearcherOperation(length, True, self._train, self._trial_id)
+            op = self._new_operation(length, True)
             if synced:
                 self._dist.broadcast(length)
             yield op
@@ -318,6 +318,12 @@ class SearcherContext:
         if synced:
             self._dist.broadcast(None)
 
+    def _new_operation(self, length: int, is_chief: bool) -> SearcherOperation:
+        """The operation of ``length`` handed to this worker (the chief's reports progress)."""
+        if is_chief:
+            return SearcherOperation(length, True, self._train, self._trial_id)
+        return SearcherOperation(length, False, trial_id=self._trial_id)
+
     def acknowledge_out_of_ops(self) -> None:
         """Nothing to acknowledge here (kept for Determined's API)."""
 
@@ -329,11 +335,110 @@ class SearcherContext:
         return f"SearcherContext(lengths={self._lengths})"
 
 
+class DummySearcherOperation(SearcherOperation):
+    """Determined's ``core.DummySearcherOperation``: an operation of ``length`` that no searcher
+    waits for; progress and the completed metric are only logged.
+
+    Example::
+
+        op = det.core.DummySearcherOperation(10, is_chief=True)
+        op.report_progress(5)
+        op.report_completed(0.25)
+    """
+
+    def __init__(self, length: int, is_chief: bool) -> None:
+        super().__init__(length, is_chief)
+
+    def report_progress(self, length: float) -> None:
+        """Log ``length`` out of :attr:`length` (chief only, as Determined checks)."""
+        super().report_progress(length)
+        logger.info("progress report: %s/%s", length, self._length)
+
+
+class DummySearcherContext(SearcherContext):
+    """Determined's ``core.DummySearcherContext`` (its local-mode searcher): ``operations()``
+    yields one :class:`DummySearcherOperation` of ``length``, with the same chief/worker
+    synchronization as :class:`SearcherContext`; :meth:`get_configured_units` is EPOCHS.
+
+    Args:
+        dist: the DistributedContext (the chief broadcasts the length to the workers).
+        length: the one operation's length.
+
+    Example::
+
+        searcher = det.core.DummySearcherContext(det.core.DummyDistributedContext(), 5)
+        for op in searcher.operations():
+            train_until(op.length)
+            op.report_completed(validate())
+    """
+
+    def __init__(self, dist: _Distributed, length: int = 1) -> None:
+        super().__init__(dist, [length], units=Unit.EPOCHS)
+
+    def _new_operation(self, length: int, is_chief: bool) -> SearcherOperation:
+        return DummySearcherOperation(length, is_chief)
+
+    def get_configured_units(self) -> Unit | None:
+        """EPOCHS, as Determined's DummySearcherContext says."""
+        return Unit.EPOCHS
+
+    def __repr__(self) -> str:
+        return f"DummySearcherContext(length={self._lengths[0]})"
+
+
+_NO_SEARCHER = (
+    "There is no searcher: the experiment config has no searcher.max_length (Determined "
+    "deprecated both it and core_context.searcher in 0.38). Set your training length in your "
+    "training code and do not call core_context.searcher."
+)
+
+
+class SearcherContextMissing(SearcherContext):
+    """Determined's ``core.SearcherContextMissing``: the ``core_context.searcher`` of a trial
+    whose config has no ``searcher.max_length``. It is a SearcherContext (not an exception) whose
+    every call raises :class:`~ckptstore.errors.InvalidConfig` (a ``ValueError``, as Determined
+    raises) saying to set the training length in the training code.
+
+    Example::
+
+        searcher = det.core.SearcherContextMissing()
+        searcher.operations()  # raises InvalidConfig
+    """
+
+    def __init__(self) -> None:
+        super().__init__(_NoDistributed(), [])
+
+    def operations(  # raises at the call (not when iterated), as Determined's does
+        self, searcher_mode: SearcherMode = SearcherMode.WorkersAskChief, auto_ack: bool = True
+    ) -> Iterator[SearcherOperation]:
+        raise errors.InvalidConfig(_NO_SEARCHER)
+
+    def acknowledge_out_of_ops(self) -> None:
+        raise errors.InvalidConfig(_NO_SEARCHER)
+
+    def get_configured_units(self) -> Unit | None:
+        raise errors.InvalidConfig(_NO_SEARCHER)
+
+    def __repr__(self) -> str:
+        return "SearcherContextMissing()"
+
+
+class _NoDistributed:
+    rank = 0
+    size = 1
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
+
+
 __all__ = [
     "ORACLE_ENV",
     "SEARCHER_ENV",
+    "DummySearcherContext",
+    "DummySearcherOperation",
     "Oracle",
     "SearcherContext",
+    "SearcherContextMissing",
     "SearcherMode",
     "SearcherOperation",
     "Unit",

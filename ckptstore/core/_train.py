@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import pathlib
 import tempfile
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ckptstore import errors
 from ckptstore.core._modes import TensorboardMode, check_mode
 from ckptstore.core._tensorboard import TensorboardSync
+from ckptstore.defaults import TRIAL_METADATA_PREFIX
 from ckptstore.jsonsafe import to_json
 from ckptstore.validators import int_at_least
 
@@ -185,6 +187,56 @@ class TrainContext:
     def report_progress(self, progress: float) -> None:
         """Log training progress in [0, 1] (there is no web UI to send it to)."""
         logger.info("trial %s progress %.1f%%", self.trial_id, 100.0 * float(progress))
+
+    def _metadata_storage(self) -> Storage:
+        if self._storage is None:
+            raise errors.InvalidConfig(
+                "This TrainContext has no storage to keep the trial's metadata in; create it "
+                "with ckptstore.core.init(storage=...)."
+            )
+        return self._storage
+
+    def _metadata_key(self) -> str:
+        return f"{TRIAL_METADATA_PREFIX}/{int(self.trial_id)}.json"
+
+    def set_metadata(self, metadata: dict[str, Any]) -> dict[str, Any] | None:
+        """Replace the trial's metadata (a dict of JSON values for analysis or debugging) and
+        return what was stored, as Determined's ``set_metadata`` does on its master.
+
+        The registry has no column for it, so it is kept beside the trial's TensorBoard files
+        and logs, in ``<storage>/trial_metadata/<trial id>.json``: it outlives this context and
+        any later context of the same trial (a resume) reads it back with :meth:`get_metadata`.
+        Any worker may call it, as in Determined (the last write wins). Non-JSON values are
+        converted like metrics (NumPy/tensors to numbers, non-finite floats to ``None``).
+        """
+        if not isinstance(metadata, Mapping):
+            raise errors.InvalidConfig(
+                "metadata must be a dict of name -> JSON value. "
+                f"Received: metadata={type(metadata).__name__}."
+            )
+        clean = to_json(dict(metadata), what="trial metadata")
+        assert isinstance(clean, dict)
+        self._metadata_storage().write_bytes(
+            self._metadata_key(), json.dumps(clean, sort_keys=True).encode("utf-8")
+        )
+        logger.debug("trial %s metadata set: %s", self.trial_id, clean)
+        return clean
+
+    def get_metadata(self) -> dict[str, Any] | None:
+        """The trial's metadata as last given to :meth:`set_metadata` (by this or an earlier
+        context of the trial), or None when none was ever set."""
+        try:
+            raw = self._metadata_storage().read_bytes(self._metadata_key())
+        except errors.StorageNotFound:
+            return None
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            raise errors.InvalidConfig(
+                f"The trial's metadata file {self._metadata_key()} is not valid JSON; "
+                "set it again with set_metadata()."
+            ) from None
+        return value if isinstance(value, dict) else None
 
     def get_experiment_best_validation(self) -> float | None:
         """Best value of the searcher metric over the experiment's validations so far, or None

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.core._not_supported import not_supported
+from ckptstore.core._not_supported import not_supported, refuses
 from ckptstore.experimental._session import Session, check_path
 
 if TYPE_CHECKING:
@@ -729,6 +729,37 @@ class Experiment:
         storage = self._session.storage()
         for row in self._trial_rows():
             storage.delete(tensorboard_key(row.id))
+
+    # The registry's experiments have a name, description, config (labels) and state, but no
+    # archived flag or notes, and no way to delete one: these four would need a schema change.
+    @refuses(
+        "Experiment.archive",
+        "a label: exp.add_label('archived') (and exp.remove_label('archived') to undo)",
+        "the registry keeps no archived flag for experiments",
+    )
+    def archive(self) -> None: ...
+
+    @refuses(
+        "Experiment.unarchive",
+        "a label: exp.remove_label('archived')",
+        "the registry keeps no archived flag for experiments",
+    )
+    def unarchive(self) -> None: ...
+
+    @refuses(
+        "Experiment.set_notes",
+        "exp.set_description(notes)",
+        "the registry keeps no notes for experiments, only a description",
+    )
+    def set_notes(self, notes: str) -> None: ...
+
+    @refuses(
+        "Experiment.delete",
+        "Checkpoint.delete() on each of exp.list_checkpoints() (or `ckptstore checkpoint "
+        "delete`) and exp.delete_tensorboard_files() to free the storage",
+        "the registry cannot delete experiments (their trials, metrics and checkpoint rows stay)",
+    )
+    def delete(self) -> None: ...
 
     download_code = not_supported(
         "Experiment.download_code",

@@ -12,7 +12,10 @@ exact resume, after every callback's ``on_train_begin`` and before the first epo
 value, wait and cooldown counters survive a resume (the learning rate itself lives in the
 optimizer, which the checkpoint restores), and so do ``EarlyStopping``'s ``best_weights`` (saved
 beside the state as ``callback_arrays.npz``). Keras's own callbacks of these names (and
-``History``, ``ModelCheckpoint``) are carried too, through adapters.
+``History``, ``ModelCheckpoint``) are carried too, through adapters. Like Determined's, both count
+the validation passes they have seen in ``test_end_count`` (saved in their state); unlike
+Determined's (which check at ``on_test_end`` under TFKerasTrial), they check at ``on_epoch_end``,
+where ``fit()`` gives them the ``val_`` metrics.
 
 Example::
 
@@ -91,12 +94,20 @@ class EarlyStopping(keras.callbacks.EarlyStopping, Callback):
         model.fit(x, y, validation_data=(vx, vy), callbacks=[det_cb, stop])
     """
 
+    #: Validation passes seen (``on_test_end`` calls), as in Determined; kept in the state.
+    test_end_count = 0
+
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_test_end(logs)
+        self.test_end_count += 1
+
     def get_state(self) -> dict[str, Any]:
         # best_weights are arrays: DeterminedCallback stores them in callback_arrays.npz
-        return keras_state(self)
+        return {**keras_state(self), "test_end_count": int(self.test_end_count)}
 
     def load_state(self, state: dict[str, Any]) -> None:
         load_keras_state(self, state)
+        self.test_end_count = int(state.get("test_end_count", 0))
 
 
 class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau, Callback):
@@ -110,11 +121,19 @@ class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau, Callback):
         lr = ckptstore.keras.ReduceLROnPlateau(monitor="val_loss", factor=0.5, patience=2)
     """
 
+    #: Validation passes seen (``on_test_end`` calls), as in Determined; kept in the state.
+    test_end_count = 0
+
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_test_end(logs)
+        self.test_end_count += 1
+
     def get_state(self) -> dict[str, Any]:
-        return keras_state(self)
+        return {**keras_state(self), "test_end_count": int(self.test_end_count)}
 
     def load_state(self, state: dict[str, Any]) -> None:
         load_keras_state(self, state)
+        self.test_end_count = int(state.get("test_end_count", 0))
 
 
 #: Determined's name for the stateful ReduceLROnPlateau (``det.keras.callbacks.ReduceLRScheduler``).

@@ -393,8 +393,8 @@ worse. Every `determined.X` name is looked up as `ckptstore.X` (`import ckptstor
 
 Statuses: **same** (same parameters, order, defaults), **compatible** (every Determined call
 works; notes list extra optional parameters or other defaults), **not supported** (exists and
-raises `ckptstore.errors.NotSupported` naming what to use; needs a Determined cluster),
-**out of scope** (not Keras-facing), **different**, **missing**.
+raises `ckptstore.errors.NotSupported` naming what to use; needs a Determined cluster, or data
+the registry does not keep), **out of scope** (not Keras-facing), **different**, **missing**.
 
 """
 

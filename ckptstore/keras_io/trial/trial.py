@@ -11,6 +11,17 @@ from ckptstore.keras_io.trial.context import TFKerasTrialContext
 logger = logging.getLogger(__name__)
 
 
+class _TrialControllerClass:
+    """``TFKerasTrial.trial_controller_class``: ckptstore's
+    :class:`~ckptstore.keras_io.trial.controller.TrialController`, imported when first read
+    (the controller module imports this one)."""
+
+    def __get__(self, instance: object, owner: type | None = None) -> type:
+        from ckptstore.keras_io.trial.controller import TrialController
+
+        return TrialController
+
+
 class TFKerasTrial(abc.ABC):
     """A Keras training job that ckptstore runs, checkpoints, resumes and searches over.
 
@@ -47,6 +58,10 @@ class TFKerasTrial(abc.ABC):
     Run it with ``ckptstore experiment create const.yaml .`` (``entrypoint: model_def:MNISTTrial``).
     """
 
+    #: The class that runs this trial (Determined's ``trial_controller_class``): ckptstore's
+    #: ``TrialController``, as ``TrialController(trial_class, core_context, config).run()``.
+    trial_controller_class: Any = _TrialControllerClass()
+
     def __init__(self, context: TFKerasTrialContext) -> None:
         self.context = context
 
@@ -57,7 +72,8 @@ class TFKerasTrial(abc.ABC):
     @abc.abstractmethod
     def build_training_data_loader(self) -> Any:
         """Return training data: ``(x, y)``, ``(x, y, sample_weights)``, a ``tf.data.Dataset``
-        (wrapped with ``context.wrap_dataset``), a ``keras.utils.PyDataset`` or a
+        (wrapped with ``context.wrap_dataset``), a ``keras.utils.PyDataset`` (on Keras 2, i.e.
+        ``TF_USE_LEGACY_KERAS=1``: a ``tf.keras.utils.Sequence``) or a
         :class:`~ckptstore.keras_io.trial.sequences.SequenceAdapter`."""
 
     @abc.abstractmethod
