@@ -52,6 +52,7 @@ from ckptstore.experiment.runner import (
     _open_registry,
     _registry_url,
     _storage_spec,
+    warn_ignored_keys,
 )
 from ckptstore.launch.process import OutputTail, child_command, child_env
 from ckptstore.launch.tensorflow import SLOTS_ENV
