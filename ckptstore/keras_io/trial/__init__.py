@@ -1,5 +1,6 @@
 """Determined's TFKerasTrial API on ckptstore: the trial class, its context, data helpers and the
-controller that trains in batches, validates, checkpoints and resumes.
+controller that trains in batches, validates, checkpoints and resumes — on the Keras ``tf.keras``
+is: Keras 3, or Keras 2 (tf_keras, legacy optimizers included) with ``TF_USE_LEGACY_KERAS=1``.
 
 Example::
 

@@ -16,6 +16,18 @@ A checkpoint holds ``model.keras`` (architecture, weights, full optimizer state)
 training data and the schedule). Resuming rebuilds the model with ``build_model()``, loads those
 and continues at the next batch.
 
+On Keras 2 (``tf.keras`` is tf_keras, ``TF_USE_LEGACY_KERAS=1``) the model part is Determined's
+Keras 2 layout instead of ``model.keras`` (see :mod:`ckptstore.keras_io.keras2_format`): the TF
+checkpoint ``model_checkpoint.*`` with the weights and the optimizer's state — a legacy
+optimizer's slots and ``iter`` (``tf.keras.optimizers.legacy.*``) or a Keras 2.11+ optimizer's
+variables — plus ``model_config.json``; the layers' RNG states ride in ``callback_state.json``.
+Keras 2 trials train with ``train_on_batch`` like Keras 3 ones and keep the same data position,
+so a resume continues at the next batch — after a workload, or after the batch at which a
+preemption ended one — with the same weights and optimizer state as an uninterrupted run
+(``tests/keras_io/test_trial_both_keras.py`` checks both Keras versions). A checkpoint is read
+only by the Keras that wrote it: resuming a Keras 3 trial checkpoint under Keras 2 (or the
+reverse) raises :class:`~ckptstore.errors.ResumeError`.
+
 Example::
 
     with ckptstore.core.init(storage="/tmp/ckpts", trial_id=1, hparams=hparams) as core_context:
@@ -32,14 +44,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import keras
 import numpy as np
 
 from ckptstore import errors
 from ckptstore.checkpointing.metrics import reported_value
 from ckptstore.experiment.config import ExperimentConfig, Length, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value
-from ckptstore.keras_io import callback_state
+from ckptstore.keras_io import backend, callback_state, keras2_format
+from ckptstore.keras_io.backend import keras
 from ckptstore.keras_io.trial import data as data_mod
 from ckptstore.keras_io.trial.context import TFKerasTrialContext
 from ckptstore.keras_io.trial.trial import TFKerasTrial
@@ -62,6 +74,18 @@ class TrialResult:
     last_validation: dict[str, float] = dataclasses.field(default_factory=dict)
     searcher_metric: float | None = None
     latest_checkpoint: str | None = None
+
+
+def _is_compiled(model: Any) -> bool:
+    """``model.compiled`` (Keras 3) / ``model._is_compiled`` (Keras 2)."""
+    return bool(getattr(model, "compiled", False) or getattr(model, "_is_compiled", False))
+
+
+def _optimizer_variables(optimizer: Any) -> list[Any]:
+    """Every variable of ``optimizer`` (a property on Keras 3 and Keras 2.11+ optimizers, a
+    method on Keras 2's legacy ones)."""
+    found = optimizer.variables
+    return list(found() if callable(found) else found)
 
 
 def _to_float(value: Any) -> Any:
@@ -146,12 +170,13 @@ class TrialController:
                     "tf.config (threads, devices) at the top of model_def.py instead."
                 )
         self.model = self.trial.build_model()
+        backend.check_model(self.model, what="TFKerasTrial")
         if not isinstance(self.model, keras.Model):
             raise errors.InvalidConfig(
                 f"build_model() must return a compiled keras.Model; it returned a "
                 f"{type(self.model).__name__}."
             )
-        if not getattr(self.model, "compiled", False) or self.model.optimizer is None:
+        if not _is_compiled(self.model) or getattr(self.model, "optimizer", None) is None:
             raise errors.InvalidConfig(
                 "build_model() returned a model that is not compiled. Call "
                 "model.compile(optimizer=..., loss=...) before returning it."
@@ -220,7 +245,13 @@ class TrialController:
             x, _, _ = self.train_data.next_batch()
             self.model(x)
             self.train_data.restore(position)
-        self.model.optimizer.build(self.model.trainable_variables)
+        if backend.IS_KERAS2 and not hasattr(self.model.optimizer, "build"):
+            keras2_format._create_legacy_slots(self.model)  # legacy optimizer: slots + iter
+        elif backend.IS_KERAS2:
+            with self.model.distribute_strategy.scope():
+                self.model.optimizer.build(self.model.trainable_variables)
+        else:
+            self.model.optimizer.build(self.model.trainable_variables)
 
     def _restore(self, uuid: str) -> None:
         trial_id = self.context.trial_id
@@ -232,15 +263,14 @@ class TrialController:
                 with open(seq_path, encoding="utf-8") as f:
                     sequencer = json.load(f)
             model_file = os.path.join(path, MODEL_FILENAME)
-            if not os.path.exists(model_file):
-                raise errors.ResumeError(
-                    f"Checkpoint {uuid} has no {MODEL_FILENAME}; it was not written by a "
-                    "TFKerasTrial. Start the trial from scratch or pick another checkpoint."
-                )
+            self._check_layout(os.fspath(path), uuid)
             self._ensure_built()
             same_trial = state is not None and state.continue_id == trial_id
             if same_trial:
-                self._load_weights(model_file, uuid)
+                if backend.IS_KERAS2:
+                    keras2_format.load_weights(self.model, os.fspath(path), with_optimizer=True)
+                else:
+                    self._load_weights(model_file, uuid)
                 if "data_position" in sequencer:
                     self.train_data.restore(sequencer["data_position"])
                     read_files = getattr(self.train_data, "read_files", None)
@@ -250,9 +280,13 @@ class TrialController:
                 logger.info(
                     "Warm-starting trial %s from checkpoint %s (weights only)", trial_id, uuid
                 )
-                self.model.load_weights(model_file, skip_mismatch=False)
-                for var in self.model.optimizer.variables:
-                    var.assign(np.zeros(var.shape, dtype=var.dtype))
+                if backend.IS_KERAS2:
+                    keras2_format.load_weights(self.model, os.fspath(path), with_optimizer=False)
+                else:
+                    self.model.load_weights(model_file, skip_mismatch=False)
+                for var in _optimizer_variables(self.model.optimizer):
+                    dtype = getattr(var.dtype, "as_numpy_dtype", var.dtype)  # tf.DType on Keras 2
+                    var.assign(np.zeros(var.shape, dtype=dtype))
                 return
         assert state is not None
         self.batches_trained = int(state.steps_completed)
@@ -266,9 +300,36 @@ class TrialController:
         if state.extra_variables:
             callback_state.restore_extra_variables(self.model, state.extra_variables)
         callback_state.restore_rng(state.rng)
+        keras2_format.restore_layer_rng(self.model, state.rng)
         self.latest_checkpoint = uuid
         logger.info(
             "Resumed trial %s from checkpoint %s at batch %d", trial_id, uuid, self.batches_trained
+        )
+
+    def _check_layout(self, path: str, uuid: str) -> None:
+        """ResumeError unless ``path`` holds the model in the running Keras's layout."""
+        has_keras3 = os.path.exists(os.path.join(path, MODEL_FILENAME))
+        has_keras2 = keras2_format.has_weights(path)
+        if has_keras2 if backend.IS_KERAS2 else has_keras3:
+            return
+        running = "Keras 2 (tf_keras)" if backend.IS_KERAS2 else "Keras 3"
+        if has_keras2 or has_keras3:
+            written = "Keras 3 (model.keras)" if has_keras3 else "Keras 2 (model_checkpoint.*)"
+            hint = (
+                f"unset {backend.LEGACY_ENV} before TensorFlow is imported"
+                if backend.IS_KERAS2
+                else f"set {backend.LEGACY_ENV}=1 before TensorFlow is imported"
+            )
+            raise errors.ResumeError(
+                f"Checkpoint {uuid} was written by {written}, but this trial runs on {running} "
+                f"({backend.FRAMEWORK}). Resume it with the Keras that wrote it ({hint}), or "
+                "start the trial from scratch."
+            )
+        expected = keras2_format.WEIGHTS_PREFIX + ".index" if backend.IS_KERAS2 else MODEL_FILENAME
+        raise errors.ResumeError(
+            f"Checkpoint {uuid} has no {expected}; it was not written by a TFKerasTrial. "
+            f"Received: {sorted(os.listdir(path))}. Start the trial from scratch or pick "
+            "another checkpoint."
         )
 
     def _load_weights(self, model_file: str, uuid: str) -> None:
@@ -293,6 +354,7 @@ class TrialController:
             "continue_id": trial_id,
             "epoch": epochs,
             "framework": "ckptstore.keras.TFKerasTrial",
+            "keras_version": keras.__version__,
             # how many workers trained it (Ray Train / TF_CONFIG workers; 1 when launched alone)
             "distributed": {"size": self.context.distributed.get_size()},
             "metrics": {"validation_metrics": dict(self.last_validation)},
@@ -309,7 +371,7 @@ class TrialController:
             epoch_complete=bool(self.batches_per_epoch)
             and self.batches_trained % self.batches_per_epoch == 0,
             callbacks=states,
-            rng=callback_state.capture_rng(),
+            rng={**callback_state.capture_rng(), **keras2_format.capture_layer_rng(self.model)},
         )
         sequencer = {
             "batches_trained": self.batches_trained,
@@ -318,7 +380,11 @@ class TrialController:
             "last_validation": self.last_validation,
         }
         with self.core.checkpoint.store_path(metadata) as (path, uuid):
-            self.model.save(os.path.join(path, MODEL_FILENAME))
+            if backend.IS_KERAS2:  # model_checkpoint.* (weights + optimizer), model_config.json
+                layout = keras2_format.Keras2Layout.of(self.model)
+                keras2_format.take_snapshot(layout).write_into(os.fspath(path))
+            else:
+                self.model.save(os.path.join(path, MODEL_FILENAME))
             callback_state.write_state(path, state)
             with open(os.path.join(path, SEQUENCER_FILENAME), "w", encoding="utf-8") as f:
                 json.dump(sequencer, f)

@@ -18,17 +18,21 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-import keras
 import numpy as np
 
 from ckptstore import errors
-from ckptstore.keras_io.trial.sequences import SequenceAdapter, _num_records, _slice
+from ckptstore.keras_io.trial.sequences import (
+    SEQUENCE_BASE,
+    SequenceAdapter,
+    _num_records,
+    _slice,
+)
 
 logger = logging.getLogger(__name__)
 
 DATA_TYPES_HELP = (
     "Return (x, y), (x, y, sample_weights), a tf.data.Dataset, a keras.utils.PyDataset "
-    "(Sequence) or a ckptstore.keras.SequenceAdapter."
+    "(a tf.keras.utils.Sequence on Keras 2) or a ckptstore.keras.SequenceAdapter."
 )
 
 
@@ -250,7 +254,7 @@ def training_data(
     """Wrap what ``build_training_data_loader()`` returned; InvalidConfig for other types."""
     if isinstance(data, SequenceAdapter):
         return SequenceData(data, bool(shuffle), seed)
-    if isinstance(data, keras.utils.PyDataset):
+    if isinstance(data, SEQUENCE_BASE):
         adapter = SequenceAdapter(
             data,
             use_multiprocessing=bool(use_multiprocessing),
@@ -276,7 +280,7 @@ def evaluate_kwargs(data: Any, batch_size: int) -> dict[str, Any]:
     """Keyword arguments for ``model.evaluate`` for validation data of any supported type."""
     if isinstance(data, SequenceAdapter):
         return {"x": data.sequence}
-    if isinstance(data, keras.utils.PyDataset) or _is_tf_dataset(data):
+    if isinstance(data, SEQUENCE_BASE) or _is_tf_dataset(data):
         return {"x": data}
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
         kwargs = {"x": data[0], "y": data[1], "batch_size": batch_size}

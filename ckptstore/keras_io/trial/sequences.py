@@ -1,4 +1,9 @@
-"""Determined's Sequence helpers: :class:`InMemorySequence` and :class:`SequenceAdapter`."""
+"""Determined's Sequence helpers: :class:`InMemorySequence` and :class:`SequenceAdapter`.
+
+Both follow the Keras ``tf.keras`` is (:mod:`ckptstore.keras_io.backend`): on Keras 3
+:class:`InMemorySequence` is a ``keras.utils.PyDataset``, on Keras 2 (``TF_USE_LEGACY_KERAS=1``) a
+``tf.keras.utils.Sequence``; :data:`SEQUENCE_BASE` is that class.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +13,21 @@ import multiprocessing
 from collections.abc import Iterator
 from typing import Any
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from ckptstore import errors
+from ckptstore.keras_io.backend import keras
 from ckptstore.validators import int_at_least
 
+#: The batch-sequence base class of the running Keras: ``keras.utils.PyDataset`` on Keras 3,
+#: ``tf.keras.utils.Sequence`` on Keras 2 (tf_keras has no PyDataset).
+SEQUENCE_BASE: Any = getattr(keras.utils, "PyDataset", None) or keras.utils.Sequence
 
-class InMemorySequence(keras.utils.PyDataset):
-    """NumPy data and labels served as a ``keras.utils.PyDataset`` of fixed-size batches.
+
+class InMemorySequence(SEQUENCE_BASE):  # type: ignore[misc,valid-type]
+    """NumPy data and labels served as a ``keras.utils.PyDataset`` of fixed-size batches
+    (a ``tf.keras.utils.Sequence`` on Keras 2).
 
     Batch ``i`` is ``data[i*batch_size:(i+1)*batch_size]`` (the last batch may be smaller), so
     the position in the data is just the batch index: a resumed trial continues at the next batch.
@@ -169,6 +179,6 @@ ArrayLike = np.ndarray | list[np.ndarray] | dict[str, np.ndarray]
 #: Determined's ``det.keras.InputData``: what ``build_training_data_loader()`` /
 #: ``build_validation_data_loader()`` may return (a Keras ``PyDataset``/``Sequence``, a
 #: ``tf.data.Dataset``, a :class:`SequenceAdapter`, or an ``(x, y[, sample_weight])`` tuple).
-InputData = keras.utils.PyDataset | tf.data.Dataset | SequenceAdapter | tuple
+InputData = SEQUENCE_BASE | tf.data.Dataset | SequenceAdapter | tuple
 
-__all__ = ["ArrayLike", "InMemorySequence", "InputData", "SequenceAdapter"]
+__all__ = ["SEQUENCE_BASE", "ArrayLike", "InMemorySequence", "InputData", "SequenceAdapter"]

@@ -1,0 +1,174 @@
+"""TFKerasTrial on whichever Keras ``tf.keras`` is: this module runs in the normal (Keras 3)
+session and again under ``TF_USE_LEGACY_KERAS=1`` (Keras 2 / tf_keras) through
+``tests/keras_io/test_keras2_suite.py``.
+
+The trial (``tests/keras_io/legacy_trial_model_def.py``) is a Determined-style model_def; on
+Keras 2 it compiles a tf_keras ``Sequential`` with ``tf.keras.optimizers.legacy.RMSprop`` (or a
+Keras 2.11+ ``Adam``) and positional metrics. Each case trains straight through, then preempts a
+second trial after some batch (at a workload boundary or inside a workload, where the controller
+checkpoints after that batch) and resumes it from its checkpoint: the resumed weights and
+optimizer variables must equal the straight run's exactly. The last test runs the model_def
+through the experiment runner (``entrypoint: model_def:LegacyOptTrial``, a trial subprocess).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import ckptstore
+from ckptstore import errors
+from ckptstore.keras_io.trial.controller import TrialController
+from ckptstore.registry import Registry
+from tests.keras_io import legacy_trial_model_def as model_def
+from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, optimizer_variables
+from tests.keras_io.legacy_trial_model_def import LegacyOptTrial
+
+TOTAL = 12  # batches: 2 passes of 48 records / 8
+
+
+def _config(**extra):
+    raw = {
+        "hyperparameters": {"global_batch_size": 8, "lr": 0.01, "optimizer": "legacy"},
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": TOTAL}},
+        "min_validation_period": {"batches": 4},
+        "scheduling_unit": 2,
+        "entrypoint": "model_def:LegacyOptTrial",
+    }
+    raw.update(extra)
+    return raw
+
+
+@pytest.fixture
+def env(tmp_path):
+    registry = Registry(f"sqlite:///{tmp_path / 'reg.db'}")
+    yield str(tmp_path / "ckpts"), registry
+    LegacyOptTrial.preempt = LegacyOptTrial.preempt_at = LegacyOptTrial.last_counter = None
+    registry.close()
+
+
+def _run(env, trial_id, hparams, preempt_at=None):
+    storage, registry = env
+    with ckptstore.core.init(
+        storage=storage,
+        registry=registry,
+        trial_id=trial_id,
+        hparams={"global_batch_size": 8, "lr": 0.01, **hparams},
+        preempt_signals=False,
+    ) as core_context:
+        LegacyOptTrial.preempt = core_context.preempt
+        LegacyOptTrial.preempt_at = preempt_at
+        controller = TrialController(LegacyOptTrial, core_context, _config(), trial_seed=7)
+        result = controller.run()
+        files = None
+        if result.latest_checkpoint:
+            with core_context.checkpoint.restore_path(result.latest_checkpoint) as path:
+                files = set(os.listdir(path))
+    return controller, result, files
+
+
+def _state(model):
+    # by position: Keras 2 names a second model's layers dense_2, dense_3, ...
+    out = {f"w/{i}": np.asarray(v.numpy()) for i, v in enumerate(model.weights)}
+    out.update(
+        {f"opt/{i}": np.asarray(v.numpy()) for i, v in enumerate(optimizer_variables(model))}
+    )
+    return out
+
+
+# (optimizer, training data, preempted after batch): 6 batches a pass, workloads of 2
+CASES = [
+    ("legacy", "arrays", 4),  # a workload boundary inside a pass
+    ("legacy", "in_memory", 6),  # the end of a pass (epoch)
+    ("legacy", "dataset", 5),  # inside a workload: the controller stops after that batch
+    ("legacy", "sequence", 3),
+    ("new", "arrays", 6),
+]
+
+
+@pytest.mark.parametrize(("optimizer", "data", "preempt_at"), CASES)
+def test_trial_checkpoints_and_resumes_exactly(env, optimizer, data, preempt_at):
+    _, registry = env
+    hparams = {"optimizer": optimizer, "data": data}
+    straight, result, files = _run(env, 1, hparams)
+    assert result.status == "completed" and result.batches_trained == TOTAL
+    assert set(result.last_validation) == {"val_loss", "val_mae"}
+    opt = straight.model.optimizer
+    if KERAS_MAJOR == 2:
+        assert type(straight.model).__module__.startswith("tf_keras.")
+        legacy = type(opt).__module__.startswith("tf_keras.src.optimizers.legacy")
+        assert legacy == (optimizer == "legacy"), type(opt)
+        assert {"model_checkpoint.index", "model_config.json"} <= files
+        assert "model.keras" not in files
+    else:
+        assert "model.keras" in files
+    assert {"callback_state.json", "workload_sequencer.json", "metadata.json"} <= files
+
+    first, result, _ = _run(env, 2, hparams, preempt_at=preempt_at)
+    assert result.status == "preempted" and result.batches_trained == preempt_at
+    assert registry.latest_checkpoint(2).steps_completed == preempt_at
+    # the preempted run has trained less than the straight one: the comparison below is real
+    assert not np.array_equal(_state(first.model)["w/0"], _state(straight.model)["w/0"])
+
+    resumed, result, _ = _run(env, 2, hparams)
+    assert result.status == "completed" and result.batches_trained == TOTAL
+    assert resumed.context.get_initial_batch() == preempt_at
+    counter = LegacyOptTrial.last_counter
+    assert (counter.batches, counter.epochs) == (TOTAL, 2)  # callback state survived
+    assert int(keras.backend.get_value(resumed.model.optimizer.iterations)) == TOTAL
+    want, got = _state(straight.model), _state(resumed.model)
+    assert sorted(want) == sorted(got)
+    assert sum(k.startswith("opt/") for k in got) > len(straight.model.weights)  # slots + iter
+    for key in want:
+        np.testing.assert_array_equal(want[key], got[key], err_msg=key)
+    # same weights, so the same metrics (up to the evaluation's float summation order)
+    assert result.last_validation == pytest.approx(straight.last_validation, rel=1e-6)
+    assert [m.steps_completed for m in registry.get_metrics(2, "validation")] == [4, 8, 12]
+
+
+def test_checkpoint_of_the_other_keras_is_refused(env, tmp_path):
+    storage, registry = env
+    _, result, _ = _run(env, 1, {"optimizer": "legacy", "data": "arrays"}, preempt_at=4)
+    with ckptstore.core.init(storage=storage, registry=registry, trial_id=1) as ctx:
+        with ctx.checkpoint.restore_path(result.latest_checkpoint) as path:
+            copy = tmp_path / "copy"
+            shutil.copytree(path, copy)
+    # make the checkpoint look written by the other Keras: only the other layout's file
+    for name in os.listdir(copy):
+        if name.startswith("model_checkpoint") or name == "model.keras":
+            os.remove(copy / name)
+    (copy / ("model.keras" if KERAS_MAJOR == 2 else "model_checkpoint.index")).write_bytes(b"")
+    with ckptstore.core.init(storage=storage, registry=registry, trial_id=1) as ctx:
+        controller = TrialController(LegacyOptTrial, ctx, _config())
+        controller._build()
+        with pytest.raises(errors.ResumeError, match="TF_USE_LEGACY_KERAS"):
+            controller._check_layout(str(copy), "copy")
+
+
+def test_model_def_runs_through_the_experiment_runner(tmp_path, monkeypatch):
+    from ckptstore.experiment import create_experiment, describe_experiment
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.setenv("CKPTSTORE_LOG_LEVEL", "WARNING")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+    monkeypatch.setenv("PYTHONPATH", repo)  # TF_USE_LEGACY_KERAS passes through as it is
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    shutil.copy(model_def.__file__, model_dir / "model_def.py")
+    storage, registry = str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
+    raw = _config(min_checkpoint_period={"batches": 6})
+    raw["hyperparameters"]["data"] = "in_memory"
+    exp_id = create_experiment(raw, model_dir, storage=storage, registry=registry)
+    info = describe_experiment(exp_id, registry=registry)
+    assert info["state"] == "COMPLETED", info
+    (trial,) = info["trials"]
+    assert trial["state"] == "COMPLETED" and trial["batches_trained"] == TOTAL
+    with Registry(registry) as reg:
+        ckpts = reg.checkpoint_records(trial_id=trial["id"], states=None)
+        assert sorted(c.steps_completed for c in ckpts) == [6, 12]
+        meta = reg.get_checkpoint(info["best_checkpoint"]).metadata
+    assert meta["keras_version"].split(".")[0] == str(KERAS_MAJOR)
+    assert "val_loss" in meta["metrics"]["validation_metrics"]
