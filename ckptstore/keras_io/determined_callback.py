@@ -62,9 +62,10 @@ class DeterminedCallback(backend.CallbackBase):
     epoch ends; training then saves at that batch boundary and stops. The resumed run continues
     the interrupted epoch at its next unseen batch, in the same data order, with the epoch's
     metric accumulators, RNG states and callbacks' states, bit-equal to an uninterrupted run
-    under ``enable_op_determinism`` (see :mod:`~ckptstore.keras_io.resumable_data` for the
-    inputs this covers; for a Python generator the interrupted epoch restarts, with a warning
-    at ``fit()`` start).
+    under ``enable_op_determinism``, on Keras 3 and Keras 2 alike (see
+    :mod:`~ckptstore.keras_io.resumable_data` and
+    :mod:`~ckptstore.keras_io.resumable_data_keras2` for the inputs this covers; for the others,
+    e.g. a Python generator, the interrupted epoch restarts, with a warning at ``fit()`` start).
 
     Under ``MultiWorkerMirroredStrategy`` only the chief (rank 0) writes checkpoints; every
     worker restores from the same checkpoint. With several workers the callback also applies
@@ -216,16 +217,13 @@ class DeterminedCallback(backend.CallbackBase):
         self._resume_batch = 0
         self._resume_metrics = None
         self._data_seed = resumable_data.default_seed()
-        # Mid-epoch resume hooks into Keras 3's fit loop; Keras 2 restarts a cut epoch.
-        self._data = (
-            None
-            if backend.IS_KERAS2
-            else resumable_data.attach(
-                self.model,
-                seed=self._data_seed,
-                distributed_size=getattr(self._core.distributed, "size", 1),
-                on_boundary=self._at_batch_boundary,
-            )
+        # Mid-epoch resume hooks into the fit loop (Keras 3's epoch iterator, Keras 2's
+        # DataHandler); None, after a warning, for inputs a cut epoch restarts with.
+        self._data = resumable_data.attach(
+            self.model,
+            seed=self._data_seed,
+            distributed_size=getattr(self._core.distributed, "size", 1),
+            on_boundary=self._at_batch_boundary,
         )
         self._last_save_final = False
         self._saved_in_fit = False

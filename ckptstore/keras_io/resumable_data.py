@@ -27,8 +27,9 @@ Python generator, ...  cannot be rewound: a warning at fit start, and a preempte
 =====================  =========================================================================
 
 Only Keras 3 with the TensorFlow backend is handled here (the one place that knows Keras's
-``EpochIterator`` internals); anything else gets :data:`None` from :func:`attach` and the
-epoch-restart behaviour.
+``EpochIterator`` internals); Keras 2 (``tf_keras``) has the same classes hooked into its
+``DataHandler`` in :mod:`~ckptstore.keras_io.resumable_data_keras2`. Anything else gets
+:data:`None` from :func:`attach` and the epoch-restart behaviour.
 
 Example (what DeterminedCallback does)::
 
@@ -47,8 +48,10 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-import keras
 import numpy as np
+
+from ckptstore.keras_io import backend
+from ckptstore.keras_io.backend import keras
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +74,10 @@ class ResumableData(Protocol):
     def restore(self, state: dict[str, Any], checkpoint_dir: str) -> int: ...
 
 
-def find_fit_frame(model: Any) -> Any:
-    """The frame of the running ``model.fit()`` (Keras gives callbacks no handle on its loop)."""
+def find_fit_frame(model: Any, loop_name: str = "epoch_iterator") -> Any:
+    """The frame of the running ``model.fit()`` (Keras gives callbacks no handle on its loop):
+    the one whose local ``loop_name`` (``epoch_iterator`` in Keras 3, ``data_handler`` in
+    Keras 2) holds the fit loop."""
     frame = sys._getframe(1)
     for _ in range(12):
         if frame is None:
@@ -80,7 +85,7 @@ def find_fit_frame(model: Any) -> Any:
         if (
             frame.f_code.co_name == "fit"
             and frame.f_locals.get("self") is model
-            and "epoch_iterator" in frame.f_locals
+            and loop_name in frame.f_locals
         ):
             return frame
         frame = frame.f_back
@@ -109,6 +114,12 @@ def attach(
     at every epoch end, validation begin and train end -- once every callback has finished
     the last batch and before any of them reacts to the end of the epoch.
     """
+    if backend.IS_KERAS2:
+        from ckptstore.keras_io import resumable_data_keras2
+
+        return resumable_data_keras2.attach(
+            model, seed=seed, distributed_size=distributed_size, on_boundary=on_boundary
+        )
     frame = find_fit_frame(model) if keras.backend.backend() == "tensorflow" else None
     if frame is None:
         logger.warning(
@@ -117,10 +128,7 @@ def attach(
         )
         return None
     if on_boundary is not None:
-        callback_list = frame.f_locals.get("callbacks")
-        if callback_list is not None and hasattr(callback_list, "callbacks"):
-            # A new list, not an insert: CallbackList is iterating the old one right now.
-            callback_list.callbacks = [_BatchBoundary(on_boundary), *callback_list.callbacks]
+        add_boundary_callback(frame, on_boundary)
     epoch_iterator = frame.f_locals["epoch_iterator"]
     if distributed_size > 1:
         logger.warning(
@@ -164,6 +172,14 @@ def attach(
     return None
 
 
+def add_boundary_callback(fit_frame: Any, on_boundary: Callable[[], None]) -> None:
+    """Put a :class:`_BatchBoundary` calling ``on_boundary`` first in the fit()'s callbacks."""
+    callback_list = fit_frame.f_locals.get("callbacks")
+    if callback_list is not None and hasattr(callback_list, "callbacks"):
+        # A new list, not an insert: CallbackList is iterating the old one right now.
+        callback_list.callbacks = [_BatchBoundary(on_boundary), *callback_list.callbacks]
+
+
 class _BatchBoundary(keras.callbacks.Callback):
     """First in the fit()'s callback list: calls back before any epoch-end reaction."""
 
@@ -181,12 +197,18 @@ class _BatchBoundary(keras.callbacks.Callback):
         self._fn()
 
 
+def _metric_variables(model: Any) -> list[tuple[str, Any]]:
+    """``(path, variable)`` of the model's metric accumulators (Keras 2: of ``model.metrics``,
+    whose variables are named per metric, e.g. ``accuracy/total:0``)."""
+    if backend.IS_KERAS2:
+        return [(f"{m.name}/{v.name}", v) for m in model.metrics for v in m.variables]
+    return [(v.path, v) for v in model.metrics_variables]
+
+
 def capture_metrics(model: Any) -> list[Any]:
     """The values of ``model.metrics_variables`` (the running epoch's accumulators)."""
-    return [
-        {"path": v.path, "dtype": str(v.dtype), "value": np.asarray(v.numpy()).tolist()}
-        for v in model.metrics_variables
-    ]
+    values = [(path, np.asarray(v.numpy())) for path, v in _metric_variables(model)]
+    return [{"path": path, "dtype": a.dtype.name, "value": a.tolist()} for path, a in values]
 
 
 def restore_metrics(model: Any, saved: list[Any], element_spec: Any = None) -> None:
@@ -195,11 +217,16 @@ def restore_metrics(model: Any, saved: list[Any], element_spec: Any = None) -> N
     Keras builds the compiled metrics lazily, in the first training step; ``element_spec``
     (the input's batch spec) lets Keras build them now, as it does itself under a strategy.
     """
-    variables = list(model.metrics_variables)
+    variables = _metric_variables(model)
     if len(variables) != len(saved) and element_spec is not None:
-        model._symbolic_build(data_batch=element_spec)
-        variables = list(model.metrics_variables)
-    if [v.path for v in variables] != [item["path"] for item in saved]:
+        if backend.IS_KERAS2:
+            from ckptstore.keras_io import resumable_data_keras2
+
+            resumable_data_keras2.build_metrics(model, element_spec)
+        else:
+            model._symbolic_build(data_batch=element_spec)
+        variables = _metric_variables(model)
+    if [path for path, _ in variables] != [item["path"] for item in saved]:
         logger.warning(
             "The model's metric variables differ from the checkpoint's (%d vs %d): the resumed "
             "epoch's metrics start from zero.",
@@ -207,7 +234,7 @@ def restore_metrics(model: Any, saved: list[Any], element_spec: Any = None) -> N
             len(saved),
         )
         return
-    for variable, item in zip(variables, saved, strict=True):
+    for (_, variable), item in zip(variables, saved, strict=True):
         variable.assign(np.asarray(item["value"], dtype=item["dtype"]))
 
 
@@ -238,17 +265,21 @@ class _Base:
     kind = "base"
 
     def __init__(self, epoch_iterator: Any, num_batches: int) -> None:
-        self._keras_iterator = epoch_iterator
-        self._strategy = epoch_iterator._distribute_strategy
         self.num_batches = num_batches
         self._epoch = 0
         self._start = 0
+        self._original = self._hook(epoch_iterator)
+
+    def _hook(self, epoch_iterator: Any) -> Any:
+        """Make the fit loop iterate :class:`_EpochIterable`; returns the loop's own dataset."""
+        self._keras_iterator = epoch_iterator
+        self._strategy = epoch_iterator._distribute_strategy
         original = epoch_iterator._distributed_dataset
-        self._original = original
         epoch_iterator._distributed_dataset = _EpochIterable(
             self, getattr(original, "element_spec", None)
         )
         epoch_iterator._current_iterator = None
+        return original
 
     @property
     def element_spec(self) -> Any:
@@ -322,13 +353,8 @@ class _ArrayData(_Base):
     def _restore_extra(self, state: dict[str, Any], checkpoint_dir: str) -> None:
         self._seed = int(state["seed"])
 
-    def _epoch_iterator(self) -> Iterator[Any]:
-        import tensorflow as tf
-        from keras.src import tree
-        from keras.src.trainers.data_adapters import array_slicing
-
-        adapter = self._adapter
-        n, bs, shuffle = adapter._num_samples, adapter._batch_size, adapter._shuffle
+    def _epoch_batches(self, n: int, bs: int, shuffle: Any) -> list[np.ndarray]:
+        """The sample indices of the batches left in this epoch (from ``self._start``)."""
         order = _epoch_order(self._seed, self._epoch, n, shuffle)
         batches = [order[b * bs : (b + 1) * bs] for b in range(self._start, self.num_batches)]
         if shuffle == "batch":
@@ -336,6 +362,15 @@ class _ArrayData(_Base):
                 b[np.random.default_rng([self._seed, self._epoch, i]).permutation(len(b))]
                 for i, b in enumerate(batches, start=self._start)
             ]
+        return batches
+
+    def _epoch_iterator(self) -> Iterator[Any]:
+        import tensorflow as tf
+        from keras.src import tree
+        from keras.src.trainers.data_adapters import array_slicing
+
+        adapter = self._adapter
+        batches = self._epoch_batches(adapter._num_samples, adapter._batch_size, adapter._shuffle)
         if self._inputs_ds is None:
             inputs = array_slicing.convert_to_sliceable(
                 adapter._inputs, target_backend="tensorflow"
@@ -367,6 +402,24 @@ class _ArrayData(_Base):
         return iter(self._distribute(dataset))
 
 
+def _stateful_dataset(py_dataset: Any, base: type) -> bool:
+    """Whether ``py_dataset`` has ``get_state()``/``load_state()``; warns once when it overrides
+    ``on_epoch_end`` of ``base`` (it may reorder itself there) without them."""
+    stateful = callable(getattr(py_dataset, "get_state", None)) and callable(
+        getattr(py_dataset, "load_state", None)
+    )
+    reorders = type(py_dataset).on_epoch_end is not base.on_epoch_end
+    if reorders and not stateful:
+        logger.warning(
+            "%s overrides on_epoch_end() but has no get_state()/load_state(): if it "
+            "reorders itself there, a resumed run continues the interrupted epoch in its "
+            "freshly built order, not the interrupted run's. Give it get_state()/"
+            "load_state() to make mid-epoch resume exact.",
+            type(py_dataset).__name__,
+        )
+    return stateful
+
+
 class _PyDatasetData(_Base):
     """A ``keras.utils.PyDataset``: epochs Keras can produce itself go through Keras (workers,
     multiprocessing); a resumed epoch and shuffled epochs are read here in a known order."""
@@ -376,31 +429,20 @@ class _PyDatasetData(_Base):
     def __init__(self, epoch_iterator: Any, adapter: Any, seed: int) -> None:
         self._adapter = adapter
         self._seed = int(seed)
-        py_dataset = adapter.py_dataset
-        self._stateful = callable(getattr(py_dataset, "get_state", None)) and callable(
-            getattr(py_dataset, "load_state", None)
-        )
-        reorders = type(py_dataset).on_epoch_end is not keras.utils.PyDataset.on_epoch_end
-        if reorders and not self._stateful:
-            logger.warning(
-                "%s overrides on_epoch_end() but has no get_state()/load_state(): if it "
-                "reorders itself there, a resumed run continues the interrupted epoch in its "
-                "freshly built order, not the interrupted run's. Give it get_state()/"
-                "load_state() to make mid-epoch resume exact.",
-                type(py_dataset).__name__,
-            )
-        super().__init__(epoch_iterator, int(py_dataset.num_batches))
+        self._py_dataset = adapter.py_dataset
+        self._stateful = _stateful_dataset(self._py_dataset, keras.utils.PyDataset)
+        super().__init__(epoch_iterator, int(self._py_dataset.num_batches))
 
     def _extra(self) -> dict[str, Any]:
         out: dict[str, Any] = {"seed": self._seed, "num_batches": self.num_batches}
         if self._stateful:
-            out["py_dataset"] = self._adapter.py_dataset.get_state()
+            out["py_dataset"] = self._py_dataset.get_state()
         return out
 
     def _restore_extra(self, state: dict[str, Any], checkpoint_dir: str) -> None:
         self._seed = int(state["seed"])
         if self._stateful and "py_dataset" in state:
-            self._adapter.py_dataset.load_state(state["py_dataset"])
+            self._py_dataset.load_state(state["py_dataset"])
 
     def _epoch_iterator(self) -> Iterator[Any]:
         import tensorflow as tf
@@ -427,11 +469,13 @@ class _TFDatasetData(_Base):
 
     kind = "tf.data"
 
-    def __init__(self, epoch_iterator: Any, dataset: Any, num_batches: int) -> None:
+    def __init__(
+        self, epoch_iterator: Any, dataset: Any, num_batches: int, steps_given: bool
+    ) -> None:
         super().__init__(epoch_iterator, num_batches)
         self._dataset = dataset
         self._iterator: Any = None
-        self._steps_given = bool(epoch_iterator.steps_per_epoch)
+        self._steps_given = steps_given
 
     @classmethod
     def make(cls, epoch_iterator: Any, adapter: Any) -> _TFDatasetData | None:
@@ -439,11 +483,11 @@ class _TFDatasetData(_Base):
         cardinality = int(dataset.cardinality())
         steps = epoch_iterator.steps_per_epoch
         if steps:
-            return cls(epoch_iterator, dataset, int(steps))
+            return cls(epoch_iterator, dataset, int(steps), True)
         if cardinality > 0:
             # A pass is an epoch; repeating inside one iterator keeps the per-pass reshuffle
             # seeds in the iterator's own (checkpointable) state.
-            return cls(epoch_iterator, dataset.repeat(), cardinality)
+            return cls(epoch_iterator, dataset.repeat(), cardinality, False)
         return None
 
     def _set_epoch_steps(self, steps: int) -> None:

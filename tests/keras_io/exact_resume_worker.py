@@ -3,7 +3,8 @@
     python -m tests.keras_io.exact_resume_worker --dir D --kind arrays --epochs 3 \
         [--sigterm-at-step 7] [--tag first] [--preempt-check-period 3]
 
-One tiny model (Dense + Dropout, Adam) trained on 40 samples in batches of 8 (5 steps per
+Runs on the Keras ``tf.keras`` is (Keras 2 with ``TF_USE_LEGACY_KERAS=1``; the trial kinds
+need Keras 3). One tiny model (Dense + Dropout, Adam) trained on 40 samples in batches of 8 (5 steps per
 epoch) from the input ``--kind`` names, with DeterminedCallback, ckptstore's EarlyStopping
 (``restore_best_weights``), Keras's ReduceLROnPlateau and ModelCheckpoint, and a batch-counting
 stateful callback. ``--sigterm-at-step N`` sends this process a real SIGTERM right after
@@ -22,11 +23,16 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import ckptstore as det  # noqa: E402
+from tests.keras_io.keras_under_test import (  # noqa: E402
+    KERAS_MAJOR,
+    keras,
+    optimizer_variables,
+    variable_path,
+)
 
 BATCH = 8
 SAMPLES = 40  # 5 batches per epoch
@@ -43,8 +49,9 @@ def data() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-class Batches(keras.utils.PyDataset):
-    """A PyDataset of fixed batches (Keras reorders it with fit(shuffle=True))."""
+class Batches(getattr(keras.utils, "PyDataset", keras.utils.Sequence)):
+    """A PyDataset (Keras 2: a Sequence) of fixed batches (Keras reorders it with
+    fit(shuffle=True))."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
         super().__init__()
@@ -58,6 +65,8 @@ class Batches(keras.utils.PyDataset):
 
 
 def build_model() -> keras.Model:
+    if KERAS_MAJOR == 2:  # Dropout's RNG state in the checkpoints (see keras2_format)
+        keras.backend.experimental.enable_tf_random_generator()
     keras.utils.set_random_seed(1)
     model = keras.Sequential(
         [
@@ -275,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             preempted = core.preempt.acknowledged
     det_cb.wait()
 
-    arrays = {f"model/{v.path}": v.numpy() for v in model.variables}
-    arrays.update({f"optimizer/{v.path}": v.numpy() for v in model.optimizer.variables})
+    arrays = {f"model/{variable_path(v)}": v.numpy() for v in model.variables}
+    arrays.update({f"optimizer/{variable_path(v)}": v.numpy() for v in optimizer_variables(model)})
     for i, w in enumerate(stop.best_weights or []):
         arrays[f"best_weights/{i}"] = np.asarray(w)
     np.savez(os.path.join(args.dir, f"{args.tag}.npz"), **arrays)

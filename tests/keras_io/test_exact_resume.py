@@ -5,6 +5,9 @@ Dropout layer, op determinism on. The preempted run gets SIGTERM right after a r
 an epoch; the resumed run must continue from the next unseen batch so that weights, optimizer
 variables, ``iterations``, the metrics history and every callback's state are bit-equal to the
 straight run, with no batch trained twice.
+
+The worker uses ``tf.keras``: ``test_keras2_suite.py`` runs some of these cases again on Keras 2
+(``tf_keras``); the TFKerasTrial cases are Keras 3 only.
 """
 
 from __future__ import annotations
