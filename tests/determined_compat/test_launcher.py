@@ -37,8 +37,8 @@ def test_iris_const_through_the_launcher(tmp_path, where):
         assert latest.metadata["epoch"] == 6 and latest.steps_completed == 6 * 15
 
 
-def test_iris_resumes_after_sigterm(tmp_path, local):
-    storage, registry = local
+def test_iris_resumes_after_sigterm(tmp_path, where):
+    storage, registry = where
     model_dir = copy_corpus("iris", tmp_path)
     raw = (model_dir / "const.yaml").read_text().replace("--epochs 6", "--epochs 12")
     (model_dir / "const.yaml").write_text(raw)
@@ -77,8 +77,9 @@ def test_iris_resumes_after_sigterm(tmp_path, local):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     with Registry(registry) as reg:
         assert reg.get_trial(1).state == "COMPLETED"
-        # (a run preempted mid-epoch redoes that epoch: steps may exceed 12 * 15 by a few)
+        # Exact resume: a run preempted mid-epoch goes on from its next batch.
         assert reg.latest_checkpoint(1).metadata["epoch"] == 12
+        assert reg.latest_checkpoint(1).steps_completed == 12 * 15
         steps = [row.steps_completed for row in reg.get_metrics(1, "validation")]
     # Every epoch validated once: the resumed run went on from the checkpoint, not from zero.
     assert len(steps) == len(set(steps)) == 12

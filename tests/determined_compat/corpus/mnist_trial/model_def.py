@@ -1,6 +1,9 @@
 """A TFKerasTrial in the shape of Determined's mnist_tf_keras example, on small synthetic
 "images" (8x8, ten classes told apart by which pixel is bright) so nothing is downloaded."""
 
+import os
+import time
+
 import numpy as np
 import tensorflow as tf
 from determined import keras
@@ -42,3 +45,13 @@ class MNISTTrial(keras.TFKerasTrial):
 
     def build_validation_data_loader(self) -> keras.InputData:
         return make_images(128, seed=1)
+
+    def keras_callbacks(self):
+        pause = float(os.environ.get("MNIST_BATCH_PAUSE_S", "0"))
+        if not pause:  # lets a test interrupt the run in the middle
+            return []
+        return [
+            tf.keras.callbacks.LambdaCallback(
+                on_train_batch_end=lambda batch, logs=None: time.sleep(pause)
+            )
+        ]
