@@ -23,11 +23,19 @@ if TYPE_CHECKING:
 def flat_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
     """``{"validation_metrics": {"loss": 1}}`` -> ``{"loss": 1}``; flat dicts pass through.
 
-    Nested groups other than the two Determined names keep a ``group.`` prefix.
+    Nested groups other than the two Determined names keep a ``group.`` prefix. The
+    ``evaluations`` that jobs recorded against a checkpoint become ``job<id>.<metric>``.
     """
     out: dict[str, Any] = {}
     for key, value in (metrics or {}).items():
-        if isinstance(value, Mapping):
+        if key == "evaluations" and isinstance(value, list):
+            for evaluation in value:
+                if isinstance(evaluation, Mapping) and isinstance(
+                    evaluation.get("metrics"), Mapping
+                ):
+                    for name, number in evaluation["metrics"].items():
+                        out[f"job{evaluation.get('job_id')}.{name}"] = number
+        elif isinstance(value, Mapping):
             prefix = "" if key in ("validation_metrics", "avg_metrics") else f"{key}."
             for sub_key, sub_value in value.items():
                 if not isinstance(sub_value, Mapping):

@@ -120,10 +120,17 @@ def test_experiment_report_in_chromium(env, tmp_path):
 
 def test_trial_report_and_not_found(env, tmp_path):
     exp, trials, uuids = _experiment(env)
+    registry = env.registry()
+    registry.add_checkpoint_evaluation(
+        uuids[trials[1]][0], {"job_id": 7, "metrics": {"accuracy": 0.875}, "evaluated_at": "x"}
+    )
+    registry.close()
     out = tmp_path / "trial.html"
     assert env.run("trial", "report", str(trials[1]), "-o", str(out)).exit_code == 0
     dom = render_dom(tmp_path, out)
     assert f"Trial {trials[1]}" in dom and all(u in dom for u in uuids[trials[1]])
+    # A job's evaluation of a checkpoint shows as a metric of it, not as raw JSON.
+    assert "job7.accuracy" in dom and "0.875" in dom and "evaluated_at" not in dom
     assert not any(u in dom for u in uuids[trials[0]])
     assert env.run("trial", "report", "999", "-o", str(out)).exit_code == 3
     assert env.run("experiment", "report", "999", "-o", str(out)).exit_code == 3
