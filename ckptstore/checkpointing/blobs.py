@@ -14,9 +14,19 @@ made where the issue is silent:
 - The key is the SHA-256 of the chunk (CRC-32C, 32 bits, collides after ~10^5 chunks by the
   birthday bound; SHA-256 does not in practice). CRC-32C of the whole file is still checked
   after reassembly, so a reader verifies both.
-- Chunks are fixed-size (``chunk_bytes``, 4 MiB by default) at fixed file offsets: a file
-  whose layout does not move (a ``model.keras`` of the same model, where frozen tensors keep
-  their offsets) shares every chunk that did not change.
+- Chunks are cut where the writer says a piece of content begins or ends (``cuts``: the
+  byte ranges of the tensors of ckptstore's ``model.keras``), so a changed tensor costs its
+  own bytes: a piece larger than ``chunk_bytes`` (4 MiB by default) is split every
+  ``chunk_bytes`` from its own start, and runs of tiny pieces (HDF5 headers, biases,
+  counters, each under :data:`ALONE_BYTES`) are merged up to :data:`MERGE_BYTES`, so the
+  number of requests stays near the number of large tensors. A file without cuts is cut
+  every ``chunk_bytes`` at fixed offsets (a file whose layout does not move still shares
+  every chunk that did not change).
+- Requests: a writer skips asking storage about blobs its previous commit named
+  (:class:`KnownBlobs`; the first commit of a writer lists the blob folder once instead) and
+  creates every other blob with a create-only write, one request each. Blobs it relies on
+  without creating them are rechecked before the commit as below, so a stale belief costs
+  one upload, never a missing blob.
 - The blob folder starts with ``.`` so no listing of checkpoints ever takes it for one.
 - An in-flight upload names every blob it will reference in its pending marker *before* it
   looks for existing blobs; a sweep (run by GC) never deletes a blob a committed manifest or
@@ -43,8 +53,9 @@ import json
 import logging
 import os
 import re
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -60,6 +71,10 @@ BLOBS_DIR = ".ckptstore-blobs"
 DEFAULT_CHUNK_BYTES = 4 * 2**20
 #: Threads uploading blobs of one checkpoint.
 UPLOAD_WORKERS = 8
+#: A piece between two cuts smaller than this is merged with its small neighbours ...
+ALONE_BYTES = 4 * 1024
+#: ... into chunks of at most this many bytes.
+MERGE_BYTES = 64 * 1024
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 #: Where running sweeps announce themselves (one file each; not a blob name).
 SWEEPS_DIR = f"{BLOBS_DIR}/.sweeps"
@@ -100,6 +115,52 @@ def chunk_file(path: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[dict[s
         {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
         for data in _read_chunks(path, chunk_bytes)
     ]
+
+
+def cut_ranges(size: int, cuts: Iterable[int], chunk_bytes: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of the chunks of a ``size``-byte file cut at ``cuts``: a cut
+    offset starts a new piece; a piece longer than ``chunk_bytes`` is split every
+    ``chunk_bytes`` from its start; consecutive pieces under :data:`ALONE_BYTES` are merged
+    while the chunk stays within :data:`MERGE_BYTES`. Cuts outside ``(0, size)`` are ignored."""
+    bounds = sorted({c for c in cuts if 0 < c < size} | {0, size})
+    out: list[tuple[int, int]] = []
+    run_start = run_end = -1
+
+    def flush() -> None:
+        nonlocal run_start, run_end
+        if run_start >= 0:
+            out.append((run_start, run_end - run_start))
+        run_start = run_end = -1
+
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        for offset in range(start, end, chunk_bytes):
+            stop = min(end, offset + chunk_bytes)
+            if stop - offset >= ALONE_BYTES:
+                flush()
+                out.append((offset, stop - offset))
+                continue
+            if run_start >= 0 and stop - run_start > MERGE_BYTES:
+                flush()
+            if run_start < 0:
+                run_start = offset
+            run_end = stop
+    flush()
+    return out
+
+
+def chunk_ranges(path: str, ranges: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
+    """``[{"sha256", "size"}, ...]`` of the byte ranges ``(offset, length)`` of ``path``."""
+    out = []
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        for offset, length in ranges:
+            data = os.pread(fd, length, offset)
+            if len(data) != length:
+                raise errors.CheckpointError(
+                    f"{path} changed while it was being chunked (short read at {offset})."
+                )
+            out.append({"sha256": hashlib.sha256(data).hexdigest(), "size": length})
+    return out
 
 
 def check_entry_blobs(entry: Mapping[str, Any], rel: str, where: str) -> None:
@@ -146,16 +207,55 @@ class UploadStats:
     reused_keys: list[tuple[str, str, int, int]] = field(default_factory=list)
 
 
-def plan(local_dir: str, entries: Mapping[str, Any], chunk_bytes: int) -> dict[str, dict[str, Any]]:
-    """Entries with their ``blobs`` lists (folders stay as they are)."""
+def plan(
+    local_dir: str,
+    entries: Mapping[str, Any],
+    chunk_bytes: int,
+    cuts: Mapping[str, Iterable[int]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Entries with their ``blobs`` lists (folders stay as they are). ``cuts`` (``{relpath:
+    [offset, ...]}``, from the file's writer) cuts a file where its content's pieces begin
+    and end (:func:`cut_ranges`); other files are cut every ``chunk_bytes``."""
     planned: dict[str, dict[str, Any]] = {}
     for rel, entry in entries.items():
         if rel.endswith("/"):
             planned[rel] = dict(entry)
             continue
         path = os.path.join(local_dir, *rel.split("/"))
-        planned[rel] = dict(entry, blobs=chunk_file(path, chunk_bytes))
+        if cuts and cuts.get(rel):
+            ranges = cut_ranges(os.path.getsize(path), cuts[rel], chunk_bytes)
+            planned[rel] = dict(entry, blobs=chunk_ranges(path, ranges))
+        else:
+            planned[rel] = dict(entry, blobs=chunk_file(path, chunk_bytes))
     return planned
+
+
+class KnownBlobs:
+    """The blobs one writer believes are in storage: those its last commit named (or, before
+    its first commit, those one listing found). Uploads skip asking storage about them; they
+    stay in :attr:`UploadStats.reused_keys`, so :func:`recheck` still puts back any a sweep
+    removed. Thread-safe (background commits may overlap)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._shas: frozenset[str] | None = None
+
+    def get(self) -> frozenset[str] | None:
+        with self._lock:
+            return self._shas
+
+    def set(self, shas: Iterable[str]) -> None:
+        with self._lock:
+            self._shas = frozenset(shas)
+
+
+def listed(storage: Storage) -> set[str]:
+    """The SHA-256 of every blob in storage (one listing of the blob folder)."""
+    return {
+        name
+        for rel in storage.list(BLOBS_DIR)
+        if SHA_RE.match(name := rel.rsplit("/", 1)[-1]) and rel == f"{name[:2]}/{name}"
+    }
 
 
 def upload(
@@ -165,9 +265,17 @@ def upload(
     chunk_bytes: int,
     *,
     workers: int = UPLOAD_WORKERS,
+    known: Collection[str] | None = None,
 ) -> UploadStats:
     """Create every blob ``entries`` names that storage does not hold yet (create-only), on
-    ``workers`` threads (one request per chunk, so in parallel as a multipart upload is)."""
+    ``workers`` threads (one request per chunk, so in parallel as a multipart upload is).
+
+    Blobs in ``known`` (believed present: :class:`KnownBlobs`) cost no request; the others
+    are created with one create-only write each (a blob already there is not replaced).
+    ``known=None`` lists the blob folder once instead. Every blob not created here is in
+    ``reused_keys``, for :func:`recheck`."""
+    if known is None:
+        known = listed(storage)
     stats = UploadStats()
     todo: list[tuple[str, str, int, int]] = []
     seen: set[str] = set()
@@ -179,6 +287,10 @@ def upload(
             sha, size = chunk["sha256"], chunk["size"]
             if sha in seen:
                 stats.reused += size
+            elif sha in known:
+                seen.add(sha)
+                stats.reused += size
+                stats.reused_keys.append((rel, sha, offset, size))
             else:
                 seen.add(sha)
                 todo.append((rel, sha, offset, size))
@@ -186,13 +298,12 @@ def upload(
 
     def one(item: tuple[str, str, int, int]) -> bool:
         rel, sha, offset, size = item
-        key = blob_key(sha)
-        if storage.exists(key):
-            return False
         with open(os.path.join(local_dir, *rel.split("/")), "rb") as f:
             data = os.pread(f.fileno(), size, offset)
-        return bool(storage.write_if_absent(key, data))
+        return bool(storage.write_if_absent(blob_key(sha), data))
 
+    if not todo:
+        return stats
     with ThreadPoolExecutor(max(1, min(workers, len(todo)))) as pool:
         for item, created in zip(todo, pool.map(one, todo), strict=True):
             if created:
@@ -306,20 +417,29 @@ def wait_for_sweeps(storage: Storage, *, poll_seconds: float = 0.05) -> None:
         waiting &= active_sweeps(storage)
 
 
-def recheck(storage: Storage, local_dir: str, stats: UploadStats) -> int:
+def recheck(
+    storage: Storage, local_dir: str, stats: UploadStats, *, workers: int = UPLOAD_WORKERS
+) -> int:
     """Before the commit and after :func:`wait_for_sweeps`: upload again any reused blob a
-    sweep removed between our existence check and now. Returns how many."""
-    healed = 0
-    for rel, sha, offset, size in stats.reused_keys:
+    sweep removed between our existence check and now (every one in ``reused_keys`` is
+    checked, on ``workers`` threads). Returns how many."""
+
+    def one(item: tuple[str, str, int, int]) -> bool:
+        rel, sha, offset, size = item
         key = blob_key(sha)
-        if storage.exists(key):
-            continue
+        if storage.file_exists(key):
+            return False
         with open(os.path.join(local_dir, *rel.split("/")), "rb") as f:
             data = os.pread(f.fileno(), size, offset)
         storage.write_if_absent(key, data)
-        healed += 1
         logger.warning("Blob %s was removed while being reused; uploaded it again.", sha)
-    return healed
+        return True
+
+    todo = stats.reused_keys
+    if not todo:
+        return 0
+    with ThreadPoolExecutor(max(1, min(workers, len(todo)))) as pool:
+        return sum(pool.map(one, todo))
 
 
 # ---- reading -----------------------------------------------------------------------------------

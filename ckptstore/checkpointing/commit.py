@@ -155,6 +155,8 @@ def commit_dir(
     storage_url: str | None = None,
     checksums: Mapping[str, str] | None = None,
     dedup_chunk_bytes: int | None = None,
+    cuts: Mapping[str, Iterable[int]] | None = None,
+    known_blobs: blobs.KnownBlobs | None = None,
 ) -> CheckpointRecord:
     """Commit the files of ``local_dir`` as checkpoint ``uuid`` with ``metadata``.
 
@@ -164,13 +166,26 @@ def commit_dir(
 
     With ``owned`` the folder belongs to ckptstore: on a local file system it is renamed into
     place (no copy), otherwise it is removed after the upload. ``checksums`` (``{relpath:
-    crc32c}``) spares reading again files whose writer computed their crc32c.
+    crc32c}``) spares reading again files whose writer computed their crc32c. ``cuts``
+    (``{relpath: [offset, ...]}``, deduplicated commits only) says where a file's content
+    pieces (tensors) begin and end, so chunks are cut there; ``known_blobs`` is the writer's
+    belief of which blobs are in storage (:class:`~ckptstore.checkpointing.blobs.KnownBlobs`,
+    updated after the commit).
     """
     url = storage_url or storage.url
     prepared = PreparedFiles(local_dir, checksums)
     if dedup_chunk_bytes is not None and not prepared.has_reserved:
         return _commit_dedup(
-            storage, uuid, prepared, metadata, owned, index, url, dedup_chunk_bytes
+            storage,
+            uuid,
+            prepared,
+            metadata,
+            owned,
+            index,
+            url,
+            dedup_chunk_bytes,
+            cuts=cuts,
+            known_blobs=known_blobs,
         )
     meta_bytes = fmt.dump_json(metadata)
     manifest = manifest_for(uuid, prepared.entries, meta_bytes)
@@ -206,16 +221,20 @@ def _commit_dedup(
     index: CheckpointIndex | None,
     url: str,
     chunk_bytes: int,
+    *,
+    cuts: Mapping[str, Iterable[int]] | None = None,
+    known_blobs: blobs.KnownBlobs | None = None,
 ) -> CheckpointRecord:
     """The deduplicated commit: marker naming every blob -> missing blobs (create-only) ->
     ``metadata.json`` -> running sweeps waited for -> reused blobs checked again -> manifest
     (the commit) -> marker gone (the protocol: :mod:`~ckptstore.checkpointing.blobs`)."""
-    entries = blobs.plan(prepared.local_dir, prepared.entries, chunk_bytes)
+    entries = blobs.plan(prepared.local_dir, prepared.entries, chunk_bytes, cuts)
     meta_bytes = fmt.dump_json(metadata)
     manifest = manifest_for(uuid, entries, meta_bytes)
     record_pending(index, uuid, metadata, url)
     write_pending_marker(storage, uuid, blobs.referenced(manifest))
-    stats = blobs.upload(storage, prepared.local_dir, entries, chunk_bytes)
+    known = known_blobs.get() if known_blobs is not None else None
+    stats = blobs.upload(storage, prepared.local_dir, entries, chunk_bytes, known=known)
     # Empty folders ("dir/" entries) live only in the manifest: readers recreate them.
     storage.write_bytes(f"{uuid}/{fmt.METADATA_NAME}", meta_bytes)
     # A sweep running now may have read the references before our marker existed: let it
@@ -226,6 +245,8 @@ def _commit_dedup(
     blobs.recheck(storage, prepared.local_dir, stats)
     write_manifest(storage, uuid, manifest)
     remove_pending_marker(storage, uuid)
+    if known_blobs is not None:
+        known_blobs.set(blobs.referenced(manifest))
     if owned:
         shutil.rmtree(prepared.local_dir, ignore_errors=True)
     logger.info(

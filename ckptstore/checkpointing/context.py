@@ -112,6 +112,8 @@ class CheckpointContext:
         #: are not uploaded again. Off by default; sharded (multi-worker) saves ignore it.
         self.dedup = bool(dedup)
         self.dedup_chunk_bytes = check_chunk_bytes(dedup_chunk_bytes)
+        #: Blobs our last deduplicated commit named: the next one does not ask storage about them.
+        self._known_blobs = blobs.KnownBlobs()
         self.gc_grace_seconds = number_at_least("gc_grace_seconds", gc_grace_seconds, 0)
         self._pins = PinKeeper(index, lease_seconds=pin_lease_seconds)
         self._uploader = BackgroundUploader(max_in_flight)
@@ -242,6 +244,7 @@ class CheckpointContext:
         *,
         background: bool = False,
         checksums: dict[str, str] | None = None,
+        cuts: dict[str, list[int]] | None = None,
     ) -> Iterator[tuple[pathlib.Path, str]]:
         """Yield ``(path, uuid)``: write the checkpoint files into ``path`` (a ``pathlib.Path``,
         as Determined yields); they are committed
@@ -252,7 +255,10 @@ class CheckpointContext:
 
         ``checksums``: an optional dict the block may fill with ``{relpath: crc32c}`` (8 hex
         digits) for files it wrote and checksummed while writing; the manifest then uses those
-        values instead of reading the files again. Ignored with ``shard=True``."""
+        values instead of reading the files again. ``cuts``: likewise ``{relpath: [offset,
+        ...]}``, where the pieces of a file's content (its tensors) begin and end; with
+        ``dedup`` its chunks are cut there, so a changed tensor costs its own bytes. Both are
+        ignored with ``shard=True``."""
         self._check_open()
         self._uploader.raise_pending_error()
         if shard and self.distributed.size > 1:
@@ -292,9 +298,12 @@ class CheckpointContext:
             shutil.rmtree(path, ignore_errors=True)
             raise
         known = dict(checksums) if checksums else None
+        known_cuts = {r: list(c) for r, c in cuts.items()} if cuts else None
         if not background:
             try:
-                self._commit(uuid, path, full_metadata, owned=True, checksums=known)
+                self._commit(
+                    uuid, path, full_metadata, owned=True, checksums=known, cuts=known_cuts
+                )
             finally:
                 shutil.rmtree(path, ignore_errors=True)
             return
@@ -304,7 +313,7 @@ class CheckpointContext:
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
-        self._submit(uuid, path, full_metadata, checksums=known)
+        self._submit(uuid, path, full_metadata, checksums=known, cuts=known_cuts)
 
     def _build_metadata(self, uuid: str, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         return fmt.build_metadata(
@@ -339,6 +348,7 @@ class CheckpointContext:
         *,
         owned: bool,
         checksums: dict[str, str] | None = None,
+        cuts: dict[str, list[int]] | None = None,
     ) -> None:
         commit.commit_dir(
             self.storage,
@@ -350,6 +360,8 @@ class CheckpointContext:
             storage_url=self.storage_url,
             checksums=checksums,
             dedup_chunk_bytes=self.dedup_chunk_bytes if self.dedup else None,
+            cuts=cuts,
+            known_blobs=self._known_blobs,
         )
         self._after_commit()
 
@@ -359,10 +371,13 @@ class CheckpointContext:
         staging: str,
         metadata: dict[str, Any],
         checksums: dict[str, str] | None = None,
+        cuts: dict[str, list[int]] | None = None,
     ) -> None:
         self._uploader.submit(
             uuid,
-            lambda: self._commit(uuid, staging, metadata, owned=True, checksums=checksums),
+            lambda: self._commit(
+                uuid, staging, metadata, owned=True, checksums=checksums, cuts=cuts
+            ),
             cleanup=lambda: shutil.rmtree(staging, ignore_errors=True),
         )
 

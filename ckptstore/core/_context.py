@@ -363,6 +363,7 @@ def init(
     close_distributed: bool = True,
     preempt_mode: PreemptMode | str = PreemptMode.WorkersAskChief,
     tensorboard_mode: TensorboardMode | str = TensorboardMode.AUTO,
+    checkpoint_dedup: bool = False,
 ) -> Iterator[Context]:
     """Open the core context of a trial; a context manager yielding :class:`Context`.
 
@@ -392,6 +393,11 @@ def init(
         tensorboard_mode: a :class:`~ckptstore.core.TensorboardMode`: with ``AUTO`` (default)
             files written to ``train.get_tensorboard_path()`` are uploaded after each metrics
             report; with ``MANUAL`` only by ``train.upload_tensorboard_files()``.
+        checkpoint_dedup: store checkpoints as content-addressed chunks cut at tensor
+            boundaries (``CheckpointContext(dedup=True)``, format 2): a fine-tuning checkpoint
+            uploads about the bytes of the tensors that changed. Off by default (restores read
+            chunk by chunk, local file systems lose the zero-copy rename); see the README's
+            "Incremental (deduplicated) checkpoints".
 
     On exit, waits for background uploads (a failure is raised), restores signal handlers and
     closes the distributed channel, checkpoint context and (if opened here) the registry.
@@ -453,6 +459,7 @@ def init(
             experiment_id=experiment_id,
             distributed=distributed,
             gc_policy=gc_policy,
+            dedup=bool(checkpoint_dedup),
         )
         preempt = PreemptContext(
             distributed,

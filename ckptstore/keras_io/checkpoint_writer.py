@@ -166,8 +166,14 @@ class CheckpointWriter:
         SavedModel export) holds up later checkpoints only on disk, not in memory."""
         # The archive writer computes the file's crc32c while writing it; handing it to the
         # manifest spares reading the whole model again (contexts without the option re-read).
+        # It also knows where each tensor's bytes are: deduplicated uploads cut chunks there.
         checksums: dict[str, str] = {}
-        extra = {"checksums": checksums} if _takes_checksums(self._ckpt) else {}
+        cuts: dict[str, list[int]] = {}
+        extra: dict[str, Any] = {}
+        if _takes(self._ckpt, "checksums"):
+            extra["checksums"] = checksums
+        if _takes(self._ckpt, "cuts"):
+            extra["cuts"] = cuts
         scope = self._ckpt.store_path(job.metadata, **extra)
         path, uuid = scope.__enter__()
         try:
@@ -177,10 +183,12 @@ class CheckpointWriter:
                 checksums.update(write_into(path))
                 job.snapshot = None
             elif job.snapshot is not None:
+                offsets: list[int] = []
                 _size, crc32c = snapshot_lib.write_model_archive(
-                    job.snapshot, os.path.join(path, snapshot_lib.MODEL_FILENAME)
+                    job.snapshot, os.path.join(path, snapshot_lib.MODEL_FILENAME), cuts=offsets
                 )
                 checksums[snapshot_lib.MODEL_FILENAME] = crc32c
+                cuts[snapshot_lib.MODEL_FILENAME] = offsets
                 job.snapshot = None  # the values are on disk: let the arrays go now
             for name, data in job.files.items():
                 with open(os.path.join(path, name), "wb") as f:
@@ -258,9 +266,14 @@ class _Staged:
     started: float
 
 
-def _takes_checksums(ckpt: Any) -> bool:
-    """Whether ``ckpt.store_path`` accepts precomputed ``checksums``."""
+def _takes(ckpt: Any, name: str) -> bool:
+    """Whether ``ckpt.store_path`` accepts the keyword ``name`` (``checksums``, ``cuts``)."""
     try:
-        return "checksums" in inspect.signature(ckpt.store_path).parameters
+        return name in inspect.signature(ckpt.store_path).parameters
     except (TypeError, ValueError, AttributeError):
         return False
+
+
+def _takes_checksums(ckpt: Any) -> bool:
+    """Whether ``ckpt.store_path`` accepts precomputed ``checksums``."""
+    return _takes(ckpt, "checksums")

@@ -164,8 +164,11 @@ def _direct(array: np.ndarray) -> bool:
     )
 
 
-def _layout_weights(groups: Sequence[WeightGroup]) -> tuple[_SparseFile, list[tuple[int, Any]]]:
-    """HDF5 metadata in a sparse file, plus ``(offset, array)`` of every directly written array."""
+def _layout_weights(
+    groups: Sequence[WeightGroup], spans: list[tuple[int, int]] | None = None
+) -> tuple[_SparseFile, list[tuple[int, Any]]]:
+    """HDF5 metadata in a sparse file, plus ``(offset, array)`` of every directly written array.
+    ``spans`` (if given) receives ``(offset, length)`` of every dataset's bytes in the file."""
     import h5py
 
     sparse = _SparseFile()
@@ -183,13 +186,17 @@ def _layout_weights(groups: Sequence[WeightGroup]) -> tuple[_SparseFile, list[tu
                     ds = group.create_dataset(key, data=array)
                     if array.dtype.name == "bfloat16":
                         ds.attrs["dtype"] = "bfloat16"
+                    _note_span(ds, spans)
                     continue
                 ds = group.create_dataset(key, shape=array.shape, dtype=array.dtype, dcpl=dcpl)
                 offset = ds.id.get_offset()
                 if offset is None or ds.id.get_storage_size() != array.nbytes:
                     ds[...] = array  # not laid out as expected: let HDF5 write it
+                    _note_span(ds, spans)
                     continue
                 direct.append((int(offset), array))
+                if spans is not None:
+                    spans.append((int(offset), int(array.nbytes)))
     direct.sort(key=lambda item: item[0])
     end = 0
     for offset, array in direct:
@@ -198,6 +205,16 @@ def _layout_weights(groups: Sequence[WeightGroup]) -> tuple[_SparseFile, list[tu
         end = offset + array.nbytes
     sparse.size = max(sparse.size, end)
     return sparse, direct
+
+
+def _note_span(ds: Any, spans: list[tuple[int, int]] | None) -> None:
+    """Record where the bytes of dataset ``ds`` are (contiguous storage only)."""
+    if spans is None:
+        return
+    offset = ds.id.get_offset()
+    size = ds.id.get_storage_size()
+    if offset is not None and size:
+        spans.append((int(offset), int(size)))
 
 
 def _dos_time(stamp: tuple[int, ...]) -> tuple[int, int]:
@@ -321,15 +338,20 @@ def write_archive(
     *,
     config_json: str,
     assets: Iterable[tuple[str, str]] = (),
+    cuts: list[int] | None = None,
 ) -> tuple[int, str]:
     """Write a ``.keras`` zip at ``path``; returns ``(size in bytes, CRC-32C as 8 hex digits)``.
 
     ``groups`` describe ``model.weights.h5`` (arrays must not change until this returns);
-    ``assets`` are ``(name inside assets/, local file)`` pairs.
+    ``assets`` are ``(name inside assets/, local file)`` pairs. ``cuts`` (a list, if given)
+    receives the sorted file offsets where a piece of content begins or ends: each zip entry,
+    its data, and each tensor's bytes inside ``model.weights.h5`` (so a deduplicated upload
+    can cut its chunks there, see :func:`ckptstore.checkpointing.blobs.cut_ranges`).
     """
     import keras
 
-    sparse, direct = _layout_weights(groups)
+    spans: list[tuple[int, int]] | None = [] if cuts is not None else None
+    sparse, direct = _layout_weights(groups, spans)
     h5_size = sparse.size
     stamp = time.localtime()[:6]
     metadata = json.dumps(
@@ -389,6 +411,15 @@ def write_archive(
         _pwrite_all(fd, trailer, end)
     finally:
         os.close(fd)
+    if cuts is not None:
+        found = {cd_offset}
+        for entry in entries:
+            found.add(entry.offset)
+            found.add(entry.offset + len(entry.local_header()))
+            found.add(entry.offset + len(entry.local_header()) + entry.size)
+        for offset, length in spans or ():
+            found.update((data_start + offset, data_start + offset + length))
+        cuts.extend(sorted(found))
     total = fast_crc.crc32c_update(0, bytes(prefix))
     total = fast_crc.crc32c_combine(total, crc32c, h5_size)
     total = fast_crc.crc32c_combine(total, fast_crc.crc32c_update(0, bytes(trailer)), len(trailer))

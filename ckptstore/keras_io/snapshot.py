@@ -302,18 +302,22 @@ def _assets(layout: StateLayout) -> list[tuple[str, str]]:
     return found
 
 
-def write_model_archive(snapshot: Snapshot, path: str) -> tuple[int, str]:
+def write_model_archive(
+    snapshot: Snapshot, path: str, *, cuts: list[int] | None = None
+) -> tuple[int, str]:
     """Write ``snapshot`` as a standard ``.keras`` zip at ``path`` in one pass over the data.
 
     Returns ``(size in bytes, CRC-32C of the file as 8 hex digits)`` (the checksum a checkpoint
-    manifest records, so the file need not be read again). See
-    :mod:`ckptstore.keras_io.keras_archive`.
+    manifest records, so the file need not be read again). ``cuts`` (a list, if given)
+    receives the offsets where each tensor's bytes begin and end (for deduplicated uploads).
+    See :mod:`ckptstore.keras_io.keras_archive`.
     """
     return keras_archive.write_archive(
         path,
         _weight_groups(snapshot),
         config_json=snapshot.layout.config_json,
         assets=_assets(snapshot.layout),
+        cuts=cuts,
     )
 
 

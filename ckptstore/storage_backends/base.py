@@ -101,6 +101,11 @@ class Storage(abc.ABC):
         call created it, False if it already existed."""
 
     # ---- helpers with default implementations -------------------------------------------------
+    def file_exists(self, key: str) -> bool:
+        """True if ``key`` is a file. Object stores answer with one request (``exists`` also
+        lists, to find folders); used for content-addressed blobs, which are never folders."""
+        return self.exists(key)
+
     def local_path(self, key: str) -> str | None:
         """A local filesystem path for ``key`` when the storage is a local/shared file system
         (lets callers write in place and rename); None for remote storage."""

@@ -439,6 +439,10 @@ class ObjectStorage(Storage):
             return True
         return bool(self.list(key))
 
+    def file_exists(self, key: str) -> bool:
+        name = self._name(key)
+        return bool(name) and bool(self._call(lambda: self._is_object(name), name, "stat"))
+
     def read_bytes(self, key: str) -> bytes:
         name = self._name(key)
         return self._call(lambda: self._read(name), name, "read")

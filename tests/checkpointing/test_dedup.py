@@ -311,3 +311,129 @@ def test_manifest_blob_lists_must_add_up(sizes, drop):
     old = {"format_version": 1, "uuid": None, "files": {"f": entry}}
     with pytest.raises(errors.InvalidCheckpoint, match="format_version=1"):
         fmt.parse_manifest(json.dumps(old).encode(), "u")
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    size=st.integers(0, 300_000),
+    cuts=st.lists(st.integers(-10, 310_000), max_size=30),
+    chunk=st.sampled_from([4096, 10_000, 65_536]),
+)
+def test_cut_ranges_cover_the_file_and_respect_the_cuts(size, cuts, chunk):
+    ranges = blobs.cut_ranges(size, cuts, chunk)
+    assert sum(n for _, n in ranges) == size
+    assert all(n > 0 for _, n in ranges)
+    pos = 0
+    for offset, n in ranges:
+        assert offset == pos  # contiguous, in order
+        pos += n
+        assert n <= max(chunk, blobs.MERGE_BYTES)
+    starts = {o for o, _ in ranges}
+    pieces = sorted({c for c in cuts if 0 < c < size} | {0, size})
+    for a, b in zip(pieces, pieces[1:], strict=False):
+        if b - a >= blobs.ALONE_BYTES:  # a piece worth a chunk starts one ...
+            assert a in starts
+            if b - a <= chunk:  # ... and ends one (unless split, with a tiny remainder)
+                assert b == size or b in starts
+
+
+def test_a_changed_piece_costs_its_own_bytes_when_the_writer_gives_cuts(tmp_path):
+    """A file laid out like a model (big tensors, tiny headers between them): with the cut
+    offsets, changing one tensor uploads that tensor's bytes, whatever the chunk size."""
+    sizes = [300_000, 40_000, 5_000_000, 24, 70_000, 9]
+    header = 500
+
+    def layout(changed: int | None) -> tuple[bytes, list[int]]:
+        out, cuts = bytearray(), []
+        for i, n in enumerate(sizes):
+            out += bytes([i]) * header
+            cuts.append(len(out))
+            seed = (i, 1 if i == changed else 0)
+            out += random.Random(str(seed)).randbytes(n)
+            cuts.append(len(out))
+        return bytes(out), cuts
+
+    with CheckpointContext(str(tmp_path / "s"), dedup=True, gc_policy=None) as ctx:
+        data, cuts = layout(None)
+        with ctx.store_path({"steps_completed": 1}, cuts={"m.bin": cuts}) as (path, _u1):
+            (path / "m.bin").write_bytes(data)
+        before = stored(ctx)
+        for changed in (1, 4):
+            data, cuts = layout(changed)
+            with ctx.store_path({"steps_completed": 2}, cuts={"m.bin": cuts}) as (path, uuid):
+                (path / "m.bin").write_bytes(data)
+            new = stored(ctx) - before
+            assert (
+                sum(len(ctx.storage.read_bytes(blobs.blob_key(s))) for s in new) == sizes[changed]
+            )
+            before |= new
+            ctx.download(uuid, tmp_path / f"d{changed}")
+            assert (tmp_path / f"d{changed}" / "m.bin").read_bytes() == data
+        chunks = fmt.read_manifest(ctx.storage, uuid)["files"]["m.bin"]["blobs"]
+        # 5 MB split at 4 MiB, the tiny 24 and 9 byte pieces merged with their headers.
+        assert len(chunks) == len(sizes) + 1 + 3
+
+
+class CountingStorage:
+    """Counts the requests made through a storage (wraps it; everything else passes)."""
+
+    def __init__(self, inner):  # type: ignore[no-untyped-def]
+        self._inner = inner
+        self._lock = threading.Lock()
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name):  # type: ignore[no-untyped-def]
+        attr = getattr(self._inner, name)
+        if name in {"exists", "file_exists", "write_if_absent", "list", "write_bytes"}:
+
+            def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+                with self._lock:  # upload threads call concurrently
+                    self.calls[name] = self.calls.get(name, 0) + 1
+                return attr(*args, **kwargs)
+
+            return counted
+        return attr
+
+
+def test_blobs_the_last_commit_named_cost_no_request_and_are_still_rechecked(
+    tmp_path, frozen, caplog
+):
+    from ckptstore.checkpointing import commit
+
+    storage_url = str(tmp_path / "s")
+    with CheckpointContext(storage_url, gc_policy=None) as ctx:
+        counting = CountingStorage(ctx.storage)
+        known = blobs.KnownBlobs()
+        records = []
+        for i in range(3):
+            counting.calls.clear()
+            src = make_tree(str(tmp_path / f"t{i}"), tree(i + 1, frozen=frozen))
+            records.append(
+                commit.commit_dir(
+                    counting,  # type: ignore[arg-type]
+                    f"0b7c6f5e-0000-4000-8000-00000000000{i}",
+                    src,
+                    {"steps_completed": i},
+                    dedup_chunk_bytes=CHUNK,
+                    known_blobs=known,
+                )
+            )
+            calls = dict(counting.calls)
+            if i == 0:
+                assert calls.get("list", 0) >= 1  # the first commit lists the blobs once
+            # One create-only write per new chunk (4 of the head, 1 config), none per reused
+            # one; exists() only for the pending marker, one stat per reused chunk after
+            # waiting for sweeps.
+            new_chunks = 20 + 5 if i == 0 else 5
+            assert calls["write_if_absent"] == new_chunks + 1, calls  # + the manifest
+            assert calls.get("exists", 0) == 1, calls
+            assert calls.get("file_exists", 0) == (0 if i == 0 else 20), calls
+        # A blob we believe in but a sweep took is put back before the commit.
+        victim = blobs.chunk_file(str(tmp_path / "t0" / "model" / "frozen.bin"), CHUNK)[7]
+        ctx.storage.delete(blobs.blob_key(victim["sha256"]))
+        src = make_tree(str(tmp_path / "t3"), tree(4, frozen=frozen))
+        uuid = "0b7c6f5e-0000-4000-8000-000000000003"
+        commit.commit_dir(ctx.storage, uuid, src, {}, dedup_chunk_bytes=CHUNK, known_blobs=known)
+        assert "removed while being reused" in caplog.text
+        ctx.download(uuid, tmp_path / "out")
+        assert (tmp_path / "out" / "model" / "frozen.bin").read_bytes() == frozen

@@ -72,3 +72,47 @@ def test_frozen_tensors_are_stored_once_and_model_keras_loads_with_plain_keras(t
     np.testing.assert_allclose(
         served.serve(tf.constant(X)).numpy(), model.predict(X, verbose=0), rtol=1e-5, atol=1e-6
     )
+
+
+def test_with_default_settings_a_changed_head_costs_about_its_own_bytes(tmp_path):
+    """Chunks are cut at tensor boundaries (the writer hands the offsets to the commit), so with
+    the default chunk size a checkpoint after a fine-tuning epoch uploads about the bytes of
+    the tensors that changed (head, optimizer state), not the chunks around them."""
+    url, registry = str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
+    keras.utils.set_random_seed(11)
+    inputs = keras.Input((256,))
+    x = inputs
+    for i in range(4):  # a frozen backbone of 4 x 256 KiB kernels and 1 KiB biases
+        layer = keras.layers.Dense(256, activation="relu", name=f"backbone_{i}")
+        layer.trainable = False
+        x = layer(x)
+    model = keras.Model(inputs, keras.layers.Dense(64, name="head")(x))  # a 64 KiB kernel
+    model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(True))
+    with det.core.init(storage=url, registry=registry, trial_id=1, preempt_signals=False) as ctx:
+        ctx.checkpoint.dedup = True  # default dedup_chunk_bytes (4 MiB)
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        model.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[cb])
+        cb.wait()
+        storage = ctx.checkpoint.storage
+        uuids = [r.uuid for r in fmt.sort_records(fmt.scan_checkpoints(storage))]
+    assert len(uuids) == 3
+    changed = sum(int(v.numpy().nbytes) for v in model.trainable_variables) + sum(
+        int(v.numpy().nbytes) for v in model.optimizer.variables
+    )
+    seen: set[str] = set()
+    for i, uuid in enumerate(uuids):
+        entry = fmt.read_manifest(storage, uuid)["files"]["model.keras"]
+        new = sum(c["size"] for c in entry["blobs"] if c["sha256"] not in seen)
+        seen.update(c["sha256"] for c in entry["blobs"])
+        if i == 0:
+            assert new == entry["size"]
+            continue
+        # Every trained tensor moved; the frozen ones, the config and HDF5's headers did not.
+        assert 0.9 * changed <= new <= 1.1 * changed, (new, changed)
+        assert len(entry["blobs"]) < 40  # tiny pieces are merged: requests stay few
+    with CheckpointContext(url) as reader:
+        reader.download(uuids[-1], str(tmp_path / "dl"))
+    loaded = keras.models.load_model(str(tmp_path / "dl" / "model.keras"))  # plain Keras
+    np.testing.assert_array_equal(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+    for got, want in zip(loaded.weights, model.weights, strict=True):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
