@@ -3,17 +3,21 @@ a 3-trial search placed on both nodes through ``ckptstore experiment create --en
 second node is killed in the middle of a trial, Tune runs that trial again on the head, and it
 continues from its latest ckptstore checkpoint. Then the registry, the study and the CLI show
 the experiment as they show a local one. A driver killed mid-trial is continued by
-``experiment resume --engine ray``.
+``experiment resume --engine ray``. Determined's iris corpus (tests/determined_compat/corpus)
+runs on Ray unchanged: ``distributed.yaml`` (launcher entrypoint, ``slots_per_trial: 2``) as one
+Ray Train worker per node, resumed after its driver is lost with both workers restoring the
+chief's checkpoint, and ``adaptive.yaml`` (``adaptive_asha``) stopping trials at its rung.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
@@ -22,6 +26,7 @@ import yaml
 
 from ckptstore.experiment.searcher import TRIAL_ATTR, optuna_storage_url, study_name
 from ckptstore.registry import Registry
+from tests.determined_compat.conftest import copy_corpus
 from tests.experiment.waiting import wait_for
 from tests.servers.ray_cluster import (
     CLUSTER_ENV,
@@ -93,97 +98,123 @@ def _resumed_from_checkpoint(reg: Registry, trial_id: int, killed_at: int) -> No
     assert max(c.steps_completed for c in ckpts) == LENGTH
 
 
-TRAIN_PY = """
-import keras
-import numpy as np
-import tensorflow as tf
-
-import ckptstore as det
-
-# Determined's multi-worker shape: the strategy from TF_CONFIG (Ray Train sets it per worker).
-distributed, strategy = det.core.DistributedContext.from_tf_config()
-units = det.get_trial_info().trial.hparams["units"]
-x = np.random.RandomState(0).rand(64, 4).astype("float32")
-y = (x.sum(axis=1) * 1.5).astype("int64") % 3
-with det.core.init(distributed=distributed) as core_context:
-    with strategy.scope():
-        model = keras.Sequential(
-            [keras.Input((4,)), keras.layers.Dense(units, activation="relu"), keras.layers.Dense(3)]
-        )
-        model.compile(
-            keras.optimizers.Adam(0.01),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
-    callback = det.keras.DeterminedCallback(
-        core_context,
-        checkpoint=core_context.info.latest_checkpoint,
-        continue_id=core_context.info.trial.trial_id,
-        export_saved_model="never",
-    )
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
-    model.fit(data, validation_data=data, epochs=2, verbose=0, callbacks=[callback])
-    callback.wait()
-"""
+#: Epochs of the iris distributed.yaml run (8 steps each); the driver is lost after the first.
+IRIS_EPOCHS = 10
+IRIS_STEPS = 8  # ceil(240 / global_batch_size 32)
+RESUMED = re.compile(
+    r"Resumed from checkpoint ([0-9a-f-]{36}): epoch (\d+), steps_completed (\d+) "
+    r"\(worker (\d+) of (\d+)\)"
+)
 
 
-def test_two_slots_run_one_ray_train_worker_per_node(ray_cluster, tmp_path):  # noqa: F811
-    """``resources.slots_per_trial: 2``: the trial's script runs as two Ray Train TensorFlow
-    workers, one on each node, under MultiWorkerMirroredStrategy; the chief writes each
-    checkpoint once and metadata.json says two workers trained it."""
+def _iris(tmp_path: Path, config: str, edit) -> Path:
+    """A fresh copy of the iris corpus with ``config`` changed by ``edit(raw dict)``."""
+    model_dir = copy_corpus("iris", tmp_path)
+    path = model_dir / config
+    raw = yaml.safe_load(path.read_text())
+    edit(raw)
+    path.write_text(yaml.safe_dump(raw))
+    return model_dir
+
+
+def _epochs(entrypoint: str, epochs: int) -> str:
+    assert "--epochs " in entrypoint, entrypoint
+    return re.sub(r"--epochs \d+", f"--epochs {epochs}", entrypoint)
+
+
+def _on_nodes(ray_cluster, needle: bytes) -> dict[str, set[int]]:  # noqa: F811
+    """{node: pids whose command line holds ``needle``} for the nodes that run some."""
+    found = {n: {p for p in ray_cluster.processes(n) if needle in _cmdline(p)} for n in "hw"}
+    return {n: pids for n, pids in found.items() if pids}
+
+
+def test_iris_distributed_yaml_on_two_nodes_every_worker_restores(ray_cluster, tmp_path):  # noqa: F811
+    """Determined's iris ``distributed.yaml`` (``python3 -m determined.launch.tensorflow --
+    python3 train.py``, ``resources.slots_per_trial: 2``) on the Ray engine: two Ray Train
+    TensorFlow workers, one on each node, under MultiWorkerMirroredStrategy; the chief writes
+    each checkpoint once (metadata.json: two workers trained it). The driver is lost after the
+    first checkpoints; ``experiment resume --engine ray`` continues the trial, and *both*
+    workers restore the chief's latest checkpoint (each logs its rank and the UUID) and train
+    on from its step."""
     registry = f"sqlite:///{tmp_path / 'reg.db'}"
     cmd, env = _cli(tmp_path, registry)
-    model_dir = tmp_path / "dist"
-    model_dir.mkdir()
-    (model_dir / "train.py").write_text(TRAIN_PY)
-    cfg = tmp_path / "distributed.yaml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "name": "ray-two-slots",
-                "entrypoint": "python3 train.py",
-                "hyperparameters": {"units": {"type": "categorical", "vals": [8, 16]}},
-                "searcher": {
-                    "name": "grid",
-                    "metric": "val_loss",
-                    "max_length": {"batches": 8},
-                    "max_trials": 2,
-                },
-                "resources": {"slots_per_trial": 2},
-                "max_restarts": 1,
-            }
-        )
+    env["RAY_DEDUP_LOGS"] = "0"  # Ray would fold the workers' alike lines into one
+    model_dir = _iris(
+        tmp_path,
+        "distributed.yaml",
+        lambda raw: raw.update(entrypoint=_epochs(raw["entrypoint"], IRIS_EPOCHS)),
     )
+    ray_args = ["--engine", "ray", "--address", ray_cluster.address]
+    log = open(tmp_path / "driver.log", "w")  # noqa: SIM115
     driver = subprocess.Popen(
-        [*cmd, "experiment", "create", str(cfg), str(model_dir), "--engine", "ray"]
-        + ["--address", ray_cluster.address],
+        [*cmd, "experiment", "create", "distributed.yaml", ".", *ray_args],
+        cwd=model_dir,
         env=env,
-        stdout=open(tmp_path / "driver.log", "w"),  # noqa: SIM115
+        stdout=log,
         stderr=subprocess.STDOUT,
     )
-    nodes_seen: set[str] = set()
     reg = Registry(registry)
     try:
-        while driver.poll() is None:
-            for node in ("h", "w"):
-                pids = ray_cluster.processes(node)
-                if any(b"train.py" in _cmdline(pid) for pid in pids):
-                    nodes_seen.add(node)
-            time.sleep(0.2)
-        assert driver.returncode == 0, (tmp_path / "driver.log").read_text()[-4000:]
-        assert nodes_seen == {"h", "w"}  # one worker per node
-        trials = reg.list_trials(1)
-        assert len(trials) == 2 and all(t.state == "COMPLETED" for t in trials)
-        assert sorted(t.hparams["units"] for t in trials) == [8, 16]
-        for trial in trials:
-            ckpts = reg.list_checkpoints(trial_id=trial.id)
-            steps = [c.steps_completed for c in ckpts]
-            assert steps and len(steps) == len(set(steps))  # the chief wrote each once
-            assert {json.dumps(c.metadata["distributed"]) for c in ckpts} == {'{"size": 2}'}
-            assert reg.get_metrics(trial.id, "validation")
+        nodes_seen: set[str] = set()
+
+        def checkpointed_on_both_nodes() -> dict[str, set[int]] | None:
+            workers = _on_nodes(ray_cluster, b"train.py")
+            nodes_seen.update(workers)
+            trials = reg.list_trials() if nodes_seen == {"h", "w"} else []
+            if trials and reg.latest_checkpoint(trials[0].id) is not None:
+                return workers
+            return None
+
+        workers = wait_for(checkpointed_on_both_nodes, 400, interval=0.1)
+        assert workers, (nodes_seen, (tmp_path / "driver.log").read_text()[-4000:])
+        # Freeze the trial where it is (no timing race with its last epochs), then lose the
+        # driver: Ray's end of the driver's workers takes their trial processes with them.
+        for pid in set().union(*workers.values()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        # Ray ends a dead driver's Tune trial, its Ray Train workers and their trial processes
+        gone = wait_for(lambda: not _on_nodes(ray_cluster, b"train.py"), 60)
+        assert gone, "trial processes outlived their driver"
+        (trial,) = reg.list_trials(1)
+        at_loss = reg.latest_checkpoint(trial.id)
+        total = IRIS_EPOCHS * IRIS_STEPS
+        assert 0 < at_loss.steps_completed < total
+        assert trial.hparams["global_batch_size"] == 32
+
+        resumed = subprocess.run(
+            [*cmd, "experiment", "resume", "1", *ray_args],
+            cwd=model_dir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        output = resumed.stdout + resumed.stderr
+        (tmp_path / "resume.log").write_text(output)
+        assert resumed.returncode == 0, output[-4000:]
+        assert reg.get_trial(trial.id).state == "COMPLETED"
+        assert reg.get_experiment(1).state == "COMPLETED" and len(reg.list_trials()) == 1
+        # Every worker restored the chief's checkpoint, at its step.
+        restored = {int(m[4]): (m[1], int(m[3]), int(m[5])) for m in RESUMED.finditer(output)}
+        expected = (at_loss.uuid, at_loss.steps_completed, 2)
+        assert restored == {0: expected, 1: expected}, output[-4000:]
+        # ... and trained on from there: no step up to it twice, every epoch to the end.
+        steps = [m.steps_completed for m in reg.get_metrics(trial.id, "validation")]
+        before = [s for s in steps if s <= at_loss.steps_completed]
+        assert len(before) == len(set(before))
+        assert sorted(set(steps)) == [IRIS_STEPS * (e + 1) for e in range(IRIS_EPOCHS)]
+        ckpts = reg.list_checkpoints(trial_id=trial.id)
+        ckpt_steps = [c.steps_completed for c in ckpts]
+        assert len(ckpt_steps) == len(set(ckpt_steps)) and max(ckpt_steps) == total
+        assert {json.dumps(c.metadata["distributed"]) for c in ckpts} == {'{"size": 2}'}
+        assert {c.continue_id for c in ckpts} == {trial.id}
     finally:
         if driver.poll() is None:
             driver.kill()
             driver.wait()
+        log.close()
         reg.close()
 
 
@@ -192,6 +223,45 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def test_iris_adaptive_asha_prunes_at_the_rung_on_ray(ray_cluster, tmp_path):  # noqa: F811
+    """Determined's iris ``adaptive.yaml`` (``adaptive_asha``, 4 trials, max_length 60 batches,
+    divisor 2: one rung at 30) on the Ray engine, two trials at a time (one per node): the
+    trial processes ask the experiment's Optuna pruner as locally, so the trials with the
+    useless learning rate reported after a good one are stopped at the rung (they checkpoint
+    there and end COMPLETED, Optuna PRUNED) and the rest train to 60 batches."""
+    registry = f"sqlite:///{tmp_path / 'reg.db'}"
+    cmd, env = _cli(tmp_path, registry)
+    model_dir = _iris(
+        tmp_path, "adaptive.yaml", lambda raw: raw["searcher"].update(max_concurrent_trials=2)
+    )
+    done = subprocess.run(
+        [*cmd, "experiment", "create", "adaptive.yaml", ".", "--engine", "ray", "--address"]
+        + [ray_cluster.address],
+        cwd=model_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    with Registry(registry) as reg:
+        trials = reg.list_trials(1)
+        assert len(trials) == 4 and all(t.state == "COMPLETED" for t in trials)
+        trained = {t.id: reg.latest_checkpoint(t.id).steps_completed for t in trials}
+        lr = {t.id: t.hparams["learning_rate"] for t in trials}
+    stopped = {t for t, steps in trained.items() if steps < 60}
+    # The last useless trial reaches the rung after two good ones at least: it is stopped.
+    assert any(lr[t] < 1e-6 for t in stopped), (trained, lr)
+    assert all(trained[t] == 30 for t in stopped), trained  # at the rung
+    assert all(trained[t] == 60 for t in set(trained) - stopped), trained  # the rest ran on
+    url, kwargs = optuna_storage_url(registry)
+    study = optuna.load_study(
+        study_name=study_name(1), storage=optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    )
+    states = {t.user_attrs[TRIAL_ATTR]: t.state.name for t in study.trials}
+    assert states == {t: "PRUNED" if t in stopped else "COMPLETE" for t in trained}, states
 
 
 def test_search_on_two_nodes_survives_a_lost_node(ray_cluster, tmp_path):  # noqa: F811
