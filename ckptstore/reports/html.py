@@ -21,6 +21,7 @@ from typing import Any
 
 from ckptstore import __version__
 from ckptstore.reports.svg import PALETTE, Series, line_chart
+from ckptstore.reports.views import shown_metrics
 
 _CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif;
@@ -95,7 +96,7 @@ def _checkpoint_table(checkpoints: list[Mapping[str, Any]]) -> str:
             f"<td>{_cell(ckpt.get('steps_completed'))}</td>"
             f"<td class='state'>{_cell(ckpt.get('state'))}</td>"
             f"<td>{'kept' if ckpt.get('kept') else 'deleted'}</td>"
-            f"<td>{_cell(ckpt.get('metrics'))}</td>"
+            f"<td>{_cell(shown_metrics(ckpt.get('metrics')))}</td>"
             f"<td>{_cell(ckpt.get('model_versions'))}</td></tr>"
         )
     return f"<table class='checkpoints'>{head}{''.join(rows)}</table>"

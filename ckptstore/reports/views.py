@@ -23,25 +23,29 @@ if TYPE_CHECKING:
 def flat_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
     """``{"validation_metrics": {"loss": 1}}`` -> ``{"loss": 1}``; flat dicts pass through.
 
-    Nested groups other than the two Determined names keep a ``group.`` prefix. The
-    ``evaluations`` that jobs recorded against a checkpoint become ``job<id>.<metric>``.
+    Nested groups other than the two Determined names keep a ``group.`` prefix.
     """
     out: dict[str, Any] = {}
     for key, value in (metrics or {}).items():
-        if key == "evaluations" and isinstance(value, list):
-            for evaluation in value:
-                if isinstance(evaluation, Mapping) and isinstance(
-                    evaluation.get("metrics"), Mapping
-                ):
-                    for name, number in evaluation["metrics"].items():
-                        out[f"job{evaluation.get('job_id')}.{name}"] = number
-        elif isinstance(value, Mapping):
+        if isinstance(value, Mapping):
             prefix = "" if key in ("validation_metrics", "avg_metrics") else f"{key}."
             for sub_key, sub_value in value.items():
                 if not isinstance(sub_value, Mapping):
                     out.setdefault(f"{prefix}{sub_key}", sub_value)
         else:
             out[key] = value
+    return out
+
+
+def shown_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+    """:func:`flat_metrics` for a person to read: the ``evaluations`` that jobs recorded
+    against a checkpoint become ``job<id>.<metric>`` (JSON output keeps the list)."""
+    out = flat_metrics(metrics)
+    evaluations = out.pop("evaluations", None)
+    for evaluation in evaluations if isinstance(evaluations, list) else ():
+        if isinstance(evaluation, Mapping) and isinstance(evaluation.get("metrics"), Mapping):
+            for name, number in evaluation["metrics"].items():
+                out[f"job{evaluation.get('job_id')}.{name}"] = number
     return out
 
 

@@ -21,7 +21,7 @@ from ckptstore import errors
 from ckptstore.checkpointing import blobs
 from ckptstore.checkpointing import format as ckpt_format
 from ckptstore.registry import Checkpoint
-from ckptstore.reports.views import flat_metrics
+from ckptstore.reports.views import shown_metrics
 from ckptstore.ui import queries
 from ckptstore.ui.archive import checkpoint_tar
 from ckptstore.ui.context import UiContext, safe_config, safe_url
@@ -71,7 +71,7 @@ def checkpoint_page(
         ckpt=ckpt,
         storage=safe_url(ckpt.storage_url),
         metadata=safe_config(ckpt.metadata),
-        metrics=flat_metrics(ckpt.metrics),
+        metrics=shown_metrics(ckpt.metrics),
         manifest=manifest,
         manifest_error=manifest_error,
         versions=queries.versions_of(ui.registry, [uuid]).get(uuid, []),
