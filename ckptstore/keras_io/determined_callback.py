@@ -41,8 +41,10 @@ class DeterminedCallback(backend.CallbackBase):
     ``metadata.json`` (written by the checkpoint context: ``continue_id``, ``steps_completed``,
     ``epoch``, ``metrics``). The final checkpoint also holds an inference SavedModel in
     ``saved_model/`` (see ``export_saved_model``), exported from the checkpoint's own
-    ``model.keras`` by a worker process (:mod:`ckptstore.keras_io.export`) and verified before
-    the checkpoint commits. ``fit()`` never waits for an export: a checkpoint carrying one may
+    ``model.keras`` (Keras 2: ``model_checkpoint.*`` + ``model_config.json``) by a worker
+    process (:mod:`ckptstore.keras_io.export`) and verified before the checkpoint commits (on
+    Keras 2 a model no other process can rebuild is exported on the training thread, with a
+    warning). ``fit()`` never waits for an export: a checkpoint carrying one may
     commit after ``fit()`` returned; :meth:`wait`, reading :attr:`last_checkpoint`, the next
     ``fit()``, leaving ``with ckptstore.core.init(...)`` (``core_context.checkpoint.wait()``)
     and interpreter exit wait for it.
@@ -240,7 +242,7 @@ class DeterminedCallback(backend.CallbackBase):
                 self._layout = keras2_format.layout_of(self.model)
             if self._writer is None or self._writer.closed:
                 self._writer = CheckpointWriter(self._core.checkpoint)
-            if not backend.IS_KERAS2:  # the export worker is for Keras 3 checkpoints
+            if getattr(self._layout, "export_blocker", None) is None:  # see _save
                 self._exports.prestart()
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -464,16 +466,19 @@ class DeterminedCallback(backend.CallbackBase):
                 else resumable_data.capture_metrics(self.model)
             ),
         )
-        # Keras 2: the export worker reads model.keras files, which Keras 2 checkpoints do not
-        # have; its SavedModel (model.save) is written below, in this thread.
+        # Keras 2 exports in a Keras 2 worker too (model_checkpoint.* + model_config.json),
+        # unless no other process can rebuild the model (no config, classes from __main__):
+        # then its SavedModel (model.save) is written below, in this thread.
+        export_blocker = getattr(self._layout, "export_blocker", None)
         export_hook = (
             None
-            if backend.IS_KERAS2
+            if export_blocker is not None
             else self._exports.hook(
                 final=final,
                 preempted=self._preempted,
                 metrics=_floats(logs),
                 config_json=self._layout.config_json,
+                keras2=backend.IS_KERAS2,
             )
         )
         files = {}
@@ -487,11 +492,16 @@ class DeterminedCallback(backend.CallbackBase):
                 state.data = self._data.snapshot(self._epochs_completed, batches, extra_dir)
             files[state_lib.STATE_FILENAME] = state.to_json().encode()
             keras2_export = (
-                backend.IS_KERAS2
+                export_blocker is not None
                 and not self._preempted
                 and self._exports.policy.wants(final=final, metrics=_floats(logs))
             )
             if keras2_export:
+                logger.warning(
+                    "SavedModel exported on the training thread (fit() waits for it): %s, "
+                    "which the export worker process cannot rebuild.",
+                    export_blocker,
+                )
                 keras2_format.export_saved_model(
                     self.model, os.path.join(extra_dir, SAVED_MODEL_DIRNAME)
                 )
@@ -622,10 +632,12 @@ class DeterminedCallback(backend.CallbackBase):
                 state.epoch + 1,
             )
         logger.info(
-            "Resumed from checkpoint %s: epoch %d, steps_completed %d",
+            "Resumed from checkpoint %s: epoch %d, steps_completed %d (worker %d of %d)",
             uuid,
             state.epoch,
             state.steps_completed,
+            getattr(self._core.distributed, "rank", 0),
+            getattr(self._core.distributed, "size", 1),
         )
 
     def _load_model_file(self, uuid: str, model_path: str, *, with_optimizer: bool) -> None:

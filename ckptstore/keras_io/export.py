@@ -31,6 +31,20 @@ model config names for custom layers; classes defined in the training script its
 ``export_saved_model="never"`` and export later with :func:`export_checkpoint` in a process
 that has them.
 
+**Keras 2** (``tf_keras``, ``TF_USE_LEGACY_KERAS=1``): the same, with a worker started with
+``TF_USE_LEGACY_KERAS=1``. The writer thread writes the Keras 2 checkpoint (``model_checkpoint.*``
++ ``model_config.json``) from the snapshot; the worker rebuilds the model from the config
+(importing the modules it names, unregistered classes included), loads the weights and writes
+the SavedModel the training thread used to write (:func:`export_keras2_folder`:
+``model.save(path, save_format="tf")``, signature ``serving_default``, readable by
+``tf.keras.models.load_model``), verified against the rebuilt model. A model no other process can
+rebuild — subclassed (its config does not describe its layers), not built when ``fit()`` starts,
+or using classes/functions of the training script (``__main__``) — is detected when ``fit()``
+starts (:func:`~ckptstore.keras_io.keras2_format.worker_export_blocker`) and, as documented
+fallback, exported on the training thread as before, with a warning saying why; any other
+failure in the worker fails the checkpoint as on Keras 3. :func:`export_checkpoint` of a Keras 2
+checkpoint exports in the calling process when it runs Keras 2, else in a Keras 2 worker.
+
 **Verification**: the worker loads the export back with ``tf.saved_model.load`` and checks that
 ``serve`` gives the Keras model's predictions (``numpy.allclose``, rtol 1e-4, atol 1e-5) on a
 batch of two deterministic random inputs built from the serving signature.
@@ -211,16 +225,7 @@ def export_model_file(
     import keras
 
     started = time.perf_counter()
-    for name in modules:
-        if name == "__main__":
-            continue
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            raise errors.ExportError(
-                f"Cannot import {name!r}, which defines layers of the model in {model_path}: "
-                f"{exc}. Make the module importable (PYTHONPATH) where the export runs."
-            ) from exc
+    _import_modules(modules, model_path)
     try:
         model = keras.saving.load_model(
             model_path, compile=False, safe_mode=safe_mode, custom_objects=custom_objects
@@ -253,22 +258,155 @@ def export_model_file(
     )
 
 
-def _verify(model: Any, out_dir: str) -> float:
-    """Largest |serve - keras| over a sample batch; ExportError if beyond tolerance."""
+def _import_modules(modules: list[str] | tuple[str, ...], what: str) -> None:
+    """Import the modules defining the model's custom layers (they register them)."""
+    for name in modules:
+        if name == "__main__":
+            continue
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise errors.ExportError(
+                f"Cannot import {name!r}, which defines layers of the model in {what}: "
+                f"{exc}. Make the module importable (PYTHONPATH) where the export runs."
+            ) from exc
+
+
+def export_keras2_folder(
+    folder: str,
+    out_dir: str,
+    *,
+    verify: bool = True,
+    modules: list[str] | tuple[str, ...] = (),
+    safe_mode: bool = True,
+    custom_objects: Mapping[str, Any] | None = None,
+) -> ExportResult:
+    """Keras 2 (``tf_keras``, ``TF_USE_LEGACY_KERAS=1``) only: rebuild the model of the Keras 2
+    checkpoint folder ``folder`` from its ``model_config.json``, load its ``model_checkpoint``
+    weights, write the SavedModel the training thread used to write
+    (:func:`~ckptstore.keras_io.keras2_format.export_saved_model`: ``model.save(out_dir,
+    save_format="tf")``, signature ``serving_default``, loadable by
+    ``tf.keras.models.load_model``) and (with ``verify``) check that ``serving_default``
+    predicts what the rebuilt model does.
+
+    Raises :class:`~ckptstore.errors.ExportError` (what failed, and what to do)."""
+    from ckptstore.keras_io import backend, keras2_format
+
+    if not backend.IS_KERAS2:
+        raise errors.ExportError(
+            f"{folder} is a Keras 2 checkpoint; its SavedModel must be exported by Keras 2 "
+            f"(tf_keras with {backend.LEGACY_ENV}=1), but tf.keras is {backend.FRAMEWORK} here."
+        )
+    keras = backend.keras
+    started = time.perf_counter()
+    config_path = os.path.join(folder, keras2_format.MODEL_CONFIG_FILENAME)
+    if not os.path.isfile(config_path):
+        raise errors.ExportError(
+            f"{folder} has no {keras2_format.MODEL_CONFIG_FILENAME} (the model has no config: a "
+            "subclassed model), so the model cannot be rebuilt to export it. Build the model in "
+            "code, model.load_weights(<checkpoint>/model_checkpoint) and model.save(path, "
+            "save_format='tf')."
+        )
+    with open(config_path, encoding="utf-8") as f:
+        config_json = f.read()
+    if _keras2_subclassed(config_json):
+        raise errors.ExportError(_SUBCLASSED_HINT.format(what=folder))
+    _import_modules(modules, config_path)
+    from tf_keras.src.saving import serialization_lib
+
+    # Keras 2 finds only registered classes by name: hand it the modules' unregistered ones.
+    objects = {**_module_classes(config_json), **dict(custom_objects or {})}
+    try:
+        with serialization_lib.SafeModeScope(safe_mode):
+            model = keras.models.model_from_json(config_json, custom_objects=objects or None)
+    except Exception as exc:
+        hint = (
+            " The model uses classes or functions defined in the training script (__main__), "
+            "which the export worker process cannot import: move them into a module."
+            if "__main__" in modules or '"module": null' in config_json
+            else " Pass custom_objects= or make the modules defining custom layers importable."
+        )
+        raise errors.ExportError(
+            f"Keras 2 could not rebuild the model of {folder} to export it: "
+            f"{type(exc).__name__}: {exc}.{hint}"
+        ) from exc
+    prefix = os.path.join(folder, keras2_format.WEIGHTS_PREFIX)
+    try:
+        status = model.load_weights(prefix)
+        status.expect_partial()  # the optimizer's state is not part of a SavedModel
+        status.assert_existing_objects_matched()
+    except Exception as exc:
+        raise errors.ExportError(
+            f"Could not load {prefix} into the model rebuilt from its config: "
+            f"{type(exc).__name__}: {exc}."
+        ) from exc
+    try:
+        keras2_format.export_saved_model(model, out_dir)
+    except Exception as exc:
+        raise errors.ExportError(
+            f"model.save(save_format='tf') failed for {folder}: {type(exc).__name__}: {exc}. "
+            "The model cannot be served as a SavedModel as it is; use export_saved_model='never'."
+        ) from exc
+    diff = _verify_keras2(model, out_dir) if verify else None
+    return ExportResult(
+        path=out_dir,
+        seconds=time.perf_counter() - started,
+        verified=verify,
+        max_abs_diff=diff,
+    )
+
+
+_SUBCLASSED_HINT = (
+    "The model of {what} is a subclassed Keras 2 model (its config does not describe its "
+    "layers), which cannot be rebuilt to export it. Build the model in code under Keras 2, "
+    "model.load_weights(<checkpoint>/model_checkpoint) and model.save(path, save_format='tf')."
+)
+
+
+def _keras2_subclassed(config_json: str) -> bool:
+    """Whether a Keras 2 ``model.to_json()`` is a subclassed model's (no ``layers``)."""
+    try:
+        config = json.loads(config_json).get("config")
+    except (ValueError, AttributeError):
+        return True
+    return not isinstance(config, dict) or "layers" not in config
+
+
+def _module_classes(config_json: str) -> dict[str, Any]:
+    """``{name: class}`` of the custom classes and functions a Keras 2 model config names with
+    their (already imported) module: Keras 2, unlike Keras 3, does not look them up there."""
+    found: dict[str, Any] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            module, name = node.get("module"), node.get("class_name")
+            if (
+                isinstance(module, str)
+                and isinstance(name, str)
+                and not module.startswith(("keras", "tf_keras", "builtins"))
+                and module in sys.modules
+            ):
+                value = getattr(sys.modules[module], name, None)
+                if value is not None:
+                    found[name] = value
+                    registered = node.get("registered_name")
+                    if isinstance(registered, str) and registered:
+                        found.setdefault(registered, value)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(json.loads(config_json))
+    return found
+
+
+def _sample_inputs(spec_tree: Any) -> Any:
+    """Two deterministic random rows for every input of a serving signature."""
     import numpy as np
     import tensorflow as tf
 
-    loaded = tf.saved_model.load(out_dir)
-    serve = getattr(loaded, "serve", None)
-    if serve is None:
-        raise errors.ExportError(
-            f"The SavedModel in {out_dir} has no 'serve' endpoint; it was not written by "
-            "model.export()."
-        )
-    functions = list(getattr(serve, "concrete_functions", []) or [])
-    if not functions:
-        raise errors.ExportError(f"The SavedModel in {out_dir} has an empty 'serve' endpoint.")
-    args, kwargs = functions[0].structured_input_signature
     rng = np.random.default_rng(0)
 
     def sample(spec: Any) -> Any:
@@ -280,12 +418,13 @@ def _verify(model: Any, out_dir: str) -> float:
             return tf.zeros(shape, dtype=dtype)
         return tf.fill(shape, tf.constant("", dtype=dtype))
 
-    sample_args = tf.nest.map_structure(sample, args)
-    sample_kwargs = tf.nest.map_structure(sample, kwargs)
-    got = serve(*sample_args, **sample_kwargs)
-    expected = model(*sample_args, **sample_kwargs, training=False)
-    got_flat = [np.asarray(t) for t in tf.nest.flatten(got)]
-    want_flat = [np.asarray(t) for t in tf.nest.flatten(expected)]
+    return tf.nest.map_structure(sample, spec_tree)
+
+
+def _compare(got_flat: list[Any], want_flat: list[Any], out_dir: str) -> float:
+    """Largest |got - want|; ExportError if the outputs differ beyond tolerance."""
+    import numpy as np
+
     if len(got_flat) != len(want_flat):
         raise errors.ExportError(
             f"The SavedModel in {out_dir} returns {len(got_flat)} outputs, the Keras model "
@@ -304,6 +443,56 @@ def _verify(model: Any, out_dir: str) -> float:
     return worst
 
 
+def _verify_keras2(model: Any, out_dir: str) -> float:
+    """:func:`_verify` for a Keras 2 SavedModel: its ``serving_default`` signature."""
+    import numpy as np
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(out_dir)
+    signature = loaded.signatures.get("serving_default")
+    if signature is None:
+        raise errors.ExportError(f"The SavedModel in {out_dir} has no 'serving_default' signature.")
+    _args, kwargs = signature.structured_input_signature
+    inputs = _sample_inputs(kwargs)
+    got = signature(**inputs)
+    names = list(getattr(model, "input_names", None) or [])
+    if len(inputs) == 1:
+        model_in: Any = next(iter(inputs.values()))
+    elif sorted(names) == sorted(inputs):
+        model_in = [inputs[n] for n in names]
+    else:
+        model_in = inputs
+    expected = tf.nest.flatten(model(model_in, training=False))
+    outputs = list(getattr(model, "output_names", None) or [])
+    keys = outputs if sorted(outputs) == sorted(got) else sorted(got)
+    got_flat = [np.asarray(got[k]) for k in keys]
+    return _compare(got_flat, [np.asarray(t) for t in expected], out_dir)
+
+
+def _verify(model: Any, out_dir: str) -> float:
+    """Largest |serve - keras| over a sample batch; ExportError if beyond tolerance."""
+    import numpy as np
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(out_dir)
+    serve = getattr(loaded, "serve", None)
+    if serve is None:
+        raise errors.ExportError(
+            f"The SavedModel in {out_dir} has no 'serve' endpoint; it was not written by "
+            "model.export()."
+        )
+    functions = list(getattr(serve, "concrete_functions", []) or [])
+    if not functions:
+        raise errors.ExportError(f"The SavedModel in {out_dir} has an empty 'serve' endpoint.")
+    args, kwargs = functions[0].structured_input_signature
+    sample_args, sample_kwargs = _sample_inputs((args, kwargs))
+    got = serve(*sample_args, **sample_kwargs)
+    expected = model(*sample_args, **sample_kwargs, training=False)
+    got_flat = [np.asarray(t) for t in tf.nest.flatten(got)]
+    want_flat = [np.asarray(t) for t in tf.nest.flatten(expected)]
+    return _compare(got_flat, want_flat, out_dir)
+
+
 # ---- the worker process ---------------------------------------------------------------------------
 class ExportWorker:
     """A child Python process that runs :func:`export_model_file` on request.
@@ -319,8 +508,11 @@ class ExportWorker:
         worker.close()
     """
 
-    def __init__(self, *, nice: int = 5) -> None:
+    def __init__(self, *, nice: int = 5, keras2: bool | None = None) -> None:
         self._nice = nice
+        #: Whether the worker runs Keras 2 (``TF_USE_LEGACY_KERAS=1``) for Keras 2 checkpoints;
+        #: None: the Keras this process runs.
+        self._keras2 = keras2
         self._proc: subprocess.Popen[str] | None = None
         self._stderr: Any = None
         self._lock = threading.Lock()
@@ -332,10 +524,20 @@ class ExportWorker:
         return self._proc.pid if self._proc is not None else None
 
     def _start(self) -> subprocess.Popen[str]:
-        import keras
+        keras2 = self._keras2
+        if keras2 is None:
+            from ckptstore.keras_io import backend
 
+            keras2 = backend.IS_KERAS2
         env = dict(os.environ)
-        env.setdefault("KERAS_BACKEND", keras.backend.backend())
+        if keras2:
+            # The worker rebuilds the tf_keras model: tf.keras must be Keras 2 there too.
+            env["TF_USE_LEGACY_KERAS"] = "1"
+        else:
+            import keras
+
+            env.pop("TF_USE_LEGACY_KERAS", None)
+            env.setdefault("KERAS_BACKEND", keras.backend.backend())
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["CUDA_VISIBLE_DEVICES"] = "-1"
         # The child finds what this process finds: the script's folder, the project, ...
@@ -343,7 +545,14 @@ class ExportWorker:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         self._stderr = tempfile.TemporaryFile(mode="w+", prefix="ckptstore-export-")
         proc = subprocess.Popen(
-            [sys.executable, "-m", __name__, "--worker", "--nice", str(self._nice)],
+            [
+                sys.executable,
+                "-m",
+                "ckptstore.keras_io.export",
+                "--worker",
+                "--nice",
+                str(self._nice),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -364,7 +573,34 @@ class ExportWorker:
         self, model_path: str, out_dir: str, *, modules: list[str] | None = None
     ) -> ExportResult:
         """Export ``model_path`` to ``out_dir`` in the worker and verify it; ExportError if not."""
-        request = {"model": model_path, "out": out_dir, "modules": list(modules or [])}
+        request = {
+            "model": os.fspath(model_path),
+            "out": os.fspath(out_dir),
+            "modules": list(modules or []),
+        }
+        return self._request(request, model_path)
+
+    def export_keras2(
+        self,
+        folder: str,
+        out_dir: str,
+        *,
+        modules: list[str] | None = None,
+        verify: bool = True,
+        safe_mode: bool = False,
+    ) -> ExportResult:
+        """:func:`export_keras2_folder` of the Keras 2 checkpoint folder ``folder`` in the
+        worker (which must run Keras 2: ``ExportWorker(keras2=True)`` or a Keras 2 process)."""
+        request = {
+            "keras2": os.fspath(folder),
+            "out": os.fspath(out_dir),
+            "modules": list(modules or []),
+            "verify": verify,
+            "safe_mode": safe_mode,
+        }
+        return self._request(request, folder)
+
+    def _request(self, request: dict[str, Any], model_path: str) -> ExportResult:
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
                 self._proc = self._start()
@@ -430,12 +666,22 @@ def _worker_main(nice: int) -> int:
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            result = export_model_file(
-                request["model"],
-                request["out"],
-                modules=request.get("modules") or [],
-                safe_mode=False,  # the file was just written by the training process itself
-            )
+            # safe_mode=False: the files were just written by the training process itself
+            if request.get("keras2"):
+                result = export_keras2_folder(
+                    request["keras2"],
+                    request["out"],
+                    modules=request.get("modules") or [],
+                    verify=bool(request.get("verify", True)),
+                    safe_mode=bool(request.get("safe_mode", False)),
+                )
+            else:
+                result = export_model_file(
+                    request["model"],
+                    request["out"],
+                    modules=request.get("modules") or [],
+                    safe_mode=False,
+                )
             answer: dict[str, Any] = {"ok": True, "result": result.to_json()}
         except errors.ExportError as exc:
             answer = {"ok": False, "error": str(exc)}
@@ -471,27 +717,34 @@ class CheckpointExports:
         self.submitted = False
 
     def hook(
-        self, *, final: bool, preempted: bool, metrics: Mapping[str, Any], config_json: str
+        self,
+        *,
+        final: bool,
+        preempted: bool,
+        metrics: Mapping[str, Any],
+        config_json: str,
+        keras2: bool = False,
     ) -> Any:
         """The writer's ``before_commit`` for this checkpoint, or None if it gets no export.
         A preemption's checkpoint never does: the run must stop quickly, the resumed run's
-        checkpoints export as the policy says."""
+        checkpoints export as the policy says. ``keras2``: the checkpoint is a Keras 2 one
+        (``model_checkpoint.*`` + ``model_config.json``), exported by a Keras 2 worker."""
         if preempted or not self.policy.wants(final=final, metrics=metrics):
             return None
         if self._modules is None or self._modules[0] != config_json:
             self._modules = (config_json, custom_modules(config_json))
         modules = self._modules[1]
         if self._worker is None:
-            self._worker = ExportWorker()
+            self._worker = ExportWorker(keras2=keras2)
         worker = self._worker
         self.submitted = True
 
         def before_commit(path: str) -> None:
-            result = worker.export(
-                os.path.join(path, MODEL_FILENAME),
-                os.path.join(path, SAVED_MODEL_DIRNAME),
-                modules=modules,
-            )
+            out = os.path.join(path, SAVED_MODEL_DIRNAME)
+            if keras2:
+                result = worker.export_keras2(path, out, modules=modules)
+            else:
+                result = worker.export(os.path.join(path, MODEL_FILENAME), out, modules=modules)
             logger.info(
                 "SavedModel exported and verified in %.2f s (max |serve - keras| %.2g)",
                 result.seconds,
@@ -613,6 +866,7 @@ def export_checkpoint(
     """
     from ckptstore.checkpointing import amend
     from ckptstore.checkpointing import format as fmt
+    from ckptstore.keras_io import keras2_format
 
     with _checkpoint_context(checkpoint_uuid, storage, registry) as ckpt:
         manifest = fmt.read_manifest(ckpt.storage, checkpoint_uuid)
@@ -623,25 +877,52 @@ def export_checkpoint(
                 "do. To export again, delete it first: ckptstore checkpoint delete "
                 f"{checkpoint_uuid} --glob '{SAVED_MODEL_DIRNAME}/*'"
             )
-        if MODEL_FILENAME not in manifest["files"]:
+        keras2 = (
+            MODEL_FILENAME not in manifest["files"]
+            and keras2_format.WEIGHTS_PREFIX + ".index" in manifest["files"]
+        )
+        if keras2 and keras2_format.MODEL_CONFIG_FILENAME not in manifest["files"]:
+            raise errors.ModelLoadError(
+                f"Keras 2 checkpoint {checkpoint_uuid} has no "
+                f"{keras2_format.MODEL_CONFIG_FILENAME} (a subclassed model), so its model "
+                "cannot be rebuilt to export it. Build the model in code under Keras 2, "
+                f"model.load_weights(<checkpoint>/{keras2_format.WEIGHTS_PREFIX}) and "
+                "model.save(path, save_format='tf')."
+            )
+        if not keras2 and MODEL_FILENAME not in manifest["files"]:
             raise errors.ModelLoadError(
                 f"Checkpoint {checkpoint_uuid} has no {MODEL_FILENAME} to export (files: "
                 f"{sorted(manifest['files'])[:10]}); only checkpoints written by "
                 "DeterminedCallback / TFKerasTrial can be exported."
             )
-        with ckpt.restore_path(checkpoint_uuid, selector=MODEL_FILENAME) as path:
+        selector: Any = MODEL_FILENAME
+        if keras2:
+            selector = [
+                keras2_format.WEIGHTS_PREFIX + ".*",
+                keras2_format.MODEL_CONFIG_FILENAME,
+            ]
+        with ckpt.restore_path(checkpoint_uuid, selector=selector) as path:
             staging = tempfile.mkdtemp(prefix=f"ckptstore-export-{checkpoint_uuid[:8]}-")
             try:
                 out = os.path.join(staging, SAVED_MODEL_DIRNAME)
-                model_path = os.path.join(path, MODEL_FILENAME)
-                result = export_model_file(
-                    model_path,
-                    out,
-                    modules=_archive_modules(model_path),
-                    verify=verify,
-                    safe_mode=safe_mode,
-                    custom_objects=custom_objects,
-                )
+                if keras2:
+                    result = _export_keras2_checkpoint(
+                        path,
+                        out,
+                        verify=verify,
+                        safe_mode=safe_mode,
+                        custom_objects=custom_objects,
+                    )
+                else:
+                    model_path = os.path.join(path, MODEL_FILENAME)
+                    result = export_model_file(
+                        model_path,
+                        out,
+                        modules=_archive_modules(model_path),
+                        verify=verify,
+                        safe_mode=safe_mode,
+                        custom_objects=custom_objects,
+                    )
                 amend.add_files(
                     ckpt.storage,
                     checkpoint_uuid,
@@ -656,6 +937,61 @@ def export_checkpoint(
     result.path = f"{ckpt.storage_url.rstrip('/')}/{checkpoint_uuid}/{SAVED_MODEL_DIRNAME}"
     logger.info("Added a SavedModel to checkpoint %s in %.1f s", checkpoint_uuid, result.seconds)
     return result
+
+
+def _keras2_here() -> bool:
+    """Whether ``tf.keras`` is (or, TensorFlow's Keras not chosen yet, will be) Keras 2 in this
+    process — :func:`ckptstore.keras_io.backend.legacy_keras_requested` without importing a
+    Keras."""
+    backend = sys.modules.get("ckptstore.keras_io.backend")
+    if backend is not None:
+        return bool(backend.IS_KERAS2)
+    tf = sys.modules.get("tensorflow")
+    loader = getattr(tf, "__dict__", {}).get("keras") if tf is not None else None
+    if loader is not None and getattr(loader, "_tfll_initialized", False):
+        return getattr(loader, "_tfll_keras_version", None) == "tf_keras"
+    return os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True")
+
+
+def _export_keras2_checkpoint(
+    path: str,
+    out: str,
+    *,
+    verify: bool,
+    safe_mode: bool,
+    custom_objects: Mapping[str, Any] | None,
+) -> ExportResult:
+    """Export a downloaded Keras 2 checkpoint folder: in this process when it runs Keras 2,
+    else in a Keras 2 :class:`ExportWorker` (a Keras 3 process cannot rebuild tf_keras
+    models; nor does the ``ckptstore`` command import TensorFlow)."""
+    from ckptstore.keras_io import keras2_format
+
+    with open(os.path.join(path, keras2_format.MODEL_CONFIG_FILENAME), encoding="utf-8") as f:
+        config_json = f.read()
+    if _keras2_subclassed(config_json):
+        raise errors.ModelLoadError(_SUBCLASSED_HINT.format(what=f"Keras 2 checkpoint {path}"))
+    modules = custom_modules(config_json)
+    if _keras2_here():
+        return export_keras2_folder(
+            path,
+            out,
+            verify=verify,
+            modules=modules,
+            safe_mode=safe_mode,
+            custom_objects=custom_objects,
+        )
+    if custom_objects:
+        raise errors.ExportError(
+            "custom_objects cannot be handed to the Keras 2 process that exports a Keras 2 "
+            "checkpoint from this Keras 3 process: call export_checkpoint() in a process with "
+            "TF_USE_LEGACY_KERAS=1, or make the custom layers' modules importable (PYTHONPATH) "
+            "and registered (tf.keras.saving.register_keras_serializable)."
+        )
+    worker = ExportWorker(nice=0, keras2=True)
+    try:
+        return worker.export_keras2(path, out, modules=modules, verify=verify, safe_mode=safe_mode)
+    finally:
+        worker.close()
 
 
 def _archive_modules(model_path: str) -> list[str]:

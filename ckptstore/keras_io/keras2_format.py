@@ -9,8 +9,11 @@ A Keras 2 checkpoint written by ``DeterminedCallback`` holds
   with ``model.load_weights(path / "model_checkpoint")``;
 - ``model_config.json``: ``model.to_json()``, so :func:`load_model` can rebuild the model from any
   checkpoint, not only the final one;
-- ``saved_model/`` (final checkpoint): ``model.save(..., save_format="tf")``, the SavedModel
-  ``tf.keras.models.load_model`` reads back for inference;
+- ``saved_model/`` (final checkpoint by default): ``model.save(..., save_format="tf")``, the
+  SavedModel ``tf.keras.models.load_model`` reads back for inference, written from the
+  checkpoint's own files by a Keras 2 export worker process (:mod:`ckptstore.keras_io.export`)
+  before the commit — on the training thread only for models no other process can rebuild
+  (:func:`worker_export_blocker`);
 - ``callback_state.json``, ``metadata.json`` and ``MANIFEST.json`` as for Keras 3.
 
 Saving keeps the Keras 3 path's shape: :func:`take_snapshot` runs TensorFlow's own checkpoint
@@ -69,6 +72,9 @@ class Keras2Layout:
     model: Any
     entries: list[_Var]
     config_json: str | None
+    #: Why the export worker cannot rebuild this model (None: it can); see
+    #: :func:`worker_export_blocker`.
+    export_blocker: str | None = None
 
     @classmethod
     def of(cls, model: Any) -> Keras2Layout:
@@ -79,7 +85,12 @@ class Keras2Layout:
             # building the model in code + load_weights(); log why the file is missing.
             logger.info("Model has no JSON config (%s); %s not written", exc, MODEL_CONFIG_FILENAME)
             config_json = None
-        return cls(model=model, entries=[_Var(v) for v in model.variables], config_json=config_json)
+        return cls(
+            model=model,
+            entries=[_Var(v) for v in model.variables],
+            config_json=config_json,
+            export_blocker=worker_export_blocker(model, config_json),
+        )
 
     def close(self) -> None:
         """Nothing to release (the Keras 3 layout keeps an assets folder)."""
@@ -209,10 +220,64 @@ def load_weights(model: Any, path: str, *, with_optimizer: bool) -> None:
             status.expect_partial()
         status.assert_existing_objects_matched()
     except (AssertionError, ValueError, KeyError, OSError) as exc:
+        if with_optimizer and _weights_match(model, prefix):
+            raise errors.ResumeError(
+                f"Could not restore the optimizer state of {prefix} into this model's optimizer "
+                f"({type(model.optimizer).__name__}): {exc}. Compile the model with the same "
+                "optimizer it was saved with."
+            ) from exc
         raise errors.ResumeError(
             f"Could not load {prefix} into this model: {exc}. The model (layers, shapes) must "
             "be the one the checkpoint was saved from."
         ) from exc
+
+
+def _weights_match(model: Any, prefix: str) -> bool:
+    """Whether the model's own weights (not its optimizer) restore from ``prefix``."""
+    try:
+        status = _weights_only_root(model).read(prefix)
+        status.expect_partial()
+        status.assert_existing_objects_matched()
+    except (AssertionError, ValueError, KeyError, OSError):
+        return False
+    return True
+
+
+def worker_export_blocker(model: Any, config_json: str | None) -> str | None:
+    """Why a separate process could not rebuild ``model`` (config ``config_json``) to export
+    its SavedModel, or None when it can.
+
+    It cannot for a subclassed model (no config, or one that does not describe its layers), a
+    model not built yet when ``fit()`` starts (no input shape: its config has none either), or
+    when the config names classes or functions of the training script itself (``__main__``:
+    Keras 2 records them with ``"module": null``), which another process cannot import.
+    ``DeterminedCallback`` then exports on the training thread (see
+    :mod:`ckptstore.keras_io.export`)."""
+    if config_json is None or not getattr(model, "_is_graph_network", False):
+        return "the model is subclassed (its config does not describe its layers)"
+    if not getattr(model, "built", False):
+        return "the model is not built when fit() starts (give it an input shape)"
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "class_name" in node and "module" in node:
+                module = node.get("module")
+                if node.get("registered_name") and module in (None, "__main__"):
+                    found.add(str(node.get("registered_name")))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    try:
+        walk(json.loads(config_json))
+    except ValueError:
+        return "the model config is not JSON"
+    if found:
+        return f"the model uses {sorted(found)} defined in the training script (__main__)"
+    return None
 
 
 def export_saved_model(model: Any, path: str) -> None:
@@ -371,18 +436,29 @@ def load_into(model: Any, path: str, *, with_optimizer: bool) -> None:
         raise errors.ResumeError(f"Keras 2 checkpoint {path} into Keras 3: {exc}") from exc
 
 
-def load_model(path: str, *, compile: bool, custom_objects: Mapping[str, Any] | None) -> Any:
+def load_model(
+    path: str,
+    *,
+    compile: bool,
+    custom_objects: Mapping[str, Any] | None,
+    safe_mode: bool = True,
+) -> Any:
     """A Keras 2 model from a Keras 2 checkpoint folder: the SavedModel when there is one (full
     model), else ``model_config.json`` + ``model_checkpoint`` (weights, and the optimizer state
-    once the model is compiled and trained)."""
+    once the model is compiled and trained). A Python ``lambda`` in a ``Lambda`` layer is
+    refused (:class:`~ckptstore.errors.UnsafeCheckpointContent`) unless ``safe_mode=False``."""
+    from tf_keras.src.saving.serialization_lib import SafeModeScope
+
     from ckptstore.keras_io.backend import keras
 
     objects = dict(custom_objects) if custom_objects else None
     saved = os.path.join(path, "saved_model")
     if os.path.isfile(os.path.join(saved, "saved_model.pb")):
         try:
-            return keras.models.load_model(saved, compile=compile, custom_objects=objects)
+            with SafeModeScope(safe_mode):
+                return keras.models.load_model(saved, compile=compile, custom_objects=objects)
         except (ValueError, TypeError, OSError) as exc:
+            _raise_if_unsafe(saved, exc)
             raise errors.ModelLoadError(f"Keras 2 could not load {saved}: {exc}") from exc
     config = os.path.join(path, MODEL_CONFIG_FILENAME)
     if not os.path.isfile(config):
@@ -394,14 +470,25 @@ def load_model(path: str, *, compile: bool, custom_objects: Mapping[str, Any] | 
     with open(config, encoding="utf-8") as f:
         text = f.read()
     try:
-        model = keras.models.model_from_json(text, custom_objects=objects)
+        with SafeModeScope(safe_mode):
+            model = keras.models.model_from_json(text, custom_objects=objects)
     except (ValueError, TypeError) as exc:
+        _raise_if_unsafe(path, exc)
         raise errors.ModelLoadError(
             f"Keras 2 could not rebuild the model of {path}: {exc}. Pass custom_objects= for "
             "custom layers."
         ) from exc
     model.load_weights(os.path.join(path, WEIGHTS_PREFIX)).expect_partial()
     return model
+
+
+def _raise_if_unsafe(path: str, exc: Exception) -> None:
+    message = str(exc)
+    if "safe_mode" in message and ("Lambda" in message or "lambda" in message):
+        raise errors.UnsafeCheckpointContent(
+            f"{path} contains a Lambda layer holding Python bytecode, which could run arbitrary "
+            "code, so it was not loaded. If you trust this checkpoint, pass safe_mode=False."
+        ) from exc
 
 
 def written_by_keras2(path: str) -> bool:

@@ -122,18 +122,28 @@ def _first_length(obj: Any) -> int:
     )
 
 
-def _make_sharded_pydataset(dataset: Any, rank: int, size: int) -> Any:
-    import keras
+def _batch_dataset_class() -> type:
+    """``keras.utils.PyDataset`` (Keras 3), or ``keras.utils.Sequence`` on Keras 2."""
+    from ckptstore.keras_io.backend import keras
 
-    class ShardedPyDataset(keras.utils.PyDataset):
+    return getattr(keras.utils, "PyDataset", None) or keras.utils.Sequence
+
+
+def _make_sharded_pydataset(dataset: Any, rank: int, size: int) -> Any:
+    base = _batch_dataset_class()
+
+    class ShardedPyDataset(base):
         """Batches ``rank, rank+size, ...`` of another PyDataset (same count on every worker)."""
 
         def __init__(self) -> None:
-            super().__init__(
-                workers=getattr(dataset, "workers", 1),
-                use_multiprocessing=getattr(dataset, "use_multiprocessing", False),
-                max_queue_size=getattr(dataset, "max_queue_size", 10),
-            )
+            if base.__name__ == "Sequence":
+                super().__init__()  # Keras 2's Sequence takes no arguments
+            else:
+                super().__init__(
+                    workers=getattr(dataset, "workers", 1),
+                    use_multiprocessing=getattr(dataset, "use_multiprocessing", False),
+                    max_queue_size=getattr(dataset, "max_queue_size", 10),
+                )
             self.inner = dataset
 
         def __len__(self) -> int:
@@ -194,9 +204,7 @@ def shard_data(data: Any, rank: int, size: int, *, even: bool = True) -> Any:
         # Sharded here, by worker: stop tf.distribute from sharding it a second time.
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         return data.shard(size, rank).with_options(options)
-    import keras
-
-    if isinstance(data, keras.utils.PyDataset):
+    if isinstance(data, _batch_dataset_class()):
         return _make_sharded_pydataset(data, rank, size)
     return _shard_structure(data, rank, size, _first_length(data), even=even)
 

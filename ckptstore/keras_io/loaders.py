@@ -238,7 +238,9 @@ def load_model_from_checkpoint_path(
 
         if backend.IS_KERAS2:
             logger.info("Loading Keras 2 model from %s", path)
-            return keras2_format.load_model(path, compile=compile, custom_objects=custom_objects)
+            return keras2_format.load_model(
+                path, compile=compile, custom_objects=custom_objects, safe_mode=safe_mode
+            )
         # Keras 3 cannot rebuild a Keras 2 model from its config: the SavedModel serves
         # predictions; ckptstore.keras.load_determined_checkpoint loads the weights into a
         # Keras 3 model built in code.

@@ -2,14 +2,17 @@
 suite runs with ``TF_USE_LEGACY_KERAS=1`` (see ``tests/keras_io/test_keras2_suite.py``).
 
 Test modules and worker scripts that should pass on both import ``keras`` from here, as a user's
-``tf.keras`` code would, instead of ``import keras``.
+``tf.keras`` code would, instead of ``import keras``. A test of such a module that only makes sense
+on Keras 3 says so with :func:`keras3_only` (the Keras 2 run deselects it by its marker).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+import pytest
 import tensorflow as tf
 
 keras = tf.keras
@@ -17,6 +20,22 @@ keras = tf.keras
 KERAS_MAJOR = 2 if keras.__name__.startswith("tf_keras") else 3
 LEGACY = os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True")
 assert (KERAS_MAJOR == 2) == LEGACY, (keras.__version__, LEGACY)
+
+_Test = TypeVar("_Test")
+
+
+def keras3_only(reason: str) -> Callable[[_Test], _Test]:
+    """Marks a test as Keras 3 only (marker ``keras3_only``, with ``reason``).
+
+    ``tests/keras_io/test_keras2_suite.py`` deselects these (``-m "not keras3_only"``) and fails on
+    any skip; run by hand under ``TF_USE_LEGACY_KERAS=1`` they skip, saying why.
+    """
+
+    def mark(test: _Test) -> _Test:
+        test = pytest.mark.skipif(KERAS_MAJOR == 2, reason=f"Keras 3 only: {reason}")(test)
+        return pytest.mark.keras3_only(reason=reason)(test)
+
+    return mark
 
 
 def variable_path(variable: Any) -> str:

@@ -1,10 +1,10 @@
-"""Keras's own callbacks' state and arrays in callback states (callback_arrays.npz)."""
+"""Keras's own callbacks' state and arrays in callback states (callback_arrays.npz), on the Keras
+`tf.keras` is (Keras 3, and Keras 2 in `tests/keras_io/test_keras2_suite.py`)."""
 
 from __future__ import annotations
 
 import json
 
-import keras
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,6 +15,7 @@ import ckptstore as det
 from ckptstore import errors
 from ckptstore.keras_io import callback_state
 from ckptstore.keras_io import keras_callback_state as kcs
+from tests.keras_io.keras_under_test import keras
 
 arrays = hnp.arrays(
     dtype=st.sampled_from([np.float32, np.float64, np.int64, np.uint8]),

@@ -1,9 +1,9 @@
 """The new Keras API: keras.init(), wrap_data, wrap_optimizer, fit (resume), evaluate, predict,
-load_checkpoint_model."""
+load_checkpoint_model — on the Keras ``tf.keras`` is (Keras 3, and Keras 2 in
+``tests/keras_io/test_keras2_suite.py``)."""
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -12,6 +12,7 @@ import ckptstore
 from ckptstore import errors
 from ckptstore.keras_io.keras_context import shard_data
 from ckptstore.registry import Registry
+from tests.keras_io.keras_under_test import keras
 
 X = np.linspace(-1, 1, 40, dtype="float32").reshape(20, 2)
 Y = X @ np.array([[1.5], [-0.5]], dtype="float32")
@@ -69,7 +70,8 @@ def test_shard_data_kinds():
     ds = shard_data(tf.data.Dataset.range(10), rank=1, size=2)
     assert [int(v) for v in ds] == [1, 3, 5, 7, 9]
 
-    class Batches(keras.utils.PyDataset):
+    # a keras.utils.PyDataset; Keras 2 has its predecessor, keras.utils.Sequence
+    class Batches(getattr(keras.utils, "PyDataset", keras.utils.Sequence)):
         def __len__(self):
             return 5
 

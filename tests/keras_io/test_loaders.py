@@ -1,5 +1,10 @@
 """Loaders: every path of load_model_from_checkpoint_path / load_checkpoint_model, each error,
-and examples/batch_inference.py end to end (local files + SQLite, and S3)."""
+and examples/batch_inference.py end to end (local files + SQLite, and S3).
+
+On the Keras ``tf.keras`` is: Keras 3, and Keras 2 in ``tests/keras_io/test_keras2_suite.py``,
+where the checkpoints are in DeterminedCallback's Keras 2 layout (``model_checkpoint.*`` +
+``model_config.json``, ``saved_model/`` from ``model.save(save_format="tf")``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 
@@ -17,12 +21,17 @@ from ckptstore import errors
 from ckptstore.core import init
 from ckptstore.keras_io.loaders import load_model_from_checkpoint_path
 from ckptstore.registry import Registry
+from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, keras3_only
 
 REPO = Path(__file__).resolve().parents[2]
 X = np.linspace(-1, 1, 24, dtype="float32").reshape(8, 3)
 
 
-def tiny_model(seed: int = 0) -> keras.Model:
+#: The file a checkpoint's weights are in (corrupted by the checksum test).
+WEIGHTS_FILE = "model.keras" if KERAS_MAJOR == 3 else "model_checkpoint.data-00000-of-00001"
+
+
+def tiny_model(seed: int = 0):
     keras.utils.set_random_seed(seed)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(optimizer="adam", loss="mse")
@@ -36,13 +45,24 @@ def save_checkpoint(storage, registry, trial_id, model, steps, val_loss=None, fi
         metadata["metrics"] = {"val_loss": val_loss}
     with init(storage=storage, registry=registry, trial_id=trial_id, preempt_signals=False) as ctx:
         with ctx.checkpoint.store_path(metadata) as (path, uuid):
-            if "keras" in files:
+            if "keras" in files and KERAS_MAJOR == 3:
                 model.save(os.path.join(path, "model.keras"))
+            elif "keras" in files:  # Keras 2: Determined's TF checkpoint + the model's config
+                model.save_weights(os.path.join(path, "model_checkpoint"))
+                Path(path, "model_config.json").write_text(model.to_json())
             if "saved_model" in files:
-                model.export(os.path.join(path, "saved_model"), verbose=False)
+                export(model, os.path.join(path, "saved_model"))
             if not files:
                 Path(path, "notes.txt").write_text("no model here")
     return uuid
+
+
+def export(model, path: str) -> None:
+    """The inference SavedModel DeterminedCallback writes on this Keras."""
+    if KERAS_MAJOR == 3:
+        model.export(path, verbose=False)
+    else:
+        model.save(path, save_format="tf")
 
 
 @pytest.fixture
@@ -61,7 +81,8 @@ def test_latest_best_and_uuid(where):
 
     latest = ckptstore.load_checkpoint_model(trial_id=5, storage=storage, registry=registry)
     np.testing.assert_allclose(latest.predict(X, verbose=0), expected[2], rtol=1e-6)
-    assert latest.optimizer is not None and latest.optimizer.built
+    if KERAS_MAJOR == 3:  # Keras 2 rebuilds the model from model_config.json: not compiled
+        assert latest.optimizer is not None and latest.optimizer.built
 
     best = ckptstore.load_checkpoint_model(
         trial_id=5, storage=storage, registry=registry, best_by="val_loss"
@@ -101,11 +122,12 @@ def test_saved_model_fallback(where, tmp_path):
     loaded = ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry)
     np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-5)
     # and from a local folder directly
-    model.export(str(tmp_path / "local" / "saved_model"), verbose=False)
+    export(model, str(tmp_path / "local" / "saved_model"))
     local = load_model_from_checkpoint_path(str(tmp_path / "local"))
     np.testing.assert_allclose(local.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-5)
 
 
+@keras3_only(".keras files are Keras 3's checkpoint format (Keras 2: model_checkpoint.*)")
 def test_local_path_accepts_any_single_keras_file(tmp_path):
     model = tiny_model()
     model.save(str(tmp_path / "whatever.keras"))
@@ -142,15 +164,15 @@ def test_missing_model_files(where):
 def test_checksum_mismatch(where):
     storage, registry = where
     uuid = save_checkpoint(storage, registry, 4, tiny_model(), steps=1)
-    target = Path(storage, uuid, "model.keras")
+    target = Path(storage, uuid, WEIGHTS_FILE)
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF
     target.write_bytes(bytes(data))
-    with pytest.raises(errors.ChecksumMismatch, match="model.keras"):
+    with pytest.raises(errors.ChecksumMismatch, match=WEIGHTS_FILE):
         ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, storage=storage, registry=registry)
 
 
-@keras.saving.register_keras_serializable(package="ckptstore_test_loaders")
+@keras.utils.register_keras_serializable(package="ckptstore_test_loaders")
 class Doubler(keras.layers.Layer):
     def call(self, x):
         return x * 2.0
@@ -161,7 +183,7 @@ def test_unknown_custom_objects_then_custom_objects(where):
     model = keras.Sequential([keras.Input((3,)), Doubler(), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     uuid = save_checkpoint(storage, registry, 6, model, steps=1)
-    registered = keras.saving.get_custom_objects()
+    registered = keras.utils.get_custom_objects()
     saved = dict(registered)
     registered.clear()
     try:

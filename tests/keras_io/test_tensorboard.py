@@ -1,13 +1,14 @@
-"""ckptstore.keras.TensorBoard: Keras's event files land in <storage>/tensorboard/<trial id>/."""
+"""ckptstore.keras.TensorBoard: Keras's event files land in <storage>/tensorboard/<trial id>/ (on the
+Keras `tf.keras` is: Keras 3, and Keras 2 in `tests/keras_io/test_keras2_suite.py`)."""
 
 from __future__ import annotations
 
 import os
 
-import keras
 import numpy as np
 
 import ckptstore as det
+from tests.keras_io.keras_under_test import keras
 
 
 def test_tensorboard_logs_are_synced_to_storage(tmp_path):
