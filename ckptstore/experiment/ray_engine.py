@@ -216,7 +216,9 @@ def _tune_trial(config: dict[str, Any], spec: dict[str, Any]) -> None:
         run_config=RunConfig(
             name=f"ckptstore-trial-{config['trial_id']}",
             storage_path=spec["results"],
-            failure_config=FailureConfig(max_failures=spec["max_restarts"]),
+            # Tune retries the whole trial up to max_restarts (FailureConfig below in
+            # run_on_ray); retrying here as well would allow (max_restarts + 1)^2 attempts.
+            failure_config=FailureConfig(max_failures=0),
         ),
     )
     trainer.fit()
@@ -244,7 +246,6 @@ def run_on_ray(run: _Run, address: str | None) -> RunOutcome:
         "cwd": str(run.model_dir),
         "slots": slots,
         "results": results,
-        "max_restarts": config.max_restarts,
     }
     run.queue.ensure_slots()
     searcher = _searcher_class()(
