@@ -23,7 +23,7 @@ import time
 import uuid as _uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
 from ckptstore.checkpointing import format as fmt
@@ -171,3 +171,51 @@ def _unreferenced(storage: Storage) -> list[str]:
     if second is None:
         return []
     return sorted(stored - first - second)
+
+
+def check(storage: Storage, sample: int | None = None, *, workers: int = 8) -> dict[str, Any]:
+    """Check the blob store of the prefix against its committed manifests: every blob a
+    manifest names must be there (one listing), and ``sample`` blobs picked at random
+    (``None``: all of them) are read and their SHA-256 checked. Returns ``{"stored",
+    "referenced", "checked", "missing": {sha: [uuid, ...]}, "damaged": {sha: [uuid, ...]}}``
+    (each bad blob with every checkpoint that uses it). Reading every blob downloads the
+    whole store, so the default of ``ckptstore storage validate`` is a sample."""
+    import hashlib
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ckptstore.checkpointing.blobs import listed
+
+    using: dict[str, list[str]] = {}
+    for name in storage.list_children(""):
+        if not fmt.is_checkpoint_name(name):
+            continue
+        try:
+            manifest = fmt.read_manifest(storage, name)
+        except errors.InvalidCheckpoint:
+            continue  # not committed (or damaged: `checkpoint verify` reports it)
+        for sha in referenced(manifest):
+            using.setdefault(sha, []).append(name)
+    stored = listed(storage) if using else set()
+    present = sorted(set(using) & stored)
+    if sample is not None and sample < len(present):
+        present = random.sample(present, sample)
+
+    def damaged(sha: str) -> bool:
+        try:
+            data = storage.read_bytes(blob_key(sha))
+        except errors.StorageNotFound:
+            return True  # removed since the listing: as bad for its users
+        return hashlib.sha256(data).hexdigest() != sha
+
+    bad: list[str] = []
+    if present:
+        with ThreadPoolExecutor(max(1, min(workers, len(present)))) as pool:
+            bad = [s for s, b in zip(present, pool.map(damaged, present), strict=True) if b]
+    return {
+        "stored": len(stored),
+        "referenced": len(using),
+        "checked": len(present),
+        "missing": {s: sorted(using[s]) for s in sorted(set(using) - stored)},
+        "damaged": {s: sorted(using[s]) for s in sorted(bad)},
+    }

@@ -478,17 +478,53 @@ def assemble(
     select: Callable[[str], bool],
     *,
     verify: bool = True,
+    workers: int | None = None,
 ) -> dict[str, int]:
     """Write every selected deduplicated file of ``manifest`` into ``local_dir`` as an
-    ordinary file, verifying each blob. Returns ``{relpath: size}``."""
+    ordinary file, verifying each blob. Returns ``{relpath: size}``.
+
+    Chunks are read on ``workers`` threads (default: the storage's ``concurrency``, as its
+    whole-file downloads use; one request per chunk, as :func:`upload` writes them)
+    and each is written at its offset into its file, created at its full size first; a
+    thread holds one chunk at a time, so memory stays within ``workers`` chunks. The first
+    damaged or missing chunk (in file order) is raised as :class:`~ckptstore.errors.
+    ChecksumMismatch` naming it, and chunks not read yet are not read. The whole file's
+    crc32c is left to the caller (:func:`~ckptstore.checkpointing.format.verify_files`)."""
     written: dict[str, int] = {}
+    todo: list[tuple[str, str, Mapping[str, Any], int]] = []
     for rel, entry in manifest["files"].items():
         if "blobs" not in entry or not select(rel):
             continue
         target = os.path.join(local_dir, *rel.split("/"))
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with open(target, "wb") as f:
-            for chunk in entry["blobs"]:
-                f.write(read_blob(storage, chunk, verify=verify, where=f"{uuid}/{rel}"))
+            f.truncate(entry["size"])
+        offset = 0
+        for chunk in entry["blobs"]:
+            todo.append((rel, target, chunk, offset))
+            offset += chunk["size"]
         written[rel] = entry["size"]
+    if not todo:
+        return written
+
+    def one(item: tuple[str, str, Mapping[str, Any], int]) -> None:
+        rel, target, chunk, offset = item
+        data = read_blob(storage, chunk, verify=verify, where=f"{uuid}/{rel}")
+        fd = os.open(target, os.O_WRONLY)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.pwrite(fd, view, offset + len(data) - len(view)) :]
+        finally:
+            os.close(fd)
+
+    if workers is None:
+        workers = getattr(storage, "concurrency", None) or UPLOAD_WORKERS
+    pool = ThreadPoolExecutor(max(1, min(workers, len(todo))))
+    try:
+        for future in [pool.submit(one, item) for item in todo]:
+            future.result()
+    finally:
+        # On a failure, chunks not started yet are not read (the error is raised as is).
+        pool.shutdown(wait=True, cancel_futures=True)
     return written

@@ -115,22 +115,25 @@ def _multmodp(a: int, b: int, poly: int) -> int:
 
 @functools.lru_cache(maxsize=4)
 def _x2n_table(poly: int) -> tuple[int, ...]:
+    """x^(2^k) modulo the polynomial for k = 0..66 (lengths up to 2^64 bytes). zlib keeps 32
+    entries and wraps k at 32, which holds for CRC-32's polynomial but not for CRC-32C's
+    (x^(2^32) is not x modulo it): combining a piece of 512 MiB or more went wrong."""
     p = 1 << 30  # x^1
     table = []
-    for _ in range(32):
+    for _ in range(67):
         table.append(p)
         p = _multmodp(p, p, poly)
     return tuple(table)
 
 
 def _x8nmodp(n: int, poly: int) -> int:
-    """x^(8 n) modulo the polynomial."""
+    """x^(8 n) modulo the polynomial (0 <= n < 2^64)."""
     table = _x2n_table(poly)
     p = 1 << 31  # x^0
     k = 3
     while n:
         if n & 1:
-            p = _multmodp(table[k & 31], p, poly)
+            p = _multmodp(table[k], p, poly)
         n >>= 1
         k += 1
     return p

@@ -173,14 +173,54 @@ def storage() -> None:
 
 
 @storage.command("validate")
+@click.option(
+    "--blobs",
+    "blob_sample",
+    default="32",
+    show_default=True,
+    metavar="N|all",
+    help="Deduplicated checkpoints: read N shared chunks picked at random (or all; 0: none) "
+    "and check their SHA-256. Every chunk a committed manifest names is checked to exist "
+    "either way (one listing).",
+)
 @pass_state
-def validate_cmd(state: CliState) -> None:
-    """Write, read back and delete a probe object (exit 4 on failure).
+def validate_cmd(state: CliState, blob_sample: str) -> None:
+    """Write, read back and delete a probe object (exit 4 on failure); then check the blob
+    store of deduplicated checkpoints (exit 5 when a chunk is missing or damaged, naming
+    every checkpoint that uses it).
 
     \b
     Example:
       ckptstore --storage gs://bucket/ckpts storage validate
+      ckptstore --storage gs://bucket/ckpts storage validate --blobs all
     """
+    from ckptstore.checkpointing import blob_gc, blobs
+
+    if blob_sample == "all":
+        sample = None
+    elif blob_sample.isdigit():
+        sample = int(blob_sample)
+    else:
+        raise click.BadParameter("expected a number of chunks or 'all'", param_hint="--blobs")
     target = state.storage()
     target.validate()
     click.echo(f"OK: {target.url} can be written, read and deleted")
+    if not target.exists(blobs.BLOBS_DIR):
+        return
+    report = blob_gc.check(target, sample)
+    for kind in ("missing", "damaged"):
+        for sha, users in report[kind].items():
+            click.echo(
+                f"Blob {sha} is {kind}; checkpoints using it ({len(users)}): " + ", ".join(users),
+                err=True,
+            )
+    if report["missing"] or report["damaged"]:
+        raise errors.ChecksumMismatch(
+            f"{len(report['missing'])} missing and {len(report['damaged'])} damaged blob(s) in "
+            f"{target.url}/{blobs.BLOBS_DIR} (listed above with the checkpoints using them); "
+            "those checkpoints cannot be restored. Restore the blobs or delete the checkpoints."
+        )
+    click.echo(
+        f"OK: {report['referenced']} chunk(s) named by committed checkpoints are stored; "
+        f"{report['checked']} read back with a matching SHA-256"
+    )

@@ -39,6 +39,9 @@ from ckptstore.keras_io.trial import (
     TFKerasTrial,
     TFKerasTrialContext,
 )
+
+# The controller module is imported for its effect: it sets TFKerasTrial.trial_controller_class.
+from ckptstore.keras_io.trial import controller as _controller  # noqa: F401
 from ckptstore.keras_io.trial.sequences import ArrayLike, InputData
 
 

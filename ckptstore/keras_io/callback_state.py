@@ -58,8 +58,17 @@ class TrainingState:
     version: int = STATE_VERSION
 
     def to_json(self) -> str:
+        return self.to_json_with_cuts()[0]
+
+    def to_json_with_cuts(self) -> tuple[str, list[int]]:
+        """The JSON text (the same bytes ``json.dumps`` gives) and the offsets where each
+        top-level value and each value of a top-level object (``rng``'s generators,
+        ``callbacks``, ``extra_variables``) begins and ends. A deduplicated commit cuts the
+        file there, so parts that did not change since the last checkpoint (RNG states a
+        training run does not draw from) are chunks already in storage. ASCII only, so
+        character offsets are byte offsets."""
         try:
-            return json.dumps(dataclasses.asdict(self), default=_json_default)
+            return _dumps_with_cuts(dataclasses.asdict(self))
         except (TypeError, ValueError) as exc:
             raise errors.CheckpointError(
                 f"The training state could not be written as JSON: {exc}. Every stateful "
@@ -80,6 +89,41 @@ class TrainingState:
             raise errors.InvalidCheckpoint(f"{STATE_FILENAME} must hold a JSON object.")
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+def _dumps_with_cuts(doc: dict[str, Any]) -> tuple[str, list[int]]:
+    parts: list[str] = []
+    cuts: list[int] = []
+    size = 0
+
+    def put(text: str, *, cut: bool = False) -> None:
+        nonlocal size
+        if cut:
+            cuts.append(size)
+        parts.append(text)
+        size += len(text)
+        if cut:
+            cuts.append(size)
+
+    def obj(value: dict[str, Any], *, depth: int) -> None:
+        put("{")
+        for i, (key, item) in enumerate(value.items()):
+            put((", " if i else "") + json.dumps(key) + ": ")
+            # An object with keys json.dumps would coerce (ints, None) is left whole.
+            if depth == 0 and isinstance(item, dict) and item and all(map(_is_str, item)):
+                obj(item, depth=1)
+            else:
+                put(json.dumps(item, default=_json_default), cut=True)
+        put("}")
+
+    if not all(map(_is_str, doc)):
+        return json.dumps(doc, default=_json_default), []
+    obj(doc, depth=0)
+    return "".join(parts), cuts
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
 
 
 def _json_default(value: Any) -> Any:

@@ -48,7 +48,9 @@ class SaveJob:
     moved into the checkpoint (``saved_model/``, files added by ``on_checkpoint_end``).
     ``before_commit(path)`` runs in the writer thread once every file is in the checkpoint
     folder ``path`` and before the commit (e.g. the SavedModel export); raising discards the
-    checkpoint. ``on_done(uuid)`` runs in the writer thread after the commit.
+    checkpoint. ``on_done(uuid)`` runs in the writer thread after the commit. ``cuts``
+    (``{name: [offset, ...]}``) says where the parts of a file in ``files`` begin and end, so a
+    deduplicated commit cuts its chunks there (parts that did not change cost nothing).
     """
 
     snapshot: snapshot_lib.Snapshot | None
@@ -57,6 +59,7 @@ class SaveJob:
     extra_dir: str | None = None
     on_done: Callable[[str], None] | None = None
     before_commit: Callable[[str], None] | None = None
+    cuts: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
 class CheckpointWriter:
@@ -193,6 +196,8 @@ class CheckpointWriter:
             for name, data in job.files.items():
                 with open(os.path.join(path, name), "wb") as f:
                     f.write(data)
+                if job.cuts.get(name):
+                    cuts[name] = list(job.cuts[name])
             if job.extra_dir and os.path.isdir(job.extra_dir):
                 for entry in os.listdir(job.extra_dir):
                     shutil.move(os.path.join(job.extra_dir, entry), os.path.join(path, entry))

@@ -221,7 +221,7 @@ class DeterminedCallback(backend.CallbackBase):
         self._data_seed = resumable_data.default_seed()
         # Mid-epoch resume hooks into the fit loop (Keras 3's epoch iterator, Keras 2's
         # DataHandler); None, after a warning, for inputs a cut epoch restarts with.
-        self._data = resumable_data.attach(
+        self._data = _data_module().attach(
             self.model,
             seed=self._data_seed,
             distributed_size=getattr(self._core.distributed, "size", 1),
@@ -260,7 +260,7 @@ class DeterminedCallback(backend.CallbackBase):
         if self._resume_metrics is not None:
             # fit() has just reset the metrics; the interrupted epoch's accumulators go back
             spec = None if self._data is None else self._data.element_spec
-            resumable_data.restore_metrics(self.model, self._resume_metrics, spec)
+            _data_module().restore_metrics(self.model, self._resume_metrics, spec)
             self._resume_metrics = None
         self._batches_this_epoch = start
 
@@ -490,7 +490,8 @@ class DeterminedCallback(backend.CallbackBase):
             if self._data is not None:
                 batches = 0 if complete else self._batches_this_epoch
                 state.data = self._data.snapshot(self._epochs_completed, batches, extra_dir)
-            files[state_lib.STATE_FILENAME] = state.to_json().encode()
+            state_json, state_cuts = state.to_json_with_cuts()
+            files[state_lib.STATE_FILENAME] = state_json.encode()
             keras2_export = (
                 export_blocker is not None
                 and not self._preempted
@@ -530,6 +531,7 @@ class DeterminedCallback(backend.CallbackBase):
                 extra_dir=extra_dir,
                 on_done=self._on_committed,
                 before_commit=export_hook,
+                cuts={state_lib.STATE_FILENAME: state_cuts},
             )
             self._writer.submit(job)
         except BaseException:
@@ -720,3 +722,13 @@ def _fit_callbacks(me: Any) -> list[Any]:
         "Could not find the fit() callback list; other callbacks' state will not be saved."
     )
     return [me]
+
+
+def _data_module() -> Any:
+    """The module that resumes an epoch mid-way on the Keras ``tf.keras`` is (both share the
+    Keras 3 module's snapshot format; the Keras 2 one hooks Keras 2's ``DataHandler``)."""
+    if backend.IS_KERAS2:
+        from ckptstore.keras_io import resumable_data_keras2
+
+        return resumable_data_keras2
+    return resumable_data

@@ -114,12 +114,6 @@ def attach(
     at every epoch end, validation begin and train end -- once every callback has finished
     the last batch and before any of them reacts to the end of the epoch.
     """
-    if backend.IS_KERAS2:
-        from ckptstore.keras_io import resumable_data_keras2
-
-        return resumable_data_keras2.attach(
-            model, seed=seed, distributed_size=distributed_size, on_boundary=on_boundary
-        )
     frame = find_fit_frame(model) if keras.backend.backend() == "tensorflow" else None
     if frame is None:
         logger.warning(
@@ -211,20 +205,24 @@ def capture_metrics(model: Any) -> list[Any]:
     return [{"path": path, "dtype": a.dtype.name, "value": a.tolist()} for path, a in values]
 
 
-def restore_metrics(model: Any, saved: list[Any], element_spec: Any = None) -> None:
+def restore_metrics(
+    model: Any,
+    saved: list[Any],
+    element_spec: Any = None,
+    build: Callable[[Any, Any], None] | None = None,
+) -> None:
     """Assign what :func:`capture_metrics` recorded (same model, same compile()).
 
     Keras builds the compiled metrics lazily, in the first training step; ``element_spec``
-    (the input's batch spec) lets Keras build them now, as it does itself under a strategy.
+    (the input's batch spec) lets Keras build them now, as it does itself under a strategy
+    (``build(model, element_spec)``; Keras 3's symbolic build by default).
     """
     variables = _metric_variables(model)
     if len(variables) != len(saved) and element_spec is not None:
-        if backend.IS_KERAS2:
-            from ckptstore.keras_io import resumable_data_keras2
-
-            resumable_data_keras2.build_metrics(model, element_spec)
-        else:
+        if build is None:
             model._symbolic_build(data_batch=element_spec)
+        else:
+            build(model, element_spec)
         variables = _metric_variables(model)
     if [path for path, _ in variables] != [item["path"] for item in saved]:
         logger.warning(

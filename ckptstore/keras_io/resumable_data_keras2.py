@@ -109,6 +109,12 @@ def attach(
     return None
 
 
+def restore_metrics(model: Any, saved: list[Any], element_spec: Any = None) -> None:
+    """:func:`ckptstore.keras_io.resumable_data.restore_metrics` for Keras 2, whose compiled
+    metrics are built by :func:`build_metrics`."""
+    rd.restore_metrics(model, saved, element_spec, build=build_metrics)
+
+
 def build_metrics(model: Any, element_spec: Any) -> None:
     """Create the compiled loss/metric objects now (Keras 2 makes them in the first training
     step), tracing the model once on ``element_spec`` (nothing runs)."""

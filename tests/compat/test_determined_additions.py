@@ -40,7 +40,8 @@ def test_dummy_searcher_yields_one_operation_of_its_length(caplog):
     assert isinstance(searcher, det.core.SearcherContext)
     assert searcher.get_configured_units() is det.core.Unit.EPOCHS
     ops = []
-    with caplog.at_level("INFO"):
+    # The logger's own level: an in-process CLI test before this one sets "ckptstore"'s.
+    with caplog.at_level("INFO", logger="ckptstore"):
         for op in searcher.operations():
             assert isinstance(op, det.core.DummySearcherOperation)
             assert isinstance(op, det.core.SearcherOperation)

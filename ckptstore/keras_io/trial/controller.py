@@ -50,7 +50,7 @@ from ckptstore import errors
 from ckptstore.checkpointing.metrics import reported_value
 from ckptstore.experiment.config import ExperimentConfig, Length, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value
-from ckptstore.keras_io import backend, callback_state, keras2_format
+from ckptstore.keras_io import backend, callback_state, checkpoint_writer, keras2_format
 from ckptstore.keras_io.backend import keras
 from ckptstore.keras_io.trial import data as data_mod
 from ckptstore.keras_io.trial.context import TFKerasTrialContext
@@ -379,13 +379,23 @@ class TrialController:
             "last_validation_at": self.last_validation_at,
             "last_validation": self.last_validation,
         }
-        with self.core.checkpoint.store_path(metadata) as (path, uuid):
+        # callback_state.json cut around its parts: unchanged RNG states dedup (issue 19).
+        state_json, state_cuts = state.to_json_with_cuts()
+        extra = (
+            {"cuts": {callback_state.STATE_FILENAME: state_cuts}}
+            if checkpoint_writer._takes(self.core.checkpoint, "cuts")
+            else {}
+        )
+        with self.core.checkpoint.store_path(metadata, **extra) as (path, uuid):
             if backend.IS_KERAS2:  # model_checkpoint.* (weights + optimizer), model_config.json
                 layout = keras2_format.Keras2Layout.of(self.model)
                 keras2_format.take_snapshot(layout).write_into(os.fspath(path))
             else:
                 self.model.save(os.path.join(path, MODEL_FILENAME))
-            callback_state.write_state(path, state)
+            with open(
+                os.path.join(path, callback_state.STATE_FILENAME), "w", encoding="utf-8"
+            ) as f:
+                f.write(state_json)
             with open(os.path.join(path, SEQUENCER_FILENAME), "w", encoding="utf-8") as f:
                 json.dump(sequencer, f)
             write_files = getattr(self.train_data, "write_files", None)
@@ -542,3 +552,8 @@ class TrialController:
 
 
 __all__ = ["TrialController", "TrialResult", "searcher_metric_value"]
+
+
+# Determined's TFKerasTrial.trial_controller_class; set here because this module imports the
+# trial module (a trial subclass may still name its own controller).
+TFKerasTrial.trial_controller_class = TrialController

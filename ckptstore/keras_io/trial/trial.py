@@ -11,17 +11,6 @@ from ckptstore.keras_io.trial.context import TFKerasTrialContext
 logger = logging.getLogger(__name__)
 
 
-class _TrialControllerClass:
-    """``TFKerasTrial.trial_controller_class``: ckptstore's
-    :class:`~ckptstore.keras_io.trial.controller.TrialController`, imported when first read
-    (the controller module imports this one)."""
-
-    def __get__(self, instance: object, owner: type | None = None) -> type:
-        from ckptstore.keras_io.trial.controller import TrialController
-
-        return TrialController
-
-
 class TFKerasTrial(abc.ABC):
     """A Keras training job that ckptstore runs, checkpoints, resumes and searches over.
 
@@ -59,8 +48,10 @@ class TFKerasTrial(abc.ABC):
     """
 
     #: The class that runs this trial (Determined's ``trial_controller_class``): ckptstore's
-    #: ``TrialController``, as ``TrialController(trial_class, core_context, config).run()``.
-    trial_controller_class: Any = _TrialControllerClass()
+    #: ``TrialController``, as ``TrialController(trial_class, core_context, config).run()``. The
+    #: controller module (which imports this one) sets it when it is imported, as
+    #: ``ckptstore.keras`` does.
+    trial_controller_class: Any = None
 
     def __init__(self, context: TFKerasTrialContext) -> None:
         self.context = context
