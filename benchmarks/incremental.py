@@ -67,24 +67,32 @@ def changed_bytes(model) -> int:  # type: ignore[no-untyped-def]
     return weights + slots
 
 
-def uploaded_per_checkpoint(storage) -> list[int]:  # type: ignore[no-untyped-def]
+def uploaded_per_checkpoint(storage, by_file=None) -> list[int]:  # type: ignore[no-untyped-def]
     """Bytes each checkpoint sent, oldest first: its whole files, its manifest and the blobs
-    no earlier checkpoint had stored (create-only uploads skip those)."""
+    no earlier checkpoint had stored (create-only uploads skip those). ``by_file`` (a dict)
+    gets the bytes each file sent, summed over the checkpoints after the first."""
     from ckptstore.checkpointing import format as fmt
 
     seen: set[str] = set()
     out = []
-    for record in fmt.scan_checkpoints(storage):
+    for i, record in enumerate(fmt.sort_records(fmt.scan_checkpoints(storage))):
         manifest = fmt.read_manifest(storage, record.uuid)
         sent = len(fmt.dump_json(manifest))
-        for entry in manifest["files"].values():
+        files = {fmt.MANIFEST_NAME: sent}
+        for rel, entry in manifest["files"].items():
             if "blobs" not in entry:
+                files[rel] = entry["size"]
                 sent += entry["size"]
                 continue
+            files[rel] = 0
             for chunk in entry["blobs"]:
                 if chunk["sha256"] not in seen:
                     seen.add(chunk["sha256"])
                     sent += chunk["size"]
+                    files[rel] += chunk["size"]
+        if i and by_file is not None:
+            for rel, n in files.items():
+                by_file[rel] = by_file.get(rel, 0) + n
         out.append(sent)
     return out
 
@@ -111,7 +119,8 @@ def run_ckptstore(url: str, reg: str, dedup: bool, args, frozen: bool) -> dict[s
         whole = time.perf_counter() - t0
         store = ctx.checkpoint.storage
         committed = fmt.list_committed(store)
-        sent = uploaded_per_checkpoint(store)
+        by_file: dict[str, int] = {}
+        sent = uploaded_per_checkpoint(store, by_file)
         last = ctx.checkpoint.latest_checkpoint()
         t0 = time.perf_counter()
         with ctx.checkpoint.restore_path(last) as path:
@@ -125,6 +134,7 @@ def run_ckptstore(url: str, reg: str, dedup: bool, args, frozen: bool) -> dict[s
         "cost/ckpt": (whole - plain) / len(committed),
         "restore": restore,
         "changed": changed_bytes(model),
+        "by_file": {k: v / max(1, len(sent) - 1) for k, v in by_file.items()},
     }
 
 
@@ -176,6 +186,10 @@ def report(name: str, rows: dict[str, dict[str, float]]) -> None:
             f"{r['cost/ckpt'] / base['cost/ckpt'] if base['cost/ckpt'] > 0 else float('nan'):8.2f} "
             f"{r['restore']:9.2f}"
         )
+    for method, r in rows.items():
+        if "by_file" in r:
+            files = ", ".join(f"{k} {v / 1024:.1f}" for k, v in sorted(r["by_file"].items()))
+            print(f"  {method}: KiB uploaded per checkpoint by file: {files}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -437,3 +437,95 @@ def test_blobs_the_last_commit_named_cost_no_request_and_are_still_rechecked(
         assert "removed while being reused" in caplog.text
         ctx.download(uuid, tmp_path / "out")
         assert (tmp_path / "out" / "model" / "frozen.bin").read_bytes() == frozen
+
+
+class SlowReads:
+    """Wraps a storage: blob reads take a while; records how many ran at once."""
+
+    def __init__(self, inner):  # type: ignore[no-untyped-def]
+        self._inner = inner
+        self._lock = threading.Lock()
+        self.running = self.most = 0
+
+    def __getattr__(self, name):  # type: ignore[no-untyped-def]
+        return getattr(self._inner, name)
+
+    def read_bytes(self, key):  # type: ignore[no-untyped-def]
+        with self._lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(0.02)
+            return self._inner.read_bytes(key)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+def test_assemble_reads_chunks_in_parallel_and_names_a_damaged_or_missing_one(tmp_path, frozen):
+    with CheckpointContext(
+        str(tmp_path / "s"), dedup=True, dedup_chunk_bytes=CHUNK, gc_policy=None
+    ) as ctx:
+        files = tree(1, frozen=frozen)
+        uuid = ctx.upload(make_tree(str(tmp_path / "a"), files))
+        manifest = fmt.read_manifest(ctx.storage, uuid)
+        slow = SlowReads(ctx.storage)
+        out = str(tmp_path / "out")
+        written = blobs.assemble(slow, uuid, manifest, out, lambda rel: True, workers=4)  # type: ignore[arg-type]
+        assert written == {rel: len(data) for rel, data in files.items()}
+        assert {k: v for k, v in read_tree(out).items() if k in files} == files
+        fmt.verify_files(out, manifest, lambda rel: rel in files)
+        assert 1 < slow.most <= 4  # in parallel, never more chunks in memory than threads
+        chunks = manifest["files"]["model/frozen.bin"]["blobs"]
+        # A corrupted chunk: the same typed error, naming the chunk and the file.
+        key = blobs.blob_key(chunks[3]["sha256"])
+        data = ctx.storage.read_bytes(key)
+        os.chmod(ctx.storage.local_path(key), 0o644)
+        ctx.storage.write_bytes(key, data[:-1] + bytes([data[-1] ^ 1]))
+        with pytest.raises(errors.ChecksumMismatch, match=chunks[3]["sha256"]) as caught:
+            blobs.assemble(ctx.storage, uuid, manifest, out, lambda rel: True)
+        assert caught.value.blob == chunks[3]["sha256"]  # type: ignore[attr-defined]
+        assert f"{uuid}/model/frozen.bin" in str(caught.value)
+        # A missing chunk.
+        ctx.storage.delete(blobs.blob_key(chunks[9]["sha256"]))
+        ctx.storage.write_bytes(key, data)
+        with pytest.raises(errors.ChecksumMismatch, match="missing") as caught:
+            blobs.assemble(ctx.storage, uuid, manifest, out, lambda rel: True)
+        assert caught.value.blob == chunks[9]["sha256"]  # type: ignore[attr-defined]
+
+
+def test_storage_validate_checks_the_blob_store(tmp_path, frozen):
+    url = str(tmp_path / "s")
+    registry = f"sqlite:///{tmp_path / 'reg.db'}"
+    with CheckpointContext(url, trial_id=1, dedup=True, dedup_chunk_bytes=CHUNK) as ctx:
+        uuids = [
+            ctx.upload(make_tree(str(tmp_path / f"s{i}"), tree(i, frozen=frozen))) for i in range(3)
+        ]
+        storage = ctx.storage
+
+    def validate(*extra: str):  # type: ignore[no-untyped-def]
+        args = ["--storage", url, "--registry", registry, "storage", "validate", *extra]
+        return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+    ok = validate("--blobs", "all")
+    assert ok.exit_code == 0, ok.output
+    assert "read back with a matching SHA-256" in ok.output
+    shared = blobs.chunk_file(str(tmp_path / "s0" / "model" / "frozen.bin"), CHUNK)
+    damaged, missing = shared[2]["sha256"], shared[11]["sha256"]
+    key = blobs.blob_key(damaged)
+    data = storage.read_bytes(key)
+    os.chmod(storage.local_path(key), 0o644)
+    storage.write_bytes(key, bytes([data[0] ^ 1]) + data[1:])
+    bad = validate("--blobs", "all")
+    assert bad.exit_code == 5, bad.output
+    assert f"Blob {damaged} is damaged" in bad.output
+    assert all(u in bad.output for u in uuids)
+    # A missing chunk is found without reading any (one listing).
+    storage.write_bytes(key, data)
+    storage.delete(blobs.blob_key(missing))
+    gone = validate("--blobs", "0")
+    assert gone.exit_code == 5, gone.output
+    assert f"Blob {missing} is missing" in gone.output
+    assert all(u in gone.output for u in uuids)
+    assert blob_gc.check(storage, 0)["missing"] == {missing: sorted(uuids)}
+    assert validate("--blobs", "x").exit_code == 2

@@ -4,15 +4,20 @@ plain ``keras.models.load_model`` opens (and that ``export_checkpoint`` can expo
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 
 import keras
 import numpy as np
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ckptstore as det
 from ckptstore.checkpointing import CheckpointContext
 from ckptstore.checkpointing import format as fmt
+from ckptstore.keras_io import callback_state as state_lib
 from ckptstore.keras_io.export import export_checkpoint
 
 CHUNK = 16 * 1024
@@ -100,8 +105,17 @@ def test_with_default_settings_a_changed_head_costs_about_its_own_bytes(tmp_path
         int(v.numpy().nbytes) for v in model.optimizer.variables
     )
     seen: set[str] = set()
+    seen_state: set[str] = set()
     for i, uuid in enumerate(uuids):
-        entry = fmt.read_manifest(storage, uuid)["files"]["model.keras"]
+        files = fmt.read_manifest(storage, uuid)["files"]
+        # callback_state.json is cut around its parts: the RNG states, which training did
+        # not draw from, are chunks already in storage; the epoch and steps are new.
+        state = files["callback_state.json"]
+        new_state = sum(c["size"] for c in state["blobs"] if c["sha256"] not in seen_state)
+        seen_state.update(c["sha256"] for c in state["blobs"])
+        if i:
+            assert new_state < min(4096, state["size"] / 3), (new_state, state["size"])
+        entry = files["model.keras"]
         new = sum(c["size"] for c in entry["blobs"] if c["sha256"] not in seen)
         seen.update(c["sha256"] for c in entry["blobs"])
         if i == 0:
@@ -116,3 +130,44 @@ def test_with_default_settings_a_changed_head_costs_about_its_own_bytes(tmp_path
     np.testing.assert_array_equal(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
     for got, want in zip(loaded.weights, model.weights, strict=True):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    callbacks=st.dictionaries(st.text(), json_values, max_size=4),
+    rng=st.dictionaries(st.text(), json_values, max_size=4),
+    extra=st.dictionaries(st.one_of(st.text(), st.integers()), json_values, max_size=3),
+)
+def test_callback_state_cuts_keep_the_exact_json(callbacks, rng, extra):
+    """The cut serialisation is byte for byte what json.dumps gives (readers read the same
+    document); the cuts lie inside the file, in order, and frame each part."""
+    state = state_lib.TrainingState(
+        epoch=2, steps_completed=9, callbacks=callbacks, rng=rng, extra_variables=extra
+    )
+    text, cuts = state.to_json_with_cuts()
+    assert text == json.dumps(dataclasses.asdict(state), default=state_lib._json_default)
+    assert state.to_json() == text
+    assert cuts == sorted(cuts) and all(0 < c < len(text) for c in cuts)
+    for key, value in rng.items():  # each generator's state is a piece of its own
+        piece = json.dumps(value)
+        assert any(text[a:b] == piece for a, b in zip(cuts, cuts[1:], strict=False)), key
+
+
+def test_callback_state_rng_parts_are_byte_identical_between_saves():
+    rng = state_lib.capture_rng()
+    one, cuts1 = state_lib.TrainingState(epoch=1, steps_completed=4, rng=rng).to_json_with_cuts()
+    two, cuts2 = state_lib.TrainingState(
+        epoch=12, steps_completed=40000, rng=state_lib.capture_rng()
+    ).to_json_with_cuts()
+    pieces1 = {one[a:b] for a, b in zip(cuts1, cuts1[1:], strict=False)}
+    pieces2 = {two[a:b] for a, b in zip(cuts2, cuts2[1:], strict=False)}
+    big = {p for p in pieces1 & pieces2 if len(p) > 4096}
+    assert len(big) >= 2  # Python's and NumPy's generator states
+    assert sum(map(len, big)) > 0.8 * len(two)

@@ -131,3 +131,14 @@ def test_crc_helpers_match_reference(n1, n2):
     assert fast_crc.crc32c_combine(c1, c2, n2) == google_crc32c.value(whole)
     z1, z2 = zlib.crc32(a.tobytes()), zlib.crc32(b.tobytes())
     assert fast_crc.crc32_combine(z1, z2, n2) == zlib.crc32(whole)
+
+
+@pytest.mark.parametrize("poly", ["crc32c", "crc32"])
+@pytest.mark.parametrize("n1,n2", [(1 << 28, 1 << 28), (3 << 28, 5 << 27), (1 << 32, 12345)])
+def test_crc_combine_holds_for_pieces_of_512_mib_and_more(poly, n1, n2):
+    """x^(8 (n1 + n2)) = x^(8 n1) x^(8 n2) modulo the polynomial: combining a piece of
+    2^29 bytes or more used to take x^(2^32) for x (right for CRC-32's polynomial, wrong for
+    CRC-32C's), so a model.keras whose weights reach 512 MiB got a wrong crc32c."""
+    p = fast_crc._CRC32C_POLY if poly == "crc32c" else fast_crc._CRC32_POLY
+    whole = fast_crc._x8nmodp(n1 + n2, p)
+    assert whole == fast_crc._multmodp(fast_crc._x8nmodp(n1, p), fast_crc._x8nmodp(n2, p), p)

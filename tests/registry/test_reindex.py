@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import CheckpointContext, blobs
+from ckptstore.checkpointing import format as fmt
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
 
@@ -50,12 +51,12 @@ def _rows(registry: Registry, states=("COMMITTED", "PARTIALLY_DELETED")) -> dict
     return out
 
 
-def _save_some(url: str, registry: Registry, tmp_path) -> list[str]:
+def _save_some(url: str, registry: Registry, tmp_path, *, dedup: bool = False) -> list[str]:
     src = _tree(tmp_path / "src", {"model.keras": b"m" * 300, "opt/state.bin": b"s" * 50})
     uuids = []
     for trial_id, experiment_id in ((1, 10), (2, 10), (3, None)):
         with CheckpointContext(
-            url, index=registry, trial_id=trial_id, experiment_id=experiment_id
+            url, index=registry, trial_id=trial_id, experiment_id=experiment_id, dedup=dedup
         ) as ctx:
             for step in (5, 10):
                 uuids.append(
@@ -74,9 +75,18 @@ def _save_some(url: str, registry: Registry, tmp_path) -> list[str]:
     return uuids
 
 
-def test_reindex_reproduces_checkpoint_rows(storage_url, registry_url, tmp_path, request):
+@pytest.mark.parametrize("dedup", [False, True], ids=["whole-file", "dedup"])
+def test_reindex_reproduces_checkpoint_rows(storage_url, registry_url, tmp_path, request, dedup):
+    """Format 1 and format 2 (deduplicated: the folders hold only metadata and manifest,
+    the content is in shared blobs) give the same rows."""
     with Registry(registry_url) as saved:
-        uuids = _save_some(storage_url, saved, tmp_path)
+        uuids = _save_some(storage_url, saved, tmp_path, dedup=dedup)
+        with open_storage(storage_url) as storage:
+            manifest = fmt.read_manifest(storage, uuids[1])
+            assert manifest["format_version"] == (
+                fmt.BLOBS_FORMAT_VERSION if dedup else fmt.FORMAT_VERSION
+            )
+            assert storage.exists(blobs.BLOBS_DIR) is dedup
         expected = _rows(saved)
         assert saved.get_checkpoint(uuids[0]).state == "PARTIALLY_DELETED"
         assert saved.get_checkpoint(uuids[2]).state == "DELETED"
