@@ -94,7 +94,7 @@ def add_files(
     files = dict(manifest["files"])
     files.update(prepared.entries)
     new_manifest = dict(manifest, files=dict(sorted(files.items())))
-    storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.dump_json(new_manifest))
+    storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.manifest_bytes(new_manifest))
     logger.info("Added %d files to checkpoint %s in %s", len(prepared.entries), uuid, storage.url)
     metadata = fmt.read_metadata(storage, uuid)
     metadata.setdefault("uuid", uuid)

@@ -108,7 +108,7 @@ def write_manifest(storage: Storage, uuid: str, manifest: Mapping[str, Any]) -> 
     the manifest already there; if it holds exactly our bytes, the commit is ours.
     """
     key = f"{uuid}/{fmt.MANIFEST_NAME}"
-    data = fmt.dump_json(manifest)
+    data = fmt.manifest_bytes(manifest)
     if not storage.write_if_absent(key, data):
         try:
             if storage.read_bytes(key) == data:
@@ -333,7 +333,7 @@ def delete_files(
             )
         except errors.CheckpointNotFound:
             pass  # not in the index
-    storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.dump_json(new_manifest))
+    storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.manifest_bytes(new_manifest))
     storage.delete(uuid, globs=[_glob.escape(r) for r in doomed])
     logger.info("Deleted %d files of checkpoint %s (globs=%s)", len(doomed), uuid, globs)
     return PARTIALLY_DELETED

@@ -83,7 +83,7 @@ def download_checkpoint(
     assemble_blobs(storage, uuid, manifest, out_dir, wanted)
     checked = ckpt_format.verify_files(out_dir, manifest, lambda rel: rel in wanted)
     with open(os.path.join(out_dir, ckpt_format.MANIFEST_NAME), "wb") as f:
-        f.write(ckpt_format.dump_json(manifest))
+        f.write(ckpt_format.manifest_bytes(manifest))
     return checked
 
 

@@ -94,7 +94,7 @@ def _write_tar(
                 path = os.path.join(tmp, *rel.split("/"))
                 tar.add(path, arcname=f"{uuid}/{rel}", recursive=False)
                 os.remove(path)
-            data = ckpt_format.dump_json(manifest)
+            data = ckpt_format.manifest_bytes(manifest)
             info = tarfile.TarInfo(f"{uuid}/{ckpt_format.MANIFEST_NAME}")
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
