@@ -77,7 +77,7 @@ def uploaded_per_checkpoint(storage, by_file=None) -> list[int]:  # type: ignore
     out = []
     for i, record in enumerate(fmt.sort_records(fmt.scan_checkpoints(storage))):
         manifest = fmt.read_manifest(storage, record.uuid)
-        sent = len(fmt.dump_json(manifest))
+        sent = len(storage.read_bytes(f"{record.uuid}/{fmt.MANIFEST_NAME}"))  # as stored
         files = {fmt.MANIFEST_NAME: sent}
         for rel, entry in manifest["files"].items():
             if "blobs" not in entry:
