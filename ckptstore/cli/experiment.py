@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from ckptstore import defaults
+from ckptstore.cli.output import json_option
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 @experiment.command("describe")
 @click.argument("experiment_id", type=int)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @click.pass_context
 def describe_cmd(ctx: click.Context, experiment_id: int, as_json: bool) -> None:
     """Show the trials of EXPERIMENT_ID, their hparams, best metric and best checkpoint.
@@ -224,7 +225,7 @@ def describe_cmd(ctx: click.Context, experiment_id: int, as_json: bool) -> None:
 
 
 @experiment.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @click.pass_context
 def list_cmd(ctx: click.Context, as_json: bool) -> None:
     """List experiments.

@@ -14,6 +14,7 @@ import json
 import click
 
 from ckptstore.cli.experiment import _setup_logging, _table, _targets
+from ckptstore.cli.output import json_option
 
 
 @click.group("job")
@@ -52,7 +53,7 @@ def run_cmd(ctx: click.Context, config: str, model_dir: str) -> None:
 
 
 @job.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @click.pass_context
 def list_cmd(ctx: click.Context, as_json: bool) -> None:
     """List jobs.
@@ -82,7 +83,7 @@ def list_cmd(ctx: click.Context, as_json: bool) -> None:
 
 @job.command("describe")
 @click.argument("job_id", type=int)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @click.pass_context
 def describe_cmd(ctx: click.Context, job_id: int, as_json: bool) -> None:
     """Show a job: state, exit status, data, storage, times.

@@ -75,7 +75,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
@@ -242,19 +242,36 @@ def export_model_file(
         raise errors.ExportError(
             f"Could not load {model_path} to export it: {type(exc).__name__}: {exc}.{hint}"
         ) from exc
+    return _save_and_verify(
+        lambda: model.export(out_dir, verbose=False),
+        f"model.export() failed for {model_path}",
+        (lambda: _verify(model, out_dir)) if verify else None,
+        out_dir,
+        started,
+    )
+
+
+def _save_and_verify(
+    save: Callable[[], Any],
+    failed: str,
+    check: Callable[[], float] | None,
+    out_dir: str,
+    started: float,
+) -> ExportResult:
+    """Write the SavedModel (``save``), then compare its predictions (``check``): the last two
+    steps of both Keras versions' exports."""
     try:
-        model.export(out_dir, verbose=False)
+        save()
     except Exception as exc:
         raise errors.ExportError(
-            f"model.export() failed for {model_path}: {type(exc).__name__}: {exc}. The model "
-            "cannot be served as a SavedModel as it is; use export_saved_model='never'."
+            f"{failed}: {type(exc).__name__}: {exc}. The model cannot be served as a "
+            "SavedModel as it is; use export_saved_model='never'."
         ) from exc
-    diff = _verify(model, out_dir) if verify else None
     return ExportResult(
         path=out_dir,
         seconds=time.perf_counter() - started,
-        verified=verify,
-        max_abs_diff=diff,
+        verified=check is not None,
+        max_abs_diff=check() if check is not None else None,
     )
 
 
@@ -340,19 +357,12 @@ def export_keras2_folder(
             f"Could not load {prefix} into the model rebuilt from its config: "
             f"{type(exc).__name__}: {exc}."
         ) from exc
-    try:
-        keras2_format.export_saved_model(model, out_dir)
-    except Exception as exc:
-        raise errors.ExportError(
-            f"model.save(save_format='tf') failed for {folder}: {type(exc).__name__}: {exc}. "
-            "The model cannot be served as a SavedModel as it is; use export_saved_model='never'."
-        ) from exc
-    diff = _verify_keras2(model, out_dir) if verify else None
-    return ExportResult(
-        path=out_dir,
-        seconds=time.perf_counter() - started,
-        verified=verify,
-        max_abs_diff=diff,
+    return _save_and_verify(
+        lambda: keras2_format.export_saved_model(model, out_dir),
+        f"model.save(save_format='tf') failed for {folder}",
+        (lambda: _verify_keras2(model, out_dir)) if verify else None,
+        out_dir,
+        started,
     )
 
 

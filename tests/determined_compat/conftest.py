@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from ckptstore.registry import Registry
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent / "corpus"
@@ -67,3 +72,41 @@ def create_ok(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
+
+
+def create_then_sigterm(
+    config: str,
+    model_dir: Path,
+    storage: str,
+    registry: str,
+    ready: Callable[[Registry], object],
+    **env: str,
+) -> str:
+    """``ckptstore experiment create CONFIG .`` in the background, SIGTERM once
+    ``ready(registry)`` is truthy; asserts the run stopped as PAUSED with the resume hint and
+    returns its stderr."""
+    cmd = [sys.executable, "-m", "ckptstore.cli.main", "--storage", storage, "--registry", registry]
+    runner = subprocess.Popen(
+        [*cmd, "experiment", "create", config, "."],
+        cwd=model_dir,
+        env=cli_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 180
+    seen = None
+    while not seen and time.monotonic() < deadline and runner.poll() is None:
+        time.sleep(0.3)
+        try:
+            with Registry(registry) as reg:
+                seen = ready(reg)
+        except Exception:  # noqa: BLE001 - the registry or trial may not exist yet
+            seen = None
+    assert seen, "the run did not get far enough before the deadline"
+    runner.send_signal(signal.SIGTERM)
+    _, err = runner.communicate(timeout=120)
+    # Interrupted: not completed, so the command fails and says how to continue.
+    assert runner.returncode != 0
+    assert "PAUSED" in err and "ckptstore experiment resume 1" in err
+    return err

@@ -3,14 +3,15 @@ train.py``, unchanged: one worker on local storage and on the S3 emulator, resum
 and ``resources.slots_per_trial: 2`` (two workers with TF_CONFIG on this machine)."""
 
 import json
-import signal
-import subprocess
-import sys
-import time
 
 from ckptstore.checkpointing import CheckpointContext
 from ckptstore.registry import Registry
-from tests.determined_compat.conftest import ckptstore, cli_env, copy_corpus, create_ok
+from tests.determined_compat.conftest import (
+    ckptstore,
+    copy_corpus,
+    create_ok,
+    create_then_sigterm,
+)
 
 
 def _describe(exp_id, storage, registry):
@@ -42,30 +43,14 @@ def test_iris_resumes_after_sigterm(tmp_path, where):
     model_dir = copy_corpus("iris", tmp_path)
     raw = (model_dir / "const.yaml").read_text().replace("--epochs 6", "--epochs 12")
     (model_dir / "const.yaml").write_text(raw)
-    cmd = [sys.executable, "-m", "ckptstore.cli.main", "--storage", storage, "--registry", registry]
-    runner = subprocess.Popen(
-        [*cmd, "experiment", "create", "const.yaml", "."],
-        cwd=model_dir,
-        env=cli_env(IRIS_EPOCH_PAUSE_S="0.5"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    create_then_sigterm(
+        "const.yaml",
+        model_dir,
+        storage,
+        registry,
+        lambda reg: reg.latest_checkpoint(1),
+        IRIS_EPOCH_PAUSE_S="0.5",
     )
-    deadline = time.monotonic() + 180
-    first = None
-    while first is None and time.monotonic() < deadline and runner.poll() is None:
-        time.sleep(0.3)
-        try:
-            with Registry(registry) as reg:
-                first = reg.latest_checkpoint(1)
-        except Exception:  # noqa: BLE001 - the registry may not exist yet
-            first = None
-    assert first is not None, "no checkpoint before the deadline"
-    runner.send_signal(signal.SIGTERM)
-    _, err = runner.communicate(timeout=120)
-    # Interrupted: not completed, so the command fails and says how to continue.
-    assert runner.returncode != 0
-    assert "PAUSED" in err and "ckptstore experiment resume 1" in err
     with Registry(registry) as reg:
         assert reg.get_trial(1).state == "PAUSED"
         paused_at = reg.latest_checkpoint(1).steps_completed

@@ -3,13 +3,13 @@ import keras``, loaders annotated ``-> keras.InputData``) and its const.yaml, un
 ``ckptstore experiment create`` on local storage and on the S3 emulator; SIGTERM to the runner
 and ``experiment resume`` on the S3 emulator."""
 
-import signal
-import subprocess
-import sys
-import time
-
 from ckptstore.registry import Registry
-from tests.determined_compat.conftest import ckptstore, cli_env, copy_corpus, create_ok
+from tests.determined_compat.conftest import (
+    ckptstore,
+    copy_corpus,
+    create_ok,
+    create_then_sigterm,
+)
 
 
 def test_mnist_trial_const_runs_unchanged(tmp_path, where):
@@ -34,29 +34,14 @@ def test_mnist_trial_resumes_after_sigterm(tmp_path, storage_url_factory):
     model_dir = copy_corpus("mnist_trial", tmp_path)
     raw = (model_dir / "const.yaml").read_text().replace("batches: 32", "batches: 64")
     (model_dir / "const.yaml").write_text(raw)
-    cmd = [sys.executable, "-m", "ckptstore.cli.main", "--storage", storage, "--registry", registry]
-    runner = subprocess.Popen(
-        [*cmd, "experiment", "create", "const.yaml", "."],
-        cwd=model_dir,
-        env=cli_env(MNIST_BATCH_PAUSE_S="0.1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    create_then_sigterm(
+        "const.yaml",
+        model_dir,
+        storage,
+        registry,
+        lambda reg: reg.get_metrics(1, "validation"),
+        MNIST_BATCH_PAUSE_S="0.1",
     )
-    deadline = time.monotonic() + 180
-    validated = []
-    while not validated and time.monotonic() < deadline and runner.poll() is None:
-        time.sleep(0.3)
-        try:
-            with Registry(registry) as reg:
-                validated = reg.get_metrics(1, "validation")
-        except Exception:  # noqa: BLE001 - the registry or trial may not exist yet
-            validated = []
-    assert validated, "no validation before the deadline"
-    runner.send_signal(signal.SIGTERM)
-    _, err = runner.communicate(timeout=120)
-    assert runner.returncode != 0
-    assert "PAUSED" in err and "ckptstore experiment resume 1" in err
     with Registry(registry) as reg:
         assert reg.get_trial(1).state == "PAUSED"
         paused_at = reg.latest_checkpoint(1).steps_completed
