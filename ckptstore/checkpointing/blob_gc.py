@@ -17,11 +17,14 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import random
 import time
 import uuid as _uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +34,10 @@ from ckptstore.checkpointing.blobs import (
     BLOBS_DIR,
     CLOCK_SKEW_SECONDS,
     REQUEST_BUDGET_SECONDS,
-    SHA_RE,
     SWEEP_LEASE_SECONDS,
     SWEEPS_DIR,
     blob_key,
+    listed,
     process_identity,
     referenced,
     sweep_is_over,
@@ -46,19 +49,23 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def users(storage: Storage, sha256: str) -> list[str]:
-    """The committed checkpoints in the prefix whose manifest names blob ``sha256``."""
-    found = []
+def _committed_manifests(storage: Storage) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(uuid, manifest)`` of every committed checkpoint in the prefix (an uncommitted or
+    damaged one is skipped: ``checkpoint verify`` reports those)."""
     for name in storage.list_children(""):
         if not fmt.is_checkpoint_name(name):
             continue
         try:
-            manifest = fmt.read_manifest(storage, name)
+            yield name, fmt.read_manifest(storage, name)
         except errors.InvalidCheckpoint:
             continue
-        if sha256 in referenced(manifest):
-            found.append(name)
-    return found
+
+
+def users(storage: Storage, sha256: str) -> list[str]:
+    """The committed checkpoints in the prefix whose manifest names blob ``sha256``."""
+    return [
+        name for name, manifest in _committed_manifests(storage) if sha256 in referenced(manifest)
+    ]
 
 
 def _references(storage: Storage) -> set[str] | None:
@@ -162,11 +169,7 @@ def _unreferenced(storage: Storage) -> list[str]:
     first = _references(storage)
     if first is None:
         return []
-    stored = {
-        rel.rsplit("/", 1)[-1]
-        for rel in storage.list(BLOBS_DIR)
-        if SHA_RE.match(rel.rsplit("/", 1)[-1])
-    }
+    stored = listed(storage)
     second = _references(storage)
     if second is None:
         return []
@@ -180,20 +183,8 @@ def check(storage: Storage, sample: int | None = None, *, workers: int = 8) -> d
     "referenced", "checked", "missing": {sha: [uuid, ...]}, "damaged": {sha: [uuid, ...]}}``
     (each bad blob with every checkpoint that uses it). Reading every blob downloads the
     whole store, so the default of ``ckptstore storage validate`` is a sample."""
-    import hashlib
-    import random
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ckptstore.checkpointing.blobs import listed
-
     using: dict[str, list[str]] = {}
-    for name in storage.list_children(""):
-        if not fmt.is_checkpoint_name(name):
-            continue
-        try:
-            manifest = fmt.read_manifest(storage, name)
-        except errors.InvalidCheckpoint:
-            continue  # not committed (or damaged: `checkpoint verify` reports it)
+    for name, manifest in _committed_manifests(storage):
         for sha in referenced(manifest):
             using.setdefault(sha, []).append(name)
     stored = listed(storage) if using else set()
