@@ -82,7 +82,26 @@ class Callback(CallbackBase):
         """Called after a chunk of training; ``logs`` holds its averaged training metrics."""
 
 
-class EarlyStopping(keras.callbacks.EarlyStopping, Callback):
+class _KerasStateCounted:
+    """The state of a stateful Keras callback (its counters and best value; ``best_weights``
+    are arrays, which DeterminedCallback stores in ``callback_arrays.npz``), plus Determined's
+    ``test_end_count``: validation passes seen (``on_test_end`` calls)."""
+
+    test_end_count = 0
+
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_test_end(logs)  # type: ignore[misc]
+        self.test_end_count += 1
+
+    def get_state(self) -> dict[str, Any]:
+        return {**keras_state(self), "test_end_count": int(self.test_end_count)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        load_keras_state(self, state)
+        self.test_end_count = int(state.get("test_end_count", 0))
+
+
+class EarlyStopping(_KerasStateCounted, keras.callbacks.EarlyStopping, Callback):
     """``keras.callbacks.EarlyStopping`` whose best value, wait counter and ``best_weights``
     survive a resume.
 
@@ -94,23 +113,8 @@ class EarlyStopping(keras.callbacks.EarlyStopping, Callback):
         model.fit(x, y, validation_data=(vx, vy), callbacks=[det_cb, stop])
     """
 
-    #: Validation passes seen (``on_test_end`` calls), as in Determined; kept in the state.
-    test_end_count = 0
 
-    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
-        super().on_test_end(logs)
-        self.test_end_count += 1
-
-    def get_state(self) -> dict[str, Any]:
-        # best_weights are arrays: DeterminedCallback stores them in callback_arrays.npz
-        return {**keras_state(self), "test_end_count": int(self.test_end_count)}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        load_keras_state(self, state)
-        self.test_end_count = int(state.get("test_end_count", 0))
-
-
-class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau, Callback):
+class ReduceLROnPlateau(_KerasStateCounted, keras.callbacks.ReduceLROnPlateau, Callback):
     """``keras.callbacks.ReduceLROnPlateau`` whose best value, wait and cooldown counters
     survive a resume (the reduced learning rate is restored with the optimizer).
 
@@ -120,20 +124,6 @@ class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau, Callback):
 
         lr = ckptstore.keras.ReduceLROnPlateau(monitor="val_loss", factor=0.5, patience=2)
     """
-
-    #: Validation passes seen (``on_test_end`` calls), as in Determined; kept in the state.
-    test_end_count = 0
-
-    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
-        super().on_test_end(logs)
-        self.test_end_count += 1
-
-    def get_state(self) -> dict[str, Any]:
-        return {**keras_state(self), "test_end_count": int(self.test_end_count)}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        load_keras_state(self, state)
-        self.test_end_count = int(state.get("test_end_count", 0))
 
 
 #: Determined's name for the stateful ReduceLROnPlateau (``det.keras.callbacks.ReduceLRScheduler``).
