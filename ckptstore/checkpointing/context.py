@@ -26,7 +26,7 @@ from ckptstore.checkpointing.pins import DEFAULT_PIN_LEASE_SECONDS, PinKeeper
 from ckptstore.checkpointing.reconcile import ReconcileReport, newest_in_storage, reconcile
 from ckptstore.checkpointing.retention import GCPolicy
 from ckptstore.checkpointing.uploader import BackgroundUploader, snapshot_dir
-from ckptstore.storage_backends import Storage, open_storage
+from ckptstore.storage_backends import Storage, dedup_option, open_storage
 from ckptstore.validators import number_at_least
 
 logger = logging.getLogger(__name__)
@@ -56,6 +56,12 @@ class CheckpointContext:
         pin_lease_seconds: lifetime of the index pins :meth:`protect` and
             :meth:`restore_path` take (renewed every third of it while held); a crashed
             process protects its checkpoints at most this long.
+        dedup: incremental checkpoints (content-addressed chunks, format 2; see
+            :mod:`.blobs`). None (default): the ``dedup`` key of a storage dict, else on for
+            remote storage (``Storage.remote``: S3, GCS, Azure, remote fsspec) and off on a
+            local file system. False turns it off for this context.
+        dedup_chunk_bytes: the largest chunk (default 4 MiB); writers cut at tensor
+            boundaries below it.
 
     With an index, the chief reconciles the trial's PENDING rows with storage at start-up
     (see :meth:`reconcile`), so a checkpoint committed by a run killed before it updated the
@@ -90,7 +96,7 @@ class CheckpointContext:
         gc_grace_seconds: float = DEFAULT_GRACE_SECONDS,
         pin_lease_seconds: float = DEFAULT_PIN_LEASE_SECONDS,
         owns_storage: bool | None = None,
-        dedup: bool = False,
+        dedup: bool | None = None,
         dedup_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
         # A storage opened here is closed here; a caller that opened it may hand it over
@@ -109,8 +115,13 @@ class CheckpointContext:
         )
         self.verify = bool(verify)
         #: Store files as content-addressed chunks (format 2, :mod:`.blobs`): unchanged chunks
-        #: are not uploaded again. Off by default; sharded (multi-worker) saves ignore it.
-        self.dedup = bool(dedup)
+        #: are not uploaded again. None (the default) = on for remote storage (object stores,
+        #: where every byte is uploaded and billed), off on a local file system (there the
+        #: whole-file commit is a zero-copy rename that chunks would turn into copies).
+        #: Sharded (multi-worker) saves and ``amend`` write whole files either way.
+        if dedup is None and isinstance(storage, Mapping):
+            dedup = dedup_option(storage)
+        self.dedup = self.storage.remote if dedup is None else bool(dedup)
         self.dedup_chunk_bytes = check_chunk_bytes(dedup_chunk_bytes)
         #: Blobs our last deduplicated commit named: the next one does not ask storage about them.
         self._known_blobs = blobs.KnownBlobs()

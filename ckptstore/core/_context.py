@@ -267,6 +267,16 @@ def resolve_storage(
     return storage, {}
 
 
+def _storage_dedup(storage: str | Mapping[str, Any] | Storage | None) -> bool | None:
+    """The ``dedup`` key of the ``checkpoint_storage`` dict this run uses (argument, else the
+    launcher's environment), or None."""
+    from ckptstore.storage_backends import dedup_option
+
+    if storage is None:
+        storage = trial_info.storage_from_env()
+    return dedup_option(storage) if isinstance(storage, Mapping) else None
+
+
 def build_gc_policy(checkpoint_gc: Mapping[str, Any] | None) -> GCPolicy | None:
     """A GC policy from Determined's keys, or None (keep every checkpoint) for None.
 
@@ -363,7 +373,7 @@ def init(
     close_distributed: bool = True,
     preempt_mode: PreemptMode | str = PreemptMode.WorkersAskChief,
     tensorboard_mode: TensorboardMode | str = TensorboardMode.AUTO,
-    checkpoint_dedup: bool = False,
+    checkpoint_dedup: bool | None = None,
 ) -> Iterator[Context]:
     """Open the core context of a trial; a context manager yielding :class:`Context`.
 
@@ -395,9 +405,11 @@ def init(
             report; with ``MANUAL`` only by ``train.upload_tensorboard_files()``.
         checkpoint_dedup: store checkpoints as content-addressed chunks cut at tensor
             boundaries (``CheckpointContext(dedup=True)``, format 2): a fine-tuning checkpoint
-            uploads about the bytes of the tensors that changed. Off by default (restores read
-            chunk by chunk, local file systems lose the zero-copy rename); see the README's
-            "Incremental (deduplicated) checkpoints".
+            uploads about the bytes of the tensors that changed. None (default): the
+            ``dedup`` key of a ``checkpoint_storage`` dict, else on for remote storage (S3,
+            GCS, Azure, remote fsspec) and off on a local file system (where the whole-file
+            commit is a zero-copy rename). False turns it off; see the README's "Incremental
+            (deduplicated) checkpoints".
 
     On exit, waits for background uploads (a failure is raised), restores signal handlers and
     closes the distributed channel, checkpoint context and (if opened here) the registry.
@@ -416,6 +428,8 @@ def init(
     storage_spec, storage_gc = resolve_storage(
         storage if storage is not None else checkpoint_storage
     )
+    # resolve_storage drops the dict's ``dedup`` key from the storage keys; read it first.
+    storage_dedup = _storage_dedup(storage if storage is not None else checkpoint_storage)
     gc_policy = build_gc_policy(
         checkpoint_gc if checkpoint_gc is not None else (storage_gc or None)
     )
@@ -459,7 +473,7 @@ def init(
             experiment_id=experiment_id,
             distributed=distributed,
             gc_policy=gc_policy,
-            dedup=bool(checkpoint_dedup),
+            dedup=checkpoint_dedup if checkpoint_dedup is not None else storage_dedup,
         )
         preempt = PreemptContext(
             distributed,

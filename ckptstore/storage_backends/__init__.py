@@ -21,6 +21,7 @@ from ckptstore.errors import InvalidStorageConfig
 from ckptstore.storage_backends.base import ProgressCallback, Selector, Storage
 from ckptstore.storage_backends.config import (
     GC_KEYS,
+    dedup_option,
     parse_storage_config,
     split_storage_config,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "StorageSpec",
     "check_key",
     "check_storage_spec",
+    "dedup_option",
     "open_storage",
     "parse_storage_config",
     "register_backend",

@@ -21,6 +21,9 @@ from ckptstore.validators import int_at_least
 
 #: Determined's checkpoint garbage-collection keys; not storage settings.
 GC_KEYS = ("save_experiment_best", "save_trial_best", "save_trial_latest")
+#: ckptstore's own checkpoint key (not Determined's): ``dedup: false`` turns incremental
+#: checkpoints off for a remote storage, ``true`` turns them on for a local one.
+DEDUP_KEY = "dedup"
 
 #: Transfer/retry options any backend accepts (see ObjectStorage).
 COMMON_OPTIONS = (
@@ -53,12 +56,23 @@ def split_storage_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dic
         raise InvalidStorageConfig(
             f"checkpoint_storage must be a dict. Received: {type(config).__name__}"
         )
-    storage = {k: v for k, v in config.items() if k not in GC_KEYS}
+    storage = {k: v for k, v in config.items() if k not in GC_KEYS and k != DEDUP_KEY}
     gc = {k: v for k, v in config.items() if k in GC_KEYS}
     for key, value in gc.items():
         if value is not None:
             int_at_least(f"checkpoint_storage.{key}", value, 0, error=InvalidStorageConfig)
     return storage, gc
+
+
+def dedup_option(config: Mapping[str, Any]) -> bool | None:
+    """The ``dedup`` key of a ``checkpoint_storage`` dict: True/False, or None when absent (then
+    the storage decides: on for remote storage, see :attr:`Storage.remote`)."""
+    value = config.get(DEDUP_KEY) if isinstance(config, Mapping) else None
+    if value is None or isinstance(value, bool):
+        return value
+    raise InvalidStorageConfig(
+        f"checkpoint_storage.{DEDUP_KEY} must be true or false. Received: {value!r}"
+    )
 
 
 def _str(config: Mapping[str, Any], key: str) -> str:

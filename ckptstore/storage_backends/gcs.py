@@ -58,6 +58,7 @@ class GCSStorage(ObjectStorage):
         **options: the common :class:`ObjectStorage` options.
     """
 
+    remote = True
     scheme = "gs"
 
     def __init__(
@@ -98,7 +99,12 @@ class GCSStorage(ObjectStorage):
         client._http.mount("http://", adapter)
         client._http.mount("https://", adapter)
         self._client = client
-        self._bucket = client.bucket(self.bucket_name)
+        try:
+            self._bucket = client.bucket(self.bucket_name)
+        except ValueError as exc:  # the client's own bucket-name rules, e.g. "gs://;"
+            raise errors.InvalidStorageConfig(
+                f"{self.bucket_name!r} is not a GCS bucket name ({exc}); check the URL {self.url}."
+            ) from None
 
     # ---- errors -------------------------------------------------------------------------------
     def _is_transient(self, exc: BaseException) -> bool:

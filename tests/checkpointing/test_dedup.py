@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import random
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import ckptstore.core
 from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext, LatestN, blob_gc, blobs
 from ckptstore.checkpointing import format as fmt
@@ -283,11 +285,50 @@ def test_corrupted_shared_blob_is_reported_with_every_checkpoint_using_it(
             assert uuid in result.output
 
 
-def test_dedup_is_off_by_default_and_the_chunk_size_is_checked(tmp_path):
-    with CheckpointContext(str(tmp_path / "s")) as ctx:
+@pytest.mark.parametrize(
+    ("kind", "remote"),
+    [("file", False), ("memory", False), ("s3", True), ("gcs", True), ("azure", True)],
+)
+def test_dedup_is_on_by_default_for_remote_storage_only(
+    storage_url_factory, tmp_path, kind, remote
+):
+    url = storage_url_factory(kind)
+    tree = make_tree(str(tmp_path / "a"), {"x": b"1" * 10_000})
+    with CheckpointContext(url) as ctx:
+        assert ctx.storage.remote is remote
+        assert ctx.dedup is remote
+        uuid = ctx.upload(tree)
+        want = fmt.BLOBS_FORMAT_VERSION if remote else fmt.FORMAT_VERSION
+        assert fmt.read_manifest(ctx.storage, uuid)["format_version"] == want
+        assert bool(ctx.storage.list(blobs.BLOBS_DIR)) is remote
+    # An explicit choice wins over the storage's default, both ways.
+    with CheckpointContext(url, dedup=not remote) as ctx:
+        uuid = ctx.upload(tree)
+        want = fmt.FORMAT_VERSION if remote else fmt.BLOBS_FORMAT_VERSION
+        assert fmt.read_manifest(ctx.storage, uuid)["format_version"] == want
+        ctx.download(uuid, str(tmp_path / "back"))
+        assert read_tree(str(tmp_path / "back"))["x"] == b"1" * 10_000
+
+
+def test_a_storage_dict_dedup_key_turns_it_off_and_is_checked(storage_url_factory, tmp_path):
+    bucket = storage_url_factory("s3").split("://", 1)[1].split("/", 1)[0]
+    config = {"type": "s3", "bucket": bucket, "prefix": "root", "save_trial_latest": 1}
+    with CheckpointContext({**config, "dedup": False}) as ctx:
         assert ctx.dedup is False
-        uuid = ctx.upload(make_tree(str(tmp_path / "a"), {"x": b"1"}))
-        assert fmt.read_manifest(ctx.storage, uuid)["format_version"] == fmt.FORMAT_VERSION
+    with CheckpointContext(config) as ctx:
+        assert ctx.dedup is True
+    with ckptstore.core.init(
+        storage={**config, "dedup": False}, registry=f"sqlite:///{tmp_path}/r.db"
+    ) as core_ctx:
+        assert core_ctx.checkpoint.dedup is False
+        with core_ctx.checkpoint.store_path({"steps_completed": 1}) as (path, uuid):
+            pathlib.Path(path, "w.bin").write_bytes(b"w" * 5000)
+        assert fmt.read_manifest(core_ctx.checkpoint.storage, uuid)["format_version"] == 1
+    with pytest.raises(errors.InvalidStorageConfig, match="dedup must be true or false"):
+        CheckpointContext({**config, "dedup": "no"})
+
+
+def test_the_chunk_size_is_checked(tmp_path):
     with pytest.raises(errors.InvalidConfig, match="dedup_chunk_bytes"):
         CheckpointContext(str(tmp_path / "s"), dedup=True, dedup_chunk_bytes=10)
 

@@ -275,3 +275,41 @@ def test_example_folder_is_self_contained():
     assert shutil.which(sys.executable)
     for name in ("model_def.py", "const.yaml", "search.yaml"):
         assert (EXAMPLE / name).exists()
+
+
+@pytest.mark.parametrize("dedup", [None, False])
+def test_a_yaml_storage_dict_decides_dedup_for_its_trials(
+    tmp_path, where, storage_url_factory, dedup
+):
+    """On S3 a trial's checkpoints are incremental (format 2) unless the experiment's
+    ``checkpoint_storage`` says ``dedup: false``; the key reaches the trial's ``core.init``."""
+    _, registry = where
+    bucket = storage_url_factory("s3").split("://", 1)[1].split("/", 1)[0]
+    model_dir = tmp_path / "script"
+    model_dir.mkdir()
+    (model_dir / "train.py").write_text(textwrap.dedent(TRAIN_PY))
+    storage = {"type": "s3", "bucket": bucket, "prefix": "exp"}
+    if dedup is not None:
+        storage["dedup"] = dedup
+    raw = {
+        "hyperparameters": {"units": 4},
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 1}},
+        "entrypoint": f"{sys.executable} train.py",
+        "checkpoint_storage": storage,
+    }
+    exp_id = create_experiment(raw, model_dir, registry=registry)
+    info = describe_experiment(exp_id, registry=registry)
+    assert [t["state"] for t in info["trials"]] == ["COMPLETED"]
+    reg = Registry(registry)
+    try:
+        (ckpt,) = reg.list_checkpoints(trial_id=info["trials"][0]["id"])
+    finally:
+        reg.close()
+    from ckptstore.checkpointing import format as fmt
+    from ckptstore.storage_backends import open_storage
+
+    with open_storage(f"s3://{bucket}/exp") as store:
+        manifest = fmt.read_manifest(store, ckpt.uuid)
+    assert manifest["format_version"] == (
+        fmt.FORMAT_VERSION if dedup is False else fmt.BLOBS_FORMAT_VERSION
+    )

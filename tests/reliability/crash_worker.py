@@ -53,8 +53,15 @@ def main(argv: list[str]) -> int:
 
     registry = Registry(registry_url)
     storage = open_storage(storage_url)
+    # Whole files: the kill points are the whole-file commit's steps (the deduplicated
+    # commit's are killed in tests/checkpointing/test_sigkill.py).
     ctx = CheckpointContext(
-        storage, index=registry, trial_id=1, gc_policy=LatestN(2), gc_grace_seconds=3600
+        storage,
+        index=registry,
+        trial_id=1,
+        gc_policy=LatestN(2),
+        gc_grace_seconds=3600,
+        dedup=False,
     )
     # ---- resume: the latest checkpoint must be complete and hold what its metadata says
     start = 0

@@ -55,7 +55,9 @@ class Setup:
         self.registry_url = f"sqlite:///{tmp_path / 'registry.db'}"
         self.registry = Registry(self.registry_url)
         self.storage = open_storage(url)
-        self.ctx = CheckpointContext(self.storage, index=self.registry, trial_id=1)
+        # Whole files (format 1) on every storage: these tests damage files in the folder;
+        # damaged deduplicated chunks are tests/checkpointing/test_dedup.py's.
+        self.ctx = CheckpointContext(self.storage, index=self.registry, trial_id=1, dedup=False)
         self.uuids = []
         for step in (1, 2):
             src = tmp_path / f"src-{step}"
