@@ -15,7 +15,8 @@ made where the issue is silent:
   birthday bound; SHA-256 does not in practice). CRC-32C of the whole file is still checked
   after reassembly, so a reader verifies both.
 - Chunks are cut where the writer says a piece of content begins or ends (``cuts``: the
-  byte ranges of the tensors of ckptstore's ``model.keras``), so a changed tensor costs its
+  byte ranges of the tensors of ckptstore's ``model.keras`` and, read from their ``.index``,
+  of TensorFlow checkpoint shards such as a SavedModel's ``variables/``), so a changed tensor costs its
   own bytes: a piece larger than ``chunk_bytes`` (4 MiB by default) is split every
   ``chunk_bytes`` from its own start, and runs of tiny pieces (HDF5 headers, biases,
   counters, each under :data:`ALONE_BYTES`) are merged up to :data:`MERGE_BYTES`, so the

@@ -36,6 +36,7 @@ from typing import Any
 
 from ckptstore import errors
 from ckptstore.keras_io import snapshot as snapshot_lib
+from ckptstore.keras_io import tf_bundle
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,10 @@ class SaveJob:
     folder ``path`` and before the commit (e.g. the SavedModel export); raising discards the
     checkpoint. ``on_done(uuid)`` runs in the writer thread after the commit. ``cuts``
     (``{name: [offset, ...]}``) says where the parts of a file in ``files`` begin and end, so a
-    deduplicated commit cuts its chunks there (parts that did not change cost nothing).
+    deduplicated commit cuts its chunks there (parts that did not change cost nothing). The
+    TensorFlow checkpoint files in the folder (Keras 2 ``model_checkpoint.*``, a SavedModel's
+    ``variables/``, from ``extra_dir`` or ``before_commit``) get cuts at their tensors without
+    being named here (:mod:`~ckptstore.keras_io.tf_bundle`).
     """
 
     snapshot: snapshot_lib.Snapshot | None
@@ -204,7 +208,7 @@ class CheckpointWriter:
         except BaseException as exc:
             scope.__exit__(type(exc), exc, exc.__traceback__)  # discards the folder
             raise
-        return _Staged(job, scope, path, str(uuid), started)
+        return _Staged(job, scope, path, str(uuid), started, cuts if "cuts" in extra else None)
 
     # ---- commit-thread side -------------------------------------------------------------------
     def _run_commits(self) -> None:
@@ -234,6 +238,10 @@ class CheckpointWriter:
         except BaseException as exc:
             staged.scope.__exit__(type(exc), exc, exc.__traceback__)  # discards the folder
             raise
+        if getattr(self._ckpt, "dedup", True):
+            # Every file is there now: cut TensorFlow's data shards (Keras 2 weights, the
+            # SavedModel's variables) at their tensors, as model.keras is cut at its own.
+            tf_bundle.add_folder_cuts(staged.path, staged.cuts)
         staged.scope.__exit__(None, None, None)  # the commit
         logger.info(
             "Checkpoint %s committed (steps_completed=%s)",
@@ -269,6 +277,8 @@ class _Staged:
     path: str
     uuid: str
     started: float
+    #: The dict handed to ``store_path(cuts=...)`` (None if it takes none); read at the commit.
+    cuts: dict[str, list[int]] | None = None
 
 
 def _takes(ckpt: Any, name: str) -> bool:

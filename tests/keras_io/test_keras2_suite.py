@@ -18,7 +18,9 @@ storage and S3) and ``test_keras_context.py`` (the new Keras API). Tests marked 
 stop + warm start case (a minute of fresh processes) is covered for Keras 2 in one process by
 ``test_both_keras.py``. Of ``test_exact_resume.py`` (tiny data, a few fresh processes each) the
 mid-epoch SIGTERM case runs for shuffled arrays, a ``keras.utils.Sequence`` and a tf.data
-pipeline, plus the generator case (a warning at fit start, the cut epoch restarts).
+pipeline, plus the generator case (a warning at fit start, the cut epoch restarts). Keras 2 only
+modules (``KERAS2_ONLY`` in ``tests/conftest.py``): ``test_export_keras2.py`` and
+``test_tf_bundle_keras2.py``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ MODULES = [
     f"{EXACT}test_generator_warns_once_and_restarts_the_epoch",
     # SavedModel exports in a Keras 2 worker; export_checkpoint / the CLI on Keras 2 checkpoints
     "tests/keras_io/test_export_keras2.py",
+    # deduplicated Keras 2 checkpoints cut model_checkpoint.data-* and the export at tensors
+    "tests/keras_io/test_tf_bundle_keras2.py",
 ]
 
 
@@ -76,8 +80,8 @@ def test_keras_modules_pass_under_keras2():
     # test_both_keras.py (8), test_trial_both_keras.py (7: TFKerasTrial), test_callback.py (16),
     # test_tensorboard.py (2), test_keras_callback_state.py (3), test_loaders.py (9),
     # test_keras_context.py (5), test_resume.py (2), test_exact_resume.py (4),
-    # test_export_keras2.py (7)
-    assert passed and int(passed.group(1)) >= 63, tail
+    # test_export_keras2.py (7), test_tf_bundle_keras2.py (2)
+    assert passed and int(passed.group(1)) >= 65, tail
     assert "skipped" not in summary and "xfail" not in summary, tail
     # the keras3_only tests (README, "Keras 2 (tf_keras)"): test_callback.py's snapshot archive
     # layout and test_loaders.py's bare .keras files; a new one updates this count and the README

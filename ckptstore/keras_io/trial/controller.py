@@ -50,7 +50,7 @@ from ckptstore import errors
 from ckptstore.checkpointing.metrics import reported_value
 from ckptstore.experiment.config import ExperimentConfig, Length, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value
-from ckptstore.keras_io import backend, callback_state, checkpoint_writer, keras2_format
+from ckptstore.keras_io import backend, callback_state, checkpoint_writer, keras2_format, tf_bundle
 from ckptstore.keras_io.backend import keras
 from ckptstore.keras_io.trial import data as data_mod
 from ckptstore.keras_io.trial.context import TFKerasTrialContext
@@ -381,11 +381,12 @@ class TrialController:
         }
         # callback_state.json cut around its parts: unchanged RNG states dedup (issue 19).
         state_json, state_cuts = state.to_json_with_cuts()
-        extra = (
-            {"cuts": {callback_state.STATE_FILENAME: state_cuts}}
+        cuts: dict[str, list[int]] | None = (
+            {callback_state.STATE_FILENAME: state_cuts}
             if checkpoint_writer._takes(self.core.checkpoint, "cuts")
-            else {}
+            else None
         )
+        extra = {"cuts": cuts} if cuts is not None else {}
         with self.core.checkpoint.store_path(metadata, **extra) as (path, uuid):
             if backend.IS_KERAS2:  # model_checkpoint.* (weights + optimizer), model_config.json
                 layout = keras2_format.Keras2Layout.of(self.model)
@@ -405,6 +406,9 @@ class TrialController:
                 hook = getattr(cb, "on_checkpoint_end", None)
                 if callable(hook):
                     hook(os.fspath(path))  # a str, as Determined passed checkpoint_dir
+            if getattr(self.core.checkpoint, "dedup", True):
+                # model_checkpoint.data-* (and any SavedModel a hook wrote) cut at its tensors
+                tf_bundle.add_folder_cuts(os.fspath(path), cuts)
         self.last_checkpoint_at = self.batches_trained
         self.latest_checkpoint = uuid
         logger.info("Trial %s: checkpoint %s at batch %d", trial_id, uuid, self.batches_trained)
