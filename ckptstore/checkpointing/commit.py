@@ -201,6 +201,10 @@ def commit_dir(
         write_pending_marker(storage, uuid)
         prepared.upload_to(storage, uuid)
         storage.write_bytes(f"{uuid}/{fmt.METADATA_NAME}", meta_bytes)
+        # GC (another process, or a grace period shorter than this upload) may have removed
+        # the folder as a stale leftover: then its files are gone, and a manifest would
+        # commit a checkpoint that cannot be read.
+        _check_marker_kept(storage, uuid)
     write_manifest(storage, uuid, manifest)
     if not renamed:
         remove_pending_marker(storage, uuid)
@@ -261,10 +265,10 @@ def _commit_dedup(
 
 
 def _check_marker_kept(storage: Storage, uuid: str) -> None:
-    """Our pending marker protects the blobs we created; GC removes it (with the folder) only
-    from an upload older than its grace period. Then a sweep may have taken those blobs:
-    commit nothing."""
-    if not storage.exists(f"{uuid}/{fmt.PENDING_MARKER_NAME}"):
+    """Our pending marker protects the files and blobs we uploaded; GC removes it (with the
+    folder) only from an upload older than its grace period. Then the folder's files, and the
+    blobs a sweep may have taken, are gone: commit nothing."""
+    if not storage.file_exists(f"{uuid}/{fmt.PENDING_MARKER_NAME}"):
         raise errors.CheckpointError(
             f"The upload of checkpoint {uuid} to {storage.url} outlived GC's grace period: GC "
             "removed it as a stale leftover, so nothing was committed. Save again, and set "

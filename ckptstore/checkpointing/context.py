@@ -128,6 +128,9 @@ class CheckpointContext:
         self.gc_grace_seconds = number_at_least("gc_grace_seconds", gc_grace_seconds, 0)
         self._pins = PinKeeper(index, lease_seconds=pin_lease_seconds)
         self._uploader = BackgroundUploader(max_in_flight)
+        #: Checkpoints this context is committing in the caller's thread (``upload``,
+        #: ``store_path``): this context's GC must not take them for stale leftovers.
+        self._committing: set[str] = set()
         self._protected: set[str] = set()
         self._in_use: dict[str, int] = {}  # local checkpoints yielded by restore_path
         self._protected_lock = threading.Lock()
@@ -192,16 +195,17 @@ class CheckpointContext:
                     "use background=False for sharded uploads."
                 )
             uuid = sharded.agree_on_uuid(self.storage, self.distributed)
-            sharded.commit_sharded(
-                self.storage,
-                self.distributed,
-                uuid,
-                ckpt_dir,
-                metadata,
-                build_metadata=self._build_metadata,
-                index=self.index,
-                storage_url=self.storage_url,
-            )
+            with self._committing_now(uuid):
+                sharded.commit_sharded(
+                    self.storage,
+                    self.distributed,
+                    uuid,
+                    ckpt_dir,
+                    metadata,
+                    build_metadata=self._build_metadata,
+                    index=self.index,
+                    storage_url=self.storage_url,
+                )
             self._after_commit()
             return uuid
         self._check_chief(shard)
@@ -281,16 +285,17 @@ class CheckpointContext:
             path = tempfile.mkdtemp(prefix=f"ckptstore-shard-{uuid}-")
             try:
                 yield pathlib.Path(path), uuid
-                sharded.commit_sharded(
-                    self.storage,
-                    self.distributed,
-                    uuid,
-                    path,
-                    metadata,
-                    build_metadata=self._build_metadata,
-                    index=self.index,
-                    storage_url=self.storage_url,
-                )
+                with self._committing_now(uuid):
+                    sharded.commit_sharded(
+                        self.storage,
+                        self.distributed,
+                        uuid,
+                        path,
+                        metadata,
+                        build_metadata=self._build_metadata,
+                        index=self.index,
+                        storage_url=self.storage_url,
+                    )
             finally:
                 shutil.rmtree(path, ignore_errors=True)
             self._after_commit()
@@ -361,6 +366,35 @@ class CheckpointContext:
         checksums: dict[str, str] | None = None,
         cuts: dict[str, list[int]] | None = None,
     ) -> None:
+        with self._committing_now(uuid):
+            self._commit_dir(uuid, local_dir, metadata, owned, checksums, cuts)
+        self._after_commit()
+
+    @contextlib.contextmanager
+    def _committing_now(self, uuid: str) -> Iterator[None]:
+        with self._protected_lock:
+            self._committing.add(uuid)
+        try:
+            yield
+        finally:
+            with self._protected_lock:
+                self._committing.discard(uuid)
+
+    def _in_flight(self) -> list[str]:
+        """Uploads of this context not finished: background jobs and commits in progress."""
+        with self._protected_lock:
+            committing = list(self._committing)
+        return self._uploader.in_flight + committing
+
+    def _commit_dir(
+        self,
+        uuid: str,
+        local_dir: str,
+        metadata: dict[str, Any],
+        owned: bool,
+        checksums: dict[str, str] | None,
+        cuts: dict[str, list[int]] | None,
+    ) -> None:
         commit.commit_dir(
             self.storage,
             uuid,
@@ -374,7 +408,6 @@ class CheckpointContext:
             cuts=cuts,
             known_blobs=self._known_blobs,
         )
-        self._after_commit()
 
     def _submit(
         self,
@@ -567,7 +600,7 @@ class CheckpointContext:
             all_trials=all_trials,
             grace_seconds=self.gc_grace_seconds,
             storage_url=self.storage_url,
-            skip=self._uploader.in_flight,
+            skip=self._in_flight(),
             dry_run=dry_run,
         )
 
@@ -588,7 +621,7 @@ class CheckpointContext:
             trial_id=self.trial_id,
             experiment_id=self.experiment_id,
             protected=self._protected_now(),
-            in_flight=self._uploader.in_flight,
+            in_flight=self._in_flight(),
             grace_seconds=self.gc_grace_seconds,
             storage_url=self.storage_url,
             dry_run=dry_run,

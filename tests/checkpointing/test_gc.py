@@ -221,3 +221,60 @@ def test_gc_spares_a_local_checkpoint_while_restore_path_uses_it(storage_url_fac
             assert os.path.isfile(os.path.join(path, "model.bin"))
         assert ctx.gc() == [old]
         assert fmt.list_committed(ctx.storage) == [new]
+
+
+def test_a_whole_file_upload_whose_folder_gc_removed_commits_nothing(storage_url_factory, tmp_path):
+    """GC in another process (or a grace period shorter than the upload) removes an upload's
+    folder, files and pending marker; the upload must not then write a manifest naming files
+    that are gone (a committed checkpoint that cannot be read)."""
+    with CheckpointContext(storage_url_factory("s3"), dedup=False, gc_policy=None) as ctx:
+        real_write = ctx.storage.write_bytes
+
+        def gc_strikes_before_metadata(key: str, data: bytes) -> None:
+            if key.endswith("/" + fmt.METADATA_NAME):
+                ctx.storage.delete(key.split("/", 1)[0])  # what _collect_leftovers does
+            real_write(key, data)
+
+        ctx.storage.write_bytes = gc_strikes_before_metadata
+        with pytest.raises(errors.CheckpointError, match="grace period"):
+            ctx.upload(make_tree(str(tmp_path / "a"), {"w.bin": b"w" * 5000}))
+        assert fmt.list_committed(ctx.storage) == []
+
+
+@pytest.mark.parametrize("dedup", [False, True])
+def test_gc_in_the_same_context_never_takes_a_running_foreground_upload(
+    storage_url_factory, tmp_path, dedup
+):
+    """``gc_grace_seconds=0`` and a GC thread: uploads in the caller's thread are in flight for
+    this context's GC, as background ones are, so every upload commits, readable."""
+    import threading
+
+    stop = threading.Event()
+    errors_seen: list[BaseException] = []
+    with CheckpointContext(
+        storage_url_factory("s3"), gc_policy=None, gc_grace_seconds=0, dedup=dedup
+    ) as ctx:
+
+        def gc_loop() -> None:
+            while not stop.is_set():
+                try:
+                    ctx.gc()
+                except BaseException as exc:  # noqa: BLE001 - asserted below
+                    errors_seen.append(exc)
+                    return
+
+        thread = threading.Thread(target=gc_loop)
+        thread.start()
+        try:
+            made = [
+                ctx.upload(make_tree(str(tmp_path / f"s{i}"), {"w.bin": b"w" * 20_000}))
+                for i in range(12)
+            ]
+        finally:
+            stop.set()
+            thread.join(30)
+        assert not errors_seen
+        assert sorted(fmt.list_committed(ctx.storage)) == sorted(made)
+        for uuid in made:  # every one complete: downloads verify sizes and checksums
+            ctx.download(uuid, str(tmp_path / "dl" / uuid))
+            assert (tmp_path / "dl" / uuid / "w.bin").read_bytes() == b"w" * 20_000
