@@ -49,6 +49,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -62,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
+from ckptstore.storage_backends.object_store import tmp_name
 
 if TYPE_CHECKING:
     from ckptstore.storage_backends.base import Storage
@@ -498,20 +500,47 @@ def assemble(
     crc32c is left to the caller (:func:`~ckptstore.checkpointing.format.verify_files`)."""
     written: dict[str, int] = {}
     todo: list[tuple[str, str, Mapping[str, Any], int]] = []
+    #: part file -> final name. Chunks land in a part file renamed only once all arrived, so
+    #: a failed download leaves no file at its final name (a good copy there stays), as
+    #: whole-file downloads do.
+    parts: dict[str, str] = {}
     for rel, entry in manifest["files"].items():
         if "blobs" not in entry or not select(rel):
             continue
         target = os.path.join(local_dir, *rel.split("/"))
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open(target, "wb") as f:
+        part = tmp_name(target)
+        with open(part, "wb") as f:
             f.truncate(entry["size"])
+        parts[part] = target
         offset = 0
         for chunk in entry["blobs"]:
-            todo.append((rel, target, chunk, offset))
+            todo.append((rel, part, chunk, offset))
             offset += chunk["size"]
         written[rel] = entry["size"]
+    try:
+        _fetch_chunks(storage, uuid, todo, verify=verify, workers=workers)
+    except BaseException:
+        for part in parts:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+        raise
+    for part, target in parts.items():
+        os.replace(part, target)
+    return written
+
+
+def _fetch_chunks(
+    storage: Storage,
+    uuid: str,
+    todo: list[tuple[str, str, Mapping[str, Any], int]],
+    *,
+    verify: bool,
+    workers: int | None,
+) -> None:
+    """Read ``(rel, path, chunk, offset)`` items in parallel, each written at its offset."""
     if not todo:
-        return written
+        return
 
     def one(item: tuple[str, str, Mapping[str, Any], int]) -> None:
         rel, target, chunk, offset = item
@@ -533,4 +562,3 @@ def assemble(
     finally:
         # On a failure, chunks not started yet are not read (the error is raised as is).
         pool.shutdown(wait=True, cancel_futures=True)
-    return written

@@ -223,10 +223,9 @@ class AzureStorage(ObjectStorage):
             for block in response.stream_download(blob._pipeline, decompress=False):
                 offset += pwrite_all(fd, block, offset)
         except aexc.HttpResponseError as exc:
-            if exc.status_code:
+            if exc.status_code:  # the server's answer
                 raise
-            # "Unable to stream download": the body was cut; transient, fetch it again.
-            raise ConnectionError(f"download broke off ({type(exc).__name__})") from exc
+            raise _body_cut(exc) from exc
         expected = length if length is not None else int(response.headers["Content-Length"])
         if offset - start != expected:
             raise ConnectionError(
@@ -234,7 +233,12 @@ class AzureStorage(ObjectStorage):
             )
 
     def _read(self, name: str) -> bytes:
-        return self._container.download_blob(name).readall()
+        try:
+            return self._container.download_blob(name).readall()
+        except aexc.HttpResponseError as exc:
+            if exc.status_code:  # the server's answer
+                raise
+            raise _body_cut(exc) from exc
 
     def _write(self, name: str, data: bytes) -> None:
         self._container.upload_blob(name, data, overwrite=True)
@@ -258,3 +262,10 @@ class AzureStorage(ObjectStorage):
 
     def _close_clients(self) -> None:
         self._service.close()
+
+
+def _body_cut(exc: aexc.HttpResponseError) -> ConnectionError:
+    """An SDK error without a status while a body streamed ("Unable to stream download"):
+    the body was cut after the SDK's own retries. Transient: a ConnectionError our retries
+    take (both whole-blob reads and ranged downloads)."""
+    return ConnectionError(f"download broke off ({type(exc).__name__})")

@@ -463,12 +463,12 @@ def test_blobs_the_last_commit_named_cost_no_request_and_are_still_rechecked(
             if i == 0:
                 assert calls.get("list", 0) >= 1  # the first commit lists the blobs once
             # One create-only write per new chunk (4 of the head, 1 config), none per reused
-            # one; exists() only for the pending marker, one stat per reused chunk after
-            # waiting for sweeps.
+            # one; one stat for the pending marker (a file: no listing) and one per reused
+            # chunk after waiting for sweeps.
             new_chunks = 20 + 5 if i == 0 else 5
             assert calls["write_if_absent"] == new_chunks + 1, calls  # + the manifest
-            assert calls.get("exists", 0) == 1, calls
-            assert calls.get("file_exists", 0) == (0 if i == 0 else 20), calls
+            assert calls.get("exists", 0) == 0, calls
+            assert calls.get("file_exists", 0) == 1 + (0 if i == 0 else 20), calls
         # A blob we believe in but a sweep took is put back before the commit.
         victim = blobs.chunk_file(str(tmp_path / "t0" / "model" / "frozen.bin"), CHUNK)[7]
         ctx.storage.delete(blobs.blob_key(victim["sha256"]))

@@ -309,19 +309,9 @@ def test_resets_mid_download_never_leave_a_bad_file(faulty, tmp_path, dedup):
     _assert_content(dest, files)
 
 
-def test_dedup_chunk_read_reset_three_times_is_within_the_retry_budget(faulty, tmp_path, request):
+def test_dedup_chunk_read_reset_three_times_is_within_the_retry_budget(faulty, tmp_path):
     """Three resets in the body of one chunk's GET: FAST_FAIL allows 4 tries of each request,
     so the download succeeds."""
-    if faulty.kind == "azure":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                raises=errors.StorageUnavailable,
-                reason="AzureStorage._read: the SDK retries a cut body 3 times itself (1 s "
-                "apart), then raises HttpResponseError without a status, which _is_transient "
-                "does not retry (_get_into maps it to ConnectionError, _read does not)",
-            )
-        )
     uuid, files = _save(faulty, tmp_path, 14, dedup=True)
     faulty.proxy.reset_next(3, after_bytes=30_000, match=_target(True, files))
     with faulty.storage() as storage, CheckpointContext(storage, dedup=True) as ctx:
@@ -385,18 +375,9 @@ def test_stalled_download_times_out_instead_of_hanging(faulty, tmp_path):
 
 
 @BOTH_FORMATS
-def test_failed_download_leaves_no_complete_looking_file(faulty, tmp_path, request, dedup):
+def test_failed_download_leaves_no_complete_looking_file(faulty, tmp_path, dedup):
     """A download that fails (a persistent reset on weights.bin's bytes) raises
     StorageUnavailable and leaves no file at its final name with other bytes than stored."""
-    if dedup:
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="blobs.assemble preallocates each file at its final name and writes "
-                "chunks in place: a failed chunk read leaves a full-size file with a zero hole",
-            )
-        )
     uuid, files = _save(faulty, tmp_path, 13, dedup=dedup)
     faulty.proxy.reset_next(100_000, after_bytes=30_000, match=_target(dedup, files))
     storage = faulty.storage(max_attempts=2)
