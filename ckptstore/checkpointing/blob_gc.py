@@ -37,9 +37,11 @@ from ckptstore.checkpointing.blobs import (
     SWEEP_LEASE_SECONDS,
     SWEEPS_DIR,
     blob_key,
+    ended_here,
     listed,
     process_identity,
     referenced,
+    sweep_ended,
     sweep_is_over,
 )
 
@@ -111,7 +113,11 @@ def _announced(storage: Storage, lease_seconds: float) -> Iterator[float]:
     finally:
         try:
             storage.delete(f"{SWEEPS_DIR}/{name}")
-        except errors.StorageError as exc:  # writers wait until its lease is over instead
+            sweep_ended(name, removed=True)
+        except errors.StorageError as exc:
+            # Writers of this process stop waiting for it now; those of other processes wait
+            # until its lease is over; our next sweep removes it.
+            sweep_ended(name, removed=False)
             logger.warning("Could not remove the blob sweep announcement %s: %s", name, exc)
 
 
@@ -128,8 +134,9 @@ def _remove_expired_announcements(storage: Storage, keep: str) -> None:
         except (ValueError, TypeError, KeyError, AttributeError):
             storage.delete(f"{SWEEPS_DIR}/{rel}")  # damaged: writers ignore it already
             continue
-        if sweep_is_over(info, expires, now):
+        if sweep_is_over(info, expires, now) or ended_here(rel):
             storage.delete(f"{SWEEPS_DIR}/{rel}")
+            sweep_ended(rel, removed=True)
 
 
 def sweep(

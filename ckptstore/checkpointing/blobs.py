@@ -375,6 +375,29 @@ def _dead_on_this_host(info: Mapping[str, Any]) -> bool:
     return started is not None and _pid_start(pid) not in (None, started)
 
 
+#: Announcements this process wrote whose sweep has ended but which could not be removed
+#: (storage failing): our writers do not wait for them, and our next sweep removes them.
+#: Writers in other processes cannot know; they wait until the lease is over.
+_ENDED_HERE: set[str] = set()
+_ENDED_LOCK = threading.Lock()
+
+
+def sweep_ended(name: str, *, removed: bool) -> None:
+    """Record that this process's sweep ``name`` (an announcement's file name) has ended;
+    ``removed`` says whether its announcement is gone from storage."""
+    with _ENDED_LOCK:
+        if removed:
+            _ENDED_HERE.discard(name)
+        else:
+            _ENDED_HERE.add(name)
+
+
+def ended_here(name: str) -> bool:
+    """Whether announcement ``name`` is one of this process's sweeps that has ended."""
+    with _ENDED_LOCK:
+        return name in _ENDED_HERE
+
+
 def active_sweeps(storage: Storage) -> set[str]:
     """Names of the sweep announcements in storage whose sweep may still delete: lease not
     over, and not a process we can see that is gone. Announcements are created whole
@@ -383,6 +406,8 @@ def active_sweeps(storage: Storage) -> set[str]:
     now = time.time()
     active = set()
     for rel in storage.list(SWEEPS_DIR):
+        if ended_here(rel):
+            continue
         try:
             info = json.loads(storage.read_bytes(f"{SWEEPS_DIR}/{rel}"))
             expires = float(info["expires_at"])

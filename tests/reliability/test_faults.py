@@ -606,14 +606,16 @@ def test_dedup_blob_sweep_under_faults_never_removes_a_needed_chunk(faulty, tmp_
         assert faulty.proxy.stats["faults"]["http"] >= 2
         assert blobs.listed(direct) == needed | set(doomed[1:])
         _assert_all_committed_are_good(faulty, {u4: f4}, tmp_path)
-        # Its announcement could not be removed either (a delete too); an announcement of a
-        # live process counts as running until its lease (15 min) ends, so every
-        # deduplicated commit would wait for it: remove it as the error message says.
-        for rel in direct.list(blobs.SWEEPS_DIR):
-            direct.delete(f"{blobs.SWEEPS_DIR}/{rel}")
-        # A clean sweep finishes the job.
+        # Its announcement could not be removed either (a delete too): it stays in storage,
+        # but this process knows that sweep ended, so its commits do not wait for it (the
+        # wait below would last the 15 min lease otherwise; other processes do wait).
+        assert len(direct.list(blobs.SWEEPS_DIR)) == 1
+        assert blobs.active_sweeps(direct) == set()
+        blobs.wait_for_sweeps(direct)
+        # A clean sweep finishes the job and removes the leftover announcement.
         assert sorted(blob_gc.sweep(storage)) == doomed[1:]
         assert blobs.listed(direct) == needed
+        assert direct.list(blobs.SWEEPS_DIR) == {}
         _assert_all_committed_are_good(faulty, {u4: f4}, tmp_path)
     finally:
         faulty.proxy.clear()
