@@ -195,18 +195,7 @@ class CheckpointContext:
                     "use background=False for sharded uploads."
                 )
             uuid = sharded.agree_on_uuid(self.storage, self.distributed)
-            with self._committing_now(uuid):
-                sharded.commit_sharded(
-                    self.storage,
-                    self.distributed,
-                    uuid,
-                    ckpt_dir,
-                    metadata,
-                    build_metadata=self._build_metadata,
-                    index=self.index,
-                    storage_url=self.storage_url,
-                )
-            self._after_commit()
+            self._commit_sharded(uuid, ckpt_dir, metadata)
             return uuid
         self._check_chief(shard)
         uuid = str(_uuid.uuid4())
@@ -285,20 +274,9 @@ class CheckpointContext:
             path = tempfile.mkdtemp(prefix=f"ckptstore-shard-{uuid}-")
             try:
                 yield pathlib.Path(path), uuid
-                with self._committing_now(uuid):
-                    sharded.commit_sharded(
-                        self.storage,
-                        self.distributed,
-                        uuid,
-                        path,
-                        metadata,
-                        build_metadata=self._build_metadata,
-                        index=self.index,
-                        storage_url=self.storage_url,
-                    )
+                self._commit_sharded(uuid, path, metadata)
             finally:
                 shutil.rmtree(path, ignore_errors=True)
-            self._after_commit()
             return
         self._check_chief(shard)
         uuid = str(_uuid.uuid4())
@@ -368,6 +346,23 @@ class CheckpointContext:
     ) -> None:
         with self._committing_now(uuid):
             self._commit_dir(uuid, local_dir, metadata, owned, checksums, cuts)
+        self._after_commit()
+
+    def _commit_sharded(
+        self, uuid: str, local_dir: str, metadata: Mapping[str, Any] | None
+    ) -> None:
+        """Every rank's files of ``local_dir`` into checkpoint ``uuid`` (whole files)."""
+        with self._committing_now(uuid):
+            sharded.commit_sharded(
+                self.storage,
+                self.distributed,
+                uuid,
+                local_dir,
+                metadata,
+                build_metadata=self._build_metadata,
+                index=self.index,
+                storage_url=self.storage_url,
+            )
         self._after_commit()
 
     @contextlib.contextmanager
