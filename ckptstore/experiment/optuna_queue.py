@@ -378,19 +378,22 @@ def runners(registry_url: str, experiment_id: int) -> dict[int, tuple[str | None
     import optuna
 
     url, engine_kwargs = optuna_storage_url(registry_url)
+    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
     try:
-        study = optuna.load_study(
-            study_name=study_name(experiment_id),
-            storage=optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs),
-        )
-    except KeyError:
-        return {}
-    out: dict[int, tuple[str | None, bool]] = {}
-    for t in study.get_trials(deepcopy=False):  # by number: later retries win
-        if TRIAL_ATTR in t.user_attrs:
-            running = t.state == optuna.trial.TrialState.RUNNING
-            out[int(t.user_attrs[TRIAL_ATTR])] = (t.user_attrs.get(RUNNER_ATTR), running)
-    return out
+        try:
+            study = optuna.load_study(study_name=study_name(experiment_id), storage=storage)
+        except KeyError:
+            return {}
+        out: dict[int, tuple[str | None, bool]] = {}
+        for t in study.get_trials(deepcopy=False):  # by number: later retries win
+            if TRIAL_ATTR in t.user_attrs:
+                running = t.state == optuna.trial.TrialState.RUNNING
+                out[int(t.user_attrs[TRIAL_ATTR])] = (t.user_attrs.get(RUNNER_ATTR), running)
+        return out
+    finally:
+        # Callers poll this (describe, tests): an engine left to the garbage collector keeps
+        # its pooled connection open, and PostgreSQL's connection slots run out.
+        storage.engine.dispose()
 
 
 __all__ = [

@@ -76,7 +76,7 @@ def test_survivor_continues_the_trial_of_a_killed_runner(
                         return trial_id
             return None
 
-        killed = wait_for(b_trial_with_checkpoint, 180, interval=0.05)
+        killed = wait_for(b_trial_with_checkpoint, 180, interval=0.25)
         assert killed, (tmp_path / "b.log").read_text()[-3000:]
         procs["b"].send_signal(signal.SIGKILL)
         procs["b"].wait()
