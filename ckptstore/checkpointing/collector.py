@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid as _uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ckptstore import errors
@@ -41,8 +41,10 @@ from ckptstore.checkpointing.index import (
 )
 from ckptstore.checkpointing.reconcile import (
     DEFAULT_GRACE_SECONDS,
+    InFlight,
     ReconcileReport,
     has_leftovers,
+    in_flight_now,
     reconcile,
     same_storage,
 )
@@ -104,7 +106,7 @@ def collect(
     trial_id: int | None = None,
     experiment_id: int | None = None,
     protected: Iterable[str] = (),
-    in_flight: Iterable[str] = (),
+    in_flight: InFlight = (),
     grace_seconds: float = DEFAULT_GRACE_SECONDS,
     storage_url: str | None = None,
     dry_run: bool = False,
@@ -123,8 +125,8 @@ def collect(
             f"reconcile_scope={reconcile_scope!r}"
         )
     url = storage_url or storage.url
-    in_flight = set(in_flight)
-    keep = set(protected) | in_flight
+    in_flight_set = in_flight_now(in_flight)
+    keep = set(protected) | in_flight_set()
     reconciled: ReconcileReport | None = None
     if index is not None and reconcile_scope != "none":
         reconciled = reconcile(
@@ -134,7 +136,7 @@ def collect(
             all_trials=reconcile_scope == "all",
             grace_seconds=grace_seconds,
             storage_url=url,
-            skip=in_flight,
+            skip=in_flight_set,
             dry_run=dry_run,
         )
     if index is not None:
@@ -171,7 +173,7 @@ def collect(
             deleted.append(uuid)
         except errors.CkptstoreError as exc:
             logger.warning("GC could not delete checkpoint %s: %s", uuid, exc)
-    deleted += _collect_leftovers(storage, index, keep, grace_seconds, dry_run)
+    deleted += _collect_leftovers(storage, index, keep, in_flight_set, grace_seconds, dry_run)
     # Blobs last: only once the deletes above removed their manifests is a blob unreferenced.
     try:
         blob_gc.sweep(storage, dry_run=dry_run)
@@ -195,6 +197,7 @@ def _collect_leftovers(
     storage: Storage,
     index: CheckpointIndex | None,
     keep: set[str],
+    in_flight: Callable[[], set[str]],
     grace_seconds: float,
     dry_run: bool,
 ) -> list[str]:
@@ -204,7 +207,9 @@ def _collect_leftovers(
         uuid = name[len(fmt.STAGING_PREFIX) :] if name.startswith(fmt.STAGING_PREFIX) else name
         if not _is_uuid(uuid):
             continue  # only folders ckptstore itself names are ever removed
-        if uuid in keep:
+        # Asked now, before the manifest check: an upload of this process that made this
+        # folder is in flight until its manifest exists (see reconcile.in_flight_now).
+        if uuid in keep or uuid in in_flight():
             continue
         try:
             if name == uuid and storage.exists(f"{uuid}/{fmt.MANIFEST_NAME}"):

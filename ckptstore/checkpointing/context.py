@@ -595,7 +595,7 @@ class CheckpointContext:
             all_trials=all_trials,
             grace_seconds=self.gc_grace_seconds,
             storage_url=self.storage_url,
-            skip=self._in_flight(),
+            skip=self._in_flight,
             dry_run=dry_run,
         )
 
@@ -616,7 +616,7 @@ class CheckpointContext:
             trial_id=self.trial_id,
             experiment_id=self.experiment_id,
             protected=self._protected_now(),
-            in_flight=self._in_flight(),
+            in_flight=self._in_flight,
             grace_seconds=self.gc_grace_seconds,
             storage_url=self.storage_url,
             dry_run=dry_run,

@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
@@ -54,6 +54,22 @@ if TYPE_CHECKING:
     from ckptstore.storage_backends.base import Storage
 
 logger = logging.getLogger(__name__)
+
+#: Uploads in flight in this process: UUIDs, or a callable giving them as they are now.
+InFlight = Iterable[str] | Callable[[], Iterable[str]]
+
+
+def in_flight_now(in_flight: InFlight) -> Callable[[], set[str]]:
+    """A callable giving the uploads in flight now. An upload registers itself before it
+    writes anything, so asking again just before acting on a folder or row that was listed
+    finds every upload of this process that could have made it (a snapshot taken earlier
+    misses those started since)."""
+    if callable(in_flight):
+        get = in_flight
+        return lambda: set(get())
+    fixed = set(in_flight)
+    return lambda: fixed
+
 
 #: Uncommitted folders (and PENDING rows) younger than this are left alone: they may be
 #: uploads in progress.
@@ -109,19 +125,20 @@ def reconcile(
     all_trials: bool = False,
     grace_seconds: float,
     storage_url: str | None = None,
-    skip: Iterable[str] = (),
+    skip: InFlight = (),
     dry_run: bool = False,
 ) -> ReconcileReport:
     """Bring the PENDING rows of ``trial_id`` (every trial with ``all_trials``) in line with
     storage; see the module docstring. ``skip`` names UUIDs to leave alone (uploads in flight
-    in this process). Errors on one row are logged and the others are still processed."""
+    in this process; a callable is asked again for each row). Errors on one row are logged
+    and the others are still processed."""
     url = storage_url or storage.url
     report = ReconcileReport()
-    skip = set(skip)
+    in_flight = in_flight_now(skip)
     rows = pending_records(index, trial_id=trial_id, all_trials=all_trials, storage_url=url)
     now = _dt.datetime.now(_dt.timezone.utc)
     for row in rows:
-        if row.uuid in skip or not fmt.is_checkpoint_name(row.uuid):
+        if row.uuid in in_flight() or not fmt.is_checkpoint_name(row.uuid):
             continue
         try:
             _reconcile_one(storage, index, row, url, now, grace_seconds, dry_run, report)
@@ -131,7 +148,7 @@ def reconcile(
         index, trial_id=trial_id, all_trials=all_trials, storage_url=url, state=DELETING
     )
     for row in deleting:
-        if row.uuid in skip or not fmt.is_checkpoint_name(row.uuid):
+        if row.uuid in in_flight() or not fmt.is_checkpoint_name(row.uuid):
             continue
         try:
             if not dry_run:
