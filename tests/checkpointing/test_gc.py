@@ -278,3 +278,31 @@ def test_gc_in_the_same_context_never_takes_a_running_foreground_upload(
         for uuid in made:  # every one complete: downloads verify sizes and checksums
             ctx.download(uuid, str(tmp_path / "dl" / uuid))
             assert (tmp_path / "dl" / uuid / "w.bin").read_bytes() == b"w" * 20_000
+
+
+def test_gc_asks_again_which_uploads_are_in_flight_before_removing_a_leftover(tmp_path):
+    """An upload that registers after GC started (and writes its folder before GC lists) is
+    in flight when GC reaches its folder: a callable ``in_flight`` is asked then; a snapshot
+    taken at the start would have it removed."""
+    from ckptstore.checkpointing import commit
+    from ckptstore.checkpointing.collector import collect
+    from ckptstore.storage_backends import open_storage
+
+    uuid = "3f2b8c1e-0000-4000-8000-000000000001"
+    with open_storage("memory://gc-asks-again/root") as storage:
+        commit.write_pending_marker(storage, uuid)
+        storage.write_bytes(f"{uuid}/w.bin", b"w")
+        registered: set[str] = set()
+        asked: list[int] = []
+
+        def in_flight() -> set[str]:
+            asked.append(1)
+            if len(asked) > 1:  # registered after GC's first look
+                registered.add(uuid)
+            return set(registered)
+
+        assert collect(storage, policy=None, in_flight=in_flight, grace_seconds=0) == []
+        assert len(asked) >= 2 and storage.exists(f"{uuid}/w.bin")
+        # A snapshot (the old behaviour) misses it: the folder goes.
+        assert collect(storage, policy=None, in_flight=[], grace_seconds=0) == [uuid]
+        assert not storage.exists(f"{uuid}/w.bin")
