@@ -43,7 +43,6 @@ import logging
 import math
 import os
 import socket
-import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +51,7 @@ from ckptstore.experiment.config import ExperimentConfig
 from ckptstore.experiment.searcher import (
     TRIAL_ATTR,
     Searcher,
-    optuna_storage_url,
+    open_optuna_storage,
     study_name,
 )
 
@@ -149,33 +148,14 @@ class _Requeue:
 
 def queue_storage(registry_url: str, registry: Registry, max_retry: int | None) -> Any:
     """The experiment's Optuna ``RDBStorage`` with heartbeats and re-queueing on."""
-    import optuna
 
-    url, engine_kwargs = optuna_storage_url(registry_url)
     interval, grace = heartbeat_settings()
-    for attempt in range(5):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
-                    url,
-                    engine_kwargs=engine_kwargs,
-                    heartbeat_interval=interval,
-                    grace_period=grace,
-                    heartbeat_stale_trial_callback=_Requeue(registry, max_retry),
-                )
-        except Exception as exc:  # noqa: BLE001 - reported with the fix
-            # Runners opening a new database together race on creating Optuna's tables; the
-            # loser sees an IntegrityError and finds the tables there on the next try.
-            if attempt == 4:
-                raise errors.RegistryError(
-                    "Could not open the Optuna study storage for this registry "
-                    f"({type(exc).__name__}). Check that the registry database is reachable "
-                    "and writable."
-                ) from exc
-            logger.info("Opening the Optuna storage failed (%s); retrying", type(exc).__name__)
-            time.sleep(0.5 + attempt)
-    raise AssertionError("unreachable")
+    return open_optuna_storage(
+        registry_url,
+        heartbeat_interval=interval,
+        grace_period=grace,
+        heartbeat_stale_trial_callback=_Requeue(registry, max_retry),
+    )
 
 
 @dataclasses.dataclass
@@ -377,8 +357,7 @@ def runners(registry_url: str, experiment_id: int) -> dict[int, tuple[str | None
     latest Optuna trial of each registry trial); empty when the study does not exist."""
     import optuna
 
-    url, engine_kwargs = optuna_storage_url(registry_url)
-    storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    storage = open_optuna_storage(registry_url)
     try:
         try:
             study = optuna.load_study(study_name=study_name(experiment_id), storage=storage)

@@ -95,17 +95,32 @@ def _ensure_pg_schema(url: str) -> None:
         engine.dispose()
 
 
-def _storage(registry_url: str) -> Any:
+def open_optuna_storage(registry_url: str, **options: Any) -> Any:
+    """The Optuna ``RDBStorage`` that goes with a registry URL (``options`` go to it).
+
+    Processes opening a new database together (runners, ``describe``, a poller) race on
+    creating Optuna's tables and its alembic version table; the loser sees an IntegrityError
+    or "already exists" and finds them there on the next try, so this retries (5 tries)."""
+    import warnings
+
     import optuna
 
     url, engine_kwargs = optuna_storage_url(registry_url)
-    try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
-    except Exception as exc:  # noqa: BLE001 - reported with the fix
-        raise errors.RegistryError(
-            f"Could not open the Optuna study storage for this registry ({type(exc).__name__}). "
-            "Check that the registry database is reachable and writable."
-        ) from exc
+    for attempt in range(5):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, **options)
+        except Exception as exc:  # noqa: BLE001 - reported with the fix
+            if attempt == 4:
+                raise errors.RegistryError(
+                    "Could not open the Optuna study storage for this registry "
+                    f"({type(exc).__name__}). Check that the registry database is reachable "
+                    "and writable."
+                ) from exc
+            logger.info("Opening the Optuna storage failed (%s); retrying", type(exc).__name__)
+            time.sleep(0.5 + attempt)
+    raise AssertionError("unreachable")
 
 
 def _categorical_choices(hp: Hyperparameter) -> tuple[list[Any], bool]:
@@ -173,7 +188,7 @@ class Searcher:
         for attempt in range(3):
             try:
                 self.study = optuna.create_study(
-                    storage=storage if storage is not None else _storage(registry_url),
+                    storage=storage if storage is not None else open_optuna_storage(registry_url),
                     study_name=study_name(experiment_id),
                     sampler=sampler,
                     pruner=self._pruner(),

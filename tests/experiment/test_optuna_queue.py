@@ -155,3 +155,26 @@ def test_bad_heartbeat_settings_are_refused(monkeypatch, interval, grace):
         monkeypatch.setenv("CKPTSTORE_HEARTBEAT_GRACE", grace)
     with pytest.raises(errors.InvalidConfig, match="Received"):
         heartbeat_settings()
+
+
+def test_processes_opening_a_new_study_database_together_all_get_it(postgres_url_factory):
+    """Runners and pollers (``runners()``, ``describe``) first opening Optuna's storage in a
+    new PostgreSQL database race on creating its tables and alembic version table; every one
+    must get the storage (CI once saw ``runners()`` fail with "alembic_version already
+    exists"). Separate processes, as in real use, started together."""
+    import subprocess
+    import sys
+
+    url = postgres_url_factory()
+    code = (
+        "import sys; from ckptstore.experiment.optuna_queue import runners; "
+        "assert runners(sys.argv[1], 1) == {}"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, url], stderr=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    for p in procs:
+        p.stderr.close()
+    assert [rc for rc, _ in results] == [0] * 4, [err[-1500:] for rc, err in results if rc]
