@@ -3,7 +3,9 @@ import keras``, loaders annotated ``-> keras.InputData``) and its const.yaml, un
 ``ckptstore experiment create`` on local storage and on the S3 emulator; SIGTERM to the runner
 and ``experiment resume`` on the S3 emulator."""
 
+from ckptstore.checkpointing import format as fmt
 from ckptstore.registry import Registry
+from ckptstore.storage_backends import open_storage
 from tests.determined_compat.conftest import (
     ckptstore,
     copy_corpus,
@@ -53,7 +55,11 @@ def test_mnist_trial_resumes_after_sigterm(tmp_path, storage_url_factory):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     with Registry(registry) as reg:
         assert reg.get_trial(1).state == "COMPLETED"
-        assert reg.latest_checkpoint(1).steps_completed == 64
+        latest = reg.latest_checkpoint(1)
+        assert latest.steps_completed == 64
         steps = [row.steps_completed for row in reg.get_metrics(1, "validation")]
+    # S3 with no choice made: incremental checkpoints (format 2), the default for remote storage.
+    with open_storage(storage) as store:
+        assert fmt.read_manifest(store, latest.uuid)["format_version"] == fmt.BLOBS_FORMAT_VERSION
     # Validated once at each period: the resumed trial went on from its checkpoint.
     assert steps == [16, 32, 48, 64]
