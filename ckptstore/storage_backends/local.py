@@ -151,15 +151,18 @@ class LocalStorage(ObjectStorage):
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
-    def _write_if_absent(self, name: str, data: bytes) -> bool:
+    _fsyncs = True
+
+    def _write_if_absent(self, name: str, data: bytes, sync: bool = True) -> bool:  # type: ignore[override]
         target = self._path(name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         tmp = tmp_name(target)
         try:
             with open(tmp, "xb") as f:
                 f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+                if sync:
+                    f.flush()
+                    os.fsync(f.fileno())
             try:
                 os.link(tmp, target)  # atomic create-only, complete content or nothing
             except FileExistsError:
@@ -198,6 +201,10 @@ class LocalStorage(ObjectStorage):
 
     def _is_object(self, name: str) -> bool:
         return os.path.isfile(self._path(name))
+
+    def _modified(self, name: str) -> float:
+        # The file system's clock (on NFS, the server's): the same one for every writer.
+        return os.stat(self._path(name)).st_mtime
 
     # ---- overrides ----------------------------------------------------------------------------
     def delete(self, key: str, globs: Iterable[str] | None = None) -> dict[str, int]:

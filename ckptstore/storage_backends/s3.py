@@ -312,6 +312,10 @@ class S3Storage(ObjectStorage):
             raise
         return True
 
+    def _modified(self, name: str) -> float:
+        head = self._client.head_object(Bucket=self.bucket, Key=name)
+        return head["LastModified"].timestamp()
+
     def _close_clients(self) -> None:
         self._manager.shutdown()
         self._client.close()

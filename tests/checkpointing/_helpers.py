@@ -73,3 +73,25 @@ class MemoryIndex:
 
     def protected_checkpoint_uuids(self) -> set[str]:
         return set(self.protected)
+
+
+def backdate(monkeypatch, storage, key: str, seconds: float) -> None:
+    """Make the object at ``key`` look ``seconds`` older to GC, which judges age by the
+    storage's own timestamps: a real ``mtime`` change on a local store; on an object store
+    (whose server stamps writes itself) the timestamp ``storage.modified_at`` reports."""
+    path = storage.local_path(key)
+    if path is not None:
+        stamp = os.stat(path).st_mtime - seconds
+        os.utime(path, (stamp, stamp))
+        return
+    real = storage.modified_at
+    older = getattr(storage, "_backdated", {})
+    older[key] = seconds
+    monkeypatch.setattr(storage, "_backdated", older, raising=False)
+
+    def modified_at(k: str) -> float:
+        return real(k) - older.get(k, 0.0)
+
+    if not hasattr(real, "_backdating"):
+        modified_at._backdating = True  # type: ignore[attr-defined]
+        monkeypatch.setattr(storage, "modified_at", modified_at)

@@ -28,7 +28,7 @@ from ckptstore.checkpointing.index import COMMITTED, DELETED, PENDING
 from ckptstore.cli.main import cli
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
-from tests.checkpointing._helpers import MemoryIndex, make_tree
+from tests.checkpointing._helpers import MemoryIndex, backdate, make_tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOUR = 3600.0
@@ -184,7 +184,9 @@ def test_dry_run_reports_but_changes_nothing(tmp_path):
 
 
 # ---- PENDING rows that never committed -----------------------------------------------------------
-def test_stale_pending_rows_without_a_manifest_become_deleted(registry_url, local_and_s3_url):
+def test_stale_pending_rows_without_a_manifest_become_deleted(
+    registry_url, local_and_s3_url, monkeypatch
+):
     storage = open_storage(local_and_s3_url)
     other_url = "s3://somewhere-else/ckpts"
     ids = {
@@ -196,7 +198,7 @@ def test_stale_pending_rows_without_a_manifest_become_deleted(registry_url, loca
         _pending_row(reg, ids["leftover"], age_s=2 * HOUR, url=storage.url)
         storage.write_bytes(f"{ids['leftover']}/weights.bin", b"half")
         commit.write_pending_marker(storage, ids["leftover"])
-        _commit_marker_age(storage, ids["leftover"], 2 * HOUR)
+        backdate(monkeypatch, storage, f"{ids['leftover']}/{fmt.PENDING_MARKER_NAME}", 2 * HOUR)
         _pending_row(reg, ids["young"], age_s=10, url=storage.url)  # may still be uploading
         _pending_row(reg, ids["elsewhere"], age_s=2 * HOUR, url=other_url)  # not our storage
         _pending_row(reg, ids["marker_young"], age_s=2 * HOUR, url=storage.url)
@@ -218,11 +220,6 @@ def test_stale_pending_rows_without_a_manifest_become_deleted(registry_url, loca
         }
         assert not storage.exists(ids["leftover"]) and storage.exists(ids["marker_young"])
     storage.close()
-
-
-def _commit_marker_age(storage, uuid: str, age_s: float) -> None:
-    info = {"started_at": dt.datetime.now().timestamp() - age_s, "host": "h", "pid": 1}
-    storage.write_bytes(f"{uuid}/{fmt.PENDING_MARKER_NAME}", fmt.dump_json(info))
 
 
 class _SlowIndex(MemoryIndex):
