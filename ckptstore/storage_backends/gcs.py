@@ -58,7 +58,6 @@ class GCSStorage(ObjectStorage):
         **options: the common :class:`ObjectStorage` options.
     """
 
-    remote = True
     scheme = "gs"
 
     def __init__(
