@@ -72,6 +72,11 @@ class UnsafeCheckpointPath(InvalidStoragePath, InvalidCheckpoint):
     and an :class:`InvalidCheckpoint`."""
 
 
+class UnsafeManifestEntry(UnsafeCheckpointPath):
+    """An entry of a stored ``MANIFEST.json`` breaks the path rule: the checkpoint is damaged
+    or was not written by ckptstore (CLI exit 5, where a writer's bad file name is exit 2)."""
+
+
 class ChecksumMismatch(CheckpointError):
     """A downloaded file's size or crc32c differs from the checkpoint's manifest."""
 
