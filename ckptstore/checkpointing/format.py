@@ -448,7 +448,9 @@ def _checkpoint_children(storage: Storage) -> list[str]:
     return [name for name in storage.list_children("") if is_checkpoint_name(name)]
 
 
-def _try_manifest(storage: Storage, uuid: str) -> dict[str, Any] | None:
+def _try_manifest(
+    storage: Storage, uuid: str, skipped: dict[str, str] | None = None
+) -> dict[str, Any] | None:
     try:
         data = storage.read_bytes(f"{uuid}/{MANIFEST_NAME}")
     except errors.StorageNotFound:
@@ -458,6 +460,8 @@ def _try_manifest(storage: Storage, uuid: str) -> dict[str, Any] | None:
         return parse_manifest(data, uuid)
     except errors.InvalidCheckpoint as exc:
         logger.warning("Ignoring %s in %s: not a checkpoint. %s", uuid, storage.url, exc)
+        if skipped is not None:
+            skipped[uuid] = str(exc)
         return None
 
 
@@ -501,18 +505,24 @@ def record_from(
     )
 
 
-def scan_checkpoints(storage: Storage, storage_url: str | None = None) -> list[CheckpointRecord]:
+def scan_checkpoints(
+    storage: Storage, storage_url: str | None = None, *, skipped: dict[str, str] | None = None
+) -> list[CheckpointRecord]:
     """Records (COMMITTED or PARTIALLY_DELETED) of every committed checkpoint in storage,
-    oldest first by (steps_completed, created_at). Used by ``Registry.reindex``."""
+    oldest first by (steps_completed, created_at). Used by ``Registry.reindex``. A folder
+    with a damaged manifest or metadata is left out, logged, and added to ``skipped``
+    (``{uuid: why}``) when given."""
     records = []
     for uuid in _checkpoint_children(storage):
-        manifest = _try_manifest(storage, uuid)
+        manifest = _try_manifest(storage, uuid, skipped)
         if manifest is None:
             continue
         try:
             metadata = read_metadata(storage, uuid)
         except errors.InvalidCheckpoint as exc:
             logger.warning("Ignoring %s in %s: %s", uuid, storage.url, exc)
+            if skipped is not None:
+                skipped[uuid] = str(exc)
             continue
         metadata.setdefault("uuid", uuid)
         records.append(record_from(manifest, metadata, storage_url or storage.url))
