@@ -21,7 +21,7 @@ from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext
 from ckptstore.checkpointing import format as fmt
 from ckptstore.cli.main import cli
-from tests.checkpointing._helpers import make_tree
+from tests.checkpointing._helpers import make_tree, write_manifest
 
 FILES = {
     "model.keras": os.urandom(3 * 4096 + 5),
@@ -96,18 +96,6 @@ def mutation(draw: st.DrawFn, manifest: dict[str, Any]) -> Any:
     return damaged
 
 
-def write_manifest(ctx: CheckpointContext, uuid: str, damaged: Any) -> None:
-    if isinstance(damaged, bytes):
-        data = damaged
-    else:
-        data = json.dumps(damaged).encode()  # NaN/inf as JSON's extension, as a forger may
-    key = f"{uuid}/{fmt.MANIFEST_NAME}"
-    local = ctx.storage.local_path(key)
-    if local is not None and os.path.exists(local):
-        os.chmod(local, 0o644)  # committed manifests are read-only on local disk
-    ctx.storage.write_bytes(key, data)
-
-
 def read_everything(ctx: CheckpointContext, url: str, uuid: str, out: str) -> None:
     """Every reader a user has; only ckptstore errors may come out (the CLI exits 0 or 5)."""
     try:
@@ -149,12 +137,12 @@ def test_damaged_manifests_raise_only_typed_errors(local_and_s3_url, tmp_path, d
         )
         @given(data=st.data())
         def check(data: st.DataObject) -> None:
-            write_manifest(ctx, uuid, data.draw(mutation(good)))
+            write_manifest(ctx.storage, uuid, data.draw(mutation(good)))
             read_everything(ctx, local_and_s3_url, uuid, str(tmp_path / f"out{next(counter)}"))
 
         check()
         # The checkpoint itself was never touched: with its manifest back, it verifies.
-        write_manifest(ctx, uuid, fmt.manifest_bytes(good))
+        write_manifest(ctx.storage, uuid, fmt.manifest_bytes(good))
         ctx.download(uuid, tmp_path / "final")
 
 
@@ -255,7 +243,7 @@ def test_cli_verify_and_download_exit_5_on_a_damaged_manifest(local_and_s3_url, 
     with CheckpointContext(local_and_s3_url) as ctx:
         uuid = ctx.upload(make_tree(str(tmp_path / "src"), FILES))
         manifest = {"format_version": version, "uuid": uuid, "files": files}
-        write_manifest(ctx, uuid, manifest)
+        write_manifest(ctx.storage, uuid, manifest)
         for verb in (["verify", uuid], ["download", uuid, "-o", str(tmp_path / "out")]):
             result = CliRunner().invoke(cli, ["--storage", local_and_s3_url, "checkpoint", *verb])
             assert result.exit_code == 5, result.output
