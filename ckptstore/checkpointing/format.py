@@ -94,7 +94,9 @@ def check_entry(relpath: str, *, where: str = "manifest") -> str:
         why = key_problem(relpath[:-1] if relpath.endswith("/") else relpath, allow_empty=False)
     if why is None:
         return relpath
-    if "manifest" in where.lower():
+    # Exact, not "manifest" in where: a folder being saved may be called "manifests/".
+    reading = where == "manifest" or where.endswith(MANIFEST_NAME)
+    if reading:
         todo = (
             "Do not load this checkpoint: it was not written by ckptstore or was altered; "
             "re-save it with ckptstore."
@@ -106,7 +108,7 @@ def check_entry(relpath: str, *, where: str = "manifest") -> str:
             "'..'); nothing was committed."
         )
     # A stored manifest's bad entry is damage (CLI exit 5); a writer's bad name is bad input.
-    cls = errors.UnsafeManifestEntry if "manifest" in where.lower() else errors.UnsafeCheckpointPath
+    cls = errors.UnsafeManifestEntry if reading else errors.UnsafeCheckpointPath
     raise cls(f"Unsafe entry {relpath!r} in the checkpoint {where}: {why}. {todo}")
 
 

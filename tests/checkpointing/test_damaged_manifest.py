@@ -254,3 +254,14 @@ def test_cli_verify_and_download_exit_5_on_a_damaged_manifest(local_and_s3_url, 
             with ctx.restore_path(uuid):
                 pass
         assert not fmt.is_committed(ctx.storage, uuid)
+
+
+def test_a_writers_bad_name_stays_bad_input_in_a_folder_called_manifests(tmp_path):
+    """Only a stored manifest's bad entry is damage (exit 5); saving a bad name is exit 2, even
+    from a folder whose path says "manifest"."""
+    src = tmp_path / "manifests" / "MANIFEST.json-like"
+    make_tree(str(src), {"a\\b.bin": b"x"})
+    with CheckpointContext(str(tmp_path / "store")) as ctx:
+        with pytest.raises(errors.UnsafeCheckpointPath, match="Rename or remove") as caught:
+            ctx.upload(str(src))
+    assert not isinstance(caught.value, errors.UnsafeManifestEntry)
