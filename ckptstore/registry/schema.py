@@ -43,8 +43,9 @@ class Int(sa.types.TypeDecorator[int]):
     def process_bind_param(self, value: Any, dialect: sa.Dialect) -> Any:
         if is_int(value) and not -self._max - 1 <= value <= self._max:
             raise errors.InvalidConfig(
-                f"{value} is out of range for the registry (ids, counts and steps are at most "
-                f"{self._max}); pass a smaller number. Received: {value!r}"
+                f"{value} is out of range for the registry (this column holds "
+                f"{-self._max - 1} to {self._max}; ids are at most {INT_MAX}); pass a "
+                f"number in range. Received: {value!r}"
             )
         return value
 
