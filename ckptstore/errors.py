@@ -68,8 +68,14 @@ class InvalidCheckpoint(CheckpointError):
 class UnsafeCheckpointPath(InvalidStoragePath, InvalidCheckpoint):
     """A file name in a checkpoint breaks the one rule for checkpoint contents
     (:func:`ckptstore.storage_backends.paths.check_key`): raised by writers before anything is
-    committed, and by readers for a manifest entry. It is both an :class:`InvalidStoragePath`
-    and an :class:`InvalidCheckpoint`."""
+    committed, and by readers for a manifest entry (as its subclass
+    :class:`UnsafeManifestEntry`). It is both an :class:`InvalidStoragePath` and an
+    :class:`InvalidCheckpoint`."""
+
+
+class UnsafeManifestEntry(UnsafeCheckpointPath):
+    """An entry of a stored ``MANIFEST.json`` breaks the path rule: the checkpoint is damaged
+    or was not written by ckptstore (CLI exit 5, where a writer's bad file name is exit 2)."""
 
 
 class ChecksumMismatch(CheckpointError):

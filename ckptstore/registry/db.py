@@ -138,6 +138,10 @@ class Database:
         except errors.CkptstoreError:
             raise
         except sa_exc.SQLAlchemyError as exc:
+            # A value refused by a column type of ckptstore.registry.schema (before the
+            # database saw it) comes wrapped in a StatementError: raise it as it is.
+            if isinstance(getattr(exc, "orig", None), errors.CkptstoreError):
+                raise exc.orig from None  # type: ignore[misc]
             raise self._error(what, exc) from None
 
     def bump_sequence(self, conn: sa.Connection, table: sa.Table) -> None:

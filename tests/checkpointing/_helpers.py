@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import threading
+from typing import Any
 
+from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.index import (
     COMMITTED,
     PARTIALLY_DELETED,
@@ -34,6 +37,17 @@ def read_tree(root: str) -> dict[str, bytes]:
             with open(full, "rb") as f:
                 out[rel] = f.read()
     return out
+
+
+def write_manifest(storage: Any, uuid: str, damaged: Any) -> None:
+    """Replace checkpoint ``uuid``'s MANIFEST.json by ``damaged`` (bytes, or an object written
+    as JSON with NaN/inf as a forger may), behind ckptstore's back."""
+    data = damaged if isinstance(damaged, bytes) else json.dumps(damaged).encode()
+    key = f"{uuid}/{fmt.MANIFEST_NAME}"
+    local = storage.local_path(key)
+    if local is not None and os.path.exists(local):
+        os.chmod(local, 0o644)  # committed manifests are read-only on local disk
+    storage.write_bytes(key, data)
 
 
 class MemoryIndex:

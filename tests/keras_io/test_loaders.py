@@ -18,9 +18,12 @@ import pytest
 
 import ckptstore
 from ckptstore import errors
+from ckptstore.checkpointing import format as fmt
 from ckptstore.core import init
 from ckptstore.keras_io.loaders import load_model_from_checkpoint_path
 from ckptstore.registry import Registry
+from ckptstore.storage_backends import open_storage
+from tests.checkpointing._helpers import write_manifest
 from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, keras3_only
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,6 +172,27 @@ def test_checksum_mismatch(where):
     data[len(data) // 2] ^= 0xFF
     target.write_bytes(bytes(data))
     with pytest.raises(errors.ChecksumMismatch, match=WEIGHTS_FILE):
+        ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, storage=storage, registry=registry)
+
+
+#: Damage to a real checkpoint's manifest, each once a raw OSError/OverflowError on load.
+DAMAGE = {
+    "file-and-folder": lambda files: files.update({f"{WEIGHTS_FILE}/x": files[WEIGHTS_FILE]}),
+    "size-2**70": lambda files: files[WEIGHTS_FILE].update(size=2**70),
+    "folder-with-content": lambda files: files.update({"extra/": files[WEIGHTS_FILE]}),
+    "bool-size": lambda files: files[WEIGHTS_FILE].update(size=True),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_manifest_is_refused_before_loading(where, damage):
+    storage, registry = where
+    uuid = save_checkpoint(storage, registry, 5, tiny_model(), steps=1)
+    store = open_storage(storage)
+    manifest = fmt.read_manifest(store, uuid)
+    DAMAGE[damage](manifest["files"])
+    write_manifest(store, uuid, manifest)
+    with pytest.raises(errors.InvalidCheckpoint, match=f"{uuid}/MANIFEST.json"):
         ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, storage=storage, registry=registry)
 
 
