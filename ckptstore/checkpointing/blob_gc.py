@@ -64,18 +64,23 @@ def _references(storage: Storage) -> set[str] | None:
             continue
         # The marker before the manifest: a writer writes its manifest before it removes its
         # marker, so one of the two is always seen.
-        for doc in (fmt.PENDING_MARKER_NAME, fmt.MANIFEST_NAME):
-            try:
-                data = json.loads(storage.read_bytes(f"{name}/{doc}"))
-            except errors.StorageNotFound:
-                continue
-            except ValueError:
-                if doc == fmt.MANIFEST_NAME:
-                    logger.warning("Blob sweep skipped: %s/%s is not valid JSON.", name, doc)
-                    return None
-                continue
-            if isinstance(data, dict):
-                found |= referenced(data)
+        try:
+            marker = json.loads(storage.read_bytes(f"{name}/{fmt.PENDING_MARKER_NAME}"))
+            if isinstance(marker, dict) and isinstance(marker.get("blobs"), list):
+                found |= referenced({"blobs": marker["blobs"]})
+        except errors.StorageNotFound:
+            pass
+        except (ValueError, RecursionError):
+            pass  # a damaged marker names nothing (markers are ours: written whole)
+        try:
+            data = storage.read_bytes(f"{name}/{fmt.MANIFEST_NAME}")
+        except errors.StorageNotFound:
+            continue
+        try:
+            found |= referenced(fmt.parse_manifest(data, name))
+        except errors.InvalidCheckpoint as exc:
+            logger.warning("Blob sweep skipped: %s/%s: %s", name, fmt.MANIFEST_NAME, exc)
+            return None
     return found
 
 

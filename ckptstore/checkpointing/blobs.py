@@ -152,24 +152,6 @@ def chunk_ranges(path: str, ranges: Sequence[tuple[int, int]]) -> list[dict[str,
     return out
 
 
-def check_entry_blobs(entry: Mapping[str, Any], rel: str, where: str) -> None:
-    """Validate the ``blobs`` list of a manifest entry (InvalidCheckpoint naming it)."""
-    chunks = entry["blobs"]
-    ok = isinstance(chunks, list) and all(
-        isinstance(c, dict)
-        and isinstance(c.get("sha256"), str)
-        and SHA_RE.match(c["sha256"]) is not None
-        and isinstance(c.get("size"), int)
-        and c["size"] >= 0
-        for c in chunks
-    )
-    if not ok or sum(c["size"] for c in chunks) != entry["size"]:
-        raise errors.InvalidCheckpoint(
-            f"{where} has a malformed blob list for {rel!r} (expected chunks with sha256 and "
-            "size adding up to the file size); the checkpoint is damaged."
-        )
-
-
 def referenced(manifest: Mapping[str, Any]) -> set[str]:
     """The SHA-256 of every blob a manifest (or pending marker) names."""
     if isinstance(manifest.get("blobs"), list):  # a pending marker

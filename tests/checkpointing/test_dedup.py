@@ -77,7 +77,7 @@ def test_unchanged_chunks_are_not_uploaded_and_files_come_back_identical(
 
 def test_whole_file_and_dedup_checkpoints_share_a_prefix(tmp_path, frozen):
     url = str(tmp_path / "store")
-    with CheckpointContext(url, trial_id=1) as ctx:
+    with CheckpointContext(url, trial_id=1, dedup=False) as ctx:
         old = ctx.upload(make_tree(str(tmp_path / "a"), tree(1, frozen=frozen)))
         assert fmt.read_manifest(ctx.storage, old)["format_version"] == fmt.FORMAT_VERSION
         assert not ctx.storage.exists(blobs.BLOBS_DIR)
