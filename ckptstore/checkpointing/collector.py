@@ -233,8 +233,9 @@ def _collect_leftovers(
         try:
             if name == uuid and storage.exists(f"{uuid}/{fmt.MANIFEST_NAME}"):
                 # committed (or a damaged manifest: left for a human to look at)
-                if not dry_run:
-                    remove_stray_marker(storage, uuid)
+                marker = f"{uuid}/{fmt.PENDING_MARKER_NAME}"
+                if not dry_run and storage.file_exists(marker):
+                    remove_stray_marker(storage, uuid, storage_clock().stamp, grace_seconds)
                 continue
             stamp = commit.leftover_stamp(storage, name)
             now = storage_clock().stamp
@@ -295,14 +296,17 @@ def _remove_leftover(storage: Storage, index: CheckpointIndex | None, name: str,
     return True
 
 
-def remove_stray_marker(storage: Storage, uuid: str) -> bool:
+def remove_stray_marker(
+    storage: Storage, uuid: str, now: float | None = None, grace_seconds: float = 0.0
+) -> bool:
     """Remove the pending marker a kill right after the commit can leave inside committed
-    checkpoint ``uuid``. Readers ignore it (the manifest does not list it); a marker the
-    manifest does list is a user file and is kept. True if one was removed."""
+    checkpoint ``uuid``, once it is older than ``grace_seconds`` at storage time ``now``
+    (a younger one may be an amend in progress, whose new blobs it protects). Readers ignore
+    it (the manifest does not list it); a marker the manifest does list is a user file and is
+    kept. True if one was removed."""
     key = f"{uuid}/{fmt.PENDING_MARKER_NAME}"
-    try:
-        storage.read_bytes(key)
-    except errors.StorageNotFound:
+    stamp = commit.leftover_stamp(storage, uuid)
+    if stamp is None or (now is not None and now - stamp < grace_seconds):
         return False
     manifest = fmt.read_manifest(storage, uuid)
     if fmt.PENDING_MARKER_NAME in manifest["files"]:

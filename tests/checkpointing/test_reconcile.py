@@ -93,7 +93,8 @@ def test_kill_after_commit_is_reconciled_at_start_up(registry_url, local_and_s3_
     with Registry(registry_url) as reg:
         assert reg.get_checkpoint(uuid).state == PENDING
         assert reg.latest_checkpoint(1) is None  # the registry misses it
-        with CheckpointContext(storage, index=reg, trial_id=1) as ctx:  # start-up reconciles
+        # (grace 0: a stray marker younger than the grace may be an amend in progress)
+        with CheckpointContext(storage, index=reg, trial_id=1, gc_grace_seconds=0) as ctx:
             row = reg.get_checkpoint(uuid)
             assert row.state == COMMITTED
             assert reg.latest_checkpoint(1).uuid == uuid
@@ -127,7 +128,9 @@ def test_gc_applies_retention_to_checkpoints_the_registry_calls_pending(
             storage, index=reg, trial_id=2, gc_policy=LatestN(1)
         ) as gc_ctx:  # another trial: on-demand GC reconciles every trial's PENDING rows
             gc_ctx.gc()
-        with CheckpointContext(storage, index=reg, trial_id=1, gc_policy=LatestN(1)) as ctx:
+        with CheckpointContext(
+            storage, index=reg, trial_id=1, gc_policy=LatestN(1), gc_grace_seconds=0
+        ) as ctx:
             assert sorted(ctx.gc()) == sorted([recorded, lost_old])
             assert ctx.latest_checkpoint() == lost_new
         assert fmt.list_committed(storage) == [lost_new]
@@ -256,7 +259,8 @@ def test_uploads_in_flight_here_are_never_reconciled(storage_url_factory, tmp_pa
 # ---- stray markers ---------------------------------------------------------------------------------
 def test_gc_removes_stray_markers_but_never_manifest_listed_files(local_and_s3_url, tmp_path):
     storage = open_storage(local_and_s3_url)
-    with CheckpointContext(storage, trial_id=1) as ctx:  # storage only: no index
+    # storage only: no index; grace 0: younger stray markers may be amends in progress
+    with CheckpointContext(storage, trial_id=1, gc_grace_seconds=0) as ctx:
         stray = ctx.upload(_src(tmp_path, 1), {"steps_completed": 1})
         commit.write_pending_marker(storage, stray)
         # a checkpoint whose manifest lists a file of that name keeps it (it is data)
