@@ -30,6 +30,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    WithJsonSchema,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -176,6 +177,8 @@ def _hp_tag(value: Any) -> str:
 
 
 HPName = Annotated[str, Field(min_length=1, pattern=r"^[^.]+$")]
+#: pydantic writes a key pattern as ``patternProperties``, which lets other keys through.
+_HP_NAMES = {"propertyNames": {"minLength": 1, "pattern": r"^[^.]+$"}}
 HPSpec = TypeAliasType(
     "HPSpec",
     Annotated[
@@ -184,8 +187,14 @@ HPSpec = TypeAliasType(
         | Annotated[IntHP, Tag("hp:int")]
         | Annotated[DoubleHP, Tag("hp:double")]
         | Annotated[LogHP, Tag("hp:log")]
-        | Annotated[dict[HPName, "HPSpec"], Field(min_length=1), Tag("hp:group")]
-        | Annotated[Any, Tag("hp:plain")],
+        # The schema says what the discriminator does, so exactly one branch matches:
+        # a mapping without `type` is a group; anything but a mapping is a constant.
+        | Annotated[
+            dict[HPName, "HPSpec"],
+            Field(min_length=1, json_schema_extra={"not": {"required": ["type"]}, **_HP_NAMES}),
+            Tag("hp:group"),
+        ]
+        | Annotated[Any, WithJsonSchema({"not": {"type": "object"}}), Tag("hp:plain")],
         Discriminator(
             _hp_tag,
             custom_error_type="hp_type",
@@ -292,7 +301,9 @@ class Experiment(_Section):
     name: str | None = None
     description: str | None = None
     labels: list[str] | None = None
-    hyperparameters: dict[HPName, HPSpec] | None = None
+    hyperparameters: Annotated[dict[HPName, HPSpec], Field(json_schema_extra=_HP_NAMES)] | None = (
+        None
+    )
     searcher: Searcher | None = None
     min_validation_period: Length | None = None
     min_checkpoint_period: Length | None = None

@@ -108,6 +108,12 @@ def warn_ignored_keys(config: ExperimentConfig) -> None:
         )
 
 
+def _as_storage_dict(spec: str | dict[str, Any]) -> dict[str, Any]:
+    """A storage URL as a ``checkpoint_storage`` dict that GC keys can join: a ``directory``
+    block's ``container_path`` is opened as the URL it holds (local path or ``s3://...``)."""
+    return dict(spec) if isinstance(spec, dict) else {"type": "directory", "container_path": spec}
+
+
 def _storage_spec(storage: StorageSpec | None, config: ExperimentConfig) -> str | dict[str, Any]:
     if storage is not None:
         spec = storage
@@ -115,6 +121,8 @@ def _storage_spec(storage: StorageSpec | None, config: ExperimentConfig) -> str 
         spec = config.checkpoint_storage
     else:
         spec = trial_info.storage_from_env() or defaults.default_storage_url()
+        if config.retention:  # a block of GC keys alone: Determined merges it with the default
+            spec = {**_as_storage_dict(spec), **config.retention}
     if not isinstance(spec, (str, dict)):
         url = getattr(spec, "url", None)
         if not isinstance(url, str):
@@ -313,24 +321,36 @@ class _Run:
     def _launch(self, claim: Claim) -> None:
         trial_id, hparams = claim.trial_id, claim.hparams
         optuna_id = claim.optuna_id if self.queue.searcher is not None else None
-        if self.config.entrypoint.is_trial_class:
-            cmd = [sys.executable, "-m", "ckptstore.keras_io.trial.worker"]
-        else:
-            cmd = child_command(self.config.entrypoint.command())
         logger.info(
             "Experiment %d: starting trial %d with %s", self.experiment_id, trial_id, hparams
         )
         self.registry.set_trial_state(trial_id, "ACTIVE")
-        proc = subprocess.Popen(
-            cmd,
-            cwd=self.model_dir,
-            env=self._env(trial_id, hparams, optuna_id),
-            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
-            stdout=subprocess.PIPE,  # teed to our stdout and to <storage>/logs/<trial id>/
-            stderr=subprocess.STDOUT,
-        )
+        try:
+            if self.config.entrypoint.is_trial_class:
+                cmd = [sys.executable, "-m", "ckptstore.keras_io.trial.worker"]
+            else:
+                cmd = child_command(self.config.entrypoint.command())
+            proc = subprocess.Popen(
+                cmd,
+                cwd=self.model_dir,
+                env=self._env(trial_id, hparams, optuna_id),
+                preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+                stdout=subprocess.PIPE,  # teed to our stdout and to <storage>/logs/<trial id>/
+                stderr=subprocess.STDOUT,
+            )
+        except (OSError, ValueError) as exc:
+            # The trial fails, not the runner: a runner that died here left its claim's
+            # heartbeat thread running and `experiment create` never exited.
+            self._fail_to_start(claim, f"{type(exc).__name__}: {exc}")
+            return
         self.logs.follow(trial_id, proc)
         self.running[trial_id] = (proc, claim)
+
+    def _fail_to_start(self, claim: Claim, why: str) -> None:
+        logger.error("Trial %d could not start: %s", claim.trial_id, why)
+        self.registry.set_trial_state(claim.trial_id, "ERROR")
+        self.failures[claim.trial_id] = TrialFailure(claim.trial_id, None, why)
+        self.queue.tell(claim, None)
 
     def _finish(self, claim: Claim, rc: int) -> None:
         """Record how the trial's process ended: restarted here, re-queued (this runner
