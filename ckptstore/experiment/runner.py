@@ -100,10 +100,12 @@ def _open_registry(registry: Registry | str | None) -> tuple[Any, bool]:
 
 
 def warn_ignored_keys(config: ExperimentConfig) -> None:
-    """One warning naming the config keys that only mean something on a Determined cluster."""
+    """One warning naming the config keys that only mean something on a Determined cluster
+    or that Determined itself removed."""
     if config.ignored_keys:
         logger.warning(
-            "Config keys that only apply on a Determined cluster are ignored here: %s",
+            "Config keys that only apply on a Determined cluster (or that Determined removed) "
+            "are ignored here: %s",
             ", ".join(config.ignored_keys),
         )
 
