@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import shlex
 from pathlib import Path
@@ -372,7 +373,7 @@ def _searcher(
         smaller_is_better=raw.smaller_is_better,
         max_length=_max_length(raw, unit, script=script),
         max_trials=_max_trials(raw, hparams),
-        max_concurrent_trials=raw.max_concurrent_trials,
+        max_concurrent_trials=raw.max_concurrent_trials or max(1, os.cpu_count() or 1),
         divisor=raw.divisor,
         max_rungs=raw.max_rungs,
         mode=raw.mode,
@@ -512,24 +513,24 @@ def check_size(raw: Any, where: str = "<config>") -> None:
     """Refuse a config nested deeper than :data:`MAX_DEPTH` or with more than
     :data:`MAX_NODES` values, counting a YAML alias each time it is used (an alias bomb
     stops here after ``MAX_NODES`` steps instead of exhausting memory later)."""
-    stack: list[tuple[Any, int]] = [(raw, 0)]
-    nodes = 0
-    while stack:
-        node, depth = stack.pop()
-        nodes += 1
-        if depth > MAX_DEPTH or nodes > MAX_NODES:
-            what = f"nested deeper than {MAX_DEPTH}" if depth > MAX_DEPTH else "too large"
-            raise _fail(
-                where,
-                f"the config is {what} (at most {MAX_DEPTH} levels and {MAX_NODES} values, "
-                "YAML aliases counted each time they are used), received "
-                f"{type(node).__name__} at depth {depth}",
-                "Flatten it or move bulky data into a file the trial reads.",
-            )
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list | tuple):
-            stack.extend((v, depth + 1) for v in node)
+    level, depth, nodes = [raw], 0, 1
+    while level:  # breadth first, one list per level: no recursion, few allocations
+        below: list[Any] = []
+        for node in level:
+            if isinstance(node, dict):
+                below.extend(node.values())
+            elif isinstance(node, list | tuple):
+                below.extend(node)
+            if nodes + len(below) > MAX_NODES or (below and depth + 1 > MAX_DEPTH):
+                what = f"nested deeper than {MAX_DEPTH}" if depth + 1 > MAX_DEPTH else "too large"
+                raise _fail(
+                    where,
+                    f"the config is {what} (at most {MAX_DEPTH} levels and {MAX_NODES} values, "
+                    f"YAML aliases counted each time they are used), received more than "
+                    f"{nodes + len(below)} values down to depth {depth + 1}",
+                    "Flatten it or move bulky data into a file the trial reads.",
+                )
+        level, depth, nodes = below, depth + 1, nodes + len(below)
 
 
 def parse_config(raw: Any) -> ExperimentConfig:
@@ -609,17 +610,23 @@ MAX_BYTES = 1 << 20
 
 def _yaml_depth_ok(text: str) -> bool:
     """True when no collection in ``text`` nests deeper than :data:`MAX_DEPTH`, read from
-    PyYAML's event stream (iterative), before its recursive composer could overflow the stack."""
+    the YAML event stream (iterative), before PyYAML's recursive composer could overflow the
+    stack. libyaml's parser when installed: the pure-Python scanner is quadratic in nesting."""
     import yaml
 
     depth = 0
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
-            depth += 1
-            if depth > MAX_DEPTH:
-                return False
-        elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
-            depth -= 1
+    try:
+        for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+            if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return False
+            elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+                depth -= 1
+    except yaml.YAMLError as exc:
+        if "nesting depth" in str(exc):  # libyaml's own limit (1000 levels)
+            return False
+        raise
     return True
 
 

@@ -119,16 +119,22 @@ Length = Annotated[
 
 # ---- hyperparameters ----------------------------------------------------------------------------
 class ConstHP(_Section):
+    """A hyperparameter with one value: ``{type: const, val: 0.9}``."""
+
     type: Literal["const"]
     val: Any
 
 
 class CategoricalHP(_Section):
+    """One of a list of values: ``{type: categorical, vals: [relu, tanh]}``."""
+
     type: Literal["categorical"]
     vals: Annotated[list[Any], Field(min_length=1)]
 
 
 class _RangeHP(_Section):
+    """A range; ``count`` points of it for the grid searcher."""
+
     count: PositiveInt | None = None
 
     @model_validator(mode="after")
@@ -144,18 +150,24 @@ class _RangeHP(_Section):
 
 
 class IntHP(_RangeHP):
+    """An integer in ``[minval, maxval]``: ``{type: int, minval: 8, maxval: 64}``."""
+
     type: Literal["int"]
     minval: int
     maxval: int
 
 
 class DoubleHP(_RangeHP):
+    """A float in ``[minval, maxval]``: ``{type: double, minval: 0.0, maxval: 0.5}``."""
+
     type: Literal["double"]
     minval: Number
     maxval: Number
 
 
 class LogHP(_RangeHP):
+    """``base ** x`` for x in ``[minval, maxval]``: ``{type: log, minval: -4, maxval: -1}``."""
+
     type: Literal["log"]
     minval: Number
     maxval: Number
@@ -222,7 +234,13 @@ class Searcher(_Section):
     max_length: Length | None = None
     max_steps: PositiveInt | None = None
     max_trials: Annotated[int, Field(ge=1, le=MAX_TRIALS)] | None = None
-    max_concurrent_trials: PositiveInt = 1
+    max_concurrent_trials: Annotated[
+        NonNegativeInt,
+        Field(
+            description="Trials run at once on this machine (default 1; Determined's is 16). "
+            "0, Determined's 'decide for me', is one per CPU."
+        ),
+    ] = 1
     divisor: Annotated[int, Field(ge=2)] = 4
     max_rungs: PositiveInt = 5
     mode: Literal["standard", "aggressive", "conservative"] = "standard"
@@ -262,6 +280,8 @@ class Resources(_Section):
 
 
 class Reproducibility(_Section):
+    """``reproducibility``: the seed trials derive theirs from."""
+
     experiment_seed: NonNegativeInt = 0
 
 

@@ -3,6 +3,7 @@ GC keys alone keeps the default storage, ``{batches: 0}`` periods are off, and k
 removed are ignored with one warning."""
 
 import logging
+import os
 import sys
 import textwrap
 
@@ -110,3 +111,11 @@ def test_removed_keys_are_ignored_with_one_warning(caplog):
         warn_ignored_keys(config)
     (record,) = caplog.records
     assert "data_layer" in record.getMessage() and "searcher.step_budget" in record.getMessage()
+
+
+def test_max_concurrent_trials_zero_is_one_per_cpu():
+    """Determined's ``max_concurrent_trials: 0`` lets the cluster decide; here one per CPU."""
+    searcher = {"name": "random", "metric": "val_loss", "max_trials": 64}
+    config = parse_config({**SCRIPT, "searcher": {**searcher, "max_concurrent_trials": 0}})
+    assert config.searcher.max_concurrent_trials == max(1, os.cpu_count() or 1)
+    assert parse_config({**SCRIPT, "searcher": searcher}).searcher.max_concurrent_trials == 1

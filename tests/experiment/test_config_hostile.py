@@ -33,7 +33,7 @@ ALIAS_BOMB = "\n".join(
 )
 
 
-def _refused_quickly(action, match, *, seconds=5.0, megabytes=64):
+def _refused_quickly(action, match, *, seconds=10.0, megabytes=64):
     """``action()`` raises InvalidConfig matching ``match`` within the time and memory given."""
     tracemalloc.start()
     start = time.monotonic()
