@@ -439,8 +439,16 @@ class ExperimentConfig:
 
 def _storage(block: str | schema.StorageBlock | None) -> tuple[str | dict[str, Any] | None, dict]:
     """``(storage, GC keys)``: a block of GC keys alone keeps the default storage."""
-    if block is None or isinstance(block, str):
-        return (block.strip() if block else None), {}
+    if block is None:
+        return None, {}
+    if isinstance(block, str):
+        if not block.strip():
+            raise _fail(
+                "checkpoint_storage",
+                f"expected a URL or a storage mapping, received {block!r}",
+                "Use e.g. `checkpoint_storage: s3://bucket/prefix` or `{type: s3, bucket: b}`.",
+            )
+        return block.strip(), {}
     given = block.model_dump(exclude_unset=True)
     retention = {k: given[k] for k in GC_KEYS if given.get(k) is not None}
     if block.type is not None:

@@ -34,6 +34,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
@@ -43,8 +44,11 @@ from ckptstore.experiment.optuna_queue import FINISHED, Claim, TrialQueue
 from ckptstore.launch.process import child_command
 from ckptstore.launch.tensorflow import SLOTS_ENV
 
+#: A trial's final searcher metric by registry trial id (None when it reported none).
+MetricOf = Callable[[int], float | None]
+
 if TYPE_CHECKING:  # pragma: no cover
-    from ckptstore.experiment.runner import RunOutcome, _Run
+    from ckptstore.experiment.runner import ExperimentRun, RunOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +94,7 @@ def _searcher_class() -> type:
     from ray.tune.search import Searcher
 
     class QueueSearcher(Searcher):
-        def __init__(self, queue: TrialQueue, metric_of: Any, script: bool) -> None:
+        def __init__(self, queue: TrialQueue, metric_of: MetricOf, script: bool) -> None:
             super().__init__()
             self.queue = queue
             self.metric_of = metric_of
@@ -155,7 +159,9 @@ def _searcher_class() -> type:
     return QueueSearcher
 
 
-def _settle(queue: TrialQueue, claim: Claim, *, error: bool, script: bool, metric_of: Any) -> None:
+def _settle(
+    queue: TrialQueue, claim: Claim, *, error: bool, script: bool, metric_of: MetricOf
+) -> None:
     """Record how a Tune trial ended, as the local runner does: a script's exit 0 completes
     it, an error fails it, a preempted trial goes back to the queue, a finished one is told to
     the study with its final searcher metric."""
@@ -231,7 +237,7 @@ def _tune_trial(config: dict[str, Any], spec: dict[str, Any]) -> None:
 
 
 # ---- the driver ---------------------------------------------------------------------------------
-def run_on_ray(run: _Run, address: str | None) -> RunOutcome:
+def run_on_ray(run: ExperimentRun, address: str | None) -> RunOutcome:
     """Run (or continue) ``run``'s experiment on the Ray cluster at ``address`` (``None``:
     ``RAY_ADDRESS``, else a local Ray started for this run)."""
     from ckptstore import defaults

@@ -53,17 +53,17 @@ from ckptstore import defaults, errors
 from ckptstore.core import _info as trial_info
 from ckptstore.experiment.common import (
     MODEL_DIR_ENV,
-    OPTUNA_TRIAL_ENV,
     RUNNER_KEY,
     die_with_parent,
     experiment_config,
+    run_settings,
+    trial_env,
 )
 from ckptstore.experiment.config import ExperimentConfig, load_config, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value
 from ckptstore.experiment.optuna_queue import Claim, TrialQueue, runner_name, runners
 from ckptstore.experiment.trial_logs import TrialLogs
-from ckptstore.launch.process import child_command, child_env
-from ckptstore.launch.tensorflow import SLOTS_ENV
+from ckptstore.launch.process import child_command
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
@@ -244,13 +244,23 @@ def searcher_env(config: ExperimentConfig) -> dict[str, str]:
 
 
 # ---- the run loop -------------------------------------------------------------------------------
-class _Run:
+class ExperimentRun:
     """Runs (or continues) one experiment's trials until its queue is empty.
 
-    Several ``_Run`` s (processes, machines) may work on one experiment at once: each takes
+    Several runs (processes, machines) may work on one experiment at once: each takes
     trials from the experiment's Optuna queue (:class:`~.optuna_queue.TrialQueue`), and a runner
     with nothing left to take waits while other runners' trials run, to continue any whose
-    runner dies (Optuna re-queues it after its heartbeat's grace period).
+    runner dies (Optuna re-queues it after its heartbeat's grace period). The Ray engine
+    places the same queue's trials on a cluster through :meth:`experiment_env`, ``queue``,
+    :meth:`final_metric` and :meth:`conclude`.
+
+    Example::
+
+        from ckptstore.registry import Registry
+
+        with Registry("sqlite:///reg.db") as registry:
+            run = ExperimentRun(3, registry, "sqlite:///reg.db", storage=None)
+            outcome = run.run()   # trials as processes here, until the queue is empty
     """
 
     def __init__(
@@ -293,32 +303,21 @@ class _Run:
         return _final_metric(self.registry, trial_id, self.config.searcher.metric)
 
     def experiment_env(self) -> dict[str, str]:
-        """What this experiment's trial processes get on top of the environment they start in,
-        without the per-trial keys (the Ray engine adds it to each node's own environment,
-        then the trial's keys with :func:`~ckptstore.experiment.common.trial_env`)."""
-        env = self._env(0, {}, None)
-        for key in (trial_info.TRIAL_ID_ENV, trial_info.HPARAMS_ENV, OPTUNA_TRIAL_ENV):
-            env.pop(key, None)
-        return {k: v for k, v in env.items() if os.environ.get(k) != v}
-
-    def _env(self, trial_id: int, hparams: dict[str, Any], optuna_id: int | None) -> dict[str, str]:
-        env = dict(os.environ)
-        env[trial_info.TRIAL_ID_ENV] = str(trial_id)
-        env[trial_info.EXPERIMENT_ID_ENV] = str(self.experiment_id)
-        env[trial_info.HPARAMS_ENV] = json.dumps(hparams)
-        env[trial_info.DATA_CONFIG_ENV] = json.dumps(self.config.data)
-        env[trial_info.STORAGE_ENV] = (
-            self.storage if isinstance(self.storage, str) else json.dumps(self.storage)
-        )
-        env[trial_info.REGISTRY_ENV] = self.registry_url
-        env[MODEL_DIR_ENV] = str(self.model_dir)
-        if optuna_id is not None:
-            env[OPTUNA_TRIAL_ENV] = str(optuna_id)
-        else:
-            env.pop(OPTUNA_TRIAL_ENV, None)
-        env[SLOTS_ENV] = str(self.config.slots_per_trial)
-        env.update(searcher_env(self.config))
-        return child_env(env, extra_paths=[str(self.model_dir)], who="ckptstore experiment")
+        """The environment keys this experiment's trial processes get on top of the one they
+        start in, without the per-trial keys (the Ray engine ships it to each node, where
+        :func:`~ckptstore.experiment.common.trial_env` adds the node's environment and the
+        trial's keys)."""
+        return {
+            trial_info.EXPERIMENT_ID_ENV: str(self.experiment_id),
+            MODEL_DIR_ENV: str(self.model_dir),
+            **run_settings(
+                data=self.config.data,
+                storage=self.storage,
+                registry_url=self.registry_url,
+                slots=self.config.slots_per_trial,
+            ),
+            **searcher_env(self.config),
+        }
 
     def _launch(self, claim: Claim) -> None:
         trial_id, hparams = claim.trial_id, claim.hparams
@@ -335,7 +334,7 @@ class _Run:
             proc = subprocess.Popen(
                 cmd,
                 cwd=self.model_dir,
-                env=self._env(trial_id, hparams, optuna_id),
+                env=trial_env(os.environ, self.experiment_env(), trial_id, hparams, optuna_id),
                 preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
                 stdout=subprocess.PIPE,  # teed to our stdout and to <storage>/logs/<trial id>/
                 stderr=subprocess.STDOUT,
@@ -491,7 +490,7 @@ def _check_engine(engine: str) -> None:
         raise errors.InvalidConfig(f"engine must be 'local' or 'ray'. Received: engine={engine!r}")
 
 
-def _start(run: _Run, engine: str, address: str | None) -> RunOutcome:
+def _start(run: ExperimentRun, engine: str, address: str | None) -> RunOutcome:
     """Run the experiment on the chosen engine (the local runner by default)."""
     if engine == "ray":
         from ckptstore.experiment.ray_engine import run_on_ray
@@ -561,7 +560,7 @@ def create_experiment(
             exp_id,
         )
         if run:
-            run_ = _Run(
+            run_ = ExperimentRun(
                 exp_id, reg, _registry_url(registry), storage if storage is not None else None
             )
             _start(run_, engine, address)
@@ -639,7 +638,7 @@ def run_experiment(
     try:
         reg.get_experiment(experiment_id)  # ExperimentNotFound early
         _check_engine(engine)
-        run = _Run(experiment_id, reg, _registry_url(registry), storage, model_dir)
+        run = ExperimentRun(experiment_id, reg, _registry_url(registry), storage, model_dir)
         reg.set_experiment_state(experiment_id, "ACTIVE")
         return _start(run, engine, address)
     finally:
@@ -739,6 +738,7 @@ def list_experiments(*, registry: Registry | str | None = None) -> list[dict[str
 
 
 __all__ = [
+    "ExperimentRun",
     "RunOutcome",
     "TrialFailure",
     "create_experiment",
