@@ -129,9 +129,7 @@ def _length(
 
 def parse_length(value: Any, key: str, scheduling_unit: int) -> Length:
     """``{batches|records|epochs: N}`` or a bare int of steps (``N * scheduling_unit`` batches)."""
-    model = schema.validate({"searcher": {"name": "single", "metric": "m", "max_length": value}})
-    assert model.searcher is not None and model.searcher.max_length is not None
-    length = _length(model.searcher.max_length, key, scheduling_unit, zero_is_off=False)
+    length = _length(schema.validate_length(value, key), key, scheduling_unit, zero_is_off=False)
     assert length is not None
     return length
 

@@ -29,6 +29,7 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    TypeAdapter,
     ValidationError,
     WithJsonSchema,
     model_validator,
@@ -38,7 +39,14 @@ from typing_extensions import TypeAliasType
 
 from ckptstore import errors
 
-__all__ = ["GC_KEYS", "HP_TYPES", "SEARCHERS", "config_json_schema", "validate"]
+__all__ = [
+    "GC_KEYS",
+    "HP_TYPES",
+    "SEARCHERS",
+    "config_json_schema",
+    "validate",
+    "validate_length",
+]
 
 #: Searcher names this runner implements (``tpe`` is a ckptstore extension).
 SEARCHERS = ("single", "grid", "random", "adaptive_asha", "tpe")
@@ -364,11 +372,11 @@ def _key(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc if not _TAG.match(str(p))) or "<config>"
 
 
-def _as_invalid_config(exc: ValidationError) -> errors.InvalidConfig:
+def _as_invalid_config(exc: ValidationError, prefix: tuple[str, ...] = ()) -> errors.InvalidConfig:
     """The first problem of ``exc`` as users have always seen it: the key path, what is wrong,
     the value received and the fix (custom errors carry theirs in ``ctx["fix"]``)."""
     err = exc.errors(include_url=False)[0]
-    kind, loc, ctx = err["type"], tuple(err["loc"]), err.get("ctx") or {}
+    kind, loc, ctx = err["type"], (*prefix, *err["loc"]), err.get("ctx") or {}
     received = err["input"]
     if kind == "unknown_key":
         key = _key((*loc, ctx["key"]))
@@ -410,6 +418,18 @@ def validate(raw: Any) -> Experiment:
         return Experiment.model_validate(raw)
     except ValidationError as exc:
         raise _as_invalid_config(exc) from None
+
+
+_LENGTH = TypeAdapter(Length)
+
+
+def validate_length(value: Any, key: str) -> int | LengthSpec:
+    """One length (``{batches: N}``, ... or a bare int of steps) checked alone; errors name
+    ``key``."""
+    try:
+        return _LENGTH.validate_python(value)
+    except ValidationError as exc:
+        raise _as_invalid_config(exc, tuple(key.split("."))) from None
 
 
 def config_json_schema() -> dict[str, Any]:

@@ -11,7 +11,7 @@ import pytest
 
 from ckptstore import errors
 from ckptstore.experiment import create_experiment, describe_experiment
-from ckptstore.experiment.config import parse_config
+from ckptstore.experiment.config import Length, parse_config, parse_length
 from ckptstore.experiment.runner import warn_ignored_keys
 from ckptstore.registry import Registry
 
@@ -119,3 +119,10 @@ def test_max_concurrent_trials_zero_is_one_per_cpu():
     config = parse_config({**SCRIPT, "searcher": {**searcher, "max_concurrent_trials": 0}})
     assert config.searcher.max_concurrent_trials == max(1, os.cpu_count() or 1)
     assert parse_config({**SCRIPT, "searcher": searcher}).searcher.max_concurrent_trials == 1
+
+
+def test_parse_length_names_the_key_it_checks():
+    assert parse_length({"epochs": 2}, "min_validation_period", 100) == Length("epochs", 2)
+    assert parse_length(3, "min_validation_period", 100) == Length("batches", 300)
+    with pytest.raises(errors.InvalidConfig, match=r"`min_validation_period.batchez`.*`batches`"):
+        parse_length({"batchez": 1}, "min_validation_period", 100)
