@@ -169,6 +169,19 @@ resume_cmd = experiment.command("resume", help=_RESUME_HELP)(_resume)
 experiment.add_command(resume_cmd, "join")
 
 
+@experiment.command("schema")
+def schema_cmd() -> None:
+    """Print the JSON Schema of an experiment config (Determined 0.38's keys, types, defaults).
+
+    \b
+    Example:
+      ckptstore experiment schema > experiment-config.schema.json
+    """
+    from ckptstore.experiment import config_json_schema
+
+    click.echo(json.dumps(config_json_schema(), indent=2))
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
