@@ -55,6 +55,11 @@ class InvalidStorageConfig(StorageError, ValueError):
     """A storage URL or ``checkpoint_storage`` dict is malformed or names an unknown type."""
 
 
+class StorageNotAllowed(InvalidStorageConfig):
+    """A registry row names a storage the caller neither opened nor allowed
+    (:mod:`ckptstore.checkpointing.row_storage`)."""
+
+
 class MissingDependency(CkptstoreError, ImportError):
     """An optional package needed for a backend or feature is not installed."""
 

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from ckptstore import errors, masking
+from ckptstore.checkpointing.row_storage import storage_of_row
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
 from ckptstore.storage_backends.base import Storage, close_all
@@ -118,12 +119,15 @@ class UiContext:
             return self._storages[key]
 
     def storage_for(self, ckpt: Any) -> Storage:
-        """The storage of a registry checkpoint row, by the CLI's rule
-        (:meth:`ckptstore.cli.state.CliState.storage_for`): an explicit ``--storage`` wins,
-        else the URL the row recorded, else the default storage."""
+        """The storage of a registry checkpoint row: an explicit ``--storage`` wins, else the
+        URL the row recorded when :func:`~ckptstore.checkpointing.row_storage.storage_of_row`
+        trusts it (it is the UI's storage or in ``CKPTSTORE_ALLOWED_STORAGE``), else the UI's
+        storage."""
         if self.settings.explicit_storage:
             return self.storage()
-        return self.storage(getattr(ckpt, "storage_url", "") or None)
+        recorded = getattr(ckpt, "storage_url", "") or None
+        uuid = getattr(ckpt, "uuid", None)
+        return self.storage(storage_of_row(recorded, self.settings.storage_url, uuid=uuid))
 
     def cached(self, key: tuple, make: Callable[[], T]) -> T:
         """``make()``, remembered under ``key`` (the newest :data:`CACHE_ENTRIES` kept). Keys
