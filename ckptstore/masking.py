@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import re
@@ -84,7 +85,10 @@ _POINTER_WORDS = frozenset(
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 
 _NAME = r"[A-Za-z_][\w.\-]*"
-_USERINFO_PASSWORD = re.compile(r"(?P<head>[A-Za-z][\w+.\-]*://[^\s/@:]*):(?P<pw>[^\s/]*)@")
+#: The look-behinds start a match only at the start of a word: linear time on long text.
+_USERINFO_PASSWORD = re.compile(
+    r"(?<![\w+.\-])(?P<head>[A-Za-z][\w+.\-]*://[^\s/@:]*):(?P<pw>[^\s/]*)@"
+)
 #: ``NAME=``, ``NAME:``, ``'NAME': `` (a whole name: not preceded by a name character).
 _ASSIGNMENT = re.compile(rf"(?<![\w.\-])(?P<name>{_NAME})[\"']?\s*[:=]\s*")
 #: The value after a secret name: a quoted one ends at its quote, a bare one at a separator of
@@ -106,7 +110,12 @@ _SDK_PATTERNS = (
 
 def is_secret_name(name: object) -> bool:
     """Whether a key or variable called ``name`` holds a secret (see the module docstring)."""
-    words = [w.lower() for w in _WORDS.findall(str(name))]
+    return _is_secret_name(str(name))
+
+
+@functools.lru_cache(maxsize=4096)  # the same few names recur in every row and log line
+def _is_secret_name(name: str) -> bool:
+    words = [w.lower() for w in _WORDS.findall(name)]
     if not words or words[-1] in _POINTER_WORDS:
         return False
     if any(w in _SECRET_WORDS for w in words):
@@ -144,13 +153,17 @@ def mask_text(text: str) -> str:
     return _mask_assignments(text)
 
 
+def _empty(value: object) -> bool:
+    return value is None or (isinstance(value, str) and not value)
+
+
 def mask_value(value: T) -> T:
     """``value`` (a config, metadata, hparams, a ``--json`` record) with the secrets of
     :func:`mask_text` and every value under a secret-named key hidden; a new object, the
     argument is not changed."""
     if isinstance(value, Mapping):
         return {  # type: ignore[return-value]
-            k: MASK if is_secret_name(k) and v not in (None, "") else mask_value(v)
+            k: MASK if is_secret_name(k) and not _empty(v) else mask_value(v)
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):
