@@ -14,9 +14,16 @@ Example::
 
 from __future__ import annotations
 
+from ckptstore.masking import mask_text
+
 
 class CkptstoreError(Exception):
-    """Base class of every ckptstore error."""
+    """Base class of every ckptstore error. Its message goes through the one masking rule
+    (:func:`ckptstore.masking.mask_text`), so a URL password, a ``?password=`` or a
+    ``token=...`` received from the caller is never repeated back."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(mask_text(a) if isinstance(a, str) else a for a in args))
 
 
 # --- storage -----------------------------------------------------------------------------------
@@ -46,6 +53,11 @@ class StorageUnavailable(StorageError):
 
 class InvalidStorageConfig(StorageError, ValueError):
     """A storage URL or ``checkpoint_storage`` dict is malformed or names an unknown type."""
+
+
+class StorageNotAllowed(InvalidStorageConfig):
+    """A registry row names a storage the caller neither opened nor allowed
+    (:mod:`ckptstore.checkpointing.row_storage`)."""
 
 
 class MissingDependency(CkptstoreError, ImportError):

@@ -27,6 +27,7 @@ from ckptstore.checkpointing.reconcile import ReconcileReport, newest_in_storage
 from ckptstore.checkpointing.retention import GCPolicy
 from ckptstore.checkpointing.uploader import BackgroundUploader, snapshot_dir
 from ckptstore.storage_backends import Storage, dedup_option, open_storage
+from ckptstore.storage_backends.local import check_links_inside
 from ckptstore.validators import number_at_least
 
 logger = logging.getLogger(__name__)
@@ -480,6 +481,8 @@ class CheckpointContext:
             local = self.storage.local_path(storage_id)
             manifest = self._manifest(storage_id)
             if local is not None and os.path.isdir(local) and not blobs.uses_blobs(manifest):
+                # The caller reads this folder itself: no link in it may lead out of it.
+                check_links_inside(local, local, self.storage.local_path("") or local)
                 if self.verify:
                     fmt.verify_files(local, manifest, selector)
                 yield pathlib.Path(local)

@@ -19,6 +19,7 @@ import click
 
 from ckptstore import defaults
 from ckptstore.cli.output import json_option
+from ckptstore.masking import mask_value
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +209,7 @@ def describe_cmd(ctx: click.Context, experiment_id: int, as_json: bool) -> None:
     from ckptstore.experiment import describe_experiment
 
     _, registry = _targets(ctx)
-    info = describe_experiment(experiment_id, registry=registry)
+    info = mask_value(describe_experiment(experiment_id, registry=registry))
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return
@@ -250,7 +251,7 @@ def list_cmd(ctx: click.Context, as_json: bool) -> None:
     from ckptstore.experiment import list_experiments
 
     _, registry = _targets(ctx)
-    items = list_experiments(registry=registry)
+    items = mask_value(list_experiments(registry=registry))
     if as_json:
         click.echo(json.dumps(items, indent=2, default=str))
         return

@@ -28,6 +28,7 @@ from sqlalchemy import exc as sa_exc
 
 from ckptstore import errors
 from ckptstore.checkpointing.index import LIVE_STATES as _LIVE_STATES
+from ckptstore.masking import mask_value
 from ckptstore.registry import Registry, schema
 
 _E = schema.experiments
@@ -95,6 +96,12 @@ class TrialFilter:
     sort: str = "id"
     descending: bool = False
     page: int = 1
+
+
+def _shown(row: sa.Row[Any]) -> dict[str, Any]:
+    """A row as pages may show it: every value through the one masking rule (hparams such as
+    ``api_key``, descriptions and URLs with passwords)."""
+    return mask_value(dict(row._mapping))
 
 
 def _offset(page: int, size: int) -> int:
@@ -314,7 +321,7 @@ def experiment_trials(
             _latest(searcher).label("latest"),
             _checkpoint_count().label("checkpoints"),
         ).where(_T.c.id.in_(ids))
-        found = {r.id: dict(r._mapping) for r in conn.execute(details)}
+        found = {r.id: _shown(r) for r in conn.execute(details)}
         return Page([found[i] for i in ids if i in found], total, flt.page, PAGE_SIZE)
 
     return registry.read(fn, what="list an experiment's trials")
@@ -344,7 +351,7 @@ def experiment_points(
             .where(stats.c.best.is_not(None))
             .order_by(_T.c.id)
         )
-        return [dict(r._mapping) for r in conn.execute(query)]
+        return [_shown(r) for r in conn.execute(query)]
 
     return registry.read(fn, what="chart an experiment's trials")
 
@@ -402,7 +409,7 @@ def trial_checkpoints(
             .limit(PAGE_SIZE)
             .offset(_offset(page, PAGE_SIZE))
         )
-        return Page([dict(r._mapping) for r in rows], total, page, PAGE_SIZE)
+        return Page([_shown(r) for r in rows], total, page, PAGE_SIZE)
 
     return registry.read(fn, what="list a trial's checkpoints")
 
@@ -416,7 +423,7 @@ def live_checkpoints(registry: Registry, trial_id: int) -> list[dict[str, Any]]:
             .where(_C.c.trial_id == trial_id, _C.c.state.in_(LIVE_STATES))
             .order_by(_C.c.steps_completed, _C.c.created_at, _C.c.uuid)
         )
-        return [dict(r._mapping) for r in rows]
+        return [_shown(r) for r in rows]
 
     return registry.read(fn, what="list a trial's live checkpoints")
 
@@ -506,7 +513,7 @@ def checkpoints_page(
             .limit(PAGE_SIZE)
             .offset(_offset(page, PAGE_SIZE))
         )
-        return Page([dict(r._mapping) for r in rows], total, page, PAGE_SIZE)
+        return Page([_shown(r) for r in rows], total, page, PAGE_SIZE)
 
     return registry.read(fn, what="list checkpoints")
 
@@ -525,7 +532,7 @@ def models_page(registry: Registry, page: int = 1) -> Page:
             .limit(PAGE_SIZE)
             .offset(_offset(page, PAGE_SIZE))
         )
-        return Page([dict(r._mapping) for r in rows], total, page, PAGE_SIZE)
+        return Page([_shown(r) for r in rows], total, page, PAGE_SIZE)
 
     return registry.read(fn, what="list models")
 
@@ -538,7 +545,7 @@ def model_versions_page(registry: Registry, name: str, page: int = 1) -> Page:
         where = [_V.c.model_id == model_id]
         total = conn.execute(sa.select(sa.func.count()).select_from(_V).where(*where)).scalar_one()
         rows = [
-            dict(r._mapping)
+            _shown(r)
             for r in conn.execute(
                 sa.select(_V)
                 .where(*where)

@@ -19,6 +19,7 @@ import pytest
 import ckptstore
 from ckptstore import errors
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing.row_storage import ALLOWED_STORAGE_ENV
 from ckptstore.core import init
 from ckptstore.keras_io.loaders import load_model_from_checkpoint_path
 from ckptstore.registry import Registry
@@ -69,8 +70,11 @@ def export(model, path: str) -> None:
 
 
 @pytest.fixture
-def where(tmp_path):
-    return str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'registry.db'}"
+def where(tmp_path, monkeypatch):
+    storage = str(tmp_path / "ckpts")
+    # Loads without storage= read the URL a registry row recorded only when it is allowed.
+    monkeypatch.setenv(ALLOWED_STORAGE_ENV, storage)
+    return storage, f"sqlite:///{tmp_path / 'registry.db'}"
 
 
 def test_latest_best_and_uuid(where):
@@ -93,13 +97,34 @@ def test_latest_best_and_uuid(where):
     np.testing.assert_allclose(best.predict(X, verbose=0), expected[1], rtol=1e-6)
     worst = ckptstore.load_checkpoint_model(
         trial_id=5, registry=registry, best_by="val_loss", smaller_is_better=False
-    )  # storage comes from the URL the registry recorded
+    )  # storage comes from the URL the registry recorded (allowed by the fixture)
     np.testing.assert_allclose(worst.predict(X, verbose=0), expected[0], rtol=1e-6)
 
     by_uuid = ckptstore.load_checkpoint_model(
         checkpoint_uuid=uuids[0], storage=storage, registry=registry, compile=False
     )
     np.testing.assert_allclose(by_uuid.predict(X, verbose=0), expected[0], rtol=1e-6)
+
+
+def test_a_row_naming_another_storage_is_loaded_only_when_allowed(where, monkeypatch):
+    """Issue 27, finding 2: a registry row does not choose where a model is loaded from."""
+    storage, registry = where
+    model = tiny_model()
+    uuid = save_checkpoint(storage, registry, 12, model, steps=1)
+    monkeypatch.delenv(ALLOWED_STORAGE_ENV)
+    for call in (
+        lambda: ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry),
+        lambda: ckptstore.load_checkpoint_model(trial_id=12, registry=registry),
+    ):
+        with pytest.raises(errors.StorageNotAllowed, match=ALLOWED_STORAGE_ENV):
+            call()
+    monkeypatch.setenv(ALLOWED_STORAGE_ENV, f"gs://elsewhere, {storage}")
+    loaded = ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry)
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+    monkeypatch.delenv(ALLOWED_STORAGE_ENV)
+    monkeypatch.setenv("CKPTSTORE_STORAGE", storage)  # the storage the caller opened
+    loaded = ckptstore.load_checkpoint_model(trial_id=12, registry=registry)
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
 
 
 def test_storage_scan_when_the_registry_does_not_know(where, tmp_path):
