@@ -234,7 +234,17 @@ def test_object_keys_with_dotdot_on_s3_never_escape(storage_url_factory, s3_serv
 
 # ---- symlinks -----------------------------------------------------------------------------------
 def _uploaded_bytes(storage, uuid) -> list[bytes]:
-    return [storage.read_bytes(f"{uuid}/{rel}") for rel in storage.list(uuid) if rel[-1] != "/"]
+    """Every stored file of the checkpoint folder, and every file its manifest names as
+    stored (whole, or reassembled from its chunks)."""
+    from ckptstore.checkpointing import blobs
+
+    out = [storage.read_bytes(f"{uuid}/{rel}") for rel in storage.list(uuid) if rel[-1] != "/"]
+    for entry in fmt.read_manifest(storage, uuid)["files"].values():
+        if "blobs" in entry:
+            out.append(
+                b"".join(storage.read_bytes(blobs.blob_key(c["sha256"])) for c in entry["blobs"])
+            )
+    return out
 
 
 @pytest.mark.parametrize("how", ["upload", "background", "store_path"])
