@@ -32,11 +32,30 @@ MOVED: dict[str, str] = {
     "ckptstore.keras_io.experiment.worker": "ckptstore.keras_io.trial.worker",
     "ckptstore.keras_io.determined_weights": "ckptstore.import_determined.weights",
     "ckptstore.keras_io.fast_crc": "ckptstore.checkpointing.checksums",
-    "ckptstore.keras_io.callback": "ckptstore.keras_io.determined_callback",
-    "ckptstore.keras_io.callbacks": "ckptstore.keras_io.stateful_callbacks",
+    "ckptstore.keras_io.callback": "ckptstore.keras_io.fit._callback",
+    "ckptstore.keras_io.callbacks": "ckptstore.keras_io.fit._stateful",
     "ckptstore.keras_io.trial.callbacks": "ckptstore.keras.callbacks",
     "ckptstore.checkpointing.determined_import": "ckptstore.import_determined.layouts",
     "ckptstore.checkpointing.gc": "ckptstore.checkpointing.retention",
+    # keras_io by concern (0.2): flat modules moved into sub-packages. A module moved whole maps
+    # to its private module (private names and monkeypatching keep working); export.py was split,
+    # so its old name maps to the package, whose public list holds all its public names.
+    "ckptstore.keras_io.determined_callback": "ckptstore.keras_io.fit._callback",
+    "ckptstore.keras_io.callback_state": "ckptstore.keras_io.fit._callback_state",
+    "ckptstore.keras_io.keras_callback_state": "ckptstore.keras_io.fit._keras_callback_state",
+    "ckptstore.keras_io.stateful_callbacks": "ckptstore.keras_io.fit._stateful",
+    "ckptstore.keras_io.tensorboard": "ckptstore.keras_io.fit._tensorboard",
+    "ckptstore.keras_io.mwms_compat": "ckptstore.keras_io.fit._mwms_compat",
+    "ckptstore.keras_io.snapshot": "ckptstore.keras_io.saving._snapshot",
+    "ckptstore.keras_io.checkpoint_writer": "ckptstore.keras_io.saving._writer",
+    "ckptstore.keras_io.tf_bundle": "ckptstore.keras_io.saving._tf_bundle",
+    "ckptstore.keras_io.keras2_format": "ckptstore.keras_io.saving._keras2_format",
+    "ckptstore.keras_io.keras_archive": "ckptstore.keras_io.saving._keras_archive",
+    "ckptstore.keras_io.export": "ckptstore.keras_io.exporting",
+    "ckptstore.keras_io.loaders": "ckptstore.keras_io.loading._loaders",
+    "ckptstore.keras_io.resumable_data": "ckptstore.keras_io.data._resumable",
+    "ckptstore.keras_io.resumable_data_keras2": "ckptstore.keras_io.data._resumable_keras2",
+    "ckptstore.keras_io.keras_context": "ckptstore.keras_io.context._context",
 }
 
 

@@ -17,7 +17,6 @@ Mixing is refused, not guessed around: a model built with the other Keras raises
 Example::
 
     from ckptstore.keras_io import backend
-
     print(backend.KERAS_MAJOR, backend.keras.__name__)   # 2 tf_keras  /  3 keras
     backend.check_model(model)                           # raises KerasMismatch on a mix-up
 """

@@ -36,7 +36,7 @@ STATE_VERSION = 1
 
 @dataclasses.dataclass
 class TrainingState:
-    """What :class:`~ckptstore.keras_io.determined_callback.DeterminedCallback` needs to resume exactly.
+    """What :class:`~ckptstore.keras_io.fit._callback.DeterminedCallback` needs to resume exactly.
 
     ``epoch`` is the number of *completed* epochs (the epoch to start from on resume).
     ``epoch_complete`` is false when training was preempted in the middle of an epoch; the
@@ -268,12 +268,12 @@ def _variable_path(variable: Any) -> str:
 def stateful_callbacks(callbacks: list[Any]) -> dict[str, Any]:
     """``{key: callback}`` for every callback with ``get_state`` and ``load_state``, and for
     Keras's ``History``, ``EarlyStopping``, ``ReduceLROnPlateau`` and ``ModelCheckpoint``
-    (through an adapter from :mod:`ckptstore.keras_io.keras_callback_state`).
+    (through an adapter from :mod:`ckptstore.keras_io.fit._keras_callback_state`).
 
     Keys are the class name, suffixed ``_1``, ``_2``... for repeats, in list order, so the same
     ``fit()`` call maps states back to the same callbacks.
     """
-    from ckptstore.keras_io.keras_callback_state import with_state
+    from ckptstore.keras_io.fit._keras_callback_state import with_state
 
     out: dict[str, Any] = {}
     counts: dict[str, int] = {}

@@ -11,7 +11,7 @@ A Keras 2 checkpoint written by ``DeterminedCallback`` holds
   checkpoint, not only the final one;
 - ``saved_model/`` (final checkpoint by default): ``model.save(..., save_format="tf")``, the
   SavedModel ``tf.keras.models.load_model`` reads back for inference, written from the
-  checkpoint's own files by a Keras 2 export worker process (:mod:`ckptstore.keras_io.export`)
+  checkpoint's own files by a Keras 2 export worker process (:mod:`ckptstore.keras_io.exporting`)
   before the commit — on the training thread only for models no other process can rebuild
   (:func:`worker_export_blocker`);
 - ``callback_state.json``, ``metadata.json`` and ``MANIFEST.json`` as for Keras 3.
@@ -252,7 +252,7 @@ def worker_export_blocker(model: Any, config_json: str | None) -> str | None:
     when the config names classes or functions of the training script itself (``__main__``:
     Keras 2 records them with ``"module": null``), which another process cannot import.
     ``DeterminedCallback`` then exports on the training thread (see
-    :mod:`ckptstore.keras_io.export`)."""
+    :mod:`ckptstore.keras_io.exporting`)."""
     if config_json is None or not getattr(model, "_is_graph_network", False):
         return "the model is subclassed (its config does not describe its layers)"
     if not getattr(model, "built", False):
@@ -364,7 +364,8 @@ def legacy_rng_layers(model: Any) -> list[str]:
 # ---- one call for either Keras (what DeterminedCallback uses) ---------------------------------
 def layout_of(model: Any) -> Any:
     """The save layout of ``model`` for the running Keras (built once per model)."""
-    from ckptstore.keras_io import backend, snapshot
+    from ckptstore.keras_io import backend
+    from ckptstore.keras_io.saving import _snapshot as snapshot
 
     if not backend.IS_KERAS2:
         return snapshot.StateLayout.of(model)
@@ -382,7 +383,7 @@ def layout_of(model: Any) -> Any:
 
 def snapshot_of(layout: Any) -> Any:
     """A point-in-time snapshot of ``layout``'s model, for the writer thread."""
-    from ckptstore.keras_io import snapshot
+    from ckptstore.keras_io.saving import _snapshot as snapshot
 
     if isinstance(layout, Keras2Layout):
         return take_snapshot(layout)

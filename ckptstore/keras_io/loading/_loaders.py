@@ -2,7 +2,7 @@
 
 A checkpoint written by ``DeterminedCallback`` holds ``model.keras`` (architecture, weights,
 optimizer state) and, for the final checkpoint, an inference SavedModel in ``saved_model/``.
-:func:`load_model_from_checkpoint_path` prefers the ``.keras`` file and falls back to the
+:func:`load_model_from_folder` prefers the ``.keras`` file and falls back to the
 SavedModel (inference only). :func:`load_checkpoint_model` finds the checkpoint through the
 registry (or by scanning storage when the registry does not know it), downloads it with checksum
 verification into a temporary folder, and loads it.
@@ -28,7 +28,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.keras_io import keras2_format
+from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME, SAVED_MODEL_DIRNAME
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
@@ -36,10 +37,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The name DeterminedCallback gives the Keras file inside a checkpoint.
-MODEL_FILENAME = "model.keras"
-#: The folder DeterminedCallback exports the inference SavedModel to.
-SAVED_MODEL_DIRNAME = "saved_model"
 #: The SavedModel endpoint ``model.export()`` writes.
 SERVE_ENDPOINT = "serve"
 
@@ -204,7 +201,7 @@ def _load_saved_model(path: str) -> Any:
     return SavedModelPredictor(path)
 
 
-def load_model_from_checkpoint_path(
+def load_model_from_folder(
     path: str,
     compile: bool = True,
     custom_objects: Mapping[str, Any] | None = None,
@@ -224,7 +221,7 @@ def load_model_from_checkpoint_path(
 
     Example::
 
-        model = load_model_from_checkpoint_path("/tmp/ckpt", compile=False)
+        model = load_model_from_folder("/tmp/ckpt", compile=False)
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -401,7 +398,7 @@ def load_checkpoint_model(
         try:
             logger.info("Downloading checkpoint %s from %s", uuid, store.url)
             ckpt.download(uuid, tmp)
-            model = load_model_from_checkpoint_path(
+            model = load_model_from_folder(
                 tmp, compile=compile, custom_objects=custom_objects, safe_mode=safe_mode
             )
         except BaseException:
@@ -439,9 +436,26 @@ __all__ = [
     "SAVED_MODEL_DIRNAME",
     "SavedModelPredictor",
     "load_checkpoint_model",
-    "load_model_from_checkpoint_path",
+    "load_model_from_folder",
     "resolve_checkpoint",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The old name of load_model_from_folder: ckptstore.keras.load_model_from_checkpoint_path is
+    # the one function of that name (it also reads Determined's layouts).
+    if name == "load_model_from_checkpoint_path":
+        import warnings
+
+        warnings.warn(
+            "ckptstore.keras_io.loaders.load_model_from_checkpoint_path is now "
+            "ckptstore.keras_io.loading.load_model_from_folder; the old name goes away in "
+            "ckptstore 0.3. Use ckptstore.keras.load_model_from_checkpoint_path (every layout).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return load_model_from_folder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def storage_opener(storage: StorageSpec | None, opened: list[Any]) -> Callable[[str | None], Any]:

@@ -404,7 +404,7 @@ class KerasContext:
             )
         if epochs is None:
             epochs = self._default_epochs() or 1
-        from ckptstore.keras_io.determined_callback import DeterminedCallback
+        from ckptstore.keras_io.fit._callback import DeterminedCallback
 
         core = self.core
         det_cb = DeterminedCallback(
@@ -556,7 +556,7 @@ class KerasContext:
     ) -> Any:
         """Load the model of a trial's latest (or ``best_by``) checkpoint, or of one UUID, from
         this context's storage and registry (see ``ckptstore.load_checkpoint_model``)."""
-        from ckptstore.keras_io.loaders import load_checkpoint_model
+        from ckptstore.keras_io.loading._loaders import load_checkpoint_model
 
         if self._core is not None:  # checkpoints still being committed (exported) here count
             self._core.checkpoint.wait()

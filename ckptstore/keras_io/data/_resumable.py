@@ -3,7 +3,7 @@
 Keras's fit loop (``keras/src/backend/tensorflow/trainer.py``) builds a ``TFEpochIterator``
 around a data adapter, makes a fresh iterator of its dataset every epoch and runs
 ``num_batches`` steps on it. It cannot start an epoch at a batch offset. :func:`attach`, called
-by :class:`~ckptstore.keras_io.determined_callback.DeterminedCallback` in ``on_train_begin``,
+by :class:`~ckptstore.keras_io.fit._callback.DeterminedCallback` in ``on_train_begin``,
 finds that epoch iterator and gives it an iterable whose iterator for each epoch is one this
 module controls, so that the epoch's data order depends only on checkpointed state and a
 resumed epoch starts at batch ``k`` without reading or training on batches ``0..k-1``:
@@ -28,7 +28,7 @@ Python generator, ...  cannot be rewound: a warning at fit start, and a preempte
 
 Only Keras 3 with the TensorFlow backend is handled here (the one place that knows Keras's
 ``EpochIterator`` internals); Keras 2 (``tf_keras``) has the same classes hooked into its
-``DataHandler`` in :mod:`~ckptstore.keras_io.resumable_data_keras2`. Anything else gets
+``DataHandler`` in :mod:`~ckptstore.keras_io.data._resumable_keras2`. Anything else gets
 :data:`None` from :func:`attach` and the epoch-restart behaviour.
 
 Example (what DeterminedCallback does)::

@@ -13,14 +13,18 @@ import warnings
 from typing import Any
 
 from ckptstore import errors
-from ckptstore.keras_io import backend, keras2_format, resumable_data
-from ckptstore.keras_io import callback_state as state_lib
-from ckptstore.keras_io import keras_callback_state as cb_arrays
-from ckptstore.keras_io import snapshot as snapshot_lib
+from ckptstore.keras_io import backend
 from ckptstore.keras_io.backend import keras
-from ckptstore.keras_io.checkpoint_writer import CheckpointWriter, SaveJob
-from ckptstore.keras_io.export import SAVED_MODEL_DIRNAME, CheckpointExports, ExportPolicy
-from ckptstore.keras_io.mwms_compat import apply_mwms_compat
+from ckptstore.keras_io.data import _resumable as resumable_data
+from ckptstore.keras_io.exporting._checkpoint_exports import CheckpointExports
+from ckptstore.keras_io.exporting._policy import ExportPolicy
+from ckptstore.keras_io.fit import _callback_state as state_lib
+from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
+from ckptstore.keras_io.fit._mwms_compat import apply_mwms_compat
+from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving import _snapshot as snapshot_lib
+from ckptstore.keras_io.saving._snapshot import SAVED_MODEL_DIRNAME
+from ckptstore.keras_io.saving._writer import CheckpointWriter, SaveJob
 from ckptstore.validators import int_at_least
 
 logger = logging.getLogger(__name__)
@@ -42,7 +46,7 @@ class DeterminedCallback(backend.CallbackBase):
     ``epoch``, ``metrics``). The final checkpoint also holds an inference SavedModel in
     ``saved_model/`` (see ``export_saved_model``), exported from the checkpoint's own
     ``model.keras`` (Keras 2: ``model_checkpoint.*`` + ``model_config.json``) by a worker
-    process (:mod:`ckptstore.keras_io.export`) and verified before the checkpoint commits (on
+    process (:mod:`ckptstore.keras_io.exporting`) and verified before the checkpoint commits (on
     Keras 2 a model no other process can rebuild is exported on the training thread, with a
     warning). ``fit()`` never waits for an export: a checkpoint carrying one may
     commit after ``fit()`` returned; :meth:`wait`, reading :attr:`last_checkpoint`, the next
@@ -65,13 +69,13 @@ class DeterminedCallback(backend.CallbackBase):
     the interrupted epoch at its next unseen batch, in the same data order, with the epoch's
     metric accumulators, RNG states and callbacks' states, bit-equal to an uninterrupted run
     under ``enable_op_determinism``, on Keras 3 and Keras 2 alike (see
-    :mod:`~ckptstore.keras_io.resumable_data` and
-    :mod:`~ckptstore.keras_io.resumable_data_keras2` for the inputs this covers; for the others,
+    :mod:`~ckptstore.keras_io.data._resumable` and
+    :mod:`~ckptstore.keras_io.data._resumable_keras2` for the inputs this covers; for the others,
     e.g. a Python generator, the interrupted epoch restarts, with a warning at ``fit()`` start).
 
     Under ``MultiWorkerMirroredStrategy`` only the chief (rank 0) writes checkpoints; every
     worker restores from the same checkpoint. With several workers the callback also applies
-    :func:`~ckptstore.keras_io.mwms_compat.apply_mwms_compat` (Keras 3's ``fit()`` fails under
+    :func:`~ckptstore.keras_io.fit._mwms_compat.apply_mwms_compat` (Keras 3's ``fit()`` fails under
     a multi-worker strategy without it), so create it before calling ``fit()``.
 
     Do not combine with ``BackupAndRestore`` or ``ModelCheckpoint``.
@@ -91,7 +95,7 @@ class DeterminedCallback(backend.CallbackBase):
             ``"final"`` (default: the one at the end of training), ``"every"`` (``"all"`` is
             accepted too), ``"best"`` (better ``val_loss``, else ``loss``, than every earlier
             checkpoint of the run), ``"never"``, or an
-            :class:`~ckptstore.keras_io.export.ExportPolicy` (e.g. ``"best"`` by another
+            :class:`~ckptstore.keras_io.exporting.ExportPolicy` (e.g. ``"best"`` by another
             metric). A preemption's checkpoint never gets one. Exports run in a worker process
             and are checked against the model's predictions before the commit.
         preempt_check_period: check for preemption every N batches (and at every epoch end);
@@ -728,7 +732,7 @@ def _data_module() -> Any:
     """The module that resumes an epoch mid-way on the Keras ``tf.keras`` is (both share the
     Keras 3 module's snapshot format; the Keras 2 one hooks Keras 2's ``DataHandler``)."""
     if backend.IS_KERAS2:
-        from ckptstore.keras_io import resumable_data_keras2
+        from ckptstore.keras_io.data import _resumable_keras2 as resumable_data_keras2
 
         return resumable_data_keras2
     return resumable_data
