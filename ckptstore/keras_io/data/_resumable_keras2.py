@@ -39,13 +39,14 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.data import _resumable as rd
 
 logger = logging.getLogger(__name__)
 
 
 def attach(
-    model: Any,
+    model: KerasModel,
     *,
     seed: int,
     distributed_size: int = 1,
@@ -109,13 +110,13 @@ def attach(
     return None
 
 
-def restore_metrics(model: Any, saved: list[Any], element_spec: Any = None) -> None:
+def restore_metrics(model: KerasModel, saved: list[Any], element_spec: Any = None) -> None:
     """:func:`ckptstore.keras_io.data._resumable.restore_metrics` for Keras 2, whose compiled
     metrics are built by :func:`build_metrics`."""
     rd.restore_metrics(model, saved, element_spec, build=build_metrics)
 
 
-def build_metrics(model: Any, element_spec: Any) -> None:
+def build_metrics(model: KerasModel, element_spec: Any) -> None:
     """Create the compiled loss/metric objects now (Keras 2 makes them in the first training
     step), tracing the model once on ``element_spec`` (nothing runs)."""
     import tensorflow as tf

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ckptstore import errors
+from ckptstore.keras_io._types import KerasModel
 
 logger = logging.getLogger(__name__)
 
@@ -306,7 +307,7 @@ def _compare(got_flat: list[Any], want_flat: list[Any], out_dir: str) -> float:
     return worst
 
 
-def _verify_keras2(model: Any, out_dir: str) -> float:
+def _verify_keras2(model: KerasModel, out_dir: str) -> float:
     """:func:`_verify` for a Keras 2 SavedModel: its ``serving_default`` signature."""
     import numpy as np
     import tensorflow as tf
@@ -332,7 +333,7 @@ def _verify_keras2(model: Any, out_dir: str) -> float:
     return _compare(got_flat, [np.asarray(t) for t in expected], out_dir)
 
 
-def _verify(model: Any, out_dir: str) -> float:
+def _verify(model: KerasModel, out_dir: str) -> float:
     """Largest |serve - keras| over a sample batch; ExportError if beyond tolerance."""
     import numpy as np
     import tensorflow as tf

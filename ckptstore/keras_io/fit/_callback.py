@@ -447,32 +447,13 @@ class DeterminedCallback(backend.CallbackBase):
             return
         assert self._writer is not None and self._layout is not None
         started = time.perf_counter()
+        # Everything fit() must wait for is taken here, on the training thread: the weights
+        # snapshot first, then the state that goes with them; the writer thread does the rest.
         snap = keras2_format.snapshot_of(self._layout)
-        saved_ids = {id(e.variable) for e in self._layout.entries if e.variable is not None}
-        callback_states, arrays = cb_arrays.split_arrays(
-            {
-                key: cb.get_state()
-                for key, cb in state_lib.stateful_callbacks(self._callbacks).items()
-                if cb is not self
-            }
-        )
-        state = state_lib.TrainingState(
-            epoch=self._epochs_completed,
-            steps_completed=self._steps_completed,
-            continue_id=self._continue_id_json,
-            epoch_complete=complete,
-            callbacks=callback_states,
-            rng={**state_lib.capture_rng(), **keras2_format.capture_layer_rng(self.model)},
-            extra_variables=state_lib.capture_extra_variables(self.model, saved_ids),
-            metrics_variables=(
-                None
-                if complete or self._data is None
-                else resumable_data.capture_metrics(self.model)
-            ),
-        )
+        state, arrays = self._training_state(complete)
         # Keras 2 exports in a Keras 2 worker too (model_checkpoint.* + model_config.json),
         # unless no other process can rebuild the model (no config, classes from __main__):
-        # then its SavedModel (model.save) is written below, in this thread.
+        # then its SavedModel (model.save) is written by _export_on_this_thread.
         export_blocker = getattr(self._layout, "export_blocker", None)
         export_hook = (
             None
@@ -496,41 +477,15 @@ class DeterminedCallback(backend.CallbackBase):
                 state.data = self._data.snapshot(self._epochs_completed, batches, extra_dir)
             state_json, state_cuts = state.to_json_with_cuts()
             files[state_lib.STATE_FILENAME] = state_json.encode()
-            keras2_export = (
-                export_blocker is not None
-                and not self._preempted
-                and self._exports.policy.wants(final=final, metrics=_floats(logs))
-            )
-            if keras2_export:
-                logger.warning(
-                    "SavedModel exported on the training thread (fit() waits for it): %s, "
-                    "which the export worker process cannot rebuild.",
-                    export_blocker,
-                )
-                keras2_format.export_saved_model(
-                    self.model, os.path.join(extra_dir, SAVED_MODEL_DIRNAME)
-                )
+            exported_here = self._export_on_this_thread(export_blocker, logs, final, extra_dir)
             for cb in self._callbacks:
                 hook = getattr(cb, "on_checkpoint_end", None)
                 if cb is not self and callable(hook):
                     hook(extra_dir)
-            metadata = {
-                "steps_completed": self._steps_completed,
-                "continue_id": self._continue_id_json,
-                "epoch": self._epochs_completed,
-                "metrics": _floats(logs),
-                "framework": backend.FRAMEWORK,
-                "keras_version": backend.keras.__version__,
-                "keras_backend": backend.backend_name(),
-                "final": final,
-                "saved_model": export_hook is not None or keras2_export,
-                **self._exports.policy.metadata(),
-                # how many workers trained it (TF_CONFIG / Ray Train workers; 1 alone)
-                "distributed": {"size": int(getattr(self._core.distributed, "size", 1))},
-            }
+            saved_model = export_hook is not None or exported_here
             job = SaveJob(
                 snapshot=snap,
-                metadata=metadata,
+                metadata=self._checkpoint_metadata(logs, final=final, saved_model=saved_model),
                 files=files,
                 extra_dir=extra_dir,
                 on_done=self._on_committed,
@@ -544,6 +499,72 @@ class DeterminedCallback(backend.CallbackBase):
         blocked = time.perf_counter() - started
         self.save_blocked_seconds.append(blocked)
         logger.debug("Checkpoint handed to the background writer in %.3f s", blocked)
+
+    def _training_state(self, complete: bool) -> tuple[state_lib.TrainingState, dict[str, Any]]:
+        """The checkpoint's ``callback_state.json`` contents besides the data position, and the
+        arrays split out of the callbacks' states (saved next to it as one file)."""
+        assert self._layout is not None
+        saved_ids = {id(e.variable) for e in self._layout.entries if e.variable is not None}
+        callback_states, arrays = cb_arrays.split_arrays(
+            {
+                key: cb.get_state()
+                for key, cb in state_lib.stateful_callbacks(self._callbacks).items()
+                if cb is not self
+            }
+        )
+        state = state_lib.TrainingState(
+            epoch=self._epochs_completed,
+            steps_completed=self._steps_completed,
+            continue_id=self._continue_id_json,
+            epoch_complete=complete,
+            callbacks=callback_states,
+            rng={**state_lib.capture_rng(), **keras2_format.capture_layer_rng(self.model)},
+            extra_variables=state_lib.capture_extra_variables(self.model, saved_ids),
+            metrics_variables=(
+                None
+                if complete or self._data is None
+                else resumable_data.capture_metrics(self.model)
+            ),
+        )
+        return state, arrays
+
+    def _export_on_this_thread(
+        self, export_blocker: str | None, logs: dict[str, Any], final: bool, extra_dir: str
+    ) -> bool:
+        """Keras 2's documented fallback: write the SavedModel of a model no worker process can
+        rebuild here, when the policy wants one. Whether it did."""
+        if (
+            export_blocker is None
+            or self._preempted
+            or not self._exports.policy.wants(final=final, metrics=_floats(logs))
+        ):
+            return False
+        logger.warning(
+            "SavedModel exported on the training thread (fit() waits for it): %s, "
+            "which the export worker process cannot rebuild.",
+            export_blocker,
+        )
+        keras2_format.export_saved_model(self.model, os.path.join(extra_dir, SAVED_MODEL_DIRNAME))
+        return True
+
+    def _checkpoint_metadata(
+        self, logs: dict[str, Any], *, final: bool, saved_model: bool
+    ) -> dict[str, Any]:
+        """The checkpoint's ``metadata.json`` (Determined's keys plus what a resume checks)."""
+        return {
+            "steps_completed": self._steps_completed,
+            "continue_id": self._continue_id_json,
+            "epoch": self._epochs_completed,
+            "metrics": _floats(logs),
+            "framework": backend.FRAMEWORK,
+            "keras_version": backend.keras.__version__,
+            "keras_backend": backend.backend_name(),
+            "final": final,
+            "saved_model": saved_model,
+            **self._exports.policy.metadata(),
+            # how many workers trained it (TF_CONFIG / Ray Train workers; 1 alone)
+            "distributed": {"size": int(getattr(self._core.distributed, "size", 1))},
+        }
 
     def _on_committed(self, uuid: str) -> None:
         self._last_checkpoint = uuid

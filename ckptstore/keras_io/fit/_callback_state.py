@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore import errors
+from ckptstore.keras_io._types import KerasModel
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +229,7 @@ def _keras_global_seed_generator() -> Any:
 
 
 # ---- variables the .keras format leaves out --------------------------------------------------
-def capture_extra_variables(model: Any, saved_ids: set[int]) -> dict[str, Any]:
+def capture_extra_variables(model: KerasModel, saved_ids: set[int]) -> dict[str, Any]:
     """``{path: value}`` of the model's variables that are not in ``saved_ids`` and are not
     metric accumulators (metrics reset every epoch): mainly ``SeedGenerator`` states."""
     metric_ids = {id(v) for v in getattr(model, "metrics_variables", [])}
@@ -243,7 +244,7 @@ def capture_extra_variables(model: Any, saved_ids: set[int]) -> dict[str, Any]:
     return out
 
 
-def restore_extra_variables(model: Any, extra: dict[str, Any]) -> None:
+def restore_extra_variables(model: KerasModel, extra: dict[str, Any]) -> None:
     """Assign values recorded by :func:`capture_extra_variables` back by variable path."""
     if not extra:
         return

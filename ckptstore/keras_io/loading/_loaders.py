@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
+from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME, SAVED_MODEL_DIRNAME
 
@@ -182,7 +183,7 @@ def _single(outputs: Any) -> Any:
     return outputs
 
 
-def _load_saved_model(path: str) -> Any:
+def _load_saved_model(path: str) -> KerasModel | SavedModelPredictor:
     import keras
     import tensorflow as tf
 
@@ -206,7 +207,7 @@ def load_model_from_folder(
     compile: bool = True,
     custom_objects: Mapping[str, Any] | None = None,
     safe_mode: bool = True,
-) -> Any:
+) -> KerasModel | SavedModelPredictor:
     """A Keras model from a local checkpoint folder (or a ``.keras`` file).
 
     Loads ``model.keras`` (or the folder's only ``*.keras``) with its optimizer state. When there
@@ -350,7 +351,7 @@ def load_checkpoint_model(
     compile: bool = True,
     custom_objects: Mapping[str, Any] | None = None,
     safe_mode: bool = True,
-) -> Any:
+) -> KerasModel | SavedModelPredictor:
     """Download, verify and load the model of a checkpoint.
 
     Args:

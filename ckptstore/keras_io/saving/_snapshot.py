@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.saving import _keras_archive as keras_archive
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class StateLayout:
         print(len(layout.entries), "arrays")
     """
 
-    model: Any
+    model: KerasModel
     entries: list[_Entry]
     groups: dict[str, dict[str, Any] | None]
     config_json: str
@@ -80,7 +81,7 @@ class StateLayout:
     dynamic: bool
 
     @classmethod
-    def of(cls, model: Any) -> StateLayout:
+    def of(cls, model: KerasModel) -> StateLayout:
         """Walk ``model`` the way ``keras.saving`` does and record its layout."""
         from keras.src.saving import serialization_lib
 

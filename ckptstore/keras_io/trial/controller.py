@@ -51,6 +51,7 @@ from ckptstore.checkpointing.metrics import reported_value
 from ckptstore.experiment.config import ExperimentConfig, Length, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value
 from ckptstore.keras_io import backend
+from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.backend import keras
 from ckptstore.keras_io.fit import _callback_state as callback_state
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
@@ -80,7 +81,7 @@ class TrialResult:
     latest_checkpoint: str | None = None
 
 
-def _is_compiled(model: Any) -> bool:
+def _is_compiled(model: KerasModel) -> bool:
     """``model.compiled`` (Keras 3) / ``model._is_compiled`` (Keras 2)."""
     return bool(getattr(model, "compiled", False) or getattr(model, "_is_compiled", False))
 

@@ -6,6 +6,7 @@ import abc
 import logging
 from typing import Any
 
+from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.trial.context import TFKerasTrialContext
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class TFKerasTrial(abc.ABC):
         self.context = context
 
     @abc.abstractmethod
-    def build_model(self) -> Any:
+    def build_model(self) -> KerasModel:
         """Return a compiled ``keras.Model``, wrapped with ``context.wrap_model()`` before compiling."""
 
     @abc.abstractmethod
