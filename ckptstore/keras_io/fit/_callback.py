@@ -630,6 +630,11 @@ class DeterminedCallback(backend.CallbackBase):
             )
             return
         assert state is not None
+        self._continue_from(uuid, state)
+
+    def _continue_from(self, uuid: str, state: state_lib.TrainingState) -> None:
+        """Continue the run that wrote checkpoint ``uuid`` (same ``continue_id``): its step and
+        epoch counters, RNGs, extra variables, callbacks' states and place in the epoch."""
         self.resumed = True
         self._exports.resume_from(self._core.checkpoint, uuid)
         self._steps_completed = int(state.steps_completed)
