@@ -12,9 +12,10 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import warnings
-from types import ModuleType
+from types import CodeType, ModuleType
 
 #: old module name -> new module name. Submodules of a moved package are mapped one by one.
 MOVED: dict[str, str] = {
@@ -64,9 +65,11 @@ class _AliasLoader(importlib.abc.Loader):
         self.old, self.new = old, new
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        # Point at the public package, not at a private module (``pkg._x`` -> ``pkg``).
+        public = self.new.split("._")[0]
         warnings.warn(
             f"{self.old} moved to {self.new}; the old import path goes away in ckptstore 0.3. "
-            f"Import {self.new} (or the public ckptstore.core / ckptstore.keras) instead.",
+            f"Import {public} (or the public ckptstore.core / ckptstore.keras) instead.",
             DeprecationWarning,
             stacklevel=2,
         )
@@ -77,13 +80,24 @@ class _AliasLoader(importlib.abc.Loader):
         # old name too.
         return None
 
+    def get_code(self, fullname: str) -> CodeType | None:
+        """``python -m <old name>`` (runpy asks the loader for code): the new module's code, or
+        its package's ``__main__``, with the same warning."""
+        self.create_module(importlib.machinery.ModuleSpec(fullname, self))
+        spec = importlib.util.find_spec(self.new)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(self.new + ".__main__")
+        loader = getattr(spec, "loader", None)
+        return loader.get_code(spec.name) if spec is not None and loader is not None else None
+
 
 class _MovedFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: object = None, target: object = None):
         new = MOVED.get(fullname)
         if new is None:
             return None
-        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(fullname, new))
+        # origin: what runpy puts in sys.argv[0] for `python -m <old name>`.
+        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(fullname, new), origin=new)
 
 
 def install() -> None:

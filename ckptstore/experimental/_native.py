@@ -28,7 +28,7 @@ def test_one_batch(trial_class: type, config: dict[str, Any] | None = None) -> A
     """
     from ckptstore import core
     from ckptstore.keras_io.trial import TFKerasTrial, TFKerasTrialContext
-    from ckptstore.keras_io.trial.controller import TrialController
+    from ckptstore.keras_io.trial import TrialController
 
     if not (isinstance(trial_class, type) and issubclass(trial_class, TFKerasTrial)):
         raise errors.InvalidConfig(

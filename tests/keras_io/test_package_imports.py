@@ -109,6 +109,20 @@ def test_old_keras_io_paths_import_warn_and_give_their_names():
     assert got == {name: [True, True] for name in [*OLD_KERAS_IO, "old loader name"]}
 
 
+def test_old_module_path_still_runs_with_python_m():
+    done = subprocess.run(
+        [sys.executable, "-W", "always::DeprecationWarning", "-m", "ckptstore.keras_io.export"]
+        + ["--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--worker" in done.stdout
+    assert "ckptstore.keras_io.export moved to ckptstore.keras_io.exporting" in done.stderr
+
+
 def test_the_repository_uses_no_deprecated_import_path():
     import re
 
