@@ -19,7 +19,6 @@ from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME, SAVED_MODEL_DIRN
 logger = logging.getLogger(__name__)
 
 
-# ---- the callback's side ---------------------------------------------------------------------------
 class CheckpointExports:
     """What ``DeterminedCallback`` uses: the policy, and the hook that exports a checkpoint in
     the worker process before the writer commits it.

@@ -15,11 +15,6 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-
-if TYPE_CHECKING:
-    from ckptstore.registry import Registry
-    from ckptstore.storage_backends import StorageSpec
-
 from ckptstore.keras_io.exporting._savedmodel import (
     _SUBCLASSED_HINT,
     ExportResult,
@@ -31,10 +26,13 @@ from ckptstore.keras_io.exporting._savedmodel import (
 from ckptstore.keras_io.exporting._worker import ExportWorker
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME, SAVED_MODEL_DIRNAME
 
+if TYPE_CHECKING:
+    from ckptstore.registry import Registry
+    from ckptstore.storage_backends import StorageSpec
+
 logger = logging.getLogger(__name__)
 
 
-# ---- adding a SavedModel to a committed checkpoint --------------------------------------------
 def export_checkpoint(
     checkpoint_uuid: str,
     *,

@@ -1,5 +1,5 @@
-"""Which checkpoints get an inference SavedModel (:class:`ExportPolicy`), and the names of the
-files an export reads and writes inside a checkpoint."""
+"""Which checkpoints get an inference SavedModel: :class:`ExportPolicy` (``DeterminedCallback(...,
+export_saved_model=...)``), carried across a resume in the checkpoint's metadata."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ MODES = ("final", "every", "best", "never")
 _ALIASES = {"all": "every"}
 
 
-# ---- which checkpoints ----------------------------------------------------------------------------
 @dataclasses.dataclass
 class ExportPolicy:
     """Which checkpoints get an inference SavedModel (``saved_model/``).

@@ -28,7 +28,6 @@ logger = logging.getLogger(__name__)
 _RTOL, _ATOL = 1e-4, 1e-5
 
 
-# ---- the export itself ----------------------------------------------------------------------------
 @dataclasses.dataclass
 class ExportResult:
     """What one export did: where, how long, and how well ``serve`` matched Keras."""

@@ -38,7 +38,6 @@ from ckptstore.keras_io.exporting._savedmodel import (
 logger = logging.getLogger(__name__)
 
 
-# ---- the worker process ---------------------------------------------------------------------------
 class ExportWorker:
     """A child Python process that runs :func:`export_model_file` on request.
 
