@@ -67,7 +67,6 @@ def export_checkpoint(
     """
     from ckptstore.checkpointing import amend
     from ckptstore.checkpointing import format as fmt
-    from ckptstore.keras_io.saving import _keras2_format as keras2_format
 
     with _checkpoint_context(checkpoint_uuid, storage, registry) as ckpt:
         manifest = fmt.read_manifest(ckpt.storage, checkpoint_uuid)
@@ -78,30 +77,7 @@ def export_checkpoint(
                 "do. To export again, delete it first: ckptstore checkpoint delete "
                 f"{checkpoint_uuid} --glob '{SAVED_MODEL_DIRNAME}/*'"
             )
-        keras2 = (
-            MODEL_FILENAME not in manifest["files"]
-            and keras2_format.WEIGHTS_PREFIX + ".index" in manifest["files"]
-        )
-        if keras2 and keras2_format.MODEL_CONFIG_FILENAME not in manifest["files"]:
-            raise errors.ModelLoadError(
-                f"Keras 2 checkpoint {checkpoint_uuid} has no "
-                f"{keras2_format.MODEL_CONFIG_FILENAME} (a subclassed model), so its model "
-                "cannot be rebuilt to export it. Build the model in code under Keras 2, "
-                f"model.load_weights(<checkpoint>/{keras2_format.WEIGHTS_PREFIX}) and "
-                "model.save(path, save_format='tf')."
-            )
-        if not keras2 and MODEL_FILENAME not in manifest["files"]:
-            raise errors.ModelLoadError(
-                f"Checkpoint {checkpoint_uuid} has no {MODEL_FILENAME} to export (files: "
-                f"{sorted(manifest['files'])[:10]}); only checkpoints written by "
-                "DeterminedCallback / TFKerasTrial can be exported."
-            )
-        selector: Any = MODEL_FILENAME
-        if keras2:
-            selector = [
-                keras2_format.WEIGHTS_PREFIX + ".*",
-                keras2_format.MODEL_CONFIG_FILENAME,
-            ]
+        keras2, selector = _model_files(checkpoint_uuid, manifest["files"])
         with ckpt.restore_path(checkpoint_uuid, selector=selector) as path:
             staging = tempfile.mkdtemp(prefix=f"ckptstore-export-{checkpoint_uuid[:8]}-")
             try:
@@ -138,6 +114,31 @@ def export_checkpoint(
     result.path = f"{ckpt.storage_url.rstrip('/')}/{checkpoint_uuid}/{SAVED_MODEL_DIRNAME}"
     logger.info("Added a SavedModel to checkpoint %s in %.1f s", checkpoint_uuid, result.seconds)
     return result
+
+
+def _model_files(checkpoint_uuid: str, files: Mapping[str, Any]) -> tuple[bool, str | list[str]]:
+    """Whether the checkpoint is a Keras 2 one, and the selector of the files its export needs;
+    ModelLoadError when it holds no model that can be exported."""
+    from ckptstore.keras_io.saving import _keras2_format as keras2_format
+
+    keras2 = MODEL_FILENAME not in files and keras2_format.WEIGHTS_PREFIX + ".index" in files
+    if keras2 and keras2_format.MODEL_CONFIG_FILENAME not in files:
+        raise errors.ModelLoadError(
+            f"Keras 2 checkpoint {checkpoint_uuid} has no "
+            f"{keras2_format.MODEL_CONFIG_FILENAME} (a subclassed model), so its model "
+            "cannot be rebuilt to export it. Build the model in code under Keras 2, "
+            f"model.load_weights(<checkpoint>/{keras2_format.WEIGHTS_PREFIX}) and "
+            "model.save(path, save_format='tf')."
+        )
+    if not keras2 and MODEL_FILENAME not in files:
+        raise errors.ModelLoadError(
+            f"Checkpoint {checkpoint_uuid} has no {MODEL_FILENAME} to export (files: "
+            f"{sorted(files)[:10]}); only checkpoints written by "
+            "DeterminedCallback / TFKerasTrial can be exported."
+        )
+    if keras2:
+        return True, [keras2_format.WEIGHTS_PREFIX + ".*", keras2_format.MODEL_CONFIG_FILENAME]
+    return False, MODEL_FILENAME
 
 
 def _keras2_here() -> bool:
