@@ -6,7 +6,7 @@ Example::
     import ckptstore as det
 
     with det.keras.init() as context:
-        context.fit(model, x, y, epochs=5)
+        context.fit(model, x=x, y=y, epochs=5)
 """
 
 from ckptstore.keras_io.context._context import KerasContext, init

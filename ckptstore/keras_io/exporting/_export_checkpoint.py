@@ -43,9 +43,7 @@ def export_checkpoint(
     custom_objects: Mapping[str, Any] | None = None,
 ) -> ExportResult:
     """Add an inference SavedModel (``saved_model/``) to committed checkpoint
-    ``checkpoint_uuid``, in this process.
-
-    Downloads and verifies its ``model.keras``, exports and verifies the SavedModel (``serve``
+    ``checkpoint_uuid``, in this process. Downloads and verifies its ``model.keras``, exports and verifies the SavedModel (``serve``
     predicts what Keras does), then adds the files to the same checkpoint with the manifest
     rewrite of :mod:`ckptstore.checkpointing.amend` (a crash at any point leaves the checkpoint
     readable, as before or with the SavedModel). The checkpoint is pinned against GC meanwhile.
@@ -216,15 +214,9 @@ def _checkpoint_context(
 ) -> Iterator[Any]:
     """A CheckpointContext on the storage holding ``uuid``, indexed by the registry."""
     from ckptstore.checkpointing import CheckpointContext
-    from ckptstore.keras_io.loading._loaders import resolve_checkpoint, storage_opener
-    from ckptstore.registry import Registry, open_registry
+    from ckptstore.keras_io.loading._loaders import registry_and_storage, resolve_checkpoint
 
-    opened: list[Any] = []
-    storage_for = storage_opener(storage, opened)
-
-    owns_registry = not isinstance(registry, Registry)
-    reg = open_registry(registry)
-    try:
+    with registry_and_storage(storage, registry) as (reg, storage_for):
         found, url = resolve_checkpoint(reg, storage_for, None, uuid)
         store = storage_for(url)
         ckpt = CheckpointContext(store, index=reg, storage_url=url or store.url)
@@ -232,13 +224,6 @@ def _checkpoint_context(
             yield ckpt
         finally:
             ckpt.close()
-    finally:
-        for s in opened:
-            with contextlib.suppress(Exception):
-                s.close()
-        if owns_registry:
-            with contextlib.suppress(Exception):
-                reg.close()
 
 
 def checkpoint_main(args: Any) -> int:

@@ -19,12 +19,13 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
@@ -374,15 +375,7 @@ def load_checkpoint_model(
         model = ckptstore.load_checkpoint_model(trial_id=3, best_by="val_accuracy",
                                                 smaller_is_better=False)
     """
-    from ckptstore.checkpointing import CheckpointContext
-    from ckptstore.registry import Registry, open_registry
-
-    opened: list[Any] = []
-    storage_for = storage_opener(storage, opened)
-
-    owns_registry = not isinstance(registry, Registry)
-    reg = open_registry(registry)
-    try:
+    with registry_and_storage(storage, registry) as (reg, storage_for):
         uuid, recorded_url = resolve_checkpoint(
             reg, storage_for, trial_id, checkpoint_uuid, best_by, smaller_is_better
         )
@@ -394,29 +387,61 @@ def load_checkpoint_model(
                 store.url,
                 recorded_url,
             )
-        ckpt = CheckpointContext(store, verify=True)
-        tmp = tempfile.mkdtemp(prefix=f"ckptstore-load-{uuid[:8]}-")
-        try:
-            logger.info("Downloading checkpoint %s from %s", uuid, store.url)
-            ckpt.download(uuid, tmp)
-            model = load_model_from_folder(
-                tmp, compile=compile, custom_objects=custom_objects, safe_mode=safe_mode
-            )
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        with _suppress():  # lets context.evaluate() record metrics against this checkpoint
-            model._ckptstore_checkpoint_uuid = uuid
-        if _find_keras_file(tmp) is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            # A SavedModel may read assets lazily: keep the files while the model lives.
-            import weakref
+        return _download_and_load(
+            store, uuid, compile=compile, custom_objects=custom_objects, safe_mode=safe_mode
+        )
 
-            weakref.finalize(model, shutil.rmtree, tmp, True)
-        with _suppress():
-            ckpt.close()
-        return model
+
+def _download_and_load(
+    store: Storage,
+    uuid: str,
+    *,
+    compile: bool,
+    custom_objects: Mapping[str, Any] | None,
+    safe_mode: bool,
+) -> KerasModel | SavedModelPredictor:
+    """Download checkpoint ``uuid`` (checksums verified) to a temporary folder and load it."""
+    from ckptstore.checkpointing import CheckpointContext
+
+    ckpt = CheckpointContext(store, verify=True)
+    tmp = tempfile.mkdtemp(prefix=f"ckptstore-load-{uuid[:8]}-")
+    try:
+        logger.info("Downloading checkpoint %s from %s", uuid, store.url)
+        ckpt.download(uuid, tmp)
+        model = load_model_from_folder(
+            tmp, compile=compile, custom_objects=custom_objects, safe_mode=safe_mode
+        )
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    with _suppress():  # lets context.evaluate() record metrics against this checkpoint
+        model._ckptstore_checkpoint_uuid = uuid
+    if _find_keras_file(tmp) is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        # A SavedModel may read assets lazily: keep the files while the model lives.
+        import weakref
+
+        weakref.finalize(model, shutil.rmtree, tmp, True)
+    with _suppress():
+        ckpt.close()
+    return model
+
+
+@contextlib.contextmanager
+def registry_and_storage(
+    storage: StorageSpec | None, registry: Registry | str | None
+) -> Iterator[tuple[Registry, Callable[[str | None], Any]]]:
+    """The registry (opened from ``registry`` unless it is one) and a :func:`storage_opener`;
+    on exit, closes the storages it opened and the registry if it opened it."""
+    from ckptstore.registry import Registry, open_registry
+
+    opened: list[Any] = []
+    storage_for = storage_opener(storage, opened)
+    owns_registry = not isinstance(registry, Registry)
+    reg = open_registry(registry)
+    try:
+        yield reg, storage_for
     finally:
         for s in opened:
             with _suppress():
@@ -427,8 +452,6 @@ def load_checkpoint_model(
 
 
 def _suppress() -> Any:
-    import contextlib
-
     return contextlib.suppress(Exception)
 
 
