@@ -21,8 +21,8 @@ import tensorflow as tf
 import ckptstore as det
 from ckptstore.checkpointing import CheckpointContext, blobs
 from ckptstore.checkpointing import format as fmt
-from ckptstore.keras_io import tf_bundle
-from ckptstore.keras_io.checkpoint_writer import CheckpointWriter, SaveJob
+from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
+from ckptstore.keras_io.saving._writer import CheckpointWriter, SaveJob
 
 HEAD_SHAPE = (32, 256)  # 32 KiB of float32: changes between the two checkpoints
 FROZEN_SHAPE = (1024, 1025)  # ~4 MiB of float32: the same in both
