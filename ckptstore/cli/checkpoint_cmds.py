@@ -248,11 +248,9 @@ def export_cmd(
     """
     # In a child process: the command itself never imports TensorFlow (layers contract).
     command = [sys.executable, "-m", "ckptstore.keras_io.exporting", "checkpoint", uuid]
-    command += ["--registry", state.registry_url]
-    try:
-        state.registry().get_checkpoint(uuid)  # known: the registry says where it lives
-    except errors.CheckpointNotFound:
-        command += ["--storage", state.storage_url]  # not indexed (yet): look in --storage
+    # The caller's storage, always: a registry row's URL is read only when it is under it (or
+    # allowed; ckptstore.checkpointing.row_storage).
+    command += ["--registry", state.registry_url, "--storage", state.storage_url]
     if no_verify:
         command.append("--no-verify")
     if unsafe_deserialization:

@@ -191,7 +191,9 @@ def test_python_export_on_s3(tmp_path, storage_url_factory):
         cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
         fit(model, [cb], epochs=1)
         uuid = cb.last_checkpoint
-    result = export_checkpoint(uuid, registry=registry)  # the storage URL comes from the registry
+    with pytest.raises(errors.StorageNotAllowed):  # a row's URL alone does not choose storage
+        export_checkpoint(uuid, registry=registry)
+    result = export_checkpoint(uuid, registry=registry, storage=url)
     assert result.verified and result.path.endswith(f"{uuid}/saved_model")
     with CheckpointContext(url) as reader:
         reader.download(uuid, str(tmp_path / "dl"))
