@@ -14,8 +14,8 @@ from tests.determined_compat.conftest import (
 )
 
 
-def test_mnist_trial_const_runs_unchanged(tmp_path, where):
-    storage, registry = where
+def test_mnist_trial_const_runs_unchanged(tmp_path, where_local_and_s3):
+    storage, registry = where_local_and_s3
     model_dir = copy_corpus("mnist_trial", tmp_path)
     done = create_ok("const.yaml", model_dir, storage, registry)
     output = done.stdout + done.stderr

@@ -47,3 +47,27 @@ def optimizer_variables(model: Any) -> list[Any]:
     """Every variable of ``model.optimizer`` (a property on Keras 3, a method on Keras 2)."""
     found = model.optimizer.variables
     return list(found() if callable(found) else found)
+
+
+def tiny_model(
+    *,
+    inputs: int = 4,
+    hidden: int = 5,
+    extra: Any = None,
+    outputs: int = 2,
+    seed: int = 5,
+    optimizer: Any = None,
+    loss: Any = "mse",
+    metrics: list[str] | None = None,
+) -> Any:
+    """A seeded, compiled ``Sequential``: ``Input(inputs)`` -> ``Dense(hidden, relu)`` (none when
+    ``hidden`` is 0) -> ``extra`` (a layer, when given) -> ``Dense(outputs)``; the optimizer is
+    ``Adam(0.01)`` unless given. The Keras tests' one model builder: each module names its variant.
+    """
+    keras.utils.set_random_seed(seed)
+    layers = [keras.Input((inputs,))]
+    layers += [keras.layers.Dense(hidden, activation="relu")] if hidden else []
+    layers += [extra] if extra is not None else []
+    model = keras.Sequential([*layers, keras.layers.Dense(outputs)])
+    model.compile(optimizer or keras.optimizers.Adam(0.01), loss=loss, metrics=metrics)
+    return model

@@ -21,7 +21,7 @@ from ckptstore import errors
 from ckptstore.core import init
 from ckptstore.keras_io.loaders import load_model_from_checkpoint_path
 from ckptstore.registry import Registry
-from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, keras3_only
+from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, keras3_only, tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 X = np.linspace(-1, 1, 24, dtype="float32").reshape(8, 3)
@@ -31,11 +31,9 @@ X = np.linspace(-1, 1, 24, dtype="float32").reshape(8, 3)
 WEIGHTS_FILE = "model.keras" if KERAS_MAJOR == 3 else "model_checkpoint.data-00000-of-00001"
 
 
-def tiny_model(seed: int = 0):
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    model.compile(optimizer="adam", loss="mse")
-    return model
+def linear_model(seed: int = 0):
+    """One Dense layer over 3 features; each seed gives other weights."""
+    return tiny_model(inputs=3, hidden=0, seed=seed, optimizer="adam")
 
 
 def save_checkpoint(storage, registry, trial_id, model, steps, val_loss=None, files=("keras",)):
@@ -65,14 +63,9 @@ def export(model, path: str) -> None:
         model.save(path, save_format="tf")
 
 
-@pytest.fixture
-def where(tmp_path):
-    return str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'registry.db'}"
-
-
 def test_latest_best_and_uuid(where):
     storage, registry = where
-    models = [tiny_model(seed) for seed in range(3)]
+    models = [linear_model(seed) for seed in range(3)]
     uuids = [
         save_checkpoint(storage, registry, 5, m, steps=10 * (i + 1), val_loss=loss)
         for i, (m, loss) in enumerate(zip(models, [0.5, 0.1, 0.3], strict=True))
@@ -101,7 +94,7 @@ def test_latest_best_and_uuid(where):
 
 def test_storage_scan_when_the_registry_does_not_know(where, tmp_path):
     storage, registry = where
-    model = tiny_model()
+    model = linear_model()
     uuid = save_checkpoint(storage, registry, 9, model, steps=3, val_loss=0.2)
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
     by_trial = ckptstore.load_checkpoint_model(trial_id=9, storage=storage, registry=empty)
@@ -117,7 +110,7 @@ def test_storage_scan_when_the_registry_does_not_know(where, tmp_path):
 
 def test_saved_model_fallback(where, tmp_path):
     storage, registry = where
-    model = tiny_model()
+    model = linear_model()
     uuid = save_checkpoint(storage, registry, 2, model, steps=1, files=("saved_model",))
     loaded = ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry)
     np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-5)
@@ -129,7 +122,7 @@ def test_saved_model_fallback(where, tmp_path):
 
 @keras3_only(".keras files are Keras 3's checkpoint format (Keras 2: model_checkpoint.*)")
 def test_local_path_accepts_any_single_keras_file(tmp_path):
-    model = tiny_model()
+    model = linear_model()
     model.save(str(tmp_path / "whatever.keras"))
     loaded = load_model_from_checkpoint_path(str(tmp_path))
     np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
@@ -163,7 +156,7 @@ def test_missing_model_files(where):
 
 def test_checksum_mismatch(where):
     storage, registry = where
-    uuid = save_checkpoint(storage, registry, 4, tiny_model(), steps=1)
+    uuid = save_checkpoint(storage, registry, 4, linear_model(), steps=1)
     target = Path(storage, uuid, WEIGHTS_FILE)
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -227,7 +220,7 @@ def _run_batch_inference(*args: str, env_extra: dict | None = None) -> subproces
 @pytest.mark.slow
 def test_batch_inference_example(where, tmp_path, storage_url_factory):
     storage, registry = where
-    model = tiny_model()
+    model = linear_model()
     uuid = save_checkpoint(storage, registry, 11, model, steps=5, val_loss=0.4)
     np.save(tmp_path / "x.npy", X)
     np.savetxt(tmp_path / "x.csv", X, delimiter=",")

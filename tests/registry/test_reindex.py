@@ -24,14 +24,9 @@ FIELDS = (
     "metadata",
     "metrics",
     "resources",
-    "storage_url",
+    "local_and_s3_url",
     "created_at",
 )
-
-
-@pytest.fixture(params=("file", "s3"))
-def storage_url(request, storage_url_factory) -> str:
-    return storage_url_factory(request.param)
 
 
 def _tree(root, files: dict[str, bytes]) -> str:
@@ -76,12 +71,14 @@ def _save_some(url: str, registry: Registry, tmp_path, *, dedup: bool = False) -
 
 
 @pytest.mark.parametrize("dedup", [False, True], ids=["whole-file", "dedup"])
-def test_reindex_reproduces_checkpoint_rows(storage_url, registry_url, tmp_path, request, dedup):
+def test_reindex_reproduces_checkpoint_rows(
+    local_and_s3_url, registry_url, tmp_path, request, dedup
+):
     """Format 1 and format 2 (deduplicated: the folders hold only metadata and manifest,
     the content is in shared blobs) give the same rows."""
     with Registry(registry_url) as saved:
-        uuids = _save_some(storage_url, saved, tmp_path, dedup=dedup)
-        with open_storage(storage_url) as storage:
+        uuids = _save_some(local_and_s3_url, saved, tmp_path, dedup=dedup)
+        with open_storage(local_and_s3_url) as storage:
             manifest = fmt.read_manifest(storage, uuids[1])
             assert manifest["format_version"] == (
                 fmt.BLOBS_FORMAT_VERSION if dedup else fmt.FORMAT_VERSION
@@ -98,7 +95,7 @@ def test_reindex_reproduces_checkpoint_rows(storage_url, registry_url, tmp_path,
         if registry_url.startswith("sqlite")
         else request.getfixturevalue("postgres_url_factory")()
     )
-    with Registry(fresh_url) as fresh, open_storage(storage_url) as storage:
+    with Registry(fresh_url) as fresh, open_storage(local_and_s3_url) as storage:
         assert fresh.reindex(storage) == 5
         assert _rows(fresh) == expected
         assert {t.id for t in fresh.list_trials()} == {1, 2, 3}
