@@ -2,7 +2,11 @@
 
 Server fixtures live in ``tests/servers/`` (one module per family) and are loaded here, so every
 test folder can use ``s3_server``, ``gcs_server``, ``azure_server``, ``storage_url_factory``,
-``any_storage_url``, ``postgres_server`` and ``registry_url``.
+``any_storage_url``, ``local_and_s3_url``, ``postgres_server`` and ``registry_url``. Defined here:
+``where`` / ``where_local_and_s3`` (a test's storage + registry). Plugins loaded here: with
+``CI=true`` a skip fails (``tests/_helpers/ci_skips.py``); every test is marked ``unit``,
+``servers`` or ``e2e`` (``tests/_helpers/markers.py``). Helpers shared by several folders are in
+``tests/_helpers/``; ``tests/test_layers.py`` checks each fixture and shared helper is defined once.
 """
 
 import os

@@ -212,6 +212,8 @@ SHARED_HELPERS = {
     "free_ports": "tests/_helpers/ports.py",
     "tiny_model": "tests/keras_io/keras_under_test.py",
     "make_env": "tests/cli/helpers.py",
+    "make_tree": "tests/_helpers/trees.py",
+    "read_tree": "tests/_helpers/trees.py",
 }
 
 

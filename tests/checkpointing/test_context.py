@@ -10,7 +10,8 @@ import pytest
 from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext
 from ckptstore.checkpointing import format as fmt
-from tests.checkpointing._helpers import MemoryIndex, make_tree, read_tree
+from tests._helpers.trees import make_tree, read_tree
+from tests.checkpointing._helpers import MemoryIndex
 
 FILES = {
     "model.keras": os.urandom(20_000),

@@ -5,7 +5,6 @@ PostgreSQL)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 
@@ -13,6 +12,7 @@ from ckptstore.checkpointing import CheckpointContext, blobs
 from ckptstore.checkpointing import format as fmt
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
+from tests._helpers.trees import make_tree
 
 FIELDS = (
     "uuid",
@@ -24,18 +24,9 @@ FIELDS = (
     "metadata",
     "metrics",
     "resources",
-    "local_and_s3_url",
+    "storage_url",
     "created_at",
 )
-
-
-def _tree(root, files: dict[str, bytes]) -> str:
-    for rel, data in files.items():
-        path = os.path.join(root, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-    return str(root)
 
 
 def _rows(registry: Registry, states=("COMMITTED", "PARTIALLY_DELETED")) -> dict[str, dict]:
@@ -47,7 +38,7 @@ def _rows(registry: Registry, states=("COMMITTED", "PARTIALLY_DELETED")) -> dict
 
 
 def _save_some(url: str, registry: Registry, tmp_path, *, dedup: bool = False) -> list[str]:
-    src = _tree(tmp_path / "src", {"model.keras": b"m" * 300, "opt/state.bin": b"s" * 50})
+    src = make_tree(tmp_path / "src", {"model.keras": b"m" * 300, "opt/state.bin": b"s" * 50})
     uuids = []
     for trial_id, experiment_id in ((1, 10), (2, 10), (3, None)):
         with CheckpointContext(
@@ -113,7 +104,7 @@ def test_reindex_marks_checkpoints_gone_from_storage_deleted(
 ):
     url = storage_url_factory("file")
     with Registry(registry_url) as registry, open_storage(url) as storage:
-        src = _tree(tmp_path / "src", {"w.bin": b"w" * 10})
+        src = make_tree(tmp_path / "src", {"w.bin": b"w" * 10})
         with CheckpointContext(storage, index=registry, trial_id=4) as ctx:
             keep = ctx.upload(src, {"steps_completed": 1})
             lost = ctx.upload(src, {"steps_completed": 2})

@@ -36,6 +36,7 @@ from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext, blob_gc, blobs, commit, list_committed
 from ckptstore.checkpointing import format as fmt
 from ckptstore.storage_backends import open_storage
+from tests._helpers.trees import make_tree
 from tests.servers.fault_proxy import FaultProxy
 
 pytestmark = pytest.mark.timeout(120)
@@ -110,11 +111,7 @@ def _content(seed: int, *, weights_seed: int | None = None) -> dict[str, bytes]:
 def _make_ckpt(root, seed: int, *, weights_seed: int | None = None) -> dict[str, bytes]:
     """A small checkpoint folder with seeded content; returns {relpath: bytes}."""
     files = _content(seed, weights_seed=weights_seed)
-    for rel, data in files.items():
-        path = os.path.join(root, *rel.split("/"))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
+    make_tree(root, files)
     return files
 
 
