@@ -10,6 +10,8 @@ import pytest
 
 from ckptstore.reports.svg import Series, line_chart, nice_ticks
 
+pytestmark = pytest.mark.e2e  # renders pages in headless Chromium
+
 
 def _chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):

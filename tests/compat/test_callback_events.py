@@ -21,6 +21,8 @@ import pytest
 import ckptstore as det
 from ckptstore.checkpointing import CheckpointContext
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 Events = list[tuple[str, Any]]
 
 

@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.determined_compat.conftest import REPO, ckptstore
+
+pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
 
 PROBE = (
     "import determined, determined.keras, determined.core\n"

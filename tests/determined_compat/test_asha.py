@@ -4,9 +4,13 @@ Determined's adaptive.yaml shape (``max_length`` form, no ``min_validation_perio
 
 import json
 
+import pytest
+
 from ckptstore.experiment.config import load_config
 from ckptstore.registry import Registry
 from tests.determined_compat.conftest import ckptstore, copy_corpus, create_ok
+
+pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
 
 
 def _trials(registry, exp_id):

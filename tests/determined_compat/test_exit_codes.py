@@ -3,7 +3,11 @@ trial and the end of its log; an experiment whose trials all failed is ERROR (is
 
 import json
 
+import pytest
+
 from tests.determined_compat.conftest import ckptstore, copy_corpus
+
+pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
 
 
 def test_failing_trial_fails_the_command_and_the_experiment(tmp_path, where):

@@ -14,6 +14,8 @@ from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
 from tests.determined_compat.conftest import ckptstore, copy_corpus
 
+pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
+
 
 def _job_config(model_dir, name, **data):
     raw = yaml.safe_load((model_dir / "batch_inference.yaml").read_text())

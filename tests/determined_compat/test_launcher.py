@@ -4,6 +4,8 @@ and ``resources.slots_per_trial: 2`` (two workers with TF_CONFIG on this machine
 
 import json
 
+import pytest
+
 from ckptstore.checkpointing import CheckpointContext
 from ckptstore.registry import Registry
 from tests.determined_compat.conftest import (
@@ -12,6 +14,8 @@ from tests.determined_compat.conftest import (
     create_ok,
     create_then_sigterm,
 )
+
+pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
 
 
 def _describe(exp_id, storage, registry):

@@ -23,6 +23,8 @@ from ckptstore.experiment import create_experiment, describe_experiment
 from ckptstore.experiment.searcher import optuna_storage_url, study_name
 from ckptstore.registry import Registry
 
+pytestmark = pytest.mark.e2e  # starts trial processes
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mnist_tfkeras_trial"
 REPO = EXAMPLE.parents[1]
 

@@ -21,6 +21,8 @@ from ckptstore.import_determined.weights import (
 )
 from tests.import_determined import tf_keras_fixtures as tk
 
+pytestmark = pytest.mark.e2e  # trains Keras 2 (tf_keras) models end to end
+
 pytest.importorskip("tf_keras", reason="tf_keras is not installed: pip install -e .[test]")
 
 LAYOUTS = tuple(tk.SAVERS)

@@ -25,6 +25,8 @@ from tests.keras_io.keras_under_test import (
     tiny_model,
 )
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 
 def classifier(optimizer: str = "adam"):
     """3 classes of 4 features, with Adam or SGD with momentum (different optimizer slots)."""

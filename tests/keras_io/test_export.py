@@ -22,6 +22,8 @@ from tests.cli.helpers import make_env
 from tests.keras_io.export_common import X, fit, has_saved_model, init
 from tests.keras_io.keras_under_test import tiny_model
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 
 def serve(saved_model_dir: str, x: np.ndarray) -> np.ndarray:
     loaded = tf.saved_model.load(saved_model_dir)  # keep it alive: serve uses its variables

@@ -14,6 +14,8 @@ from ckptstore.keras_io.keras_context import shard_data
 from ckptstore.registry import Registry
 from tests.keras_io.keras_under_test import keras
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 X = np.linspace(-1, 1, 40, dtype="float32").reshape(20, 2)
 Y = X @ np.array([[1.5], [-0.5]], dtype="float32")
 

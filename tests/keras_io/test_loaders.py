@@ -23,6 +23,8 @@ from ckptstore.keras_io.loaders import load_model_from_checkpoint_path
 from ckptstore.registry import Registry
 from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, keras3_only, tiny_model
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 REPO = Path(__file__).resolve().parents[2]
 X = np.linspace(-1, 1, 24, dtype="float32").reshape(8, 3)
 

@@ -22,10 +22,13 @@ from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io import keras2_format, tf_bundle
 from tests.keras_io.keras_under_test import KERAS_MAJOR, keras
 
-pytestmark = pytest.mark.skipif(
-    KERAS_MAJOR != 2,
-    reason="Keras 2 only: runs in tests/keras_io/test_keras2_suite.py's Keras 2 child",
-)
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        KERAS_MAJOR != 2,
+        reason="Keras 2 only: runs in tests/keras_io/test_keras2_suite.py's Keras 2 child",
+    ),
+]  # e2e: trains Keras models end to end
 
 #: As in test_tf_bundle.py: 64 KiB for the small files rewritten whole on every save (the
 #: ``.index`` files with every tensor's crc32c, ``saved_model.pb``, ``keras_metadata.pb``,

@@ -27,6 +27,8 @@ from tests.keras_io import legacy_trial_model_def as model_def
 from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, optimizer_variables
 from tests.keras_io.legacy_trial_model_def import LegacyOptTrial
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 TOTAL = 12  # batches: 2 passes of 48 records / 8
 
 

@@ -10,6 +10,8 @@ from ckptstore.keras_io.trial.controller import TrialController
 from ckptstore.registry import Registry
 from tests.keras_io.trial.tiny_trial import TinyTrial
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 
 def config(max_batches=10, val=5, ckpt=None, unit=3, **extra):
     raw = {
