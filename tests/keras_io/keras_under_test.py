@@ -23,6 +23,16 @@ assert (KERAS_MAJOR == 2) == LEGACY, (keras.__version__, LEGACY)
 
 _Test = TypeVar("_Test")
 
+#: The mark of the Keras 2 only modules (``KERAS2_ONLY`` in ``tests/conftest.py``), which train
+#: end to end in the Keras 2 child of ``tests/keras_io/test_keras2_suite.py``.
+KERAS2_ONLY_MODULE = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        KERAS_MAJOR != 2,
+        reason="Keras 2 only: runs in tests/keras_io/test_keras2_suite.py's Keras 2 child",
+    ),
+]
+
 
 def keras3_only(reason: str) -> Callable[[_Test], _Test]:
     """Marks a test as Keras 3 only (marker ``keras3_only``, with ``reason``).

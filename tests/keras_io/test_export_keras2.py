@@ -26,15 +26,9 @@ from ckptstore.keras_io import keras2_format
 from ckptstore.keras_io.export import export_checkpoint
 from ckptstore.storage_backends import open_storage
 from tests.keras_io.export_common import X, fit, has_saved_model, init
-from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, tiny_model
+from tests.keras_io.keras_under_test import KERAS2_ONLY_MODULE, keras, tiny_model
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        KERAS_MAJOR != 2,
-        reason="Keras 2 only: runs in tests/keras_io/test_keras2_suite.py's Keras 2 child",
-    ),
-]  # e2e: trains Keras models end to end
+pytestmark = KERAS2_ONLY_MODULE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

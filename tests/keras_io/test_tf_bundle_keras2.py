@@ -13,22 +13,15 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import ckptstore as det
 from ckptstore.checkpointing import CheckpointContext, blobs
 from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io import keras2_format, tf_bundle
-from tests.keras_io.keras_under_test import KERAS_MAJOR, keras
+from tests.keras_io.keras_under_test import KERAS2_ONLY_MODULE, keras
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        KERAS_MAJOR != 2,
-        reason="Keras 2 only: runs in tests/keras_io/test_keras2_suite.py's Keras 2 child",
-    ),
-]  # e2e: trains Keras models end to end
+pytestmark = KERAS2_ONLY_MODULE
 
 #: As in test_tf_bundle.py: 64 KiB for the small files rewritten whole on every save (the
 #: ``.index`` files with every tensor's crc32c, ``saved_model.pb``, ``keras_metadata.pb``,
