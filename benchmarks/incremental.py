@@ -7,9 +7,9 @@ Two scenarios, one run:
 - (b) full training: the same model with every layer trained (every tensor changes).
 
 For each, ``fit()`` runs ``--epochs`` epochs with a checkpoint every epoch through
-``DeterminedCallback`` (``export_saved_model="never"``) on the moto S3 emulator, with the
-whole-file path (format 1) and with ``dedup=True`` (format 2), and with Keras's savers on local
-disk. Printed per checkpoint after the first (the first stores everything): bytes uploaded
+``DeterminedCallback`` (``export_saved_model="never"``) on a local folder and on the moto S3
+emulator (``--storage``), with the whole-file path (format 1) and with ``dedup=True`` (format
+2), and with Keras's savers on local disk. Printed per checkpoint after the first (the first stores everything): bytes uploaded
 (counted from the manifests: whole files, and blobs no earlier checkpoint stored, which a
 create-only upload skips), the bytes of the tensors that changed (trainable weights + optimizer state), the
 whole cost (``fit()`` + waiting for the last commit, minus the same ``fit()`` without
@@ -171,13 +171,17 @@ def run_keras(kind: str, work: str, args, frozen: bool) -> dict[str, float]:  # 
 
 
 def report(name: str, rows: dict[str, dict[str, float]]) -> None:
-    base = rows["ckptstore whole-file (S3)"]
-    print(f"\n## {name}  (changed tensors per checkpoint: {base['changed'] / MiB:.2f} MiB)")
+    """Each ckptstore row against the whole-file path on the same storage (Keras's savers,
+    which write local files, against the local whole-file path when it ran)."""
+    bases = {k.rsplit("(", 1)[1]: r for k, r in rows.items() if k.startswith("ckptstore whole")}
+    first = next(iter(bases.values()))
+    print(f"\n## {name}  (changed tensors per checkpoint: {first['changed'] / MiB:.2f} MiB)")
     print(
         f"{'method':34s} {'MiB up/ckpt':>12s} {'x whole':>8s} {'x changed':>9s} "
         f"{'cost s/ckpt':>11s} {'x whole':>8s} {'restore s':>9s}"
     )
     for method, r in rows.items():
+        base = bases.get(method.rsplit("(", 1)[-1], bases.get("local)", first))
         up = r.get("uploaded/ckpt", r.get("written/ckpt", 0.0))
         kind = "" if "uploaded/ckpt" in r else " (local, written)"
         print(
@@ -197,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backbone-mb", type=float, default=64.0)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--chunk-kb", type=int, default=4096)
+    parser.add_argument(
+        "--storage", default="local,s3", help="comma-separated: local (a folder), s3 (moto)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -216,12 +223,17 @@ def main(argv: list[str] | None = None) -> None:
         ):
             rows: dict[str, dict[str, float]] = {}
             tag = "a" if frozen else "b"
-            for label, dedup in (("whole-file", False), ("dedup", True)):
-                bucket = f"inc-{tag}-{label}"
-                create_bucket(server, bucket)
-                rows[f"ckptstore {label} (S3)"] = run_ckptstore(
-                    f"s3://{bucket}/ckpts", f"sqlite:///{work}/{bucket}.db", dedup, args, frozen
-                )
+            for store in args.storage.split(","):
+                for label, dedup in (("whole-file", False), ("dedup", True)):
+                    bucket = f"inc-{tag}-{label}-{store}"
+                    if store == "s3":
+                        create_bucket(server, bucket)
+                        url = f"s3://{bucket}/ckpts"
+                    else:
+                        url = os.path.join(work, bucket)
+                    rows[f"ckptstore {label} ({store})"] = run_ckptstore(
+                        url, f"sqlite:///{work}/{bucket}.db", dedup, args, frozen
+                    )
             for kind in ("ModelCheckpoint", "BackupAndRestore"):
                 rows[f"Keras {kind}"] = run_keras(kind, os.path.join(work, tag), args, frozen)
             report(name, rows)

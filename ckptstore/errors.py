@@ -14,9 +14,16 @@ Example::
 
 from __future__ import annotations
 
+from ckptstore.masking import mask_text
+
 
 class CkptstoreError(Exception):
-    """Base class of every ckptstore error."""
+    """Base class of every ckptstore error. Its message goes through the one masking rule
+    (:func:`ckptstore.masking.mask_text`), so a URL password, a ``?password=`` or a
+    ``token=...`` received from the caller is never repeated back."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(mask_text(a) if isinstance(a, str) else a for a in args))
 
 
 # --- storage -----------------------------------------------------------------------------------
@@ -48,6 +55,11 @@ class InvalidStorageConfig(StorageError, ValueError):
     """A storage URL or ``checkpoint_storage`` dict is malformed or names an unknown type."""
 
 
+class StorageNotAllowed(InvalidStorageConfig):
+    """A registry row names a storage the caller neither opened nor allowed
+    (:mod:`ckptstore.checkpointing.row_storage`)."""
+
+
 class MissingDependency(CkptstoreError, ImportError):
     """An optional package needed for a backend or feature is not installed."""
 
@@ -68,8 +80,14 @@ class InvalidCheckpoint(CheckpointError):
 class UnsafeCheckpointPath(InvalidStoragePath, InvalidCheckpoint):
     """A file name in a checkpoint breaks the one rule for checkpoint contents
     (:func:`ckptstore.storage_backends.paths.check_key`): raised by writers before anything is
-    committed, and by readers for a manifest entry. It is both an :class:`InvalidStoragePath`
-    and an :class:`InvalidCheckpoint`."""
+    committed, and by readers for a manifest entry (as its subclass
+    :class:`UnsafeManifestEntry`). It is both an :class:`InvalidStoragePath` and an
+    :class:`InvalidCheckpoint`."""
+
+
+class UnsafeManifestEntry(UnsafeCheckpointPath):
+    """An entry of a stored ``MANIFEST.json`` breaks the path rule: the checkpoint is damaged
+    or was not written by ckptstore (CLI exit 5, where a writer's bad file name is exit 2)."""
 
 
 class ChecksumMismatch(CheckpointError):

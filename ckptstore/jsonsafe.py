@@ -8,7 +8,8 @@ The policy (the issue left the choice open; this is it):
 - Tensors and NumPy values become Python numbers / lists; tuples become lists.
 - Mapping keys are ``str``; ``int`` keys become their decimal string as ``json.dumps`` would
   write them (``{3: x}`` -> ``{"3": x}``), and two keys that end up the same (``1`` and
-  ``"1"``) are refused. Other keys, objects that are not numbers, strings that are not valid Unicode (lone surrogates) and nesting
+  ``"1"``) are refused. Other keys, objects that are not numbers, strings that are not valid
+  Unicode (lone surrogates) or hold a NUL character (PostgreSQL's JSON operators fail on it) and nesting
   deeper than :data:`MAX_DEPTH` raise :class:`~ckptstore.errors.InvalidConfig` naming the path.
 
 Example::
@@ -57,6 +58,10 @@ def _convert(value: object, path: str, depth: int) -> JSON:
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise _fail(path, f"the string {value!r} is not valid Unicode") from None
+        if "\x00" in value:
+            # PostgreSQL stores "\u0000" in a json column but then fails every JSON operator
+            # on that row (and so every query scanning it): refused on both databases.
+            raise _fail(path, f"the string {value!r} contains a NUL character (\\x00)")
         return value
     if isinstance(value, int):
         return int(value)

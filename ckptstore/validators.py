@@ -1,5 +1,5 @@
-"""Checks on plain argument values, one owner each: "a real int (not bool) >= N" and "a finite
-real number (not bool) >= N".
+"""Checks on plain argument values, one owner each: "a real int (not bool) >= N" (optionally
+<= M), "a finite real number (not bool) >= N" and "a string every database can store".
 
 Every public argument that must be a count, size, id or number of seconds is checked here, so
 the rule (bools are refused, NaN/inf are refused, the error is :class:`InvalidConfig` saying
@@ -24,6 +24,7 @@ from typing import TypeVar
 from ckptstore.errors import CkptstoreError, InvalidConfig
 
 __all__ = [
+    "check_text",
     "enum_member",
     "is_int",
     "is_number",
@@ -61,16 +62,35 @@ def int_at_least(
     *,
     error: type[CkptstoreError] = InvalidConfig,
     hint: str = "",
+    maximum: int | None = None,
 ) -> int:
-    """``value`` if it is a real int >= ``minimum``; else ``error`` naming ``name``.
+    """``value`` if it is a real int >= ``minimum`` (and <= ``maximum``, when given: a
+    database column's range); else ``error`` naming ``name``.
 
     ``hint`` is appended to the message (what to pass instead)."""
-    if not is_int(value) or operator.index(value) < minimum:  # type: ignore[arg-type]
-        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        if minimum == 0:
-            what = "a non-negative integer"
-        raise error(f"{name} must be {what}. Received: {name}={value!r}{hint}")
-    return operator.index(value)  # type: ignore[arg-type]
+    ok = is_int(value) and minimum <= operator.index(value)  # type: ignore[arg-type]
+    if ok and (maximum is None or operator.index(value) <= maximum):  # type: ignore[arg-type]
+        return operator.index(value)  # type: ignore[arg-type]
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+    if minimum == 0:
+        what = "a non-negative integer"
+    if maximum is not None:
+        what = f"an integer from {minimum} to {maximum}"
+    raise error(f"{name} must be {what}. Received: {name}={value!r}{hint}")
+
+
+def check_text(name: str, value: str, *, error: type[CkptstoreError] = InvalidConfig) -> str:
+    """``value`` if every database can store it: no NUL character (PostgreSQL's text types
+    cannot hold one) and no lone surrogate (not encodable as UTF-8); else ``error``."""
+    if "\x00" in value:
+        why = "contains a NUL character (\\x00), which PostgreSQL cannot store"
+    else:
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            why = "is not valid Unicode (a lone surrogate)"
+    raise error(f"{name} {why}; remove it. Received: {name}={value!r}")
 
 
 def optional_int_at_least(

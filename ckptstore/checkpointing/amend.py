@@ -31,11 +31,19 @@ from __future__ import annotations
 
 import glob as _glob
 import logging
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
+from ckptstore.checkpointing import blobs
 from ckptstore.checkpointing import format as fmt
-from ckptstore.checkpointing.commit import PreparedFiles, record_committed
+from ckptstore.checkpointing.commit import (
+    PendingMarker,
+    PreparedFiles,
+    record_committed,
+    remove_pending_marker,
+    upload_entries,
+)
 from ckptstore.checkpointing.index import CheckpointIndex, CheckpointRecord
 
 if TYPE_CHECKING:
@@ -51,9 +59,17 @@ def add_files(
     *,
     index: CheckpointIndex | None = None,
     storage_url: str | None = None,
+    dedup_chunk_bytes: int | None = None,
+    cuts: Mapping[str, Iterable[int]] | None = None,
 ) -> CheckpointRecord:
     """Add every file under ``local_dir`` to committed checkpoint ``uuid`` (same relative
     paths); returns the checkpoint's new record. See the module docstring for the protocol.
+
+    The new files follow the checkpoint's format: a deduplicated checkpoint (format 2) gets
+    them as content-addressed chunks (``dedup_chunk_bytes``, default 4 MiB; ``cuts`` as in
+    :func:`~ckptstore.checkpointing.commit.commit_dir`, e.g. a SavedModel's tensors), under a
+    pending marker like any commit (:func:`~ckptstore.checkpointing.commit.upload_entries`);
+    a whole-file checkpoint gets whole files.
 
     Raises :class:`~ckptstore.errors.CheckpointConflict` when a path is already listed or the
     manifest changed meanwhile, :class:`~ckptstore.errors.InvalidCheckpoint` when ``uuid`` is
@@ -80,7 +96,33 @@ def add_files(
             f"to replace them. Received: {local_dir!r}"
         )
     _remove_unlisted(storage, uuid, manifest, prepared.entries)
-    prepared.upload_to(storage, uuid)
+    if blobs.uses_blobs(manifest):
+        chunk = blobs.DEFAULT_CHUNK_BYTES if dedup_chunk_bytes is None else dedup_chunk_bytes
+        entries = blobs.plan(local_dir, prepared.entries, chunk, cuts)
+        with PendingMarker(storage, uuid, blobs.referenced({"files": entries})) as marker:
+            entries = upload_entries(storage, uuid, local_dir, entries, chunk, marker)
+            new_manifest = _rewrite(storage, uuid, manifest, before, entries)
+            marker.check_live()
+            storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.manifest_bytes(new_manifest))
+        remove_pending_marker(storage, uuid)
+    else:
+        prepared.upload_to(storage, uuid)
+        new_manifest = _rewrite(storage, uuid, manifest, before, prepared.entries)
+        storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.manifest_bytes(new_manifest))
+    logger.info("Added %d files to checkpoint %s in %s", len(prepared.entries), uuid, storage.url)
+    metadata = fmt.read_metadata(storage, uuid)
+    metadata.setdefault("uuid", uuid)
+    return record_committed(index, new_manifest, metadata, storage_url or storage.url)
+
+
+def _rewrite(
+    storage: Storage,
+    uuid: str,
+    manifest: dict[str, Any],
+    before: bytes,
+    entries: dict[str, Any],
+) -> dict[str, Any]:
+    """The manifest listing the old and new files, after checking nobody rewrote it since."""
     try:
         now = fmt.dump_json(fmt.read_manifest(storage, uuid))
     except errors.InvalidCheckpoint:
@@ -92,13 +134,8 @@ def add_files(
             "made it. Run the command again."
         )
     files = dict(manifest["files"])
-    files.update(prepared.entries)
-    new_manifest = dict(manifest, files=dict(sorted(files.items())))
-    storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.manifest_bytes(new_manifest))
-    logger.info("Added %d files to checkpoint %s in %s", len(prepared.entries), uuid, storage.url)
-    metadata = fmt.read_metadata(storage, uuid)
-    metadata.setdefault("uuid", uuid)
-    return record_committed(index, new_manifest, metadata, storage_url or storage.url)
+    files.update(entries)
+    return dict(manifest, files=dict(sorted(files.items())))
 
 
 def _remove_unlisted(

@@ -1,13 +1,11 @@
 """Reference-counted removal of content-addressed blobs (:mod:`.blobs`), and the reverse
 lookup from a blob to the checkpoints that use it.
 
-A blob is removed only when no committed manifest and no pending marker (an upload in flight
-names every blob it will reference before it looks for existing ones) in the prefix names it.
-A manifest that cannot be parsed stops the sweep: nothing is removed while a checkpoint's
-references are unknown. A sweep announces itself before it reads references and removes the
-announcement when done; writers wait for announced sweeps before they commit (the protocol is
-in :mod:`.blobs`). A sweep stops deleting before its lease ends, so a writer that outlives the
-lease of a killed or stuck sweep can trust it.
+A blob is removed only when no committed manifest and no pending marker in the prefix names
+it, and only through a condemnation whose delete window writers check
+(:mod:`.condemned`): a sweep never makes a save wait, and a killed, hung or clock-skewed sweep
+cannot remove a blob a writer then commits. A manifest that cannot be parsed stops the sweep:
+nothing is removed while a checkpoint's references are unknown.
 
 Example::
 
@@ -21,29 +19,16 @@ import hashlib
 import json
 import logging
 import random
-import time
 import uuid as _uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
+from ckptstore.checkpointing import condemned
 from ckptstore.checkpointing import format as fmt
-from ckptstore.checkpointing.blobs import (
-    BLOBS_DIR,
-    CLOCK_SKEW_SECONDS,
-    REQUEST_BUDGET_SECONDS,
-    SWEEP_LEASE_SECONDS,
-    SWEEPS_DIR,
-    blob_key,
-    ended_here,
-    listed,
-    process_identity,
-    referenced,
-    sweep_ended,
-    sweep_is_over,
-)
+from ckptstore.checkpointing.blobs import BLOBS_DIR, blob_key, listed, referenced
+from ckptstore.checkpointing.condemned import Condemnation, StorageClock
 
 if TYPE_CHECKING:
     from ckptstore.storage_backends.base import Storage
@@ -79,96 +64,111 @@ def _references(storage: Storage) -> set[str] | None:
             continue
         # The marker before the manifest: a writer writes its manifest before it removes its
         # marker, so one of the two is always seen.
-        for doc in (fmt.PENDING_MARKER_NAME, fmt.MANIFEST_NAME):
-            try:
-                data = json.loads(storage.read_bytes(f"{name}/{doc}"))
-            except errors.StorageNotFound:
-                continue
-            except ValueError:
-                if doc == fmt.MANIFEST_NAME:
-                    logger.warning("Blob sweep skipped: %s/%s is not valid JSON.", name, doc)
-                    return None
-                continue
-            if isinstance(data, dict):
-                found |= referenced(data)
+        try:
+            marker = json.loads(storage.read_bytes(f"{name}/{fmt.PENDING_MARKER_NAME}"))
+            if isinstance(marker, dict) and isinstance(marker.get("blobs"), list):
+                found |= referenced({"blobs": marker["blobs"]})
+        except errors.StorageNotFound:
+            pass
+        except (ValueError, RecursionError):
+            pass  # a damaged marker names nothing (markers are ours: written whole)
+        try:
+            data = storage.read_bytes(f"{name}/{fmt.MANIFEST_NAME}")
+        except errors.StorageNotFound:
+            continue
+        try:
+            found |= referenced(fmt.parse_manifest(data, name))
+        except errors.InvalidCheckpoint as exc:
+            logger.warning("Blob sweep skipped: %s/%s: %s", name, fmt.MANIFEST_NAME, exc)
+            return None
     return found
 
 
-@contextmanager
-def _announced(storage: Storage, lease_seconds: float) -> Iterator[float]:
-    """Announce a sweep for ``lease_seconds``; yields the monotonic time at which it must stop
-    deleting. Announcements of killed sweeps, long expired, are removed on the way."""
-    started_wall, started = time.time(), time.monotonic()
-    name = f"{_uuid.uuid4()}.json"
-    info = {
-        **process_identity(),
-        "started_at": started_wall,
-        "expires_at": started_wall + lease_seconds,
-    }
-    if not storage.write_if_absent(f"{SWEEPS_DIR}/{name}", fmt.dump_json(info)):  # whole or not
-        raise errors.CheckpointConflict(f"Blob sweep announcement {name} exists already.")
-    try:
-        _remove_expired_announcements(storage, keep=name)
-        yield started + lease_seconds - CLOCK_SKEW_SECONDS - REQUEST_BUDGET_SECONDS
-    finally:
-        try:
-            storage.delete(f"{SWEEPS_DIR}/{name}")
-            sweep_ended(name, removed=True)
-        except errors.StorageError as exc:
-            # Writers of this process stop waiting for it now; those of other processes wait
-            # until its lease is over; our next sweep removes it.
-            sweep_ended(name, removed=False)
-            logger.warning("Could not remove the blob sweep announcement %s: %s", name, exc)
-
-
-def _remove_expired_announcements(storage: Storage, keep: str) -> None:
-    now = time.time()
-    for rel in storage.list(SWEEPS_DIR):
-        if rel == keep:
-            continue
-        try:
-            info = json.loads(storage.read_bytes(f"{SWEEPS_DIR}/{rel}"))
-            expires = float(info["expires_at"])
-        except errors.StorageNotFound:
-            continue
-        except (ValueError, TypeError, KeyError, AttributeError):
-            storage.delete(f"{SWEEPS_DIR}/{rel}")  # damaged: writers ignore it already
-            continue
-        if sweep_is_over(info, expires, now) or ended_here(rel):
-            storage.delete(f"{SWEEPS_DIR}/{rel}")
-            sweep_ended(rel, removed=True)
-
-
 def sweep(
-    storage: Storage, *, dry_run: bool = False, lease_seconds: float = SWEEP_LEASE_SECONDS
+    storage: Storage,
+    *,
+    dry_run: bool = False,
+    delay_seconds: float = condemned.DEFAULT_DELAY_SECONDS,
+    window_seconds: float = condemned.DEFAULT_WINDOW_SECONDS,
 ) -> list[str]:
     """Delete the blobs no committed checkpoint and no in-flight upload references.
 
-    References are read twice (before and after listing the blobs) so an upload that wrote
-    its pending marker meanwhile is seen; uploads that write theirs later wait for this sweep
-    to end before they commit. Deleting stops when the lease (minus the tolerated clock
-    skew) is over; the rest waits for the next sweep. Returns the removed (or removable)
-    SHA-256s."""
+    Deletes what earlier sweeps condemned once their window is open, then condemns what is
+    unreferenced now; with ``delay_seconds=0`` (the default) those are deleted in the same
+    call. Deletes re-read references after claiming and stay inside their window, judged on
+    the storage's clock (the protocol: :mod:`.condemned`). Never waits for another process.
+    Returns the removed (or, with ``dry_run``, removable) SHA-256s."""
     if not storage.exists(BLOBS_DIR):
         return []
     if dry_run:
         return _unreferenced(storage)
-    with _announced(storage, lease_seconds) as deadline:
-        doomed = _unreferenced(storage)
-        removed = []
-        for sha in doomed:
-            if time.monotonic() >= deadline:
-                logger.warning(
-                    "Blob sweep stopped after %d of %d blobs: its lease is over (the next GC "
-                    "goes on).",
-                    len(removed),
-                    len(doomed),
-                )
-                break
-            storage.delete(blob_key(sha))
-            removed.append(sha)
+    listing = condemned.read_all(storage)
+    clock = StorageClock.probe(storage)
+    condemned.clean_probes(storage, clock)
+    ready: list[Condemnation] = []
+    waiting: set[str] = set()
+    for cond in listing.condemnations.values():
+        if cond.spent(clock.now()):
+            condemned.forget(storage, cond.name, listing)
+            continue
+        if cond.opens <= clock.stamp and clock.now() < _last_send(cond):
+            ready.append(cond)
+        if cond.closes > clock.now():  # its window may still delete them: not condemned twice
+            waiting |= cond.blobs
+    for name in listing.bad:  # honoured by nobody, so removing them changes nothing
+        condemned.forget(storage, name, listing)
+    removed = _execute(storage, ready, clock)
+    fresh = condemned.condemn(
+        storage,
+        set(_unreferenced(storage)) - waiting - removed,
+        delay=delay_seconds,
+        window=window_seconds,
+    )
+    if fresh is not None and fresh.delay == 0:
+        clock = StorageClock.probe(storage)  # written after the condemnation: stamped later
+        if fresh.opens <= clock.stamp:
+            removed |= _execute(storage, [fresh], clock)
     if removed:
         logger.info("Blob sweep removed %d blobs", len(removed))
+    return sorted(removed)
+
+
+def _last_send(cond: Condemnation) -> float:
+    """The storage time after which no delete of ``cond`` may be sent: one request's whole
+    retry budget before its window closes, so every delete lands inside it."""
+    return cond.closes - condemned.REQUEST_BUDGET_SECONDS
+
+
+def _execute(storage: Storage, conds: list[Condemnation], clock: StorageClock) -> set[str]:
+    """Claim ``conds``, read references *after* the claims (a writer that saw no claim wrote
+    its marker before them, so the marker is read), delete what is still unreferenced while
+    each window allows, then say done. A sweep killed or failing midway leaves its claims
+    without ``done``: writers avoid those blobs until the window closes."""
+    if not conds:
+        return set()
+    run = _uuid.uuid4().hex
+    for cond in conds:
+        condemned.mark(storage, cond.name, "claim", run)
+    refs = _references(storage)
+    removed: set[str] = set()
+    if refs is not None:
+        stored = listed(storage)
+        for cond in conds:
+            doomed = sorted((cond.blobs & stored) - refs - removed)
+            for sha in doomed:
+                if clock.now() >= _last_send(cond):
+                    logger.warning(
+                        "Blob sweep stopped after %d of %d blobs: the delete window of "
+                        "condemnation %s is closing (a later sweep condemns the rest again).",
+                        len(removed),
+                        len(doomed),
+                        cond.name,
+                    )
+                    break
+                storage.delete(blob_key(sha))
+                removed.add(sha)
+    for cond in conds:
+        condemned.mark(storage, cond.name, "done", run)
     return removed
 
 

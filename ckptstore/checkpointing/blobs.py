@@ -25,21 +25,14 @@ made where the issue is silent:
   every chunk that did not change).
 - Requests: a writer skips asking storage about blobs its previous commit named
   (:class:`KnownBlobs`; the first commit of a writer lists the blob folder once instead) and
-  creates every other blob with a create-only write, one request each. Blobs it relies on
-  without creating them are rechecked before the commit as below, so a stale belief costs
-  one upload, never a missing blob.
+  creates every other blob with a create-only write, one request each. A belief about a
+  blob GC condemned is dropped (below), so a stale belief never yields a missing blob.
 - The blob folder starts with ``.`` so no listing of checkpoints ever takes it for one.
 - An in-flight upload names every blob it will reference in its pending marker *before* it
-  looks for existing blobs; a sweep (run by GC) never deletes a blob a committed manifest or
-  any pending marker names. A sweep may still have read the references *before* a writer's
-  marker appeared, and then delete a blob that writer found and reuses. So every sweep
-  announces itself (``.ckptstore-blobs/.sweeps/<id>.json``, with a lease) before it reads
-  references, and a writer, before its commit, waits until no sweep that was announced is
-  still running (:func:`wait_for_sweeps`), then checks its reused blobs again
-  (:func:`recheck`, re-uploading any that a sweep removed). A sweep that starts after that
-  check sees the writer's marker (or manifest), so no committed checkpoint points at a
-  missing blob, whenever either process is killed. The sweep and the reverse lookup live in
-  :mod:`~ckptstore.checkpointing.blob_gc`.
+  looks for existing blobs; GC never deletes a blob a committed manifest or any pending marker
+  names, and deletes only within a window on the storage's clock that writers check, so no
+  writer ever waits for a collector (the protocol: :mod:`~ckptstore.checkpointing.condemned`;
+  the sweep and the reverse lookup: :mod:`~ckptstore.checkpointing.blob_gc`).
 
 Example::
 
@@ -51,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import re
@@ -59,7 +51,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
@@ -84,17 +76,6 @@ ALONE_BYTES = 4 * 1024
 #: ... into chunks of at most this many bytes.
 MERGE_BYTES = 64 * 1024
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
-#: Where running sweeps announce themselves (one file each; not a blob name).
-SWEEPS_DIR = f"{BLOBS_DIR}/.sweeps"
-#: How long an announced sweep counts as running, from its announcement.
-SWEEP_LEASE_SECONDS = 900.0
-#: The clock difference between machines this protocol tolerates: a writer trusts a sweep's
-#: lease as over only this long after its ``expires_at``, and the sweep stops deleting this
-#: long before it (on its own monotonic clock).
-CLOCK_SKEW_SECONDS = 60.0
-#: How long one storage request may take with all its retries (5 tries of a 60 s timeout
-#: plus backoff): a sweep sends no delete later than this before its lease ends.
-REQUEST_BUDGET_SECONDS = 300.0
 
 
 def blob_key(sha256: str) -> str:
@@ -171,24 +152,6 @@ def chunk_ranges(path: str, ranges: Sequence[tuple[int, int]]) -> list[dict[str,
     return out
 
 
-def check_entry_blobs(entry: Mapping[str, Any], rel: str, where: str) -> None:
-    """Validate the ``blobs`` list of a manifest entry (InvalidCheckpoint naming it)."""
-    chunks = entry["blobs"]
-    ok = isinstance(chunks, list) and all(
-        isinstance(c, dict)
-        and isinstance(c.get("sha256"), str)
-        and SHA_RE.match(c["sha256"]) is not None
-        and isinstance(c.get("size"), int)
-        and c["size"] >= 0
-        for c in chunks
-    )
-    if not ok or sum(c["size"] for c in chunks) != entry["size"]:
-        raise errors.InvalidCheckpoint(
-            f"{where} has a malformed blob list for {rel!r} (expected chunks with sha256 and "
-            "size adding up to the file size); the checkpoint is damaged."
-        )
-
-
 def referenced(manifest: Mapping[str, Any]) -> set[str]:
     """The SHA-256 of every blob a manifest (or pending marker) names."""
     if isinstance(manifest.get("blobs"), list):  # a pending marker
@@ -212,7 +175,6 @@ class UploadStats:
 
     uploaded: int = 0
     reused: int = 0
-    reused_keys: list[tuple[str, str, int, int]] = field(default_factory=list)
 
 
 def plan(
@@ -241,20 +203,29 @@ def plan(
 class KnownBlobs:
     """The blobs one writer believes are in storage: those its last commit named (or, before
     its first commit, those one listing found). Uploads skip asking storage about them; they
-    stay in :attr:`UploadStats.reused_keys`, so :func:`recheck` still puts back any a sweep
-    removed. Thread-safe (background commits may overlap)."""
+    are dropped from it when GC condemned them (:mod:`.condemned`). A belief older than :data:`MAX_AGE_SECONDS` is dropped: GC removes
+    a condemnation's file an hour after its deletes, and a writer must not rely on blobs
+    whose removal it can no longer see. Thread-safe (background commits may overlap)."""
+
+    #: Half of :data:`~ckptstore.checkpointing.condemned.KEEP_SPENT_SECONDS`.
+    MAX_AGE_SECONDS = 1800.0
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._shas: frozenset[str] | None = None
+        self._since = 0.0
 
     def get(self) -> frozenset[str] | None:
         with self._lock:
+            if time.monotonic() - self._since > self.MAX_AGE_SECONDS:
+                return None
             return self._shas
 
-    def set(self, shas: Iterable[str]) -> None:
+    def set(self, shas: Iterable[str], since: float | None = None) -> None:
+        """Believe ``shas`` are stored, as checked at ``since`` (monotonic; default now)."""
         with self._lock:
             self._shas = frozenset(shas)
+            self._since = time.monotonic() if since is None else since
 
 
 def listed(storage: Storage) -> set[str]:
@@ -280,8 +251,7 @@ def upload(
 
     Blobs in ``known`` (believed present: :class:`KnownBlobs`) cost no request; the others
     are created with one create-only write each (a blob already there is not replaced).
-    ``known=None`` lists the blob folder once instead. Every blob not created here is in
-    ``reused_keys``, for :func:`recheck`."""
+    ``known=None`` lists the blob folder once instead."""
     if known is None:
         known = listed(storage)
     stats = UploadStats()
@@ -291,14 +261,13 @@ def upload(
         if rel.endswith("/"):
             continue
         offset = 0
-        for chunk in entry["blobs"]:
+        for chunk in entry.get("blobs", ()):  # a file stored whole has none
             sha, size = chunk["sha256"], chunk["size"]
             if sha in seen:
                 stats.reused += size
             elif sha in known:
                 seen.add(sha)
                 stats.reused += size
-                stats.reused_keys.append((rel, sha, offset, size))
             else:
                 seen.add(sha)
                 todo.append((rel, sha, offset, size))
@@ -308,7 +277,7 @@ def upload(
         rel, sha, offset, size = item
         with open(os.path.join(local_dir, *rel.split("/")), "rb") as f:
             data = os.pread(f.fileno(), size, offset)
-        return bool(storage.write_if_absent(blob_key(sha), data))
+        return bool(storage.write_if_absent(blob_key(sha), data, durable=False))
 
     if not todo:
         return stats
@@ -318,161 +287,7 @@ def upload(
                 stats.uploaded += item[3]
             else:
                 stats.reused += item[3]
-                stats.reused_keys.append(item)
     return stats
-
-
-def process_identity() -> dict[str, Any]:
-    """``host``, ``pid`` and (on Linux) the boot id, PID namespace and ``pid_start`` of this
-    process, so a process that sees the same processes can tell that it died (and its pid was
-    not reused) without waiting for a lease. Containers sharing a host name but not their
-    processes differ in PID namespace, so none of them judges the others."""
-    ident: dict[str, Any] = {"host": os.uname().nodename, "pid": os.getpid()}
-    ident.update(_pid_view())
-    start = _pid_start(os.getpid())
-    if start is not None:
-        ident["pid_start"] = start
-    return ident
-
-
-def _pid_view() -> dict[str, str]:
-    """Which kernel boot and PID namespace this process sees pids in ({} if unknown)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        return {"boot_id": boot, "pid_ns": os.readlink("/proc/self/ns/pid")}
-    except OSError:
-        return {}
-
-
-def _pid_start(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # Field 22 (start time in clock ticks); the command name (field 2) may hold spaces.
-    return int(stat[stat.rindex(b")") + 2 :].split()[19])
-
-
-def _dead_on_this_host(info: Mapping[str, Any]) -> bool:
-    view = _pid_view()
-    if (
-        not view
-        or info.get("host") != os.uname().nodename
-        or any(info.get(k) != v for k, v in view.items())
-        or not isinstance(info.get("pid"), int)
-    ):
-        return False  # not a process we can see: only its lease tells
-    pid = info["pid"]
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass  # alive, someone else's
-    started = info.get("pid_start")
-    return started is not None and _pid_start(pid) not in (None, started)
-
-
-#: Announcements this process wrote whose sweep has ended but which could not be removed
-#: (storage failing): our writers do not wait for them, and our next sweep removes them.
-#: Writers in other processes cannot know; they wait until the lease is over.
-_ENDED_HERE: set[str] = set()
-_ENDED_LOCK = threading.Lock()
-
-
-def sweep_ended(name: str, *, removed: bool) -> None:
-    """Record that this process's sweep ``name`` (an announcement's file name) has ended;
-    ``removed`` says whether its announcement is gone from storage."""
-    with _ENDED_LOCK:
-        if removed:
-            _ENDED_HERE.discard(name)
-        else:
-            _ENDED_HERE.add(name)
-
-
-def ended_here(name: str) -> bool:
-    """Whether announcement ``name`` is one of this process's sweeps that has ended."""
-    with _ENDED_LOCK:
-        return name in _ENDED_HERE
-
-
-def active_sweeps(storage: Storage) -> set[str]:
-    """Names of the sweep announcements in storage whose sweep may still delete: lease not
-    over, and not a process we can see that is gone. Announcements are created whole
-    (create-only writes), so one that cannot be parsed is damaged: it is ignored with a
-    warning (the next sweep removes it)."""
-    now = time.time()
-    active = set()
-    for rel in storage.list(SWEEPS_DIR):
-        if ended_here(rel):
-            continue
-        try:
-            info = json.loads(storage.read_bytes(f"{SWEEPS_DIR}/{rel}"))
-            expires = float(info["expires_at"])
-        except errors.StorageNotFound:
-            continue  # that sweep just finished
-        except (ValueError, TypeError, KeyError, AttributeError):
-            logger.warning("Ignoring the damaged blob sweep announcement %s/%s.", SWEEPS_DIR, rel)
-            continue
-        if not sweep_is_over(info, expires, now):
-            active.add(rel)
-    return active
-
-
-def sweep_is_over(info: Mapping[str, Any], expires_at: float, now: float) -> bool:
-    """Whether the sweep of announcement ``info`` can no longer delete anything."""
-    return now >= expires_at + CLOCK_SKEW_SECONDS or _dead_on_this_host(info)
-
-
-def wait_for_sweeps(storage: Storage, *, poll_seconds: float = 0.05) -> None:
-    """Block until every sweep announced now has ended (or its lease is over). A sweep that
-    starts later reads references after our pending marker was written, so it keeps our blobs;
-    one running now may have read them before, so we let it finish and :func:`recheck` after."""
-    waiting = active_sweeps(storage)
-    if waiting:
-        logger.info("Waiting for %d blob sweep(s) to finish before the commit.", len(waiting))
-    # Every announcement is over SWEEP_LEASE_SECONDS + CLOCK_SKEW_SECONDS after it was written
-    # (by its writer's clock); waiting longer means the clocks disagree by more than we allow.
-    give_up = time.monotonic() + SWEEP_LEASE_SECONDS + 2 * CLOCK_SKEW_SECONDS
-    delay = poll_seconds
-    while waiting:
-        if time.monotonic() > give_up:
-            raise errors.StorageUnavailable(
-                f"Blob sweep(s) {sorted(waiting)} announced in {storage.url}/{SWEEPS_DIR} have "
-                f"not ended within their lease; nothing was committed. The clocks of the "
-                f"machines sharing this storage may differ by more than {CLOCK_SKEW_SECONDS:.0f} "
-                "s: fix the clocks, or remove the announcement if no GC is running."
-            )
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
-        waiting &= active_sweeps(storage)
-
-
-def recheck(
-    storage: Storage, local_dir: str, stats: UploadStats, *, workers: int = UPLOAD_WORKERS
-) -> int:
-    """Before the commit and after :func:`wait_for_sweeps`: upload again any reused blob a
-    sweep removed between our existence check and now (every one in ``reused_keys`` is
-    checked, on ``workers`` threads). Returns how many."""
-
-    def one(item: tuple[str, str, int, int]) -> bool:
-        rel, sha, offset, size = item
-        key = blob_key(sha)
-        if storage.file_exists(key):
-            return False
-        with open(os.path.join(local_dir, *rel.split("/")), "rb") as f:
-            data = os.pread(f.fileno(), size, offset)
-        storage.write_if_absent(key, data)
-        logger.warning("Blob %s was removed while being reused; uploaded it again.", sha)
-        return True
-
-    todo = stats.reused_keys
-    if not todo:
-        return 0
-    with ThreadPoolExecutor(max(1, min(workers, len(todo)))) as pool:
-        return sum(pool.map(one, todo))
 
 
 # ---- reading -----------------------------------------------------------------------------------
@@ -539,7 +354,7 @@ def assemble(
             f.truncate(entry["size"])
         parts[part] = target
         offset = 0
-        for chunk in entry["blobs"]:
+        for chunk in entry.get("blobs", ()):  # a file stored whole has none
             todo.append((rel, part, chunk, offset))
             offset += chunk["size"]
         written[rel] = entry["size"]

@@ -25,14 +25,16 @@ Example::
 from __future__ import annotations
 
 import logging
-import time
+import os
+import shutil
 import uuid as _uuid
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ckptstore import errors
-from ckptstore.checkpointing import blob_gc, commit
+from ckptstore.checkpointing import blob_gc, commit, condemned
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing.condemned import StorageClock
 from ckptstore.checkpointing.index import (
     DELETED,
     CheckpointIndex,
@@ -201,12 +203,29 @@ def _collect_leftovers(
     grace_seconds: float,
     dry_run: bool,
 ) -> list[str]:
-    now = time.time()
+    """Remove uncommitted folders ckptstore provably wrote (they hold its pending marker, or
+    are its local staging folders) whose marker is older than ``grace_seconds`` by the
+    storage's clock. A UUID-named folder without a marker is someone else's (Determined's
+    checkpoints have no manifest): it is never touched."""
+    clock: StorageClock | None = None
+
+    def storage_clock() -> StorageClock:
+        nonlocal clock
+        if clock is None:
+            clock = StorageClock.probe(storage)
+            if not dry_run:
+                older = min(grace_seconds, condemned.PROBE_DEBRIS_SECONDS)
+                condemned.clean_probes(storage, clock, older)
+        return clock
+
     removed = []
     for name in storage.list_children(""):
+        if name == condemned.CLOCK_DIR:
+            storage_clock()  # cleans the probes killed processes left
+            continue
         uuid = name[len(fmt.STAGING_PREFIX) :] if name.startswith(fmt.STAGING_PREFIX) else name
         if not _is_uuid(uuid):
-            continue  # only folders ckptstore itself names are ever removed
+            continue
         # Asked now, before the manifest check: an upload of this process that made this
         # folder is in flight until its manifest exists (see reconcile.in_flight_now).
         if uuid in keep or uuid in in_flight():
@@ -214,36 +233,80 @@ def _collect_leftovers(
         try:
             if name == uuid and storage.exists(f"{uuid}/{fmt.MANIFEST_NAME}"):
                 # committed (or a damaged manifest: left for a human to look at)
-                if not dry_run:
-                    remove_stray_marker(storage, uuid)
+                marker = f"{uuid}/{fmt.PENDING_MARKER_NAME}"
+                if not dry_run and storage.file_exists(marker):
+                    remove_stray_marker(storage, uuid, storage_clock().stamp, grace_seconds)
                 continue
-            started = commit.leftover_started_at(storage, name)
-            if started is None:
-                logger.debug("GC leaves %s alone: cannot tell its age.", name)
+            stamp = commit.leftover_stamp(storage, name)
+            now = storage_clock().stamp
+            if stamp is None:
+                if not dry_run and _remove_debris(storage, name, now, grace_seconds):
+                    removed.append(name)  # a kill between mkdir and the marker's write
+                else:
+                    logger.debug("GC leaves %s alone: it holds no ckptstore marker.", name)
                 continue
-            if now - started < grace_seconds:
+            if now - stamp < grace_seconds:
                 continue
-            if not dry_run:
-                storage.delete(name)
-                if index is not None and name == uuid:
-                    try:
-                        index.set_checkpoint_state(uuid, DELETED, resources={})
-                    except errors.CkptstoreError:
-                        pass  # not in the index: nothing to update
+            if not dry_run and not _remove_leftover(storage, index, name, uuid):
+                continue
             removed.append(name)
         except errors.CkptstoreError as exc:
             logger.warning("GC could not remove the uncommitted folder %s: %s", name, exc)
     return removed
 
 
-def remove_stray_marker(storage: Storage, uuid: str) -> bool:
+#: Temporary files ckptstore's local writes leave when killed (see ``object_store.tmp_name``).
+_TMP_MARK = ".ckptstore-tmp-"
+#: Debris younger than this may be a write in progress.
+_DEBRIS_SECONDS = 60.0
+
+
+def _remove_debris(storage: Storage, name: str, now: float, grace: float) -> bool:
+    """Remove a local folder that holds nothing but ckptstore's temporary files, all older
+    than a minute (or the grace period, if shorter): a kill between creating the folder and
+    the marker's rename."""
+    path = storage.local_path(name)
+    if path is None or not os.path.isdir(path):
+        return False
+    for root, _dirs, files in os.walk(path):
+        for file in files:
+            full = os.path.join(root, file)
+            if _TMP_MARK not in file or now - os.lstat(full).st_mtime < min(grace, _DEBRIS_SECONDS):
+                return False
+    shutil.rmtree(path, ignore_errors=True)
+    return not os.path.exists(path)
+
+
+def _remove_leftover(storage: Storage, index: CheckpointIndex | None, name: str, uuid: str) -> bool:
+    """The marker becomes a tombstone first, so a writer that checks it afterwards commits
+    nothing and a kill leaves a folder GC still knows; the manifest is looked for after the
+    age was judged, so a writer that committed in time is seen
+    (:class:`~ckptstore.checkpointing.commit.PendingMarker`)."""
+    if storage.exists(f"{name}/{fmt.MANIFEST_NAME}"):
+        return False
+    storage.write_bytes(f"{name}/{fmt.PENDING_MARKER_NAME}", commit.TOMBSTONE)
+    if storage.exists(f"{name}/{fmt.MANIFEST_NAME}"):
+        return False
+    commit.remove_marked_folder(storage, name)
+    if index is not None and name == uuid:
+        try:
+            index.set_checkpoint_state(uuid, DELETED, resources={})
+        except errors.CkptstoreError:
+            pass  # not in the index: nothing to update
+    return True
+
+
+def remove_stray_marker(
+    storage: Storage, uuid: str, now: float | None = None, grace_seconds: float = 0.0
+) -> bool:
     """Remove the pending marker a kill right after the commit can leave inside committed
-    checkpoint ``uuid``. Readers ignore it (the manifest does not list it); a marker the
-    manifest does list is a user file and is kept. True if one was removed."""
+    checkpoint ``uuid``, once it is older than ``grace_seconds`` at storage time ``now``
+    (a younger one may be an amend in progress, whose new blobs it protects). Readers ignore
+    it (the manifest does not list it); a marker the manifest does list is a user file and is
+    kept. True if one was removed."""
     key = f"{uuid}/{fmt.PENDING_MARKER_NAME}"
-    try:
-        storage.read_bytes(key)
-    except errors.StorageNotFound:
+    stamp = commit.leftover_stamp(storage, uuid)
+    if stamp is None or (now is not None and now - stamp < grace_seconds):
         return False
     manifest = fmt.read_manifest(storage, uuid)
     if fmt.PENDING_MARKER_NAME in manifest["files"]:

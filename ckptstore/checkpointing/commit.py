@@ -17,16 +17,16 @@ Example::
 from __future__ import annotations
 
 import glob as _glob
-import json
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.checkpointing import blobs
+from ckptstore.checkpointing import blobs, condemned
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.index import (
     DELETED,
@@ -80,18 +80,100 @@ def manifest_for(uuid: str, entries: Mapping[str, Any], metadata_bytes: bytes) -
     }
 
 
-def write_pending_marker(storage: Storage, uuid: str, blob_refs: Iterable[str] = ()) -> None:
-    """Date the start of an upload so GC can tell a stale leftover from a live upload; a
-    deduplicated upload also names the blobs it will reference (the blob sweep keeps them)."""
-    info: dict[str, Any] = {
-        "started_at": time.time(),
-        "host": os.uname().nodename,
-        "pid": os.getpid(),
-    }
+def _marker_bytes(blob_refs: Iterable[str] = ()) -> bytes:
+    info: dict[str, Any] = {"host": os.uname().nodename, "pid": os.getpid()}
     refs = sorted(set(blob_refs))
     if refs:
         info["blobs"] = refs
-    storage.write_bytes(f"{uuid}/{fmt.PENDING_MARKER_NAME}", fmt.dump_json(info))
+    return fmt.dump_json(info)
+
+
+def write_pending_marker(storage: Storage, uuid: str, blob_refs: Iterable[str] = ()) -> None:
+    """Mark an upload in flight; GC dates it by the marker's storage timestamp. A
+    deduplicated upload also names the blobs it will reference (GC keeps them)."""
+    storage.write_bytes(f"{uuid}/{fmt.PENDING_MARKER_NAME}", _marker_bytes(blob_refs))
+
+
+#: An upload refreshes its pending marker this often (the storage stamps each refresh).
+HEARTBEAT_SECONDS = 30.0
+#: GC removes an uncommitted folder only once its marker has not been refreshed for its grace
+#: period; a writer commits only if its marker's refreshes never stopped for longer than this.
+#: Together: GC with a grace of at least ``SAFE_GRACE_SECONDS`` never removes a folder whose
+#: writer then commits (a refresh lands before the grace runs out, and the manifest before
+#: any GC could decide, whatever the machines' clocks say).
+LIVE_SECONDS = 300.0
+SAFE_GRACE_SECONDS = LIVE_SECONDS + condemned.REQUEST_BUDGET_SECONDS
+
+
+class PendingMarker:
+    """The pending marker of one upload, refreshed every :data:`HEARTBEAT_SECONDS` on a
+    thread while the upload runs.
+
+    Example::
+
+        with PendingMarker(storage, uuid, blob_refs) as marker:
+            ...                      # upload
+            marker.check_live()      # raise rather than commit a folder GC may have taken
+            write_manifest(storage, uuid, manifest)
+    """
+
+    def __init__(self, storage: Storage, uuid: str, blob_refs: Iterable[str] = ()) -> None:
+        self.storage = storage
+        self.key = f"{uuid}/{fmt.PENDING_MARKER_NAME}"
+        self.uuid = uuid
+        self._data = _marker_bytes(blob_refs)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: Monotonic start of the last refresh that found the marker in place.
+        self.refreshed = 0.0
+        self._gap = 0.0
+        self._lost = False
+
+    def __enter__(self) -> PendingMarker:
+        self.refreshed = condemned._monotonic()
+        self.storage.write_bytes(self.key, self._data)
+        self._thread = threading.Thread(
+            target=self._beat, name=f"ckptstore-marker-{self.uuid[:8]}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            started = condemned._monotonic()
+            try:
+                if not self._still_ours():
+                    self._lost = True  # GC is taking the folder: never write the marker again
+                    return
+                self.storage.write_bytes(self.key, self._data)
+            except errors.StorageError as exc:
+                logger.debug("Could not refresh the pending marker of %s: %s", self.uuid, exc)
+                continue
+            self._gap = max(self._gap, started - self.refreshed)
+            self.refreshed = started
+
+    def _still_ours(self) -> bool:
+        try:
+            return self.storage.read_bytes(self.key) == self._data
+        except errors.StorageNotFound:
+            return False
+
+    def check_live(self) -> None:
+        """Raise unless the marker is in place and was refreshed without a gap GC could use
+        (then the folder and the blobs it names are all there)."""
+        now = condemned._monotonic()
+        gap = max(self._gap, now - self.refreshed)
+        if self._lost or gap > LIVE_SECONDS or not self._still_ours():
+            raise errors.CheckpointError(
+                f"The upload of checkpoint {self.uuid} to {self.storage.url} lost its pending "
+                f"marker or stalled for {gap:.0f} s: GC may have removed it as a leftover older "
+                "than its grace period, so nothing was committed. Save again."
+            )
 
 
 def remove_pending_marker(storage: Storage, uuid: str) -> None:
@@ -194,22 +276,25 @@ def commit_dir(
     if owned and not prepared.has_reserved and storage.local_path(uuid) is not None:
         with open(os.path.join(local_dir, fmt.METADATA_NAME), "wb") as f:
             f.write(meta_bytes)
+        # The marker goes in before the rename: a kill before the manifest leaves a folder GC
+        # knows as ckptstore's own leftover.
+        with open(os.path.join(local_dir, fmt.PENDING_MARKER_NAME), "wb") as f:
+            f.write(_marker_bytes())
         renamed = storage.rename_dir_into(local_dir, uuid)
         if not renamed:
-            os.unlink(os.path.join(local_dir, fmt.METADATA_NAME))
-    if not renamed:
-        write_pending_marker(storage, uuid)
-        prepared.upload_to(storage, uuid)
-        storage.write_bytes(f"{uuid}/{fmt.METADATA_NAME}", meta_bytes)
-        # GC (another process, or a grace period shorter than this upload) may have removed
-        # the folder as a stale leftover: then its files are gone, and a manifest would
-        # commit a checkpoint that cannot be read.
-        _check_marker_kept(storage, uuid)
-    write_manifest(storage, uuid, manifest)
-    if not renamed:
-        remove_pending_marker(storage, uuid)
-        if owned:
-            shutil.rmtree(local_dir, ignore_errors=True)
+            for name in (fmt.METADATA_NAME, fmt.PENDING_MARKER_NAME):
+                os.unlink(os.path.join(local_dir, name))
+    if renamed:
+        write_manifest(storage, uuid, manifest)
+    else:
+        with PendingMarker(storage, uuid) as marker:
+            prepared.upload_to(storage, uuid)
+            storage.write_bytes(f"{uuid}/{fmt.METADATA_NAME}", meta_bytes)
+            marker.check_live()
+            write_manifest(storage, uuid, manifest)
+    remove_pending_marker(storage, uuid)
+    if owned and not renamed:
+        shutil.rmtree(local_dir, ignore_errors=True)
     logger.info(
         "Committed checkpoint %s (%d files) to %s", uuid, len(manifest["files"]), storage.url
     )
@@ -229,28 +314,29 @@ def _commit_dedup(
     cuts: Mapping[str, Iterable[int]] | None = None,
     known_blobs: blobs.KnownBlobs | None = None,
 ) -> CheckpointRecord:
-    """The deduplicated commit: marker naming every blob -> missing blobs (create-only) ->
-    ``metadata.json`` -> running sweeps waited for -> reused blobs checked again -> manifest
-    (the commit) -> marker gone (the protocol: :mod:`~ckptstore.checkpointing.blobs`)."""
+    """The deduplicated commit: marker naming every blob -> condemnations read -> blobs
+    created create-only unless known to be stored (files using a blob a running sweep may
+    delete go whole into the folder; condemned blobs are never taken as known) ->
+    ``metadata.json`` -> manifest (the commit) -> marker gone. Never waits for another process (the protocol:
+    :mod:`~ckptstore.checkpointing.condemned`)."""
     entries = blobs.plan(prepared.local_dir, prepared.entries, chunk_bytes, cuts)
     meta_bytes = fmt.dump_json(metadata)
-    manifest = manifest_for(uuid, entries, meta_bytes)
     record_pending(index, uuid, metadata, url)
-    write_pending_marker(storage, uuid, blobs.referenced(manifest))
     known = known_blobs.get() if known_blobs is not None else None
-    stats = blobs.upload(storage, prepared.local_dir, entries, chunk_bytes, known=known)
-    # Empty folders ("dir/" entries) live only in the manifest: readers recreate them.
-    storage.write_bytes(f"{uuid}/{fmt.METADATA_NAME}", meta_bytes)
-    # A sweep running now may have read the references before our marker existed: let it
-    # end, then put back any reused blob it removed. Only then commit, so a kill at any
-    # point after the manifest leaves every blob it names in place.
-    blobs.wait_for_sweeps(storage)
-    _check_marker_kept(storage, uuid)
-    blobs.recheck(storage, prepared.local_dir, stats)
-    write_manifest(storage, uuid, manifest)
+    checked_at = time.monotonic()
+    stats = blobs.UploadStats()
+    with PendingMarker(storage, uuid, blobs.referenced({"files": entries})) as marker:
+        entries = upload_entries(
+            storage, uuid, prepared.local_dir, entries, chunk_bytes, marker, known, stats
+        )
+        # Empty folders ("dir/" entries) live only in the manifest: readers recreate them.
+        storage.write_bytes(f"{uuid}/{fmt.METADATA_NAME}", meta_bytes)
+        manifest = manifest_for(uuid, entries, meta_bytes)
+        marker.check_live()
+        write_manifest(storage, uuid, manifest)
     remove_pending_marker(storage, uuid)
     if known_blobs is not None:
-        known_blobs.set(blobs.referenced(manifest))
+        known_blobs.set(blobs.referenced(manifest), since=checked_at)
     if owned:
         shutil.rmtree(prepared.local_dir, ignore_errors=True)
     logger.info(
@@ -264,16 +350,52 @@ def _commit_dedup(
     return record_committed(index, manifest, metadata, url)
 
 
-def _check_marker_kept(storage: Storage, uuid: str) -> None:
-    """Our pending marker protects the files and blobs we uploaded; GC removes it (with the
-    folder) only from an upload older than its grace period. Then the folder's files, and the
-    blobs a sweep may have taken, are gone: commit nothing."""
-    if not storage.file_exists(f"{uuid}/{fmt.PENDING_MARKER_NAME}"):
-        raise errors.CheckpointError(
-            f"The upload of checkpoint {uuid} to {storage.url} outlived GC's grace period: GC "
-            "removed it as a stale leftover, so nothing was committed. Save again, and set "
-            "gc_grace_seconds above the longest upload."
+def upload_entries(
+    storage: Storage,
+    uuid: str,
+    local_dir: str,
+    entries: Mapping[str, dict[str, Any]],
+    chunk_bytes: int,
+    marker: PendingMarker,
+    known: frozenset[str] | None = None,
+    stats: blobs.UploadStats | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Under ``marker`` (written, naming every blob of ``entries``): read GC's condemnations,
+    store whole every file that needs a blob a running sweep may delete, create the other
+    blobs (create-only, skipping ``known`` ones that are not condemned). Returns the entries
+    as they are now stored (the deduplicated commit and amend share this)."""
+    threats = condemned.threats(storage, marker.key, marker.refreshed)
+    entries, whole = _whole_where_threatened(entries, threats.unsafe)
+    if whole:
+        logger.info(
+            "%d file(s) of checkpoint %s stored whole: GC is deleting blobs they share.",
+            len(whole),
+            uuid,
         )
+        storage.upload(local_dir, uuid, paths=whole)
+    if known is not None:
+        known = known - threats.condemned
+    done = blobs.upload(storage, local_dir, entries, chunk_bytes, known=known)
+    if stats is not None:
+        stats.uploaded, stats.reused = done.uploaded, done.reused
+    return entries
+
+
+def _whole_where_threatened(
+    entries: Mapping[str, dict[str, Any]], unsafe: frozenset[str]
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """(entries where every file using an ``unsafe`` blob loses its blob list, those files)."""
+    if not unsafe:
+        return dict(entries), []
+    out: dict[str, dict[str, Any]] = {}
+    whole: list[str] = []
+    for rel, entry in entries.items():
+        if any(c["sha256"] in unsafe for c in entry.get("blobs", ())):
+            out[rel] = {k: v for k, v in entry.items() if k != "blobs"}
+            whole.append(rel)
+        else:
+            out[rel] = entry
+    return out, whole
 
 
 # ---- deletes -----------------------------------------------------------------------------------
@@ -295,12 +417,28 @@ def delete_checkpoint(storage: Storage, uuid: str, index: CheckpointIndex | None
     logger.info("Deleted checkpoint %s from %s", uuid, storage.url)
 
 
+#: The pending marker of a folder being removed: a removal cut short leaves a folder GC knows
+#: as ckptstore's (and no writer takes it for its own upload's marker).
+TOMBSTONE = fmt.dump_json({"removing": True})
+
+
 def remove_files(storage: Storage, uuid: str) -> None:
     """Remove checkpoint ``uuid`` from storage: the manifest first (so a removal cut short
     leaves an uncommitted folder, never a checkpoint with missing files), then the rest.
     Idempotent."""
+    storage.write_bytes(f"{uuid}/{fmt.PENDING_MARKER_NAME}", TOMBSTONE)
     storage.delete(f"{uuid}/{fmt.MANIFEST_NAME}")
-    storage.delete(uuid)
+    remove_marked_folder(storage, uuid)
+
+
+def remove_marked_folder(storage: Storage, name: str) -> None:
+    """Remove folder ``name`` whose pending marker is a :data:`TOMBSTONE`: every other file,
+    then the marker, so a kill at any point leaves a folder GC removes later."""
+    marker = fmt.PENDING_MARKER_NAME
+    rest = [_glob.escape(r) for r in storage.list(name) if r != marker]
+    if rest:
+        storage.delete(name, globs=rest)
+    storage.delete(name)
 
 
 def delete_files(
@@ -344,27 +482,20 @@ def delete_files(
 
 
 # ---- leftovers ---------------------------------------------------------------------------------
-def leftover_started_at(storage: Storage, name: str) -> float | None:
-    """When an uncommitted folder was started (epoch seconds), or None if unknown.
-
-    Uses the pending marker, else ``metadata.json``'s ``created_at``, else (local file systems)
-    the newest modification time inside the folder.
-    """
+def leftover_stamp(storage: Storage, name: str) -> float | None:
+    """When an uncommitted folder ckptstore wrote was last known alive, by the storage's clock:
+    its pending marker's timestamp (an upload refreshes it), or for a local staging folder
+    the newest modification time inside it. None when ``name`` holds no ckptstore marker (not
+    ours to remove)."""
+    key = f"{name}/{fmt.PENDING_MARKER_NAME}"
     try:
-        info = json.loads(storage.read_bytes(f"{name}/{fmt.PENDING_MARKER_NAME}"))
-        if isinstance(info.get("started_at"), (int, float)):
-            return float(info["started_at"])
-    except (errors.StorageNotFound, ValueError, AttributeError):
-        pass
-    try:
-        meta = json.loads(storage.read_bytes(f"{name}/{fmt.METADATA_NAME}"))
-        created = fmt.parse_created_at(meta.get("created_at"))
-        if created is not None:
-            return created.timestamp()
-    except (errors.StorageNotFound, ValueError, AttributeError):
+        if storage.read_bytes(key) == TOMBSTONE:
+            return float("-inf")  # a removal cut short: finish it whatever the grace
+        return storage.modified_at(key)
+    except errors.StorageNotFound:
         pass
     path = storage.local_path(name)
-    if path is not None and os.path.isdir(path):
+    if name.startswith(fmt.STAGING_PREFIX) and path is not None and os.path.isdir(path):
         newest = os.path.getmtime(path)
         for root, dirs, files in os.walk(path):
             for entry in dirs + files:

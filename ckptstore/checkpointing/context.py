@@ -27,6 +27,7 @@ from ckptstore.checkpointing.reconcile import ReconcileReport, newest_in_storage
 from ckptstore.checkpointing.retention import GCPolicy
 from ckptstore.checkpointing.uploader import BackgroundUploader, snapshot_dir
 from ckptstore.storage_backends import Storage, dedup_option, open_storage
+from ckptstore.storage_backends.local import check_links_inside
 from ckptstore.validators import number_at_least
 
 logger = logging.getLogger(__name__)
@@ -57,9 +58,9 @@ class CheckpointContext:
             :meth:`restore_path` take (renewed every third of it while held); a crashed
             process protects its checkpoints at most this long.
         dedup: incremental checkpoints (content-addressed chunks, format 2; see
-            :mod:`.blobs`). None (default): the ``dedup`` key of a storage dict, else on for
-            remote storage (``Storage.remote``: S3, GCS, Azure, remote fsspec) and off on a
-            local file system. False turns it off for this context.
+            :mod:`.blobs`). None (default): the ``dedup`` key of a storage dict, else on, on
+            every storage (local paths and shared file systems included: a frozen backbone
+            is stored once). False turns it off for this context (whole files, format 1).
         dedup_chunk_bytes: the largest chunk (default 4 MiB); writers cut at tensor
             boundaries below it.
 
@@ -121,7 +122,7 @@ class CheckpointContext:
         #: Sharded (multi-worker) saves and ``amend`` write whole files either way.
         if dedup is None and isinstance(storage, Mapping):
             dedup = dedup_option(storage)
-        self.dedup = self.storage.remote if dedup is None else bool(dedup)
+        self.dedup = True if dedup is None else bool(dedup)
         self.dedup_chunk_bytes = check_chunk_bytes(dedup_chunk_bytes)
         #: Blobs our last deduplicated commit named: the next one does not ask storage about them.
         self._known_blobs = blobs.KnownBlobs()
@@ -480,6 +481,8 @@ class CheckpointContext:
             local = self.storage.local_path(storage_id)
             manifest = self._manifest(storage_id)
             if local is not None and os.path.isdir(local) and not blobs.uses_blobs(manifest):
+                # The caller reads this folder itself: no link in it may lead out of it.
+                check_links_inside(local, local, self.storage.local_path("") or local)
                 if self.verify:
                     fmt.verify_files(local, manifest, selector)
                 yield pathlib.Path(local)

@@ -27,13 +27,13 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.checkpointing.blobs import check_entry_blobs
+from ckptstore.checkpointing.blobs import SHA_RE
 from ckptstore.checkpointing.checksums import crc32c_bytes, crc32c_file
 from ckptstore.checkpointing.index import COMMITTED, PARTIALLY_DELETED, CheckpointRecord
 from ckptstore.jsonsafe import to_json
 from ckptstore.storage_backends.paths import compile_selector as _compile_selector
 from ckptstore.storage_backends.paths import key_problem
-from ckptstore.validators import int_at_least
+from ckptstore.validators import int_at_least, is_int
 
 if TYPE_CHECKING:
     from ckptstore.storage_backends.base import Storage
@@ -55,6 +55,17 @@ BLOBS_FORMAT_VERSION = 2
 #: The largest ``metadata.json`` ckptstore writes or reads (1 MiB). Metadata is copied into
 #: the registry and read on every listing; keep big things in checkpoint files instead.
 MAX_METADATA_BYTES = 2**20
+
+#: What a reader accepts from a ``MANIFEST.json``, checked before anything acts on it. Far
+#: beyond what ckptstore writes (a format 2 manifest of a 1 TB model in 4 MiB chunks is ~25 MB
+#: with ~260,000 chunks); a manifest past them was damaged or forged, and is refused before it
+#: can make a reader parse gigabytes of JSON or create a file of 2**70 bytes.
+MAX_MANIFEST_BYTES = 128 * 2**20
+MAX_MANIFEST_FILES = 1_000_000
+#: 1 PiB: the largest file (and chunk) size a manifest may state.
+MAX_FILE_BYTES = 2**50
+#: The crc32c of no bytes: what a folder entry (``"x/"``) carries.
+EMPTY_CRC32C = crc32c_bytes(b"")
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CRC_RE = re.compile(r"^[0-9a-f]{8}$")
@@ -83,7 +94,9 @@ def check_entry(relpath: str, *, where: str = "manifest") -> str:
         why = key_problem(relpath[:-1] if relpath.endswith("/") else relpath, allow_empty=False)
     if why is None:
         return relpath
-    if "manifest" in where.lower():
+    # Exact, not "manifest" in where: a folder being saved may be called "manifests/".
+    reading = where == "manifest" or where.endswith(MANIFEST_NAME)
+    if reading:
         todo = (
             "Do not load this checkpoint: it was not written by ckptstore or was altered; "
             "re-save it with ckptstore."
@@ -94,9 +107,9 @@ def check_entry(relpath: str, *, where: str = "manifest") -> str:
             "checkpoint folder, valid UTF-8, without control characters, backslashes or "
             "'..'); nothing was committed."
         )
-    raise errors.UnsafeCheckpointPath(
-        f"Unsafe entry {relpath!r} in the checkpoint {where}: {why}. {todo}"
-    )
+    # A stored manifest's bad entry is damage (CLI exit 5); a writer's bad name is bad input.
+    cls = errors.UnsafeManifestEntry if reading else errors.UnsafeCheckpointPath
+    raise cls(f"Unsafe entry {relpath!r} in the checkpoint {where}: {why}. {todo}")
 
 
 def compile_selector(selector: Any) -> Callable[[str], bool]:
@@ -158,7 +171,7 @@ def build_manifest(local_dir: str, *, uuid: str | None = None) -> dict[str, Any]
 
 def _entry_for(rel: str, path: str) -> dict[str, Any]:
     if rel.endswith("/"):
-        return {"size": 0, "crc32c": crc32c_bytes(b"")}
+        return {"size": 0, "crc32c": EMPTY_CRC32C}
     return {"size": os.path.getsize(path), "crc32c": crc32c_file(path)}
 
 
@@ -212,8 +225,19 @@ def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
     tensors of a fine-tuning checkpoint."""
     if manifest.get("format_version") == BLOBS_FORMAT_VERSION:
         compact = json.dumps(manifest, sort_keys=True, separators=(",", ":"), allow_nan=False)
-        return (compact + "\n").encode()
-    return dump_json(manifest)
+        data = (compact + "\n").encode()
+    else:
+        data = dump_json(manifest)
+    # Never commit a manifest that readers would refuse as damaged.
+    if len(data) > MAX_MANIFEST_BYTES or len(manifest["files"]) > MAX_MANIFEST_FILES:
+        raise errors.InvalidConfig(
+            f"This checkpoint's manifest would list {len(manifest['files'])} files in "
+            f"{len(data)} bytes, over the limits of {MAX_MANIFEST_FILES} files and "
+            f"{MAX_MANIFEST_BYTES} bytes; nothing was committed. Save fewer, larger files "
+            "(or a larger dedup_chunk_bytes). Received: "
+            f"{len(manifest['files'])} files, {len(data)} bytes"
+        )
+    return data
 
 
 def verify_files(
@@ -257,54 +281,114 @@ def verify_files(
 
 
 # ---- manifest and metadata on storage ----------------------------------------------------------
+_DAMAGED = "the checkpoint is damaged or was not written by ckptstore; do not load it"
+
+
+def _refuse(where: str, what: str) -> errors.InvalidCheckpoint:
+    return errors.InvalidCheckpoint(f"{where} {what}; {_DAMAGED}.")
+
+
 def parse_manifest(data: bytes, uuid: str) -> dict[str, Any]:
-    """Parse and validate manifest bytes; raises InvalidCheckpoint naming what is wrong."""
+    """Parse and validate manifest bytes: the one check every reader of a ``MANIFEST.json``
+    goes through, so that what download, verify, restore, GC and the UI act on is well formed.
+    Raises :class:`~ckptstore.errors.InvalidCheckpoint` naming what is wrong (an unsafe path:
+    :class:`~ckptstore.errors.UnsafeManifestEntry`, a subclass)."""
     where = f"{uuid}/{MANIFEST_NAME}"
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise _refuse(where, f"has {len(data)} bytes, over the {MAX_MANIFEST_BYTES}-byte limit")
     try:
         manifest = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise errors.InvalidCheckpoint(
-            f"{where} is not valid JSON ({exc}); the checkpoint is damaged or was not written "
-            "by ckptstore."
-        ) from None
+    # ValueError: also an int literal of over 4300 digits; RecursionError: deep nesting.
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise _refuse(where, f"is not valid JSON ({str(exc)[:200]})") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-        raise errors.InvalidCheckpoint(
-            f"{where} has no 'files' mapping; the checkpoint is damaged or was not written by "
-            "ckptstore."
-        )
+        raise _refuse(where, "has no 'files' mapping")
     version = manifest.get("format_version")
-    if not isinstance(version, int) or version > BLOBS_FORMAT_VERSION:
+    if not is_int(version) or not FORMAT_VERSION <= version <= BLOBS_FORMAT_VERSION:
         raise errors.InvalidCheckpoint(
-            f"{where} has format_version={version!r}; this ckptstore reads versions up to "
-            f"{BLOBS_FORMAT_VERSION}. Upgrade ckptstore to read it."
+            f"{where} has format_version={version!r}; this ckptstore reads versions "
+            f"{FORMAT_VERSION} to {BLOBS_FORMAT_VERSION}. Upgrade ckptstore to read a newer one."
         )
     if manifest.get("uuid") not in (None, uuid):
         raise errors.InvalidCheckpoint(
             f"{where} names checkpoint {manifest.get('uuid')!r}, not {uuid!r}; the folder was "
             "copied or renamed. Copy checkpoints with their folder name unchanged."
         )
-    for rel, entry in manifest["files"].items():
+    files = manifest["files"]
+    if len(files) > MAX_MANIFEST_FILES:
+        raise _refuse(where, f"lists {len(files)} files, over the limit of {MAX_MANIFEST_FILES}")
+    for rel, entry in files.items():
         check_entry(rel, where=where)
-        ok = (
-            isinstance(entry, dict)
-            and isinstance(entry.get("size"), int)
-            and entry["size"] >= 0
-            and isinstance(entry.get("crc32c"), str)
-            and _CRC_RE.match(entry["crc32c"]) is not None
-        )
-        if not ok:
-            raise errors.InvalidCheckpoint(
-                f"{where} has a malformed entry for {rel!r}: {entry!r} (expected size and "
-                "crc32c); the checkpoint is damaged."
-            )
-        if "blobs" in entry:
-            if version < BLOBS_FORMAT_VERSION:
-                raise errors.InvalidCheckpoint(
-                    f"{where} lists blobs for {rel!r} but has format_version={version}; the "
-                    "checkpoint is damaged."
-                )
-            check_entry_blobs(entry, rel, where)
+        _check_file_entry(entry, rel, version, where)
+    _check_no_prefix_conflict(files, where)
     return manifest
+
+
+def _is_size(value: object) -> bool:
+    # Parsed JSON holds plain ints: `type is int` refuses bools (a subclass) and floats (1.0,
+    # NaN) at the cost of one comparison, on the hundreds of thousands of chunks of a manifest.
+    return type(value) is int and 0 <= value <= MAX_FILE_BYTES
+
+
+def _check_file_entry(entry: object, rel: str, version: int, where: str) -> None:
+    """One ``files`` entry: ``{"size", "crc32c"}`` plus, in format 2, ``blobs`` (chunks with
+    ``sha256`` and ``size`` adding up to the file's size). A folder entry (``"x/"``) is empty."""
+    ok = (
+        isinstance(entry, dict)
+        and _is_size(entry.get("size"))
+        and isinstance(entry.get("crc32c"), str)
+        and _CRC_RE.match(entry["crc32c"]) is not None
+    )
+    if not ok:
+        raise _refuse(
+            where,
+            f"has a malformed entry for {rel!r}: {str(entry)[:200]} (expected an int size "
+            f"from 0 to {MAX_FILE_BYTES} and a crc32c of 8 lowercase hex digits)",
+        )
+    assert isinstance(entry, dict)
+    if rel.endswith("/"):
+        if entry["size"] != 0 or entry["crc32c"] != EMPTY_CRC32C or "blobs" in entry:
+            raise _refuse(
+                where,
+                f"has folder entry {rel!r} with content: {str(entry)[:200]} (a folder "
+                f"entry has size 0, crc32c {EMPTY_CRC32C} and no blobs)",
+            )
+        return
+    if "blobs" not in entry:
+        return
+    if version < BLOBS_FORMAT_VERSION:
+        raise _refuse(where, f"lists blobs for {rel!r} but has format_version={version}")
+    chunks = entry["blobs"]
+    ok = isinstance(chunks, list) and all(
+        isinstance(c, dict)
+        and isinstance(c.get("sha256"), str)
+        and SHA_RE.match(c["sha256"]) is not None
+        and _is_size(c.get("size"))
+        for c in chunks
+    )
+    if not ok or sum(c["size"] for c in chunks) != entry["size"]:
+        raise _refuse(
+            where,
+            f"has a malformed blob list for {rel!r} (expected chunks with a sha256 of 64 "
+            "lowercase hex digits and an int size, adding up to the file size "
+            f"{entry['size']})",
+        )
+
+
+def _check_no_prefix_conflict(files: Mapping[str, Any], where: str) -> None:
+    """Refuse a file that is also another entry's folder (``a`` beside ``a/b`` or ``a/``):
+    no file system can hold both, and a download would fail half-way with an OSError."""
+    folders: set[str] = set()
+    for rel in files:
+        # A folder entry "a/b/" is the folder "a/b" itself (and "a"); a file "a/b/c" is in them.
+        end = len(rel) - 1 if rel.endswith("/") else rel.rfind("/")
+        while end > 0 and rel[:end] not in folders:  # a known folder's parents are known too
+            folders.add(rel[:end])
+            end = rel.rfind("/", 0, end)
+    both = sorted(folders.intersection(rel for rel in files if not rel.endswith("/")))
+    if both:
+        inside = min(rel for rel in files if rel.startswith(both[0] + "/"))
+        raise _refuse(where, f"lists {both[0]!r} both as a file and as the folder of {inside!r}")
 
 
 def read_manifest(storage: Storage, uuid: str) -> dict[str, Any]:
@@ -367,7 +451,9 @@ def _checkpoint_children(storage: Storage) -> list[str]:
     return [name for name in storage.list_children("") if is_checkpoint_name(name)]
 
 
-def _try_manifest(storage: Storage, uuid: str) -> dict[str, Any] | None:
+def _try_manifest(
+    storage: Storage, uuid: str, skipped: dict[str, str] | None = None
+) -> dict[str, Any] | None:
     try:
         data = storage.read_bytes(f"{uuid}/{MANIFEST_NAME}")
     except errors.StorageNotFound:
@@ -377,6 +463,8 @@ def _try_manifest(storage: Storage, uuid: str) -> dict[str, Any] | None:
         return parse_manifest(data, uuid)
     except errors.InvalidCheckpoint as exc:
         logger.warning("Ignoring %s in %s: not a checkpoint. %s", uuid, storage.url, exc)
+        if skipped is not None:
+            skipped[uuid] = str(exc)
         return None
 
 
@@ -420,18 +508,24 @@ def record_from(
     )
 
 
-def scan_checkpoints(storage: Storage, storage_url: str | None = None) -> list[CheckpointRecord]:
+def scan_checkpoints(
+    storage: Storage, storage_url: str | None = None, *, skipped: dict[str, str] | None = None
+) -> list[CheckpointRecord]:
     """Records (COMMITTED or PARTIALLY_DELETED) of every committed checkpoint in storage,
-    oldest first by (steps_completed, created_at). Used by ``Registry.reindex``."""
+    oldest first by (steps_completed, created_at). Used by ``Registry.reindex``. A folder
+    with a damaged manifest or metadata is left out, logged, and added to ``skipped``
+    (``{uuid: why}``) when given."""
     records = []
     for uuid in _checkpoint_children(storage):
-        manifest = _try_manifest(storage, uuid)
+        manifest = _try_manifest(storage, uuid, skipped)
         if manifest is None:
             continue
         try:
             metadata = read_metadata(storage, uuid)
         except errors.InvalidCheckpoint as exc:
             logger.warning("Ignoring %s in %s: %s", uuid, storage.url, exc)
+            if skipped is not None:
+                skipped[uuid] = str(exc)
             continue
         metadata.setdefault("uuid", uuid)
         records.append(record_from(manifest, metadata, storage_url or storage.url))

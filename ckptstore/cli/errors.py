@@ -39,6 +39,7 @@ _TABLE: tuple[tuple[type[BaseException], int], ...] = (
     (errors.JobNotFound, EXIT_NOT_FOUND),
     (errors.ModelNotFound, EXIT_NOT_FOUND),
     (errors.StorageNotFound, EXIT_NOT_FOUND),
+    (errors.UnsafeManifestEntry, EXIT_CORRUPT),
     (errors.InvalidStoragePath, EXIT_BAD_INPUT),
     (errors.InvalidStorageConfig, EXIT_BAD_INPUT),
     (errors.InvalidConfig, EXIT_BAD_INPUT),

@@ -19,6 +19,7 @@ import click
 
 from ckptstore import defaults
 from ckptstore.cli.output import json_option
+from ckptstore.masking import mask_value
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +170,19 @@ resume_cmd = experiment.command("resume", help=_RESUME_HELP)(_resume)
 experiment.add_command(resume_cmd, "join")
 
 
+@experiment.command("schema")
+def schema_cmd() -> None:
+    """Print the JSON Schema of an experiment config (Determined 0.38's keys, types, defaults).
+
+    \b
+    Example:
+      ckptstore experiment schema > experiment-config.schema.json
+    """
+    from ckptstore.experiment import config_json_schema
+
+    click.echo(json.dumps(config_json_schema(), indent=2))
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -195,7 +209,7 @@ def describe_cmd(ctx: click.Context, experiment_id: int, as_json: bool) -> None:
     from ckptstore.experiment import describe_experiment
 
     _, registry = _targets(ctx)
-    info = describe_experiment(experiment_id, registry=registry)
+    info = mask_value(describe_experiment(experiment_id, registry=registry))
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
         return
@@ -237,7 +251,7 @@ def list_cmd(ctx: click.Context, as_json: bool) -> None:
     from ckptstore.experiment import list_experiments
 
     _, registry = _targets(ctx)
-    items = list_experiments(registry=registry)
+    items = mask_value(list_experiments(registry=registry))
     if as_json:
         click.echo(json.dumps(items, indent=2, default=str))
         return

@@ -15,6 +15,7 @@ import click
 
 from ckptstore.cli.experiment import _setup_logging, _table, _targets
 from ckptstore.cli.output import json_option
+from ckptstore.masking import mask_value
 
 
 @click.group("job")
@@ -65,7 +66,7 @@ def list_cmd(ctx: click.Context, as_json: bool) -> None:
     from ckptstore.experiment.jobs import list_jobs
 
     _, registry = _targets(ctx)
-    items = list_jobs(registry=registry)
+    items = mask_value(list_jobs(registry=registry))
     if as_json:
         click.echo(json.dumps(items, indent=2))
         return
@@ -95,7 +96,7 @@ def describe_cmd(ctx: click.Context, job_id: int, as_json: bool) -> None:
     from ckptstore.experiment.jobs import describe_job
 
     _, registry = _targets(ctx)
-    info = describe_job(job_id, registry=registry)
+    info = mask_value(describe_job(job_id, registry=registry))
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return

@@ -22,6 +22,7 @@ import click
 from ckptstore import __version__
 from ckptstore.cli.errors import EXIT_CODES_HELP, translate_error
 from ckptstore.cli.state import CliState
+from ckptstore.masking import install_log_filter
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +153,8 @@ def cli(ctx: click.Context, storage: str | None, registry: str | None, verbose: 
         level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("ckptstore").setLevel(level)
+    # Log lines can quote URLs and configs: the handlers print them through the masking rule.
+    install_log_filter(handlers=logging.getLogger().handlers)
     state = CliState(storage_spec=storage, registry_url=registry)
     ctx.obj = state
     ctx.call_on_close(state.close)

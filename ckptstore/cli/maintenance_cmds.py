@@ -149,17 +149,23 @@ def gc(
 def reindex(state: CliState, as_json: bool) -> None:
     """Rebuild the registry's checkpoint rows from what is in storage.
 
-    Rows whose checkpoint no longer exists in storage are marked DELETED.
+    Rows whose checkpoint no longer exists in storage are marked DELETED. A damaged
+    checkpoint is listed and left out; the others are indexed.
 
     \b
     Example:
       ckptstore --storage s3://bucket/ckpts --registry sqlite:///new.db reindex
     """
-    count = state.registry().reindex(state.storage())
+    skipped: dict[str, str] = {}
+    count = state.registry().reindex(state.storage(), skipped=skipped)
     if as_json:
-        emit_json({"storage": state.storage().url, "checkpoints": count})
-    else:
-        click.echo(f"Indexed {count} checkpoint(s) from {state.storage().url}")
+        emit_json({"storage": state.storage().url, "checkpoints": count, "skipped": skipped})
+        return
+    for uuid, why in sorted(skipped.items()):
+        click.echo(f"Left out {uuid}: {why}", err=True)
+    click.echo(f"Indexed {count} checkpoint(s) from {state.storage().url}")
+    if skipped:
+        click.echo(f"Left out {len(skipped)} damaged checkpoint(s) (listed above).")
 
 
 @click.group()

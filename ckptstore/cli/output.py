@@ -16,6 +16,8 @@ from typing import Any
 
 import click
 
+from ckptstore.masking import mask_value
+
 Columns = Sequence[tuple[str, str]]
 
 
@@ -43,8 +45,8 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON f
 
 
 def emit_json(value: Any) -> None:
-    """Print ``value`` as indented JSON on stdout."""
-    click.echo(json.dumps(jsonable(value), indent=2))
+    """Print ``value`` as indented JSON on stdout, secrets masked (:mod:`ckptstore.masking`)."""
+    click.echo(json.dumps(mask_value(jsonable(value)), indent=2))
 
 
 def format_cell(value: Any) -> str:
@@ -83,7 +85,8 @@ def render_table(rows: Iterable[Mapping[str, Any]], columns: Columns, max_width:
 
 
 def emit_rows(rows: list[dict[str, Any]], columns: Columns, as_json: bool) -> None:
-    """A listing: JSON array with ``--json``, a table otherwise."""
+    """A listing: JSON array with ``--json``, a table otherwise (secrets masked in both)."""
+    rows = mask_value(rows)
     if as_json:
         emit_json(rows)
     else:
@@ -91,7 +94,8 @@ def emit_rows(rows: list[dict[str, Any]], columns: Columns, as_json: bool) -> No
 
 
 def emit_record(record: Mapping[str, Any], as_json: bool, title: str | None = None) -> None:
-    """One object: JSON with ``--json``, ``key: value`` lines otherwise."""
+    """One object: JSON with ``--json``, ``key: value`` lines otherwise (secrets masked)."""
+    record = mask_value(record)
     if as_json:
         emit_json(record)
         return

@@ -48,8 +48,8 @@ def run(ctx: click.Context, trial_id: int | None, config_path: str | None, comma
       ckptstore --storage s3://b/ckpts run --trial-id 7 -- python3 -m determined.launch.tensorflow -- python3 train.py
     """
     from ckptstore.core import _info as trial_info
-    from ckptstore.launch.process import child_command, child_env
-    from ckptstore.launch.tensorflow import SLOTS_ENV
+    from ckptstore.experiment.common import child_process_env, run_settings
+    from ckptstore.launch.process import child_command
 
     argv = list(command)
     if argv[:1] == ["--"]:
@@ -59,14 +59,13 @@ def run(ctx: click.Context, trial_id: int | None, config_path: str | None, comma
             "ckptstore run needs a command. Received: nothing. Write "
             "`ckptstore run -- python3 train.py`."
         )
-    env = dict(os.environ)
     state = ctx.obj
-    if getattr(state, "storage_url", None):
-        env[trial_info.STORAGE_ENV] = state.storage_url
-    if getattr(state, "registry_url", None):
-        env[trial_info.REGISTRY_ENV] = state.registry_url
+    settings = run_settings(
+        storage=getattr(state, "storage_url", None) or None,
+        registry_url=getattr(state, "registry_url", None) or None,
+    )
     if trial_id is not None:
-        env[trial_info.TRIAL_ID_ENV] = str(trial_id)
+        settings[trial_info.TRIAL_ID_ENV] = str(trial_id)
     if config_path is not None:
         from ckptstore.experiment.config import load_config
 
@@ -77,10 +76,9 @@ def run(ctx: click.Context, trial_id: int | None, config_path: str | None, comma
                 f"ckptstore run --config takes constant hyperparameters. Received ranges for "
                 f"{', '.join(ranged)}. Search them with `ckptstore experiment create`."
             )
-        env[trial_info.HPARAMS_ENV] = json.dumps(config.constant_hparams())
-        env[trial_info.DATA_CONFIG_ENV] = json.dumps(config.data)
-        env[SLOTS_ENV] = str(config.slots_per_trial)
-    env = child_env(env, extra_paths=[os.getcwd()], who="ckptstore run")
+        settings[trial_info.HPARAMS_ENV] = json.dumps(config.constant_hparams())
+        settings.update(run_settings(data=config.data, slots=config.slots_per_trial))
+    env = child_process_env(os.environ, settings, model_dir=os.getcwd(), who="ckptstore run")
     argv = child_command(argv, env)
     try:
         os.execvpe(argv[0], argv, env)

@@ -69,7 +69,9 @@ class CliState:
     def storage_for(self, record: Any) -> Storage:
         """The storage of a registry checkpoint row: ``--storage`` when it was given (an
         explicit choice always wins, with a warning when the row recorded another URL), else
-        the row's own URL, else the default."""
+        the row's own URL when :func:`~ckptstore.checkpointing.row_storage.storage_of_row`
+        trusts it (under the default storage or ``CKPTSTORE_ALLOWED_STORAGE``), else the
+        default."""
         recorded = getattr(record, "storage_url", "") or None
         if self.explicit_storage:
             storage = self.storage()
@@ -81,7 +83,10 @@ class CliState:
                     recorded,
                 )
             return storage
-        return self.storage(recorded)
+        from ckptstore.checkpointing.row_storage import storage_of_row
+
+        uuid = getattr(record, "uuid", None)
+        return self.storage(storage_of_row(recorded, self.storage_url, uuid=uuid))
 
     def close(self) -> None:
         """Close everything opened; errors while closing are logged, not raised."""

@@ -406,10 +406,8 @@ def init(
         checkpoint_dedup: store checkpoints as content-addressed chunks cut at tensor
             boundaries (``CheckpointContext(dedup=True)``, format 2): a fine-tuning checkpoint
             uploads about the bytes of the tensors that changed. None (default): the
-            ``dedup`` key of a ``checkpoint_storage`` dict, else on for remote storage (S3,
-            GCS, Azure, remote fsspec) and off on a local file system (where the whole-file
-            commit is a zero-copy rename). False turns it off; see the README's "Incremental
-            (deduplicated) checkpoints".
+            ``dedup`` key of a ``checkpoint_storage`` dict, else on (every storage). False
+            turns it off; see the README's "Incremental (deduplicated) checkpoints".
 
     On exit, waits for background uploads (a failure is raised), restores signal handlers and
     closes the distributed channel, checkpoint context and (if opened here) the registry.
@@ -419,118 +417,170 @@ def init(
         with ckptstore.core.init(storage="/tmp/ckpts", trial_id=1) as ctx:
             print(ctx.info.latest_checkpoint)
     """
-    from ckptstore.checkpointing import CheckpointContext
-    from ckptstore.registry import Registry, open_registry
-    from ckptstore.storage_backends import Storage, open_storage
-
     if storage is not None and checkpoint_storage is not None:
         raise errors.InvalidConfig("Pass storage= or checkpoint_storage= (an alias), not both.")
-    storage_spec, storage_gc = resolve_storage(
-        storage if storage is not None else checkpoint_storage
-    )
+    given = storage if storage is not None else checkpoint_storage
+    storage_spec, storage_gc = resolve_storage(given)
     # resolve_storage drops the dict's ``dedup`` key from the storage keys; read it first.
-    storage_dedup = _storage_dedup(storage if storage is not None else checkpoint_storage)
+    dedup = checkpoint_dedup if checkpoint_dedup is not None else _storage_dedup(given)
     gc_policy = build_gc_policy(
         checkpoint_gc if checkpoint_gc is not None else (storage_gc or None)
     )
-
     if trial_id is None:
         trial_id = trial_info.parse_int_env(trial_info.TRIAL_ID_ENV)
     if experiment_id is None:
         experiment_id = trial_info.parse_int_env(trial_info.EXPERIMENT_ID_ENV)
     if hparams is None:
         hparams = trial_info.parse_json_env(trial_info.HPARAMS_ENV)
-    hparams = dict(hparams) if hparams is not None else None
-
-    owns_distributed = distributed is None or close_distributed
-    distributed = distributed if distributed is not None else _single_distributed()
-    owns_registry = not isinstance(registry, Registry)
-    reg = None
-    preempt = None
-    ckpt = None
-    # One owner opens the URL: this Storage is handed to reconcile and to the checkpoint
-    # context (which closes it when it is closed), instead of each opening its own.
-    owns_store = not isinstance(storage_spec, Storage)
-    store = open_storage(storage_spec)
+    opened = _Opened(
+        storage_spec,
+        registry,
+        distributed if distributed is not None else _single_distributed(),
+        owns_distributed=distributed is None or close_distributed,
+    )
     try:
-        reg = open_registry(registry)
-        from ckptstore.checkpointing.reconcile import reconcile_trial
-
-        tid, trial_hparams, latest = _resolve_trial(
-            reg,
-            distributed,
+        context = _open_context(
+            opened,
             trial_id,
             experiment_id,
-            hparams,
-            reconcile=lambda t: reconcile_trial(store, reg, t),
-            storage=store,
-        )
-        ckpt = CheckpointContext(
-            store,
-            owns_storage=owns_store,
-            index=reg,
-            trial_id=tid,
-            experiment_id=experiment_id,
-            distributed=distributed,
+            dict(hparams) if hparams is not None else None,
             gc_policy=gc_policy,
-            dedup=checkpoint_dedup if checkpoint_dedup is not None else storage_dedup,
-        )
-        preempt = PreemptContext(
-            distributed,
-            signals=DEFAULT_SIGNALS if preempt_signals else (),
+            dedup=dedup,
+            preempt_signals=preempt_signals,
             preempt_mode=preempt_mode,
-        )
-        info = trial_info.ClusterInfo(
-            trial_info.TrialInfo(trial_id=tid, experiment_id=experiment_id, hparams=trial_hparams),
-            storage=storage_spec if isinstance(storage_spec, (str, dict)) else None,
-            registry=reg,
-            latest_checkpoint=latest,
-        )
-        train = TrainContext(
-            reg,
-            tid,
-            distributed,
-            experiment_id=experiment_id,
-            storage=store,
             tensorboard_mode=tensorboard_mode,
+            close_distributed=close_distributed,
         )
-        context = Context(
-            checkpoint=ckpt,
-            train=train,
-            distributed=distributed,
-            preempt=preempt,
-            info=info,
-            registry=reg,
-            owns_registry=owns_registry,
-            owns_distributed=close_distributed,
-        )
-        context.searcher = SearcherContext.from_env(distributed, train, tid)
-        if context.searcher.judges_validations:
-            searcher, stopper = context.searcher, preempt
-            train.add_validation_hook(lambda s, m: searcher.on_validation(s, m, stopper))
     except BaseException:
-        if preempt is not None:
-            preempt.close()
-        if ckpt is not None:
-            with contextlib.suppress(Exception):
-                ckpt.close()
-        elif owns_store:
-            with contextlib.suppress(Exception):
-                store.close()
-        if owns_distributed:
-            with contextlib.suppress(Exception):
-                distributed.close()
-        if reg is not None and owns_registry:
-            with contextlib.suppress(Exception):
-                reg.close()
+        opened.close()
         raise
-    logger.info("%r (latest checkpoint: %s)", context, latest)
+    logger.info("%r (latest checkpoint: %s)", context, context.info.latest_checkpoint)
     try:
         yield context
     except BaseException as exc:
         context.close(exc=exc, set_trial_state=set_trial_state)
         raise
     context.close(set_trial_state=set_trial_state)
+
+
+class _Opened:
+    """What :func:`init` opens, in order, so a failure before the context exists closes each
+    of them (the context closes them afterwards)."""
+
+    def __init__(
+        self,
+        storage_spec: str | dict[str, Any] | Storage,
+        registry: Registry | str | None,
+        distributed: DistributedContext,
+        *,
+        owns_distributed: bool,
+    ) -> None:
+        from ckptstore.registry import Registry
+        from ckptstore.storage_backends import Storage, open_storage
+
+        self.storage_spec = storage_spec
+        self.registry_arg = registry
+        self.owns_registry = not isinstance(registry, Registry)
+        self.distributed = distributed
+        self.owns_distributed = owns_distributed
+        # One owner opens the URL: this Storage is handed to reconcile and to the checkpoint
+        # context (which closes it when it is closed), instead of each opening its own.
+        self.owns_store = not isinstance(storage_spec, Storage)
+        self.store = open_storage(storage_spec)
+        self.reg: Registry | None = None
+        self.ckpt: CheckpointContext | None = None
+        self.preempt: PreemptContext | None = None
+
+    def close(self) -> None:
+        if self.preempt is not None:
+            self.preempt.close()
+        closers = [self.ckpt.close if self.ckpt is not None else None]
+        if self.ckpt is None and self.owns_store:
+            closers.append(self.store.close)
+        if self.owns_distributed:
+            closers.append(self.distributed.close)
+        if self.reg is not None and self.owns_registry:
+            closers.append(self.reg.close)
+        for close in closers:
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    close()
+
+
+def _open_context(
+    opened: _Opened,
+    trial_id: int | None,
+    experiment_id: int | None,
+    hparams: dict[str, Any] | None,
+    *,
+    gc_policy: GCPolicy | None,
+    dedup: bool | None,
+    preempt_signals: bool,
+    preempt_mode: PreemptMode | str,
+    tensorboard_mode: TensorboardMode | str,
+    close_distributed: bool,
+) -> Context:
+    """The body of :func:`init`: the trial row, checkpoint, preempt, train and searcher
+    contexts over what ``opened`` holds (each kept in ``opened`` as soon as it exists)."""
+    from ckptstore.checkpointing import CheckpointContext
+    from ckptstore.checkpointing.reconcile import reconcile_trial
+    from ckptstore.registry import open_registry
+
+    store, distributed = opened.store, opened.distributed
+    reg = opened.reg = open_registry(opened.registry_arg)
+    tid, trial_hparams, latest = _resolve_trial(
+        reg,
+        distributed,
+        trial_id,
+        experiment_id,
+        hparams,
+        reconcile=lambda t: reconcile_trial(store, reg, t),
+        storage=store,
+    )
+    ckpt = opened.ckpt = CheckpointContext(
+        store,
+        owns_storage=opened.owns_store,
+        index=reg,
+        trial_id=tid,
+        experiment_id=experiment_id,
+        distributed=distributed,
+        gc_policy=gc_policy,
+        dedup=dedup,
+    )
+    stopper = opened.preempt = PreemptContext(
+        distributed,
+        signals=DEFAULT_SIGNALS if preempt_signals else (),
+        preempt_mode=preempt_mode,
+    )
+    spec = opened.storage_spec
+    info = trial_info.ClusterInfo(
+        trial_info.TrialInfo(trial_id=tid, experiment_id=experiment_id, hparams=trial_hparams),
+        storage=spec if isinstance(spec, (str, dict)) else None,
+        registry=reg,
+        latest_checkpoint=latest,
+    )
+    train = TrainContext(
+        reg,
+        tid,
+        distributed,
+        experiment_id=experiment_id,
+        storage=store,
+        tensorboard_mode=tensorboard_mode,
+    )
+    context = Context(
+        checkpoint=ckpt,
+        train=train,
+        distributed=distributed,
+        preempt=stopper,
+        info=info,
+        registry=reg,
+        owns_registry=opened.owns_registry,
+        owns_distributed=close_distributed,
+    )
+    searcher = context.searcher = SearcherContext.from_env(distributed, train, tid)
+    if searcher.judges_validations:
+        train.add_validation_hook(lambda s, m: searcher.on_validation(s, m, stopper))
+    return context
 
 
 __all__ = ["Context", "build_gc_policy", "init", "resolve_storage"]

@@ -6,9 +6,11 @@ Example::
 
     exp_id = create_experiment("const.yaml", "examples/mnist_tfkeras_trial")
     print(describe_experiment(exp_id)["best_metric"])
+    schema = config_json_schema()   # the JSON Schema of a config, as the docs publish it
 """
 
 from ckptstore.experiment.config import ExperimentConfig, load_config, parse_config
+from ckptstore.experiment.config_schema import config_json_schema
 from ckptstore.experiment.runner import (
     create_experiment,
     describe_experiment,
@@ -19,6 +21,7 @@ from ckptstore.experiment.runner import (
 
 __all__ = [
     "ExperimentConfig",
+    "config_json_schema",
     "create_experiment",
     "describe_experiment",
     "list_experiments",

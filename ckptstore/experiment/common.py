@@ -1,4 +1,5 @@
-"""Names the runner and its trial processes share (no TensorFlow import).
+"""Names the runner and its trial processes share, and the one builder of the environment of
+every process ckptstore starts for user code (no TensorFlow import).
 
 Example::
 
@@ -11,11 +12,13 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import signal
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore.core import _info as trial_info
+from ckptstore.launch.process import child_env
+from ckptstore.launch.tensorflow import SLOTS_ENV
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
@@ -41,26 +44,63 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
+def child_process_env(
+    base: Mapping[str, str],
+    settings: Mapping[str, str | None],
+    *,
+    model_dir: str,
+    who: str,
+) -> dict[str, str]:
+    """The environment of a process ckptstore starts for user code, built here only (trials
+    locally and on Ray, jobs, ``ckptstore run``): ``base`` (the launching process's),
+    ``settings`` on top (None removes a key), then the ``determined`` alias and ``model_dir``
+    first on PYTHONPATH. ``who`` names the launcher in the alias's warning."""
+    env = dict(base)
+    for key, value in settings.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return child_env(env, extra_paths=[model_dir], who=who)
+
+
+def run_settings(
+    *,
+    data: Mapping[str, Any] | None = None,
+    storage: str | Mapping[str, Any] | None = None,
+    registry_url: str | None = None,
+    slots: int | None = None,
+) -> dict[str, str]:
+    """The keys a launched process reads (:mod:`ckptstore.core._info`) for what is given:
+    its ``data`` config, checkpoint storage, registry and worker count."""
+    settings: dict[str, str] = {}
+    if data is not None:
+        settings[trial_info.DATA_CONFIG_ENV] = json.dumps(dict(data))
+    if storage is not None:
+        settings[trial_info.STORAGE_ENV] = (
+            storage if isinstance(storage, str) else json.dumps(storage)
+        )
+    if registry_url is not None:
+        settings[trial_info.REGISTRY_ENV] = registry_url
+    if slots is not None:
+        settings[SLOTS_ENV] = str(slots)
+    return settings
+
+
 def trial_env(
-    base: dict[str, str],
-    experiment_env: dict[str, str],
+    base: Mapping[str, str],
+    experiment_env: Mapping[str, str],
     trial_id: int,
     hparams: dict[str, Any],
     optuna_id: int | None,
 ) -> dict[str, str]:
     """A trial process's environment: ``base`` (the launching process's), the experiment's
-    settings, the trial's id, hparams and Optuna trial, and the model folder first on
-    PYTHONPATH. The local runner and the Ray engine launch trials with it."""
-    env = dict(base)
-    env.update(experiment_env)
-    env[trial_info.TRIAL_ID_ENV] = str(trial_id)
-    env[trial_info.HPARAMS_ENV] = json.dumps(hparams)
-    if optuna_id is not None:
-        env[OPTUNA_TRIAL_ENV] = str(optuna_id)
-    else:
-        env.pop(OPTUNA_TRIAL_ENV, None)
-    pythonpath = [experiment_env[MODEL_DIR_ENV]] + [
-        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p
-    ]
-    env["PYTHONPATH"] = os.pathsep.join(pythonpath)
-    return env
+    settings (:meth:`~ckptstore.experiment.runner.ExperimentRun.experiment_env`), the trial's
+    id, hparams and Optuna trial. The local runner and the Ray engine launch trials with it."""
+    settings: dict[str, str | None] = dict(experiment_env)
+    settings[trial_info.TRIAL_ID_ENV] = str(trial_id)
+    settings[trial_info.HPARAMS_ENV] = json.dumps(hparams)
+    settings[OPTUNA_TRIAL_ENV] = None if optuna_id is None else str(optuna_id)
+    return child_process_env(
+        base, settings, model_dir=experiment_env[MODEL_DIR_ENV], who="ckptstore experiment"
+    )

@@ -3,11 +3,14 @@
 :func:`load_config` reads a YAML file, :func:`parse_config` a dict. Both return an
 :class:`ExperimentConfig` or raise :class:`~ckptstore.errors.InvalidConfig` whose message names the
 key (``searcher.max_length``, ``hyperparameters.lr.maxval``, ...), the value received and the fix.
+The keys, their types and defaults are the pydantic models of
+:mod:`~ckptstore.experiment.config_schema` (which also publish the JSON Schema); this module holds
+the rules between keys and turns a checked config into the objects the runner uses.
 
 Lengths (``searcher.max_length``, ``min_validation_period``, ``min_checkpoint_period``) are
 ``{batches: N}``, ``{records: N}`` or ``{epochs: N}``. A bare integer is Determined's older "steps"
 unit: ``N * scheduling_unit`` batches (``scheduling_unit`` defaults to 100), which is also what
-``searcher.max_steps`` means.
+``searcher.max_steps`` means. A period of 0 (Determined's default ``{batches: 0}``) is "off".
 
 Determined 0.38 configs load unchanged (choices where 0.38 left it to the cluster):
 
@@ -20,8 +23,15 @@ Determined 0.38 configs load unchanged (choices where 0.38 left it to the cluste
   ``val_loss`` (smaller is better), trained for the epochs the script passes.
 - ``resources.slots_per_trial`` (experiments) and ``resources.slots`` (jobs) start that many
   workers on this machine; every other key that only means something on a Determined cluster
-  (``environment``, ``bind_mounts``, ``profiling``, ``resources.resource_pool``, ...) is accepted
-  and listed in :attr:`ExperimentConfig.ignored_keys`, which the runner logs in one warning.
+  (``environment``, ``bind_mounts``, ``profiling``, ``resources.resource_pool``, ...) and every
+  key older releases removed (``data_layer``, ...) is accepted and listed in
+  :attr:`ExperimentConfig.ignored_keys`, which the runner logs in one warning.
+- A ``checkpoint_storage`` block holding only GC keys (``save_trial_best: 3``) keeps the default
+  storage and sets those keys, as Determined merges it with the cluster's storage.
+
+Configs are untrusted input: a YAML alias bomb, a list nested thousands deep, a grid or
+``max_trials`` larger than a queue can hold, or an entrypoint a shell cannot split is refused
+with :class:`~ckptstore.errors.InvalidConfig` in bounded time and memory.
 
 This module never imports TensorFlow.
 
@@ -41,97 +51,27 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
+import os
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 from ckptstore import errors
-from ckptstore.validators import is_int, is_number
+from ckptstore.experiment import config_schema as schema
+from ckptstore.experiment.config_schema import GC_KEYS, HP_TYPES, MAX_TRIALS, SEARCHERS
+from ckptstore.validators import is_int
 
-#: Searcher names this runner implements (``tpe`` is a ckptstore extension).
-SEARCHERS = ("single", "grid", "random", "adaptive_asha", "tpe")
-#: Hyperparameter types.
-HP_TYPES = ("const", "int", "double", "log", "categorical")
 LENGTH_UNITS = ("batches", "records", "epochs")
 #: Determined's default batches per "step".
 DEFAULT_SCHEDULING_UNIT = 100
-#: Keys of the storage dict that configure checkpoint GC (Determined's names and defaults).
-GC_KEYS = {"save_experiment_best": 0, "save_trial_best": 1, "save_trial_latest": 1}
-
-_KNOWN_TOP = {
-    "name",
-    "description",
-    "hyperparameters",
-    "searcher",
-    "min_validation_period",
-    "min_checkpoint_period",
-    "records_per_epoch",
-    "scheduling_unit",
-    "checkpoint_storage",
-    "entrypoint",
-    "entrypoint_script",
-    "data",
-    "reproducibility",
-    "max_restarts",
-    "perform_initial_validation",
-    "labels",
-    "resources",
-}
-#: Determined keys that only make sense on a cluster: accepted and ignored (with a note).
-_IGNORED_TOP = {
-    "environment",
-    "bind_mounts",
-    "optimizations",
-    "profiling",
-    "workspace",
-    "project",
-    "checkpoint_policy",
-    "debug",
-    "tensorboard_storage",
-    "log_policies",
-    "retention_policy",
-    "pbs",
-    "slurm",
-    "max_slots",
-    "integrations",
-}
-_SEARCHER_KEYS = {
-    "name",
-    "metric",
-    "smaller_is_better",
-    "max_length",
-    "max_steps",
-    "max_trials",
-    "max_concurrent_trials",
-    "divisor",
-    "max_rungs",
-    "mode",
-    "stop_once",
-    "bracket_rungs",
-    "source_trial_id",
-    "source_checkpoint_uuid",
-    "time_metric",
-    "max_time",
-    "unit",
-}
-#: Searcher keys accepted for compatibility that change nothing here.
-_IGNORED_SEARCHER = {"stop_once", "bracket_rungs", "source_trial_id", "source_checkpoint_uuid"}
-#: ``resources`` keys with a meaning here; the rest of Determined's are accepted and ignored.
-_RESOURCE_KEYS = {"slots_per_trial", "slots"}
-_IGNORED_RESOURCES = {
-    "max_slots",
-    "weight",
-    "priority",
-    "resource_pool",
-    "shm_size",
-    "devices",
-    "native_parallel",
-    "is_single_node",
-}
 #: The searcher a config without ``searcher`` gets (the reference's ``entrypoint_script`` form).
 DEFAULT_SEARCHER = {"name": "single", "metric": "val_loss", "smaller_is_better": True}
+#: Bounds on the parsed YAML, checked before anything walks it recursively: deeper nesting
+#: overflows Python's stack, and aliases can make a 1 kB file expand to billions of nodes.
+MAX_DEPTH = 64
+MAX_NODES = 200_000
 _ENTRYPOINT_CLASS = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 #: Determined's legacy launcher form of a trial class:
 #: ``python3 -m determined.launch.horovod --autohorovod --trial model_def:Trial``.
@@ -143,23 +83,6 @@ _LAUNCHED_CLASS = re.compile(
 
 def _fail(key: str, problem: str, fix: str) -> errors.InvalidConfig:
     return errors.InvalidConfig(f"Invalid experiment config at `{key}`: {problem}. {fix}")
-
-
-def _suggest(name: str, known: set[str]) -> str:
-    close = difflib.get_close_matches(name, sorted(known), n=1)
-    return f" Did you mean `{close[0]}`?" if close else ""
-
-
-_is_int = is_int
-_is_number = is_number
-
-
-def _positive_int(value: Any, key: str, *, allow_zero: bool = False) -> int:
-    low = 0 if allow_zero else 1
-    if not _is_int(value) or value < low:
-        kind = "a non-negative" if allow_zero else "a positive"
-        raise _fail(key, f"expected {kind} integer, received {value!r}", f"Set `{key}` to e.g. 10.")
-    return int(value)
 
 
 # ---- lengths ----------------------------------------------------------------------------------
@@ -188,24 +111,27 @@ class Length:
         return {self.unit: self.value}
 
 
+def _length(
+    spec: int | schema.LengthSpec | None, key: str, scheduling_unit: int, *, zero_is_off: bool
+) -> Length | None:
+    """A checked length as a :class:`Length`; None when absent or (for periods) 0."""
+    if spec is None:
+        return None
+    if isinstance(spec, int):  # Determined's older unit: steps of scheduling_unit batches
+        return Length("batches", spec * scheduling_unit)
+    ((unit, amount),) = spec.model_dump(exclude_unset=True).items()
+    if amount == 0:
+        if zero_is_off:
+            return None
+        raise _fail(f"{key}.{unit}", "expected a positive integer, received 0", "Set e.g. 100.")
+    return Length(unit, amount)
+
+
 def parse_length(value: Any, key: str, scheduling_unit: int) -> Length:
     """``{batches|records|epochs: N}`` or a bare int of steps (``N * scheduling_unit`` batches)."""
-    if _is_int(value):
-        return Length("batches", _positive_int(value, key) * scheduling_unit)
-    if not isinstance(value, dict) or len(value) != 1:
-        raise _fail(
-            key,
-            f"expected a dict with exactly one of {', '.join(LENGTH_UNITS)}, received {value!r}",
-            f"Write it like `{key}: {{batches: 100}}`.",
-        )
-    ((unit, amount),) = value.items()
-    if unit not in LENGTH_UNITS:
-        raise _fail(
-            f"{key}.{unit}",
-            f"unknown unit {unit!r}",
-            f"Use one of {', '.join(LENGTH_UNITS)}.{_suggest(str(unit), set(LENGTH_UNITS))}",
-        )
-    return Length(unit, _positive_int(amount, f"{key}.{unit}"))
+    length = _length(schema.validate_length(value, key), key, scheduling_unit, zero_is_off=False)
+    assert length is not None
+    return length
 
 
 # ---- hyperparameters ----------------------------------------------------------------------------
@@ -222,6 +148,17 @@ class Hyperparameter:
     count: int | None = None
     vals: tuple[Any, ...] = ()
 
+    def grid_size(self) -> int:
+        """How many values a grid search tries, computed without listing them."""
+        if self.type == "const":
+            return 1
+        if self.type == "categorical":
+            return len(self.vals)
+        assert self.count is not None and self.minval is not None and self.maxval is not None
+        if self.type == "int":
+            return min(self.count, int(self.maxval) - int(self.minval) + 1)
+        return self.count
+
     def grid_values(self) -> list[Any]:
         """The values a grid search tries (``count`` evenly spaced points for ranges)."""
         if self.type == "const":
@@ -229,6 +166,9 @@ class Hyperparameter:
         if self.type == "categorical":
             return list(self.vals)
         assert self.count is not None and self.minval is not None and self.maxval is not None
+        if self.type == "int" and self.count > self.maxval - self.minval + 1:
+            # Points closer than 1 apart round to every integer of the range: list those.
+            return list(range(int(self.minval), int(self.maxval) + 1))
         if self.count == 1:
             points = [(self.minval + self.maxval) / 2]
         else:
@@ -241,110 +181,42 @@ class Hyperparameter:
         return [float(p) for p in points]
 
 
-def _parse_hparam(name: str, spec: Any, out: list[Hyperparameter]) -> None:
-    key = f"hyperparameters.{name}"
-    if not isinstance(spec, dict):
-        out.append(Hyperparameter(name, "const", val=spec))
-        return
-    if "type" not in spec:  # a nested group of hyperparameters
-        if not spec:
-            raise _fail(key, "an empty group", "Give it hyperparameters or remove it.")
+def _flatten(name: str, spec: Any, out: list[Hyperparameter]) -> None:
+    if isinstance(spec, dict):  # a nested group of hyperparameters
         for sub, sub_spec in spec.items():
-            _parse_hparam(f"{name}.{sub}", sub_spec, out)
-        return
-    kind = spec["type"]
-    if kind not in HP_TYPES:
-        raise _fail(
-            f"{key}.type",
-            f"unknown hyperparameter type {kind!r}",
-            f"Use one of {', '.join(HP_TYPES)}.{_suggest(str(kind), set(HP_TYPES))}",
-        )
-    allowed = {
-        "const": {"type", "val"},
-        "categorical": {"type", "vals"},
-        "int": {"type", "minval", "maxval", "count"},
-        "double": {"type", "minval", "maxval", "count"},
-        "log": {"type", "minval", "maxval", "count", "base"},
-    }[kind]
-    for extra in spec:
-        if extra not in allowed:
-            raise _fail(
-                f"{key}.{extra}",
-                f"not a key of a `{kind}` hyperparameter",
-                f"Allowed keys: {', '.join(sorted(allowed))}.{_suggest(str(extra), allowed)}",
+            _flatten(f"{name}.{sub}", sub_spec, out)
+    elif isinstance(spec, schema.ConstHP):
+        out.append(Hyperparameter(name, "const", val=spec.val))
+    elif isinstance(spec, schema.CategoricalHP):
+        out.append(Hyperparameter(name, "categorical", vals=tuple(spec.vals)))
+    elif isinstance(spec, schema.IntHP | schema.DoubleHP | schema.LogHP):
+        base = float(spec.base) if isinstance(spec, schema.LogHP) else 10.0
+        out.append(
+            Hyperparameter(
+                name, spec.type, minval=spec.minval, maxval=spec.maxval, base=base, count=spec.count
             )
-    if kind == "const":
-        if "val" not in spec:
-            raise _fail(f"{key}.val", "missing", "A const hyperparameter needs `val: VALUE`.")
-        out.append(Hyperparameter(name, "const", val=spec["val"]))
-        return
-    if kind == "categorical":
-        vals = spec.get("vals")
-        if not isinstance(vals, list) or not vals:
-            raise _fail(
-                f"{key}.vals",
-                f"expected a non-empty list, received {vals!r}",
-                "Set `vals: [a, b]`.",
-            )
-        out.append(Hyperparameter(name, "categorical", vals=tuple(vals)))
-        return
-    check = _is_int if kind == "int" else _is_number
-    bounds = {}
-    for bound in ("minval", "maxval"):
-        if bound not in spec:
-            raise _fail(f"{key}.{bound}", "missing", f"A `{kind}` hyperparameter needs `{bound}`.")
-        if not check(spec[bound]):
-            want = "an integer" if kind == "int" else "a number"
-            raise _fail(
-                f"{key}.{bound}",
-                f"expected {want}, received {spec[bound]!r}",
-                f"Set `{bound}` to {want}.",
-            )
-        bounds[bound] = spec[bound]
-    if bounds["minval"] > bounds["maxval"]:
-        raise _fail(
-            key,
-            f"minval {bounds['minval']!r} is greater than maxval {bounds['maxval']!r}",
-            "Swap them so minval <= maxval.",
         )
-    count = _positive_int(spec["count"], f"{key}.count") if "count" in spec else None
-    base = spec.get("base", 10.0)
-    if kind == "log" and (not _is_number(base) or base <= 0 or base == 1):
-        raise _fail(
-            f"{key}.base", f"expected a positive number other than 1, got {base!r}", "Use 10."
-        )
-    out.append(
-        Hyperparameter(
-            name,
-            kind,
-            minval=bounds["minval"],
-            maxval=bounds["maxval"],
-            base=float(base),
-            count=count,
-        )
-    )
+    else:
+        out.append(Hyperparameter(name, "const", val=spec))
+
+
+def _hyperparameters(checked: dict[str, Any] | None) -> list[Hyperparameter]:
+    out: list[Hyperparameter] = []
+    for name, spec in (checked or {}).items():
+        _flatten(name, spec, out)
+    return out
 
 
 def parse_hyperparameters(raw: Any) -> list[Hyperparameter]:
     """Flatten the ``hyperparameters`` section into :class:`Hyperparameter` objects."""
-    if raw is None:
-        return []
-    if not isinstance(raw, dict):
+    if raw is not None and not isinstance(raw, dict):
         raise _fail(
             "hyperparameters",
             f"expected a mapping of names to values or specs, received {type(raw).__name__}",
             "Write it like `hyperparameters: {global_batch_size: 32}`.",
         )
-    out: list[Hyperparameter] = []
-    for name, spec in raw.items():
-        if not isinstance(name, str) or not name or "." in name:
-            raise _fail(
-                f"hyperparameters.{name}",
-                "a hyperparameter name must be a non-empty string without dots",
-                "Rename it; nest groups as mappings instead of dotted names.",
-            )
-        _parse_hparam(name, spec, out)
-    return out
+    check_size(raw, "hyperparameters")
+    return _hyperparameters(schema.validate({"hyperparameters": raw}).hyperparameters)
 
 
 def nest_hparams(flat: dict[str, Any]) -> dict[str, Any]:
@@ -402,64 +274,58 @@ class SearcherConfig:
         return sorted(set(points))
 
 
-def _parse_searcher(
-    raw: Any, hparams: list[Hyperparameter], unit: int, *, script: bool
-) -> SearcherConfig:
-    if not isinstance(raw, dict):
+def _time_metric(raw: schema.Searcher) -> tuple[str | None, int | None]:
+    """0.38's ``time_metric`` + ``max_time`` (both or neither; ``adaptive_asha`` only)."""
+    if raw.time_metric is None and raw.max_time is None:
+        return None, None
+    if raw.name != "adaptive_asha":
         raise _fail(
-            "searcher",
-            f"missing or not a mapping (received {raw!r})",
-            "Add e.g. `searcher: {name: single, metric: val_loss, max_length: {batches: 100}}`.",
+            "searcher.time_metric",
+            f"`time_metric`/`max_time` apply to `adaptive_asha`, not `{raw.name}`",
+            "Remove them, or use `name: adaptive_asha`.",
         )
-    for key in raw:
-        if key not in _SEARCHER_KEYS:
-            raise _fail(
-                f"searcher.{key}",
-                "unknown key",
-                f"Remove it or fix the spelling.{_suggest(str(key), _SEARCHER_KEYS)}",
-            )
-    name = raw.get("name")
-    if name not in SEARCHERS:
+    if raw.time_metric is None:
         raise _fail(
-            "searcher.name",
-            f"unknown searcher {name!r}",
-            f"Use one of {', '.join(SEARCHERS)}.{_suggest(str(name), set(SEARCHERS))}",
+            "searcher.time_metric",
+            "expected the name of a validation metric, received None",
+            "Set e.g. `time_metric: batches` together with `max_time: 1000`.",
         )
-    metric = raw.get("metric")
-    if not isinstance(metric, str) or not metric:
+    if raw.max_time is None:
+        raise _fail("searcher.max_time", "missing", "Set e.g. `max_time: 1000`.")
+    if raw.max_length is not None or raw.max_steps is not None:
         raise _fail(
-            "searcher.metric",
-            f"expected the name of a validation metric, received {metric!r}",
-            "Set e.g. `metric: val_loss`.",
+            "searcher.max_length",
+            "give `max_length` or `time_metric` + `max_time`, not both",
+            "Keep one form.",
         )
-    smaller = raw.get("smaller_is_better", True)
-    if not isinstance(smaller, bool):
-        raise _fail(
-            "searcher.smaller_is_better", f"expected true or false, received {smaller!r}", ""
-        )
-    if "max_length" in raw and "max_steps" in raw:
+    return raw.time_metric, raw.max_time
+
+
+def _max_length(raw: schema.Searcher, unit: int, *, script: bool) -> Length | None:
+    if raw.max_length is not None and raw.max_steps is not None:
         raise _fail(
             "searcher.max_length",
             "give only one of `max_length` and `max_steps`",
             "Set e.g. `max_length: {batches: 1000}`.",
         )
-    time_metric, max_time = _parse_time_metric(raw, name)
-    max_length: Length | None = None
-    if "max_length" in raw:
-        max_length = parse_length(raw["max_length"], "searcher.max_length", unit)
-    elif "max_steps" in raw:
-        max_length = Length("batches", _positive_int(raw["max_steps"], "searcher.max_steps") * unit)
-    elif time_metric is None and (not script or name == "adaptive_asha"):
+    if raw.max_length is not None:
+        return _length(raw.max_length, "searcher.max_length", unit, zero_is_off=False)
+    if raw.max_steps is not None:
+        return Length("batches", raw.max_steps * unit)
+    if raw.time_metric is None and (not script or raw.name == "adaptive_asha"):
         why = (
             "`adaptive_asha` needs `max_length` or `time_metric` + `max_time`"
-            if name == "adaptive_asha"
+            if raw.name == "adaptive_asha"
             else "a TFKerasTrial entrypoint needs `max_length` to know how long to train"
         )
         raise _fail(
             "searcher.max_length", f"missing: {why}", "Set e.g. `max_length: {batches: 1000}`."
         )
-    if name == "single":
-        max_trials = 1
+    return None
+
+
+def _max_trials(raw: schema.Searcher, hparams: list[Hyperparameter]) -> int:
+    if raw.name == "single":
         for hp in hparams:
             if hp.type != "const":
                 raise _fail(
@@ -467,7 +333,8 @@ def _parse_searcher(
                     f"the `single` searcher needs constant hyperparameters, got type {hp.type!r}",
                     "Use `searcher.name: random` (or grid) to search, or give a constant value.",
                 )
-    elif name == "grid":
+        return 1
+    if raw.name == "grid":
         for hp in hparams:
             if hp.type in ("int", "double", "log") and hp.count is None:
                 raise _fail(
@@ -475,68 +342,42 @@ def _parse_searcher(
                     "the grid searcher needs `count` for int, double and log hyperparameters",
                     "Add e.g. `count: 3`.",
                 )
-        max_trials = math.prod(len(hp.grid_values()) for hp in hparams) if hparams else 1
-    else:
-        if "max_trials" not in raw:
+        # The product of the sizes, never the grid itself: counts of 10**9 list nothing.
+        size = math.prod(hp.grid_size() for hp in hparams)
+        if size > MAX_TRIALS:
             raise _fail(
-                "searcher.max_trials",
-                "missing",
-                f"The `{name}` searcher needs e.g. `max_trials: 8`.",
+                "hyperparameters",
+                f"the grid has {size} points, more than the {MAX_TRIALS} trials an experiment "
+                f"may have, received counts {[hp.grid_size() for hp in hparams]}",
+                "Lower the `count`s or search with `random`/`tpe` and `max_trials`.",
             )
-        max_trials = _positive_int(raw["max_trials"], "searcher.max_trials")
-    concurrent = _positive_int(
-        raw.get("max_concurrent_trials", 1), "searcher.max_concurrent_trials"
-    )
-    divisor = _positive_int(raw.get("divisor", 4), "searcher.divisor")
-    if divisor < 2:
-        raise _fail("searcher.divisor", f"must be at least 2, received {divisor}", "Use 4.")
-    max_rungs = _positive_int(raw.get("max_rungs", 5), "searcher.max_rungs")
-    mode = raw.get("mode", "standard")
-    if mode not in ("standard", "aggressive", "conservative"):
+        return size
+    if raw.max_trials is None:
         raise _fail(
-            "searcher.mode", f"unknown mode {mode!r}", "Use standard, aggressive or conservative."
+            "searcher.max_trials",
+            "missing",
+            f"The `{raw.name}` searcher needs e.g. `max_trials: 8`.",
         )
+    return raw.max_trials
+
+
+def _searcher(
+    raw: schema.Searcher, hparams: list[Hyperparameter], unit: int, *, script: bool
+) -> SearcherConfig:
+    time_metric, max_time = _time_metric(raw)
     return SearcherConfig(
-        name=name,
-        metric=metric,
-        smaller_is_better=smaller,
-        max_length=max_length,
-        max_trials=max_trials,
-        max_concurrent_trials=concurrent,
-        divisor=divisor,
-        max_rungs=max_rungs,
-        mode=mode,
+        name=raw.name,
+        metric=raw.metric,
+        smaller_is_better=raw.smaller_is_better,
+        max_length=_max_length(raw, unit, script=script),
+        max_trials=_max_trials(raw, hparams),
+        max_concurrent_trials=raw.max_concurrent_trials or max(1, os.cpu_count() or 1),
+        divisor=raw.divisor,
+        max_rungs=raw.max_rungs,
+        mode=raw.mode,
         time_metric=time_metric,
         max_time=max_time,
     )
-
-
-def _parse_time_metric(raw: dict[str, Any], name: str) -> tuple[str | None, int | None]:
-    """0.38's ``time_metric`` + ``max_time`` (both or neither; ``adaptive_asha`` only)."""
-    if "time_metric" not in raw and "max_time" not in raw:
-        return None, None
-    if name != "adaptive_asha":
-        raise _fail(
-            "searcher.time_metric",
-            f"`time_metric`/`max_time` apply to `adaptive_asha`, not `{name}`",
-            "Remove them, or use `name: adaptive_asha`.",
-        )
-    metric = raw.get("time_metric")
-    if not isinstance(metric, str) or not metric:
-        raise _fail(
-            "searcher.time_metric",
-            f"expected the name of a validation metric, received {metric!r}",
-            "Set e.g. `time_metric: batches` together with `max_time: 1000`.",
-        )
-    if "max_time" not in raw:
-        raise _fail("searcher.max_time", "missing", "Set e.g. `max_time: 1000`.")
-    if "max_length" in raw or "max_steps" in raw:
-        raise _fail(
-            "searcher.max_length",
-            "give `max_length` or `time_metric` + `max_time`, not both",
-            "Keep one form.",
-        )
-    return metric, _positive_int(raw["max_time"], "searcher.max_time")
 
 
 # ---- the whole config ---------------------------------------------------------------------------
@@ -554,8 +395,6 @@ class Entrypoint:
 
     def command(self) -> list[str]:
         """The script command split like a shell would (script entrypoints only)."""
-        import shlex
-
         return shlex.split(self.raw)
 
 
@@ -572,6 +411,8 @@ class ExperimentConfig:
     min_validation_period: Length | None = None
     min_checkpoint_period: Length | None = None
     records_per_epoch: int | None = None
+    #: The storage block or URL; None for the default storage (also when the block holds only
+    #: GC keys, which are then in :attr:`retention`).
     checkpoint_storage: str | dict[str, Any] | None = None
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
     experiment_seed: int = 0
@@ -582,6 +423,8 @@ class ExperimentConfig:
     slots_per_trial: int = 1
     #: ``resources.slots``: workers of a job (``ckptstore job run``).
     slots: int = 1
+    #: The GC keys given in ``checkpoint_storage`` (Determined's names).
+    retention: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def constant_hparams(self) -> dict[str, Any]:
         """Nested hyperparameters when every one is constant (the ``single`` searcher)."""
@@ -589,42 +432,37 @@ class ExperimentConfig:
 
     def gc_settings(self) -> dict[str, int]:
         """Determined's GC keys from ``checkpoint_storage`` (defaults filled in)."""
-        settings = dict(GC_KEYS)
-        if isinstance(self.checkpoint_storage, dict):
-            for key in GC_KEYS:
-                if key in self.checkpoint_storage:
-                    settings[key] = self.checkpoint_storage[key]
-        return settings
+        return {**GC_KEYS, **self.retention}
 
 
-def _parse_storage(raw: Any) -> str | dict[str, Any] | None:
-    if raw is None:
-        return None
-    if isinstance(raw, str) and raw.strip():
-        return raw.strip()
-    if not isinstance(raw, dict):
-        raise _fail(
-            "checkpoint_storage",
-            f"expected a URL or a storage mapping, received {raw!r}",
-            "Use e.g. `checkpoint_storage: s3://bucket/prefix` or `{type: shared_fs, host_path: /x}`.",
-        )
-    if "type" not in raw:
-        raise _fail(
-            "checkpoint_storage.type",
-            "missing",
-            "Add `type: s3` (or gcs, azure, shared_fs, directory).",
-        )
-    for key in GC_KEYS:
-        if key in raw:
-            _positive_int(raw[key], f"checkpoint_storage.{key}", allow_zero=True)
-    return dict(raw)
+def _storage(block: str | schema.StorageBlock | None) -> tuple[str | dict[str, Any] | None, dict]:
+    """``(storage, GC keys)``: a block of GC keys alone keeps the default storage."""
+    if block is None:
+        return None, {}
+    if isinstance(block, str):
+        if not block.strip():
+            raise _fail(
+                "checkpoint_storage",
+                f"expected a URL or a storage mapping, received {block!r}",
+                "Use e.g. `checkpoint_storage: s3://bucket/prefix` or `{type: s3, bucket: b}`.",
+            )
+        return block.strip(), {}
+    given = block.model_dump(exclude_unset=True)
+    retention = {k: given[k] for k in GC_KEYS if given.get(k) is not None}
+    if block.type is not None:
+        return given, retention
+    if set(given) <= set(GC_KEYS):  # Determined merges it with the cluster's storage
+        return None, retention
+    raise _fail(
+        "checkpoint_storage.type",
+        f"missing, received keys {sorted(given)}",
+        "Add `type: s3` (or gcs, azure, shared_fs, directory).",
+    )
 
 
-def _parse_entrypoint(raw: dict[str, Any]) -> Entrypoint:
-    value = raw.get("entrypoint", raw.get("entrypoint_script"))
-    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-        import shlex
-
+def _entrypoint(model: schema.Experiment) -> Entrypoint:
+    value = model.entrypoint if model.entrypoint is not None else model.entrypoint_script
+    if isinstance(value, list) and value:
         value = shlex.join(value)
     if not isinstance(value, str) or not value.strip():
         raise _fail(
@@ -637,7 +475,68 @@ def _parse_entrypoint(raw: dict[str, Any]) -> Entrypoint:
     if launched or _ENTRYPOINT_CLASS.match(value):
         module, attr = (launched.group("cls") if launched else value).split(":", 1)
         return Entrypoint(value, module, attr)
+    try:  # the runner splits it for every trial: refuse now what it could not split then
+        shlex.split(value)
+    except ValueError as exc:
+        raise _fail(
+            "entrypoint",
+            f"a shell cannot split this command ({exc}), received {value!r}",
+            "Balance the quotes, e.g. `entrypoint: python3 train.py`.",
+        ) from None
     return Entrypoint(value)
+
+
+def _check_batch_size(hparams: list[Hyperparameter]) -> None:
+    """A TFKerasTrial batches its data with ``global_batch_size``: it must be a positive int."""
+    gbs = next((hp for hp in hparams if hp.name == "global_batch_size"), None)
+    if gbs is None:
+        raise _fail(
+            "hyperparameters.global_batch_size",
+            "missing; a TFKerasTrial needs it to batch data and count records",
+            "Add e.g. `global_batch_size: 32` under `hyperparameters`.",
+        )
+    values = gbs.grid_values() if gbs.type in ("const", "categorical") else [gbs.minval]
+    if gbs.type in ("double", "log") or not all(is_int(v) and v > 0 for v in values):
+        raise _fail(
+            "hyperparameters.global_batch_size",
+            f"must be a positive integer, received {values!r}",
+            "Set e.g. `global_batch_size: 32`.",
+        )
+
+
+def _ignored(raw: dict[str, Any], model: schema.Experiment) -> list[str]:
+    """The keys accepted for compatibility that change nothing here, in one list to warn about."""
+    ignored = [k for k in raw if k in schema.Experiment.ignored]
+    ignored += [f"{k} (removed from Determined)" for k in raw if k in schema.Experiment.removed]
+    for section, key in ((model.searcher, "searcher"), (model.resources, "resources")):
+        if section is not None:
+            given = section.model_fields_set & type(section).ignored
+            ignored += [f"{key}.{k}" for k in raw[key] if k in given]
+    return ignored
+
+
+def check_size(raw: Any, where: str = "<config>") -> None:
+    """Refuse a config nested deeper than :data:`MAX_DEPTH` or with more than
+    :data:`MAX_NODES` values, counting a YAML alias each time it is used (an alias bomb
+    stops here after ``MAX_NODES`` steps instead of exhausting memory later)."""
+    level, depth, nodes = [raw], 0, 1
+    while level:  # breadth first, one list per level: no recursion, few allocations
+        below: list[Any] = []
+        for node in level:
+            if isinstance(node, dict):
+                below.extend(node.values())
+            elif isinstance(node, list | tuple):
+                below.extend(node)
+            if nodes + len(below) > MAX_NODES or (below and depth + 1 > MAX_DEPTH):
+                what = f"nested deeper than {MAX_DEPTH}" if depth + 1 > MAX_DEPTH else "too large"
+                raise _fail(
+                    where,
+                    f"the config is {what} (at most {MAX_DEPTH} levels and {MAX_NODES} values, "
+                    f"YAML aliases counted each time they are used), received more than "
+                    f"{nodes + len(below)} values down to depth {depth + 1}",
+                    "Flatten it or move bulky data into a file the trial reads.",
+                )
+        level, depth, nodes = below, depth + 1, nodes + len(below)
 
 
 def parse_config(raw: Any) -> ExperimentConfig:
@@ -645,134 +544,96 @@ def parse_config(raw: Any) -> ExperimentConfig:
 
     Raises :class:`~ckptstore.errors.InvalidConfig` naming the first bad key and how to fix it.
     """
-    if not isinstance(raw, dict):
-        raise errors.InvalidConfig(
-            f"An experiment config must be a YAML mapping, received {type(raw).__name__}. "
-            "Start from examples/mnist_tfkeras_trial/const.yaml."
+    check_size(raw)
+    model = schema.validate(raw)
+    unit = model.scheduling_unit
+    hparams = _hyperparameters(model.hyperparameters)
+    entrypoint = _entrypoint(model)
+    searcher_raw = model.searcher
+    if searcher_raw is None and entrypoint.is_trial_class:
+        raise _fail(
+            "searcher",
+            "missing",
+            "Add e.g. `searcher: {name: single, metric: val_loss, max_length: {batches: 100}}`.",
         )
-    ignored: list[str] = []
-    for key in raw:
-        if key in _IGNORED_TOP:
-            ignored.append(key)
-        elif key not in _KNOWN_TOP:
-            raise _fail(
-                str(key),
-                "unknown key",
-                f"Remove it or fix the spelling.{_suggest(str(key), _KNOWN_TOP | _IGNORED_TOP)}",
-            )
-    unit = _positive_int(raw.get("scheduling_unit", DEFAULT_SCHEDULING_UNIT), "scheduling_unit")
-    hparams = parse_hyperparameters(raw.get("hyperparameters"))
-    entrypoint = _parse_entrypoint(raw)
-    searcher_raw = raw.get("searcher", DEFAULT_SEARCHER if not entrypoint.is_trial_class else None)
-    searcher = _parse_searcher(searcher_raw, hparams, unit, script=not entrypoint.is_trial_class)
-    if isinstance(searcher_raw, dict):
-        ignored += [f"searcher.{k}" for k in searcher_raw if k in _IGNORED_SEARCHER]
-    if entrypoint.is_trial_class and searcher.max_length is None:
-        # A TFKerasTrial counts its own time: 0.38's time_metric must be one of its units.
-        if searcher.time_metric not in LENGTH_UNITS:
-            raise _fail(
-                "searcher.time_metric",
-                f"a TFKerasTrial counts batches, records or epochs, not {searcher.time_metric!r}",
-                "Use `time_metric: batches` (or records, epochs), or `max_length`.",
-            )
-        assert searcher.max_time is not None
-        searcher = dataclasses.replace(
-            searcher, max_length=Length(searcher.time_metric, searcher.max_time)
-        )
-    slots_per_trial, slots = _parse_resources(raw.get("resources"), ignored)
-    if entrypoint.is_trial_class and slots_per_trial > 1:
-        ignored.append("resources.slots_per_trial (a TFKerasTrial trains on one worker here)")
+    searcher = _searcher(
+        searcher_raw or schema.Searcher(**DEFAULT_SEARCHER),
+        hparams,
+        unit,
+        script=not entrypoint.is_trial_class,
+    )
+    ignored = _ignored(raw, model)
+    resources = model.resources or schema.Resources()
     if entrypoint.is_trial_class:
-        names = {hp.name: hp for hp in hparams}
-        gbs = names.get("global_batch_size")
-        if gbs is None:
-            raise _fail(
-                "hyperparameters.global_batch_size",
-                "missing; a TFKerasTrial needs it to batch data and count records",
-                "Add e.g. `global_batch_size: 32` under `hyperparameters`.",
-            )
-        values = gbs.grid_values() if gbs.type in ("const", "categorical") else [gbs.minval]
-        if gbs.type in ("double", "log") or not all(_is_int(v) and v > 0 for v in values):
-            raise _fail(
-                "hyperparameters.global_batch_size",
-                f"must be a positive integer, received {values!r}",
-                "Set e.g. `global_batch_size: 32`.",
-            )
-    min_val = (
-        parse_length(raw["min_validation_period"], "min_validation_period", unit)
-        if raw.get("min_validation_period") is not None
-        else None
-    )
-    min_ckpt = (
-        parse_length(raw["min_checkpoint_period"], "min_checkpoint_period", unit)
-        if raw.get("min_checkpoint_period") is not None
-        else None
-    )
-    rpe = raw.get("records_per_epoch")
-    rpe = _positive_int(rpe, "records_per_epoch") if rpe is not None else None
-    data = raw.get("data") or {}
-    if not isinstance(data, dict):
-        raise _fail("data", f"expected a mapping, received {data!r}", "Write `data: {key: value}`.")
-    repro = raw.get("reproducibility") or {}
-    if not isinstance(repro, dict) or set(repro) - {"experiment_seed"}:
-        raise _fail(
-            "reproducibility", f"unexpected value {repro!r}", "Use `{experiment_seed: 42}`."
-        )
-    seed = repro.get("experiment_seed", 0)
-    if not _is_int(seed) or seed < 0:
-        raise _fail(
-            "reproducibility.experiment_seed", f"expected an integer >= 0, received {seed!r}", ""
-        )
-    description = raw.get("description", raw.get("name", ""))
-    if not isinstance(description, str):
-        raise _fail("description", f"expected a string, received {description!r}", "Quote it.")
-    initial = raw.get("perform_initial_validation", False)
-    if not isinstance(initial, bool):
-        raise _fail("perform_initial_validation", f"expected true/false, got {initial!r}", "")
+        searcher = _trial_class_length(searcher)
+        _check_batch_size(hparams)
+        if resources.slots_per_trial > 1:
+            ignored.append("resources.slots_per_trial (a TFKerasTrial trains on one worker here)")
+    storage, retention = _storage(model.checkpoint_storage)
     return ExperimentConfig(
         raw=raw,
-        description=description,
+        description=model.description if model.description is not None else model.name or "",
         hyperparameters=hparams,
         searcher=searcher,
         entrypoint=entrypoint,
         scheduling_unit=unit,
-        min_validation_period=min_val,
-        min_checkpoint_period=min_ckpt,
-        records_per_epoch=rpe,
-        checkpoint_storage=_parse_storage(raw.get("checkpoint_storage")),
-        data=dict(data),
-        experiment_seed=seed,
-        max_restarts=_positive_int(raw.get("max_restarts", 0), "max_restarts", allow_zero=True),
-        perform_initial_validation=initial,
+        min_validation_period=_length(
+            model.min_validation_period, "min_validation_period", unit, zero_is_off=True
+        ),
+        min_checkpoint_period=_length(
+            model.min_checkpoint_period, "min_checkpoint_period", unit, zero_is_off=True
+        ),
+        records_per_epoch=model.records_per_epoch or None,  # Determined's default 0 is "unset"
+        checkpoint_storage=storage,
+        data=dict(model.data or {}),
+        experiment_seed=(model.reproducibility or schema.Reproducibility()).experiment_seed,
+        max_restarts=model.max_restarts,
+        perform_initial_validation=model.perform_initial_validation,
         ignored_keys=tuple(ignored),
-        slots_per_trial=slots_per_trial,
-        slots=slots,
+        slots_per_trial=resources.slots_per_trial,
+        slots=resources.slots,
+        retention=retention,
     )
 
 
-def _parse_resources(raw: Any, ignored: list[str]) -> tuple[int, int]:
-    """``(slots_per_trial, slots)`` from ``resources``; cluster-only keys go to ``ignored``."""
-    if raw is None:
-        return 1, 1
-    if not isinstance(raw, dict):
+def _trial_class_length(searcher: SearcherConfig) -> SearcherConfig:
+    """A TFKerasTrial counts its own time: 0.38's ``time_metric`` must be one of its units."""
+    if searcher.max_length is not None:
+        return searcher
+    if searcher.time_metric not in LENGTH_UNITS:
         raise _fail(
-            "resources",
-            f"expected a mapping, received {raw!r}",
-            "Write `resources: {slots_per_trial: 2}`.",
+            "searcher.time_metric",
+            f"a TFKerasTrial counts batches, records or epochs, not {searcher.time_metric!r}",
+            "Use `time_metric: batches` (or records, epochs), or `max_length`.",
         )
-    known = _RESOURCE_KEYS | _IGNORED_RESOURCES
-    for key in raw:
-        if key in _IGNORED_RESOURCES:
-            ignored.append(f"resources.{key}")
-        elif key not in _RESOURCE_KEYS:
-            raise _fail(
-                f"resources.{key}",
-                "unknown key",
-                f"Remove it or fix the spelling.{_suggest(str(key), known)}",
-            )
-    per_trial = _positive_int(raw.get("slots_per_trial", 1), "resources.slots_per_trial")
-    slots = _positive_int(raw.get("slots", 1), "resources.slots")
-    return per_trial, slots
+    assert searcher.max_time is not None
+    return dataclasses.replace(searcher, max_length=Length(searcher.time_metric, searcher.max_time))
+
+
+#: A config file larger than this is not a config (Determined's are a few kB).
+MAX_BYTES = 1 << 20
+
+
+def _yaml_depth_ok(text: str) -> bool:
+    """True when no collection in ``text`` nests deeper than :data:`MAX_DEPTH`, read from
+    the YAML event stream (iterative), before PyYAML's recursive composer could overflow the
+    stack. libyaml's parser when installed: the pure-Python scanner is quadratic in nesting."""
+    import yaml
+
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+            if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    return False
+            elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+                depth -= 1
+    except yaml.YAMLError as exc:
+        if "nesting depth" in str(exc):  # libyaml's own limit (1000 levels)
+            return False
+        raise
+    return True
 
 
 def load_config(path: str | Path) -> ExperimentConfig:
@@ -785,15 +646,28 @@ def load_config(path: str | Path) -> ExperimentConfig:
 
     path = Path(path)
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            data = f.read(MAX_BYTES + 1)
     except OSError as exc:
         raise errors.InvalidConfig(
             f"Cannot read the experiment config {str(path)!r}: {exc.strerror}. "
             "Pass the path of a YAML file such as examples/mnist_tfkeras_trial/const.yaml."
         ) from None
+    if len(data) > MAX_BYTES:
+        raise errors.InvalidConfig(
+            f"The experiment config {str(path)!r} is larger than {MAX_BYTES} bytes; an "
+            "experiment config is a few kB. Move bulky data into a file the trial reads."
+        )
     try:
+        text = data.decode("utf-8")
+        if not _yaml_depth_ok(text):
+            raise _fail(
+                "<config>",
+                f"collections are nested deeper than {MAX_DEPTH} levels, received {str(path)!r}",
+                "Flatten it.",
+            )
         raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise errors.InvalidConfig(
             f"The experiment config {str(path)!r} is not valid YAML: {exc}. Fix the syntax."
         ) from None
@@ -803,9 +677,12 @@ def load_config(path: str | Path) -> ExperimentConfig:
 __all__ = [
     "ExperimentConfig",
     "Entrypoint",
+    "HP_TYPES",
     "Hyperparameter",
     "Length",
+    "SEARCHERS",
     "SearcherConfig",
+    "check_size",
     "load_config",
     "nest_hparams",
     "parse_config",

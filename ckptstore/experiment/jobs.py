@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
 from ckptstore.core import _info as trial_info
-from ckptstore.experiment.common import die_with_parent
+from ckptstore.experiment.common import child_process_env, die_with_parent, run_settings
 from ckptstore.experiment.config import ExperimentConfig, load_config, parse_config
 from ckptstore.experiment.runner import (
     _check_storage,
@@ -54,8 +54,7 @@ from ckptstore.experiment.runner import (
     _storage_spec,
     warn_ignored_keys,
 )
-from ckptstore.launch.process import OutputTail, child_command, child_env
-from ckptstore.launch.tensorflow import SLOTS_ENV
+from ckptstore.launch.process import OutputTail, child_command
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
@@ -112,13 +111,14 @@ def _job_env(
     registry_url: str,
     model_dir: str,
 ) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _TRIAL_ONLY_ENV}
-    env[trial_info.JOB_ID_ENV] = str(job_id)
-    env[trial_info.DATA_CONFIG_ENV] = json.dumps(config.data)
-    env[trial_info.STORAGE_ENV] = storage if isinstance(storage, str) else json.dumps(storage)
-    env[trial_info.REGISTRY_ENV] = registry_url
-    env[SLOTS_ENV] = str(config.slots)
-    return child_env(env, extra_paths=[model_dir], who="ckptstore job run")
+    settings: dict[str, str | None] = dict.fromkeys(_TRIAL_ONLY_ENV)  # a job is no trial
+    settings[trial_info.JOB_ID_ENV] = str(job_id)
+    settings.update(
+        run_settings(
+            data=config.data, storage=storage, registry_url=registry_url, slots=config.slots
+        )
+    )
+    return child_process_env(os.environ, settings, model_dir=model_dir, who="ckptstore job run")
 
 
 class _Job:

@@ -34,6 +34,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
@@ -43,8 +44,11 @@ from ckptstore.experiment.optuna_queue import FINISHED, Claim, TrialQueue
 from ckptstore.launch.process import child_command
 from ckptstore.launch.tensorflow import SLOTS_ENV
 
+#: A trial's final searcher metric by registry trial id (None when it reported none).
+MetricOf = Callable[[int], float | None]
+
 if TYPE_CHECKING:  # pragma: no cover
-    from ckptstore.experiment.runner import RunOutcome, _Run
+    from ckptstore.experiment.runner import ExperimentRun, RunOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +94,7 @@ def _searcher_class() -> type:
     from ray.tune.search import Searcher
 
     class QueueSearcher(Searcher):
-        def __init__(self, queue: TrialQueue, metric_of: Any, script: bool) -> None:
+        def __init__(self, queue: TrialQueue, metric_of: MetricOf, script: bool) -> None:
             super().__init__()
             self.queue = queue
             self.metric_of = metric_of
@@ -126,28 +130,10 @@ def _searcher_class() -> type:
             self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
         ) -> None:
             claim = self.claims.pop(trial_id, None)
-            if claim is None:
-                return
-            registry = self.queue.registry
-            state = registry.get_trial(claim.trial_id).state
-            if not error and self.script and state == "ACTIVE":
-                registry.set_trial_state(claim.trial_id, "COMPLETED")
-                state = "COMPLETED"
-            if error:  # Tune gave up after max_failures
-                registry.set_trial_state(claim.trial_id, "ERROR")
-                self.queue.tell(claim, None)
-            elif state not in FINISHED:  # preempted: any runner continues it
-                self.queue.requeue(claim)
-            else:
-                self.queue.tell(
-                    claim, self.metric_of(claim.trial_id) if state == "COMPLETED" else None
+            if claim is not None:
+                _settle(
+                    self.queue, claim, error=error, script=self.script, metric_of=self.metric_of
                 )
-            logger.info(
-                "Experiment %d: trial %d ended %s",
-                self.queue.experiment_id,
-                claim.trial_id,
-                registry.get_trial(claim.trial_id).state,
-            )
 
         def hand_back(self) -> None:
             """The driver stops: every trial it placed goes back to the queue."""
@@ -171,6 +157,32 @@ def _searcher_class() -> type:
             return None
 
     return QueueSearcher
+
+
+def _settle(
+    queue: TrialQueue, claim: Claim, *, error: bool, script: bool, metric_of: MetricOf
+) -> None:
+    """Record how a Tune trial ended, as the local runner does: a script's exit 0 completes
+    it, an error fails it, a preempted trial goes back to the queue, a finished one is told to
+    the study with its final searcher metric."""
+    registry = queue.registry
+    state = registry.get_trial(claim.trial_id).state
+    if not error and script and state == "ACTIVE":
+        registry.set_trial_state(claim.trial_id, "COMPLETED")
+        state = "COMPLETED"
+    if error:  # Tune gave up after max_failures
+        registry.set_trial_state(claim.trial_id, "ERROR")
+        queue.tell(claim, None)
+    elif state not in FINISHED:  # preempted: any runner continues it
+        queue.requeue(claim)
+    else:
+        queue.tell(claim, metric_of(claim.trial_id) if state == "COMPLETED" else None)
+    logger.info(
+        "Experiment %d: trial %d ended %s",
+        queue.experiment_id,
+        claim.trial_id,
+        registry.get_trial(claim.trial_id).state,
+    )
 
 
 # ---- what runs on the cluster -------------------------------------------------------------------
@@ -225,7 +237,7 @@ def _tune_trial(config: dict[str, Any], spec: dict[str, Any]) -> None:
 
 
 # ---- the driver ---------------------------------------------------------------------------------
-def run_on_ray(run: _Run, address: str | None) -> RunOutcome:
+def run_on_ray(run: ExperimentRun, address: str | None) -> RunOutcome:
     """Run (or continue) ``run``'s experiment on the Ray cluster at ``address`` (``None``:
     ``RAY_ADDRESS``, else a local Ray started for this run)."""
     from ckptstore import defaults

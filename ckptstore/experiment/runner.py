@@ -53,17 +53,17 @@ from ckptstore import defaults, errors
 from ckptstore.core import _info as trial_info
 from ckptstore.experiment.common import (
     MODEL_DIR_ENV,
-    OPTUNA_TRIAL_ENV,
     RUNNER_KEY,
     die_with_parent,
     experiment_config,
+    run_settings,
+    trial_env,
 )
 from ckptstore.experiment.config import ExperimentConfig, load_config, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value
 from ckptstore.experiment.optuna_queue import Claim, TrialQueue, runner_name, runners
 from ckptstore.experiment.trial_logs import TrialLogs
-from ckptstore.launch.process import child_command, child_env
-from ckptstore.launch.tensorflow import SLOTS_ENV
+from ckptstore.launch.process import child_command
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
@@ -100,12 +100,20 @@ def _open_registry(registry: Registry | str | None) -> tuple[Any, bool]:
 
 
 def warn_ignored_keys(config: ExperimentConfig) -> None:
-    """One warning naming the config keys that only mean something on a Determined cluster."""
+    """One warning naming the config keys that only mean something on a Determined cluster
+    or that Determined itself removed."""
     if config.ignored_keys:
         logger.warning(
-            "Config keys that only apply on a Determined cluster are ignored here: %s",
+            "Config keys that only apply on a Determined cluster (or that Determined removed) "
+            "are ignored here: %s",
             ", ".join(config.ignored_keys),
         )
+
+
+def _as_storage_dict(spec: str | dict[str, Any]) -> dict[str, Any]:
+    """A storage URL as a ``checkpoint_storage`` dict that GC keys can join: a ``directory``
+    block's ``container_path`` is opened as the URL it holds (local path or ``s3://...``)."""
+    return dict(spec) if isinstance(spec, dict) else {"type": "directory", "container_path": spec}
 
 
 def _storage_spec(storage: StorageSpec | None, config: ExperimentConfig) -> str | dict[str, Any]:
@@ -115,6 +123,8 @@ def _storage_spec(storage: StorageSpec | None, config: ExperimentConfig) -> str 
         spec = config.checkpoint_storage
     else:
         spec = trial_info.storage_from_env() or defaults.default_storage_url()
+        if config.retention:  # a block of GC keys alone: Determined merges it with the default
+            spec = {**_as_storage_dict(spec), **config.retention}
     if not isinstance(spec, (str, dict)):
         url = getattr(spec, "url", None)
         if not isinstance(url, str):
@@ -234,13 +244,23 @@ def searcher_env(config: ExperimentConfig) -> dict[str, str]:
 
 
 # ---- the run loop -------------------------------------------------------------------------------
-class _Run:
+class ExperimentRun:
     """Runs (or continues) one experiment's trials until its queue is empty.
 
-    Several ``_Run`` s (processes, machines) may work on one experiment at once: each takes
+    Several runs (processes, machines) may work on one experiment at once: each takes
     trials from the experiment's Optuna queue (:class:`~.optuna_queue.TrialQueue`), and a runner
     with nothing left to take waits while other runners' trials run, to continue any whose
-    runner dies (Optuna re-queues it after its heartbeat's grace period).
+    runner dies (Optuna re-queues it after its heartbeat's grace period). The Ray engine
+    places the same queue's trials on a cluster through :meth:`experiment_env`, ``queue``,
+    :meth:`final_metric` and :meth:`conclude`.
+
+    Example::
+
+        from ckptstore.registry import Registry
+
+        with Registry("sqlite:///reg.db") as registry:
+            run = ExperimentRun(3, registry, "sqlite:///reg.db", storage=None)
+            outcome = run.run()   # trials as processes here, until the queue is empty
     """
 
     def __init__(
@@ -283,54 +303,55 @@ class _Run:
         return _final_metric(self.registry, trial_id, self.config.searcher.metric)
 
     def experiment_env(self) -> dict[str, str]:
-        """What this experiment's trial processes get on top of the environment they start in,
-        without the per-trial keys (the Ray engine adds it to each node's own environment,
-        then the trial's keys with :func:`~ckptstore.experiment.common.trial_env`)."""
-        env = self._env(0, {}, None)
-        for key in (trial_info.TRIAL_ID_ENV, trial_info.HPARAMS_ENV, OPTUNA_TRIAL_ENV):
-            env.pop(key, None)
-        return {k: v for k, v in env.items() if os.environ.get(k) != v}
-
-    def _env(self, trial_id: int, hparams: dict[str, Any], optuna_id: int | None) -> dict[str, str]:
-        env = dict(os.environ)
-        env[trial_info.TRIAL_ID_ENV] = str(trial_id)
-        env[trial_info.EXPERIMENT_ID_ENV] = str(self.experiment_id)
-        env[trial_info.HPARAMS_ENV] = json.dumps(hparams)
-        env[trial_info.DATA_CONFIG_ENV] = json.dumps(self.config.data)
-        env[trial_info.STORAGE_ENV] = (
-            self.storage if isinstance(self.storage, str) else json.dumps(self.storage)
-        )
-        env[trial_info.REGISTRY_ENV] = self.registry_url
-        env[MODEL_DIR_ENV] = str(self.model_dir)
-        if optuna_id is not None:
-            env[OPTUNA_TRIAL_ENV] = str(optuna_id)
-        else:
-            env.pop(OPTUNA_TRIAL_ENV, None)
-        env[SLOTS_ENV] = str(self.config.slots_per_trial)
-        env.update(searcher_env(self.config))
-        return child_env(env, extra_paths=[str(self.model_dir)], who="ckptstore experiment")
+        """The environment keys this experiment's trial processes get on top of the one they
+        start in, without the per-trial keys (the Ray engine ships it to each node, where
+        :func:`~ckptstore.experiment.common.trial_env` adds the node's environment and the
+        trial's keys)."""
+        return {
+            trial_info.EXPERIMENT_ID_ENV: str(self.experiment_id),
+            MODEL_DIR_ENV: str(self.model_dir),
+            **run_settings(
+                data=self.config.data,
+                storage=self.storage,
+                registry_url=self.registry_url,
+                slots=self.config.slots_per_trial,
+            ),
+            **searcher_env(self.config),
+        }
 
     def _launch(self, claim: Claim) -> None:
         trial_id, hparams = claim.trial_id, claim.hparams
         optuna_id = claim.optuna_id if self.queue.searcher is not None else None
-        if self.config.entrypoint.is_trial_class:
-            cmd = [sys.executable, "-m", "ckptstore.keras_io.trial.worker"]
-        else:
-            cmd = child_command(self.config.entrypoint.command())
         logger.info(
             "Experiment %d: starting trial %d with %s", self.experiment_id, trial_id, hparams
         )
         self.registry.set_trial_state(trial_id, "ACTIVE")
-        proc = subprocess.Popen(
-            cmd,
-            cwd=self.model_dir,
-            env=self._env(trial_id, hparams, optuna_id),
-            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
-            stdout=subprocess.PIPE,  # teed to our stdout and to <storage>/logs/<trial id>/
-            stderr=subprocess.STDOUT,
-        )
+        try:
+            if self.config.entrypoint.is_trial_class:
+                cmd = [sys.executable, "-m", "ckptstore.keras_io.trial.worker"]
+            else:
+                cmd = child_command(self.config.entrypoint.command())
+            proc = subprocess.Popen(
+                cmd,
+                cwd=self.model_dir,
+                env=trial_env(os.environ, self.experiment_env(), trial_id, hparams, optuna_id),
+                preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+                stdout=subprocess.PIPE,  # teed to our stdout and to <storage>/logs/<trial id>/
+                stderr=subprocess.STDOUT,
+            )
+        except (OSError, ValueError) as exc:
+            # The trial fails, not the runner: a runner that died here left its claim's
+            # heartbeat thread running and `experiment create` never exited.
+            self._fail_to_start(claim, f"{type(exc).__name__}: {exc}")
+            return
         self.logs.follow(trial_id, proc)
         self.running[trial_id] = (proc, claim)
+
+    def _fail_to_start(self, claim: Claim, why: str) -> None:
+        logger.error("Trial %d could not start: %s", claim.trial_id, why)
+        self.registry.set_trial_state(claim.trial_id, "ERROR")
+        self.failures[claim.trial_id] = TrialFailure(claim.trial_id, None, why)
+        self.queue.tell(claim, None)
 
     def _finish(self, claim: Claim, rc: int) -> None:
         """Record how the trial's process ended: restarted here, re-queued (this runner
@@ -469,7 +490,7 @@ def _check_engine(engine: str) -> None:
         raise errors.InvalidConfig(f"engine must be 'local' or 'ray'. Received: engine={engine!r}")
 
 
-def _start(run: _Run, engine: str, address: str | None) -> RunOutcome:
+def _start(run: ExperimentRun, engine: str, address: str | None) -> RunOutcome:
     """Run the experiment on the chosen engine (the local runner by default)."""
     if engine == "ray":
         from ckptstore.experiment.ray_engine import run_on_ray
@@ -539,7 +560,7 @@ def create_experiment(
             exp_id,
         )
         if run:
-            run_ = _Run(
+            run_ = ExperimentRun(
                 exp_id, reg, _registry_url(registry), storage if storage is not None else None
             )
             _start(run_, engine, address)
@@ -617,7 +638,7 @@ def run_experiment(
     try:
         reg.get_experiment(experiment_id)  # ExperimentNotFound early
         _check_engine(engine)
-        run = _Run(experiment_id, reg, _registry_url(registry), storage, model_dir)
+        run = ExperimentRun(experiment_id, reg, _registry_url(registry), storage, model_dir)
         reg.set_experiment_state(experiment_id, "ACTIVE")
         return _start(run, engine, address)
     finally:
@@ -717,6 +738,7 @@ def list_experiments(*, registry: Registry | str | None = None) -> list[dict[str
 
 
 __all__ = [
+    "ExperimentRun",
     "RunOutcome",
     "TrialFailure",
     "create_experiment",

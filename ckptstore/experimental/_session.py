@@ -48,17 +48,23 @@ class Session:
             return self._registry
 
     def storage(self, recorded_url: str | None = None) -> Storage:
-        """The configured storage, else the one a checkpoint row recorded, else the default."""
+        """The configured storage, else the one a checkpoint row recorded when
+        :func:`~ckptstore.checkpointing.row_storage.storage_of_row` trusts it (under
+        ``CKPTSTORE_STORAGE`` / the default, or ``CKPTSTORE_ALLOWED_STORAGE``), else the
+        default."""
+        from ckptstore.checkpointing.row_storage import storage_of_row
         from ckptstore.core._info import storage_from_env
         from ckptstore.storage_backends import Storage, open_storage, split_storage_config
 
         spec: Any = self._storage_spec
         if spec is None:
-            spec = recorded_url or storage_from_env() or defaults.default_storage_url()
+            spec = storage_from_env() or defaults.default_storage_url()
         if isinstance(spec, Storage):
             return spec
         if isinstance(spec, Mapping):
             spec = split_storage_config(dict(spec))[0]
+        if self._storage_spec is None:
+            spec = storage_of_row(recorded_url, spec) or spec
         key = spec if isinstance(spec, str) else repr(sorted(spec.items()))
         with self._lock:
             if key not in self._storages:

@@ -359,8 +359,12 @@ def load_checkpoint_model(
     Args:
         trial_id: load this trial's latest checkpoint (or its best by ``best_by``).
         checkpoint_uuid: load this checkpoint. Pass exactly one of the two.
-        storage: where the checkpoint lives (URL, dict or Storage). Default: the storage URL the
-            registry recorded for the checkpoint, else ``CKPTSTORE_STORAGE`` / the default folder.
+        storage: where the checkpoint lives (URL, dict or Storage). Default:
+            ``CKPTSTORE_STORAGE`` / the default folder; the storage URL the registry recorded
+            for the checkpoint is used when it is under that storage or an allowed prefix of
+            ``CKPTSTORE_ALLOWED_STORAGE`` (comma-separated; ``*`` = any but HTTP), else
+            :class:`~ckptstore.errors.StorageNotAllowed` (a registry row does not choose
+            where models are read from).
         registry: a Registry or URL; default ``CKPTSTORE_REGISTRY`` / the default SQLite file.
             A trial or UUID the registry does not know is looked for in storage.
         best_by: a validation metric name; picks the trial's best checkpoint by it.
@@ -446,19 +450,23 @@ __all__ = [
 
 def storage_opener(storage: StorageSpec | None, opened: list[Any]) -> Callable[[str | None], Any]:
     """``storage_for(url)``: the explicit ``storage`` if given (it always wins over the URL a
-    registry row recorded), else that URL, else ``CKPTSTORE_STORAGE``, else the default folder.
+    registry row recorded), else that URL when :func:`~ckptstore.checkpointing.row_storage.
+    storage_of_row` trusts it, else ``CKPTSTORE_STORAGE``, else the default folder.
     Storages it opens are appended to ``opened`` for the caller to close."""
     from ckptstore import defaults
+    from ckptstore.checkpointing.row_storage import storage_of_row
     from ckptstore.core._info import storage_from_env
     from ckptstore.storage_backends import Storage, open_storage, split_storage_config
 
     def storage_for(url: str | None = None) -> Any:
-        spec = storage if storage is not None else (url or storage_from_env())
+        spec = storage if storage is not None else storage_from_env()
         spec = spec or defaults.default_storage_url()
         if isinstance(spec, Storage):
             return spec
         if isinstance(spec, Mapping):
             spec = split_storage_config(dict(spec))[0]
+        if storage is None:  # a registry row's URL only where the caller trusts it
+            spec = storage_of_row(url, spec) or spec
         opened.append(open_storage(spec))
         return opened[-1]
 

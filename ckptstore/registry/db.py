@@ -79,7 +79,13 @@ class Database:
     def __init__(self, url: str) -> None:
         self.engine = make_engine(url)
         self.url = safe_url(self.engine.url)
-        self._password = self.engine.url.password
+        # libpq also takes the password as ?password= (a query value, maybe a tuple of them).
+        query_password = self.engine.url.query.get("password")
+        self._passwords = [
+            str(p)
+            for p in (self.engine.url.password, *_as_tuple(query_password))
+            if p  # an empty password would "replace" everywhere
+        ]
         self._closed = False
         try:
             with log_if_slow(self.url, "open and migrate the registry"):
@@ -138,6 +144,10 @@ class Database:
         except errors.CkptstoreError:
             raise
         except sa_exc.SQLAlchemyError as exc:
+            # A value refused by a column type of ckptstore.registry.schema (before the
+            # database saw it) comes wrapped in a StatementError: raise it as it is.
+            if isinstance(getattr(exc, "orig", None), errors.CkptstoreError):
+                raise exc.orig from None  # type: ignore[misc]
             raise self._error(what, exc) from None
 
     def bump_sequence(self, conn: sa.Connection, table: sa.Table) -> None:
@@ -160,8 +170,8 @@ class Database:
     def _error(self, what: str, exc: sa_exc.SQLAlchemyError) -> errors.RegistryError:
         orig = getattr(exc, "orig", None) or exc
         detail = str(orig).strip().splitlines()[0] if str(orig).strip() else ""
-        if self._password:
-            detail = detail.replace(self._password, "***")
+        for password in self._passwords:
+            detail = detail.replace(password, "***")
         return errors.RegistryError(
             f"Registry {self.url} failed to {what}: {type(orig).__name__}: {detail}. "
             "Check that the database server is running and reachable, the URL, user and "
@@ -172,6 +182,12 @@ class Database:
         if not self._closed:
             self._closed = True
             self.engine.dispose()
+
+
+def _as_tuple(value: str | tuple[str, ...] | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    return value if isinstance(value, tuple) else (value,)
 
 
 def _drop_inherited_pool(ref: weakref.ref[Database]) -> None:

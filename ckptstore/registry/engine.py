@@ -31,6 +31,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.pool import StaticPool
 
 from ckptstore import errors
+from ckptstore.masking import mask_text
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +42,14 @@ WRITE_OPTION = "ckptstore_write"
 
 
 def safe_url(url: URL | str) -> str:
-    """The URL as a string with any password replaced by ``***``."""
+    """The URL as a string with any password replaced by ``***``: the user-info one and
+    libpq's query form ``?password=`` (:func:`ckptstore.masking.mask_text`)."""
     if isinstance(url, str):
         try:
             url = make_url(url)
         except Exception:  # noqa: BLE001 - unparsable: show nothing that could be a secret
             return "<unparsable registry URL>"
-    return url.render_as_string(hide_password=True)
+    return mask_text(url.render_as_string(hide_password=True))
 
 
 def normalize_url(url: str) -> URL:

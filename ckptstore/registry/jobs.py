@@ -128,7 +128,10 @@ class JobStore:
         if exit_code is not None:
             values["exit_code"] = int(exit_code)
         if log is not None:
-            values["log"] = log[-MAX_LOG_CHARS:]
+            # Workers' output may hold NUL bytes or lone surrogates, which the log column
+            # refuses (schema.Str): kept readable as U+FFFD / "?" instead of losing the log.
+            tail = log[-MAX_LOG_CHARS:].replace("\x00", "\ufffd")
+            values["log"] = tail.encode("utf-8", "replace").decode("utf-8")
 
         def fn(conn: sa.Connection) -> None:
             if conn.execute(_J.update().where(_J.c.id == job_id).values(**values)).rowcount == 0:

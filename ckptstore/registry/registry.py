@@ -680,12 +680,13 @@ class Registry:
         return self._models.list(include_archived)
 
     # ---- storage is the source of truth -------------------------------------------------------
-    def reindex(self, storage: Storage) -> int:
+    def reindex(self, storage: Storage, *, skipped: dict[str, str] | None = None) -> int:
         """Rebuild checkpoint/trial/experiment rows from ``storage``; see
-        :func:`ckptstore.registry.reindex.reindex`. Returns the number of checkpoints found."""
+        :func:`ckptstore.registry.reindex.reindex`. Returns the number of checkpoints indexed;
+        damaged ones are left out and added to ``skipped`` (``{uuid: why}``) when given."""
         from ckptstore.registry.reindex import reindex
 
-        return reindex(self, storage)
+        return reindex(self, storage, skipped=skipped)
 
     # ---- helpers shared with reindex/models ---------------------------------------------------
     def upsert_checkpoint_row(

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
+from ckptstore import errors
 from ckptstore.checkpointing.index import COMMITTED, DELETED, PARTIALLY_DELETED, CheckpointRecord
 from ckptstore.registry import schema
 from ckptstore.registry.rows import checkpoint_values
@@ -40,27 +41,28 @@ BATCH = 200
 _C = schema.checkpoints
 
 
-def reindex(registry: Registry, storage: Storage) -> int:
+def reindex(registry: Registry, storage: Storage, *, skipped: dict[str, str] | None = None) -> int:
     """Make ``registry``'s checkpoint rows for ``storage`` match what ``storage`` holds.
-    Returns the number of committed checkpoints found in storage."""
+    Returns the number of checkpoints indexed. One bad checkpoint (a damaged manifest, a
+    ``metadata.json`` with ``trial_id: "abc"`` or ``2**70``) never stops the others: it is
+    logged, left out, and added to ``skipped`` (``{uuid: why}``) when given."""
     from ckptstore.checkpointing.format import scan_checkpoints
 
-    records: list[CheckpointRecord] = []
-    for found in scan_checkpoints(storage):
+    skipped = {} if skipped is None else skipped
+    checked: list[tuple[CheckpointRecord, dict]] = []
+    for found in scan_checkpoints(storage, skipped=skipped):
         record = dataclasses.replace(found)
         if not record.storage_url:
             record.storage_url = storage.url
-        records.append(record)
+        try:
+            checked.append((record, checkpoint_values(record)))
+        except errors.CkptstoreError as exc:
+            _skip(skipped, record.uuid, exc)
 
     db = registry._db
-    for start in range(0, len(records), BATCH):
-        batch = [(r, checkpoint_values(r)) for r in records[start : start + BATCH]]
-
-        def upsert(conn: sa.Connection, batch=batch) -> None:
-            for record, values in batch:
-                registry.upsert_checkpoint_row(conn, record, values)
-
-        db.write(upsert, what="reindex checkpoints")
+    for start in range(0, len(checked), BATCH):
+        _upsert(registry, checked[start : start + BATCH], skipped)
+    records = [r for r, _ in checked if r.uuid not in skipped]
 
     urls = {storage.url} | {r.storage_url for r in records}
     present = {r.uuid for r in records}
@@ -84,9 +86,37 @@ def reindex(registry: Registry, storage: Storage) -> int:
 
         db.write(mark, what="reindex checkpoints")
     logger.info(
-        "Reindexed %s: %d checkpoints in storage, %d index rows marked DELETED",
+        "Reindexed %s: %d checkpoints in storage, %d left out as damaged, %d index rows "
+        "marked DELETED",
         storage.url,
         len(records),
+        len(skipped),
         len(gone),
     )
     return len(records)
+
+
+def _skip(skipped: dict[str, str], uuid: str, exc: Exception) -> None:
+    logger.warning("Reindex left out checkpoint %s: %s", uuid, exc)
+    skipped[uuid] = str(exc)
+
+
+def _upsert(
+    registry: Registry, batch: list[tuple[CheckpointRecord, dict]], skipped: dict[str, str]
+) -> None:
+    """Write a batch in one transaction; if a value in it is refused (InvalidConfig, raised
+    by the column types before the database sees it), write its records one by one so that
+    only the refused record is left out. Other errors (the database is down) are raised."""
+
+    def upsert(conn: sa.Connection) -> None:
+        for record, values in batch:
+            registry.upsert_checkpoint_row(conn, record, values)
+
+    try:
+        registry._db.write(upsert, what="reindex checkpoints")
+    except errors.InvalidConfig as exc:
+        if len(batch) == 1:
+            _skip(skipped, batch[0][0].uuid, exc)
+            return
+        for one in batch:
+            _upsert(registry, [one], skipped)

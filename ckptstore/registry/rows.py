@@ -24,6 +24,12 @@ from ckptstore.registry.entities import RUN_STATES, Checkpoint, Experiment, Tria
 from ckptstore.validators import int_at_least
 
 
+def _as_dict(value: Any) -> dict[str, Any]:
+    # A JSON column written before the registry checked values (or by another tool) may hold
+    # a list or a string: read as empty, so one odd row does not break a listing of all.
+    return dict(value) if isinstance(value, dict) else {}
+
+
 def _resources(value: Any) -> dict[str, int]:
     return {str(k): int(v) for k, v in (value or {}).items()}
 
@@ -40,8 +46,8 @@ _TO_ROW: dict[str, Any] = {
 }
 _FROM_ROW: dict[str, Any] = {
     "steps_completed": int,
-    "metadata": lambda v: dict(v or {}),
-    "metrics": lambda v: dict(v or {}),
+    "metadata": _as_dict,
+    "metrics": _as_dict,
     "resources": _resources,
     "created_at": schema.from_db_time,
     "updated_at": schema.from_db_time,
@@ -81,7 +87,7 @@ def experiment_from_row(row: Any) -> Experiment:
     return Experiment(
         id=row.id,
         name=row.name,
-        config=dict(row.config or {}),
+        config=_as_dict(row.config),
         description=row.description,
         state=row.state,
         created_at=schema.from_db_time(row.created_at),
@@ -93,7 +99,7 @@ def trial_from_row(row: Any) -> Trial:
     return Trial(
         id=row.id,
         experiment_id=row.experiment_id,
-        hparams=dict(row.hparams or {}),
+        hparams=_as_dict(row.hparams),
         state=row.state,
         created_at=schema.from_db_time(row.created_at),
         updated_at=schema.from_db_time(row.updated_at),
@@ -115,11 +121,11 @@ def check_checkpoint_state(state: str) -> None:
 
 
 def check_id(value: Any, name: str) -> None:
-    int_at_least(name, value, 1)
+    int_at_least(name, value, 1, maximum=schema.INT_MAX)
 
 
 def check_steps(value: Any) -> None:
-    int_at_least("steps_completed", value, 0)
+    int_at_least("steps_completed", value, 0, maximum=schema.BIGINT_MAX)
 
 
 def trial_not_found(trial_id: Any) -> errors.TrialNotFound:

@@ -14,27 +14,104 @@ Example::
 from __future__ import annotations
 
 import datetime as _dt
+from typing import Any
 
 import sqlalchemy as sa
 
+from ckptstore import errors
+from ckptstore.jsonsafe import to_json
+from ckptstore.validators import check_text, is_int
+
 metadata = sa.MetaData()
+
+#: The range of an ``Integer`` (ids, counts) and a ``BigInteger`` (steps) column on PostgreSQL;
+#: SQLite stores 64-bit integers. Values outside are refused before the database on both, so
+#: the two behave the same (an ``InvalidConfig`` naming the value, not a driver error).
+INT_MAX = 2**31 - 1
+BIGINT_MAX = 2**63 - 1
+
+
+# ---- column types: every value bound to a statement is checked here, the same on SQLite and
+# PostgreSQL (inserts, updates and WHERE clauses alike), before the database sees it ----------
+class Int(sa.types.TypeDecorator[int]):
+    """``Integer`` refusing values outside PostgreSQL's 32-bit range."""
+
+    impl = sa.Integer
+    cache_ok = True
+    _max = INT_MAX
+
+    def process_bind_param(self, value: Any, dialect: sa.Dialect) -> Any:
+        if is_int(value) and not -self._max - 1 <= value <= self._max:
+            raise errors.InvalidConfig(
+                f"{value} is out of range for the registry (this column holds "
+                f"{-self._max - 1} to {self._max}; ids are at most {INT_MAX}); pass a "
+                f"number in range. Received: {value!r}"
+            )
+        return value
+
+
+class BigInt(Int):
+    """``BigInteger`` refusing values outside the 64-bit range (SQLite and PostgreSQL)."""
+
+    impl = sa.BigInteger
+    cache_ok = True
+    _max = BIGINT_MAX
+
+
+class Str(sa.types.TypeDecorator[str]):
+    """``String(n)`` refusing more than ``n`` characters, NUL characters (PostgreSQL cannot
+    store them; SQLite can, so they would work on one database only) and lone surrogates."""
+
+    impl = sa.String
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: sa.Dialect) -> Any:
+        if not isinstance(value, str):
+            return value
+        length = getattr(self.impl, "length", None)
+        # PostgreSQL enforces String(n); SQLite does not: refused on both, before either.
+        if length is not None and len(value) > length:
+            raise errors.InvalidConfig(
+                f"text of {len(value)} characters is longer than the registry stores here (at "
+                f"most {length}); shorten it. Received: {value[:80]!r}..."
+            )
+        return check_text("text", value)
+
+
+class TextStr(Str):
+    """``Text`` with the checks of :class:`Str`."""
+
+    impl = sa.Text
+    cache_ok = True
+
+
+class Json(sa.types.TypeDecorator[Any]):
+    """``JSON`` holding what :func:`ckptstore.jsonsafe.to_json` makes of a value: NaN/inf as
+    null (PostgreSQL refuses them, SQLite stored them), lone surrogates refused."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: sa.Dialect) -> Any:
+        return to_json(value, what="a registry JSON value")
+
 
 schema_version = sa.Table(
     "ckptstore_schema_version",
     metadata,
-    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("description", sa.String(200), nullable=False),
+    sa.Column("version", Int, primary_key=True, autoincrement=False),
+    sa.Column("description", Str(200), nullable=False),
     sa.Column("applied_at", sa.DateTime, nullable=False),
 )
 
 experiments = sa.Table(
     "experiments",
     metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("name", sa.String(256), nullable=True),
-    sa.Column("config", sa.JSON, nullable=False),
-    sa.Column("description", sa.Text, nullable=True),
-    sa.Column("state", sa.String(32), nullable=False),
+    sa.Column("id", Int, primary_key=True, autoincrement=True),
+    sa.Column("name", Str(256), nullable=True),
+    sa.Column("config", Json, nullable=False),
+    sa.Column("description", TextStr, nullable=True),
+    sa.Column("state", Str(32), nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.Column("updated_at", sa.DateTime, nullable=False),
 )
@@ -42,48 +119,48 @@ experiments = sa.Table(
 trials = sa.Table(
     "trials",
     metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("id", Int, primary_key=True, autoincrement=True),
     sa.Column(
         "experiment_id",
-        sa.Integer,
+        Int,
         sa.ForeignKey("experiments.id", ondelete="SET NULL"),
         nullable=True,
         index=True,
     ),
-    sa.Column("hparams", sa.JSON, nullable=False),
-    sa.Column("state", sa.String(32), nullable=False),
+    sa.Column("hparams", Json, nullable=False),
+    sa.Column("state", Str(32), nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.Column("updated_at", sa.DateTime, nullable=False),
     # Migration 5: the searcher's slot this trial fills (unique per experiment, see
     # Registry.ensure_slot_trial), so a slot retried after its runner died finds its trial.
-    sa.Column("search_slot", sa.Integer, nullable=True),
+    sa.Column("search_slot", Int, nullable=True),
 )
 
 checkpoints = sa.Table(
     "checkpoints",
     metadata,
-    sa.Column("uuid", sa.String(64), primary_key=True),
+    sa.Column("uuid", Str(64), primary_key=True),
     sa.Column(
         "trial_id",
-        sa.Integer,
+        Int,
         sa.ForeignKey("trials.id", ondelete="SET NULL"),
         nullable=True,
         index=True,
     ),
     sa.Column(
         "experiment_id",
-        sa.Integer,
+        Int,
         sa.ForeignKey("experiments.id", ondelete="SET NULL"),
         nullable=True,
         index=True,
     ),
-    sa.Column("steps_completed", sa.BigInteger, nullable=False),
-    sa.Column("continue_id", sa.JSON, nullable=True),
-    sa.Column("state", sa.String(32), nullable=False, index=True),
-    sa.Column("metadata", sa.JSON, nullable=False),
-    sa.Column("metrics", sa.JSON, nullable=False),
-    sa.Column("resources", sa.JSON, nullable=False),
-    sa.Column("storage_url", sa.Text, nullable=False),
+    sa.Column("steps_completed", BigInt, nullable=False),
+    sa.Column("continue_id", Json, nullable=True),
+    sa.Column("state", Str(32), nullable=False, index=True),
+    sa.Column("metadata", Json, nullable=False),
+    sa.Column("metrics", Json, nullable=False),
+    sa.Column("resources", Json, nullable=False),
+    sa.Column("storage_url", TextStr, nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.Column("updated_at", sa.DateTime, nullable=False),
 )
@@ -91,16 +168,16 @@ checkpoints = sa.Table(
 metrics = sa.Table(
     "metrics",
     metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("id", Int, primary_key=True, autoincrement=True),
     sa.Column(
         "trial_id",
-        sa.Integer,
+        Int,
         sa.ForeignKey("trials.id", ondelete="CASCADE"),
         nullable=False,
     ),
-    sa.Column("group", sa.String(64), nullable=False),
-    sa.Column("steps_completed", sa.BigInteger, nullable=False),
-    sa.Column("metrics", sa.JSON, nullable=False),
+    sa.Column("group", Str(64), nullable=False),
+    sa.Column("steps_completed", BigInt, nullable=False),
+    sa.Column("metrics", Json, nullable=False),
     sa.Column("reported_at", sa.DateTime, nullable=False),
     sa.Index("ix_metrics_trial_group_steps", "trial_id", "group", "steps_completed"),
 )
@@ -108,13 +185,13 @@ metrics = sa.Table(
 models = sa.Table(
     "models",
     metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("name", sa.String(256), nullable=False, unique=True),
-    sa.Column("description", sa.Text, nullable=False),
-    sa.Column("labels", sa.JSON, nullable=False),
-    sa.Column("metadata", sa.JSON, nullable=False),
+    sa.Column("id", Int, primary_key=True, autoincrement=True),
+    sa.Column("name", Str(256), nullable=False, unique=True),
+    sa.Column("description", TextStr, nullable=False),
+    sa.Column("labels", Json, nullable=False),
+    sa.Column("metadata", Json, nullable=False),
     sa.Column("archived", sa.Boolean, nullable=False),
-    sa.Column("last_version", sa.Integer, nullable=False),
+    sa.Column("last_version", Int, nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.Column("updated_at", sa.DateTime, nullable=False),
 )
@@ -122,19 +199,17 @@ models = sa.Table(
 model_versions = sa.Table(
     "model_versions",
     metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column(
-        "model_id", sa.Integer, sa.ForeignKey("models.id", ondelete="CASCADE"), nullable=False
-    ),
-    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("id", Int, primary_key=True, autoincrement=True),
+    sa.Column("model_id", Int, sa.ForeignKey("models.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("version", Int, nullable=False),
     sa.Column(
         "checkpoint_uuid",
-        sa.String(64),
+        Str(64),
         sa.ForeignKey("checkpoints.uuid", ondelete="RESTRICT"),
         nullable=False,
         index=True,
     ),
-    sa.Column("notes", sa.Text, nullable=False),
+    sa.Column("notes", TextStr, nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.UniqueConstraint("model_id", "version", name="uq_model_versions_model_version"),
 )
@@ -142,13 +217,11 @@ model_versions = sa.Table(
 model_aliases = sa.Table(
     "model_aliases",
     metadata,
-    sa.Column(
-        "model_id", sa.Integer, sa.ForeignKey("models.id", ondelete="CASCADE"), primary_key=True
-    ),
-    sa.Column("alias", sa.String(128), primary_key=True),
+    sa.Column("model_id", Int, sa.ForeignKey("models.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("alias", Str(128), primary_key=True),
     sa.Column(
         "version_id",
-        sa.Integer,
+        Int,
         sa.ForeignKey("model_versions.id", ondelete="CASCADE"),
         nullable=False,
     ),
@@ -159,14 +232,14 @@ model_aliases = sa.Table(
 jobs = sa.Table(
     "jobs",
     metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("name", sa.String(256), nullable=True),
-    sa.Column("config", sa.JSON, nullable=False),
-    sa.Column("model_dir", sa.Text, nullable=False),
-    sa.Column("storage_url", sa.Text, nullable=False),
-    sa.Column("state", sa.String(32), nullable=False),
-    sa.Column("exit_code", sa.Integer, nullable=True),
-    sa.Column("log", sa.Text, nullable=False),
+    sa.Column("id", Int, primary_key=True, autoincrement=True),
+    sa.Column("name", Str(256), nullable=True),
+    sa.Column("config", Json, nullable=False),
+    sa.Column("model_dir", TextStr, nullable=False),
+    sa.Column("storage_url", TextStr, nullable=False),
+    sa.Column("state", Str(32), nullable=False),
+    sa.Column("exit_code", Int, nullable=True),
+    sa.Column("log", TextStr, nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.Column("updated_at", sa.DateTime, nullable=False),
     sa.Column("ended_at", sa.DateTime, nullable=True),
@@ -179,8 +252,8 @@ jobs = sa.Table(
 checkpoint_pins = sa.Table(
     "checkpoint_pins",
     metadata,
-    sa.Column("checkpoint_uuid", sa.String(64), primary_key=True),
-    sa.Column("holder", sa.String(256), primary_key=True),
+    sa.Column("checkpoint_uuid", Str(64), primary_key=True),
+    sa.Column("holder", Str(256), primary_key=True),
     sa.Column("expires_at", sa.DateTime, nullable=True),
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.Column("updated_at", sa.DateTime, nullable=False),

@@ -20,6 +20,7 @@ from html import escape
 from typing import Any
 
 from ckptstore import __version__
+from ckptstore.masking import mask_value
 from ckptstore.reports.svg import PALETTE, Series, line_chart
 from ckptstore.reports.views import shown_metrics
 
@@ -134,7 +135,9 @@ def _summary(report: Mapping[str, Any]) -> str:
 
 
 def render_report(report: Mapping[str, Any]) -> str:
-    """The whole HTML page of a trial or experiment report."""
+    """The whole HTML page of a trial or experiment report, secrets masked
+    (:mod:`ckptstore.masking`: hparams such as ``api_key``, URL passwords)."""
+    report = mask_value(report)
     experiment = report.get("experiment")
     header = ""
     if experiment:

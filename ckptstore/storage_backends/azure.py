@@ -64,7 +64,6 @@ class AzureStorage(ObjectStorage):
         **options: the common :class:`ObjectStorage` options.
     """
 
-    remote = True
     scheme = "az"
     _delete_batch = 50
 
@@ -259,6 +258,9 @@ class AzureStorage(ObjectStorage):
 
     def _is_object(self, name: str) -> bool:
         return self._container.get_blob_client(name).exists()
+
+    def _modified(self, name: str) -> float:
+        return self._container.get_blob_client(name).get_blob_properties().last_modified.timestamp()
 
     def _close_clients(self) -> None:
         self._service.close()

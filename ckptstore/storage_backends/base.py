@@ -20,6 +20,8 @@ import abc
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
+from ckptstore import errors
+
 #: Called with a number of bytes each time that many more bytes were transferred.
 ProgressCallback = Callable[[int], None]
 #: Chooses files by relative path: a callable, one glob, or several globs (any may match).
@@ -35,9 +37,6 @@ class Storage(abc.ABC):
 
     #: The scheme this backend serves, e.g. ``"s3"``; set by subclasses.
     scheme: str = ""
-    #: True when bytes cross a network to reach this storage (object stores, remote fsspec
-    #: protocols): uploads cost time and money, so checkpoints deduplicate by default there.
-    remote: bool = False
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -98,12 +97,26 @@ class Storage(abc.ABC):
         """Create or replace the object at ``key``."""
 
     @abc.abstractmethod
-    def write_if_absent(self, key: str, data: bytes) -> bool:
+    def write_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
         """Create ``key`` only if it does not exist, atomically (S3 ``IfNoneMatch``, GCS
         ``ifGenerationMatch=0``, Azure ``If-None-Match: *``, local ``O_EXCL``). True if this
-        call created it, False if it already existed."""
+        call created it, False if it already existed. ``durable=False`` lets a local file
+        system skip the fsync (content-addressed chunks: as durable as any file the OS
+        writes back; object stores are durable either way)."""
 
     # ---- helpers with default implementations -------------------------------------------------
+    def modified_at(self, key: str) -> float:
+        """When the object at ``key`` was last written, by the *storage's* clock (epoch seconds:
+        S3 ``LastModified``, GCS ``updated``, Azure ``last_modified``, a file's ``mtime``).
+        GC judges age by this clock only, never by a writer's or collector's own, so machines
+        whose clocks disagree cannot make it delete too early. S3 stamps whole seconds.
+        :class:`~ckptstore.errors.StorageNotFound` if absent; :class:`~ckptstore.errors.
+        NotSupported` for a backend that cannot tell."""
+        raise errors.NotSupported(
+            f"{type(self).__name__} cannot tell when an object was written (needed by GC to "
+            "judge age on the storage's clock). Use a local path, S3, GCS or Azure."
+        )
+
     def file_exists(self, key: str) -> bool:
         """True if ``key`` is a file. Object stores answer with one request (``exists`` also
         lists, to find folders); used for content-addressed blobs, which are never folders."""

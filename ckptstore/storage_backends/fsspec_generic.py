@@ -12,12 +12,14 @@ Example::
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
 from typing import Any
 
 import fsspec
 
 from ckptstore import errors
+from ckptstore.storage_backends.base import Storage
 from ckptstore.storage_backends.config import COMMON_OPTIONS
 from ckptstore.storage_backends.object_store import ObjectStorage
 
@@ -33,8 +35,6 @@ class FsspecStorage(ObjectStorage):
             ``fsspec.filesystem(protocol, **rest)`` (so it may hold credentials; it is never
             logged or shown in the repr).
     """
-
-    remote = True
 
     def __init__(self, url: str, **options: Any) -> None:
         protocol = url.split("://", 1)[0].lower()
@@ -100,6 +100,22 @@ class FsspecStorage(ObjectStorage):
 
     def _read(self, name: str) -> bytes:
         return self.fs.cat_file(self._path(name))
+
+    def _modified(self, name: str) -> float:
+        info = self.fs.info(self._path(name))
+        # Each fsspec implementation names the server's timestamp its own way.
+        for field in ("LastModified", "last_modified", "updated", "mtime", "modified", "created"):
+            value = info.get(field)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+            if hasattr(value, "timestamp"):
+                return float(value.timestamp())
+            if isinstance(value, str):
+                try:
+                    return _dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+                except ValueError:
+                    continue
+        return Storage.modified_at(self, name)
 
     def _write(self, name: str, data: bytes) -> None:
         if name.endswith("/"):

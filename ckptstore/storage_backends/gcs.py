@@ -58,7 +58,6 @@ class GCSStorage(ObjectStorage):
         **options: the common :class:`ObjectStorage` options.
     """
 
-    remote = True
     scheme = "gs"
 
     def __init__(
@@ -333,6 +332,12 @@ class GCSStorage(ObjectStorage):
 
     def _is_object(self, name: str) -> bool:
         return self._bucket.blob(name).exists(timeout=self._timeout, retry=None)
+
+    def _modified(self, name: str) -> float:
+        blob = self._bucket.get_blob(name, timeout=self._timeout, retry=None)
+        if blob is None:
+            raise gexc.NotFound(name)
+        return blob.updated.timestamp()
 
     def _close_clients(self) -> None:
         self._client._http.close()

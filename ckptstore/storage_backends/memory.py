@@ -14,12 +14,15 @@ Example::
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from ckptstore.storage_backends.object_store import ObjectStorage
 
 _LOCK = threading.Lock()
 _OBJECTS: dict[str, bytes] = {}
+#: When each object was written (this process is the storage, so its clock is the storage's).
+_STAMPS: dict[str, float] = {}
 
 
 class MemoryStorage(ObjectStorage):
@@ -51,6 +54,7 @@ class MemoryStorage(ObjectStorage):
             data = f.read()
         with _LOCK:
             _OBJECTS[name] = data
+            _STAMPS[name] = time.time()
 
     def _download_file(self, name: str, path: str, size: int) -> None:
         data = self._read(name)
@@ -66,19 +70,28 @@ class MemoryStorage(ObjectStorage):
     def _write(self, name: str, data: bytes) -> None:
         with _LOCK:
             _OBJECTS[name] = data
+            _STAMPS[name] = time.time()
 
     def _write_if_absent(self, name: str, data: bytes) -> bool:
         with _LOCK:
             if name in _OBJECTS:
                 return False
             _OBJECTS[name] = data
+            _STAMPS[name] = time.time()
             return True
 
     def _delete_objects(self, names: list[str]) -> None:
         with _LOCK:
             for name in names:
                 _OBJECTS.pop(name, None)
+                _STAMPS.pop(name, None)
 
     def _is_object(self, name: str) -> bool:
         with _LOCK:
             return name in _OBJECTS
+
+    def _modified(self, name: str) -> float:
+        with _LOCK:
+            if name not in _OBJECTS:
+                raise FileNotFoundError(name)
+            return _STAMPS.get(name, 0.0)

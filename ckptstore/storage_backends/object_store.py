@@ -178,6 +178,9 @@ class ObjectStorage(Storage):
     def _write(self, name: str, data: bytes) -> None:
         raise NotImplementedError
 
+    #: True when :meth:`_write_if_absent` takes ``sync`` (a local file system's fsync).
+    _fsyncs = False
+
     def _write_if_absent(self, name: str, data: bytes) -> bool:
         raise NotImplementedError
 
@@ -187,6 +190,11 @@ class ObjectStorage(Storage):
 
     def _is_object(self, name: str) -> bool:
         raise NotImplementedError
+
+    def _modified(self, name: str) -> float:
+        """The storage's own timestamp of object ``name`` (epoch seconds); raise the client's
+        not-found error if absent. Backends that cannot tell keep the base class's refusal."""
+        return Storage.modified_at(self, name)
 
     def _is_transient(self, exc: BaseException) -> bool:
         """True for failures worth retrying (5xx, 429, timeouts, connection resets)."""
@@ -443,6 +451,10 @@ class ObjectStorage(Storage):
         name = self._name(key)
         return bool(name) and bool(self._call(lambda: self._is_object(name), name, "stat"))
 
+    def modified_at(self, key: str) -> float:
+        name = self._name(key)
+        return float(self._call(lambda: self._modified(name), name, "stat"))
+
     def read_bytes(self, key: str) -> bytes:
         name = self._name(key)
         return self._call(lambda: self._read(name), name, "read")
@@ -451,8 +463,10 @@ class ObjectStorage(Storage):
         name = join_key(self.prefix, check_relpath(key))
         self._call(lambda: self._write(name, bytes(data)), name, "write")
 
-    def write_if_absent(self, key: str, data: bytes) -> bool:
+    def write_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
         name = join_key(self.prefix, check_relpath(key))
+        if not durable and self._fsyncs:
+            return self._call(lambda: self._write_if_absent(name, data, sync=False), name, "write")
         return self._call(lambda: self._write_if_absent(name, bytes(data)), name, "write")
 
     def close(self) -> None:

@@ -101,7 +101,6 @@ class S3Storage(ObjectStorage):
             part_size is raised to it for uploads).
     """
 
-    remote = True
     scheme = "s3"
     # Measured on moto (1 GiB tree, benchmarks/storage_throughput.py, medians of 5 rounds):
     # 64 MiB upload parts were the fastest (1.12x 128 MiB parts); moto reads the whole object
@@ -311,6 +310,10 @@ class S3Storage(ObjectStorage):
                 return False
             raise
         return True
+
+    def _modified(self, name: str) -> float:
+        head = self._client.head_object(Bucket=self.bucket, Key=name)
+        return head["LastModified"].timestamp()
 
     def _close_clients(self) -> None:
         self._manager.shutdown()

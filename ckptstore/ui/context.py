@@ -13,7 +13,6 @@ import collections
 import datetime as _dt
 import json
 import logging
-import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -24,11 +23,11 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from ckptstore import errors
+from ckptstore import errors, masking
+from ckptstore.checkpointing.row_storage import storage_of_row
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
 from ckptstore.storage_backends.base import Storage, close_all
-from ckptstore.storage_backends.redact import redact
 from ckptstore.ui.settings import UiSettings
 
 logger = logging.getLogger(__name__)
@@ -38,37 +37,17 @@ T = TypeVar("T")
 _TEMPLATES = Path(__file__).parent / "templates"
 #: Rendered chart sets kept in memory (one per experiment and metric version).
 CACHE_ENTRIES = 32
-_USERINFO = re.compile(r"(?<=://)[^/@\s]*@")
 
 
 def safe_url(url: str | None) -> str:
-    """A storage or registry URL as a page may show it: no ``user:password@``, no query string
-    (SAS tokens), and the SDK secrets :func:`~ckptstore.storage_backends.redact.redact` knows."""
-    if not url:
-        return ""
-    text = _USERINFO.sub("", str(url)).split("?", 1)[0]
-    return redact(text)
-
-
-#: Keys whose values a page never shows (storage credentials in configs and metadata).
-SECRET_KEYS = re.compile(
-    r"(secret|password|passwd|token|credential|connection_string|access_key|account_key|sas)",
-    re.IGNORECASE,
-)
+    """A storage or registry URL as a page may show it (:func:`ckptstore.masking.mask_text`)."""
+    return masking.mask_text(str(url)) if url else ""
 
 
 def safe_config(value: Any) -> Any:
-    """``value`` (a config, metadata) with secret-named keys hidden and URLs cleaned."""
-    if isinstance(value, dict):
-        return {
-            k: "<hidden>" if SECRET_KEYS.search(str(k)) else safe_config(v)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [safe_config(v) for v in value]
-    if isinstance(value, str) and "://" in value:
-        return safe_url(value)
-    return value
+    """``value`` (a config, metadata, hparams) as a page may show it
+    (:func:`ckptstore.masking.mask_value`)."""
+    return masking.mask_value(value)
 
 
 def human_size(n: int | None) -> str:
@@ -140,12 +119,15 @@ class UiContext:
             return self._storages[key]
 
     def storage_for(self, ckpt: Any) -> Storage:
-        """The storage of a registry checkpoint row, by the CLI's rule
-        (:meth:`ckptstore.cli.state.CliState.storage_for`): an explicit ``--storage`` wins,
-        else the URL the row recorded, else the default storage."""
+        """The storage of a registry checkpoint row: an explicit ``--storage`` wins, else the
+        URL the row recorded when :func:`~ckptstore.checkpointing.row_storage.storage_of_row`
+        trusts it (it is the UI's storage or in ``CKPTSTORE_ALLOWED_STORAGE``), else the UI's
+        storage."""
         if self.settings.explicit_storage:
             return self.storage()
-        return self.storage(getattr(ckpt, "storage_url", "") or None)
+        recorded = getattr(ckpt, "storage_url", "") or None
+        uuid = getattr(ckpt, "uuid", None)
+        return self.storage(storage_of_row(recorded, self.settings.storage_url, uuid=uuid))
 
     def cached(self, key: tuple, make: Callable[[], T]) -> T:
         """``make()``, remembered under ``key`` (the newest :data:`CACHE_ENTRIES` kept). Keys
@@ -190,7 +172,11 @@ class UiContext:
         if status == 500:
             logger.exception("UI request %s failed", request.url.path, exc_info=exc)
         return self.render(
-            request, "error.html", status=status, status_code=status, message=redact(str(exc))
+            request,
+            "error.html",
+            status=status,
+            status_code=status,
+            message=masking.mask_text(str(exc)),
         )
 
     def close(self) -> None:

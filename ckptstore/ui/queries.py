@@ -19,12 +19,16 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
 
+from ckptstore import errors
 from ckptstore.checkpointing.index import LIVE_STATES as _LIVE_STATES
+from ckptstore.masking import mask_value
 from ckptstore.registry import Registry, schema
 
 _E = schema.experiments
@@ -35,6 +39,8 @@ _MO = schema.models
 _V = schema.model_versions
 _A = schema.model_aliases
 _P = schema.checkpoint_pins
+
+logger = logging.getLogger(__name__)
 
 LIVE_STATES = _LIVE_STATES  # one owner: ckptstore.checkpointing.index
 PAGE_SIZE = 50
@@ -65,11 +71,17 @@ class Searcher:
     smaller_is_better: bool
 
     @staticmethod
-    def of(config: dict[str, Any] | None) -> Searcher:
-        searcher = (config or {}).get("searcher") or {}
+    def of(config: Any) -> Searcher:
+        """From a stored config, whatever it holds: one experiment's odd row (written before
+        the registry checked values, or by hand) must not break a page that lists others."""
+        searcher = config.get("searcher") if isinstance(config, dict) else None
+        if not isinstance(searcher, dict):
+            searcher = {}
         return Searcher(
             name=str(searcher.get("name") or "single"),
-            metric=str(searcher.get("metric") or "val_loss"),
+            # The metric name is bound into SQL as a JSON path, and PostgreSQL cannot bind a
+            # NUL: such a name matches nothing (shown with U+FFFD) instead of failing the query.
+            metric=str(searcher.get("metric") or "val_loss").replace("\x00", "\ufffd"),
             smaller_is_better=bool(searcher.get("smaller_is_better", True)),
         )
 
@@ -84,6 +96,12 @@ class TrialFilter:
     sort: str = "id"
     descending: bool = False
     page: int = 1
+
+
+def _shown(row: sa.Row[Any]) -> dict[str, Any]:
+    """A row as pages may show it: every value through the one masking rule (hparams such as
+    ``api_key``, descriptions and URLs with passwords)."""
+    return mask_value(dict(row._mapping))
 
 
 def _offset(page: int, size: int) -> int:
@@ -111,6 +129,26 @@ def metric_value(column: Any, metric: str) -> Any:
 # ---- experiments -------------------------------------------------------------------------------
 def experiments_page(registry: Registry, page: int = 1, state: str | None = None) -> Page:
     """Experiments, newest first, with trial counts by state and the best searcher metric."""
+    try:
+        return _experiments_page(registry, page, state, guarded=False)
+    except errors.RegistryError:
+        # One experiment's metric rows may break the JSON operators (a "\u0000" written before
+        # the registry refused it): again, each best value alone, an odd one shown as blank.
+        return _experiments_page(registry, page, state, guarded=True)
+
+
+def _best_value(conn: sa.Connection, query: Any, guarded: bool) -> Any:
+    if not guarded:
+        return conn.execute(query).scalar()
+    try:
+        with conn.begin_nested():  # a SAVEPOINT: on PostgreSQL an error aborts the transaction
+            return conn.execute(query).scalar()
+    except sa_exc.DBAPIError as exc:
+        logger.warning("Experiments page: a best metric value could not be read: %s", exc.orig)
+        return None
+
+
+def _experiments_page(registry: Registry, page: int, state: str | None, *, guarded: bool) -> Page:
     where = [] if state is None else [_E.c.state == state]
 
     def fn(conn: sa.Connection) -> Page:
@@ -135,11 +173,13 @@ def experiments_page(registry: Registry, page: int = 1, state: str | None = None
             searcher = Searcher.of(r.config)
             value = report_value(_M.c.metrics, searcher.metric)
             best = sa.func.min(value) if searcher.smaller_is_better else sa.func.max(value)
-            best_value = conn.execute(
+            best_value = _best_value(
+                conn,
                 sa.select(best)
                 .select_from(_M.join(_T, _T.c.id == _M.c.trial_id))
-                .where(_T.c.experiment_id == r.id, _M.c.group == "validation")
-            ).scalar()
+                .where(_T.c.experiment_id == r.id, _M.c.group == "validation"),
+                guarded,
+            )
             out.append(
                 {
                     "id": r.id,
@@ -281,7 +321,7 @@ def experiment_trials(
             _latest(searcher).label("latest"),
             _checkpoint_count().label("checkpoints"),
         ).where(_T.c.id.in_(ids))
-        found = {r.id: dict(r._mapping) for r in conn.execute(details)}
+        found = {r.id: _shown(r) for r in conn.execute(details)}
         return Page([found[i] for i in ids if i in found], total, flt.page, PAGE_SIZE)
 
     return registry.read(fn, what="list an experiment's trials")
@@ -311,7 +351,7 @@ def experiment_points(
             .where(stats.c.best.is_not(None))
             .order_by(_T.c.id)
         )
-        return [dict(r._mapping) for r in conn.execute(query)]
+        return [_shown(r) for r in conn.execute(query)]
 
     return registry.read(fn, what="chart an experiment's trials")
 
@@ -369,7 +409,7 @@ def trial_checkpoints(
             .limit(PAGE_SIZE)
             .offset(_offset(page, PAGE_SIZE))
         )
-        return Page([dict(r._mapping) for r in rows], total, page, PAGE_SIZE)
+        return Page([_shown(r) for r in rows], total, page, PAGE_SIZE)
 
     return registry.read(fn, what="list a trial's checkpoints")
 
@@ -383,7 +423,7 @@ def live_checkpoints(registry: Registry, trial_id: int) -> list[dict[str, Any]]:
             .where(_C.c.trial_id == trial_id, _C.c.state.in_(LIVE_STATES))
             .order_by(_C.c.steps_completed, _C.c.created_at, _C.c.uuid)
         )
-        return [dict(r._mapping) for r in rows]
+        return [_shown(r) for r in rows]
 
     return registry.read(fn, what="list a trial's live checkpoints")
 
@@ -473,7 +513,7 @@ def checkpoints_page(
             .limit(PAGE_SIZE)
             .offset(_offset(page, PAGE_SIZE))
         )
-        return Page([dict(r._mapping) for r in rows], total, page, PAGE_SIZE)
+        return Page([_shown(r) for r in rows], total, page, PAGE_SIZE)
 
     return registry.read(fn, what="list checkpoints")
 
@@ -492,7 +532,7 @@ def models_page(registry: Registry, page: int = 1) -> Page:
             .limit(PAGE_SIZE)
             .offset(_offset(page, PAGE_SIZE))
         )
-        return Page([dict(r._mapping) for r in rows], total, page, PAGE_SIZE)
+        return Page([_shown(r) for r in rows], total, page, PAGE_SIZE)
 
     return registry.read(fn, what="list models")
 
@@ -505,7 +545,7 @@ def model_versions_page(registry: Registry, name: str, page: int = 1) -> Page:
         where = [_V.c.model_id == model_id]
         total = conn.execute(sa.select(sa.func.count()).select_from(_V).where(*where)).scalar_one()
         rows = [
-            dict(r._mapping)
+            _shown(r)
             for r in conn.execute(
                 sa.select(_V)
                 .where(*where)

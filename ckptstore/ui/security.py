@@ -56,6 +56,12 @@ def _host_name(host_header: str) -> str:
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
+def _local_path(path: str) -> str:
+    """``path`` as a same-origin path: browsers read a leading ``//`` or ``/\\`` as another host
+    (``//evil.example/x``), so the run of slashes and backslashes becomes one ``/``."""
+    return "/" + path.lstrip("/\\")
+
+
 class GuardMiddleware:
     """Token / Host checks and security headers around the whole app (pure ASGI, so streamed
     downloads pass through untouched)."""
@@ -98,7 +104,9 @@ class GuardMiddleware:
             return None
         if _same(query.get("token"), self.token):
             rest = urlencode([(k, v) for k, v in query.multi_items() if k != "token"])
-            response = RedirectResponse(scope["path"] + (f"?{rest}" if rest else ""), 303)
+            response = RedirectResponse(
+                _local_path(scope["path"]) + (f"?{rest}" if rest else ""), 303
+            )
             response.set_cookie(TOKEN_COOKIE, self.token, httponly=True, samesite="strict")
             return response
         return PlainTextResponse(

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import threading
+from typing import Any
 
+from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.index import (
     COMMITTED,
     PARTIALLY_DELETED,
     CheckpointRecord,
 )
+
+
+def write_manifest(storage: Any, uuid: str, damaged: Any) -> None:
+    """Replace checkpoint ``uuid``'s MANIFEST.json by ``damaged`` (bytes, or an object written
+    as JSON with NaN/inf as a forger may), behind ckptstore's back."""
+    data = damaged if isinstance(damaged, bytes) else json.dumps(damaged).encode()
+    key = f"{uuid}/{fmt.MANIFEST_NAME}"
+    local = storage.local_path(key)
+    if local is not None and os.path.exists(local):
+        os.chmod(local, 0o644)  # committed manifests are read-only on local disk
+    storage.write_bytes(key, data)
 
 
 class MemoryIndex:
@@ -49,3 +64,25 @@ class MemoryIndex:
 
     def protected_checkpoint_uuids(self) -> set[str]:
         return set(self.protected)
+
+
+def backdate(monkeypatch, storage, key: str, seconds: float) -> None:
+    """Make the object at ``key`` look ``seconds`` older to GC, which judges age by the
+    storage's own timestamps: a real ``mtime`` change on a local store; on an object store
+    (whose server stamps writes itself) the timestamp ``storage.modified_at`` reports."""
+    path = storage.local_path(key)
+    if path is not None:
+        stamp = os.stat(path).st_mtime - seconds
+        os.utime(path, (stamp, stamp))
+        return
+    real = storage.modified_at
+    older = getattr(storage, "_backdated", {})
+    older[key] = seconds
+    monkeypatch.setattr(storage, "_backdated", older, raising=False)
+
+    def modified_at(k: str) -> float:
+        return real(k) - older.get(k, 0.0)
+
+    if not hasattr(real, "_backdating"):
+        modified_at._backdating = True  # type: ignore[attr-defined]
+        monkeypatch.setattr(storage, "modified_at", modified_at)

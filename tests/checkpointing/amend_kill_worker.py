@@ -38,6 +38,12 @@ class KillingStorage:
             die()
         return self._storage.upload(local_dir, key, paths=paths, progress=progress)
 
+    def write_if_absent(self, key: str, data: bytes, **kw: Any) -> bool:
+        created = self._storage.write_if_absent(key, data, **kw)
+        if self._point == "mid_upload" and key.startswith(".ckptstore-blobs/"):
+            die()  # a deduplicated checkpoint's new files go up as chunks
+        return created
+
     def write_bytes(self, key: str, data: bytes) -> None:
         is_manifest = key.endswith("/" + fmt.MANIFEST_NAME)
         if is_manifest and self._point == "before_manifest":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -56,17 +57,23 @@ def test_sigkill_while_adding_leaves_the_checkpoint_as_it_was(local_and_s3_url, 
             # readers see exactly the original checkpoint, verified
             assert fmt.list_committed(ctx.storage) == [uuid]
             assert downloaded(ctx, uuid, tmp_path / f"dl{i}") == ORIGINAL
-            assert "saved_model/saved_model.pb" in ctx.storage.list(uuid)  # unlisted leftover
+            # the leftover: unlisted files, or (deduplicated) the marker protecting new chunks
+            leftover = fmt.PENDING_MARKER_NAME if ctx.dedup else "saved_model/saved_model.pb"
+            assert leftover in ctx.storage.list(uuid)
         # a later attempt with other files succeeds and removes the unlisted leftovers
         second = {"saved_model/saved_model.pb": b"pb2", "saved_model/fingerprint.pb": b"f"}
         record = amend.add_files(ctx.storage, uuid, make_tree(str(tmp_path / "try2"), second))
         assert downloaded(ctx, uuid, tmp_path / "final") == {**ORIGINAL, **second}
         assert set(record.resources) == set(ORIGINAL) | set(second) | {fmt.METADATA_NAME}
         stored = set(ctx.storage.list(uuid)) - fmt.RESERVED_NAMES
-        # On S3 the original files are deduplicated chunks (format 2, the default there), not
-        # files in the folder; amend adds whole files either way.
-        in_folder = set() if ctx.dedup else set(ORIGINAL)
-        assert stored == in_folder | set(second)  # saved_model/variables/v.data is gone
+        # A deduplicated checkpoint (the default) gets its new files as chunks too: nothing
+        # but the manifest and metadata in the folder; a whole-file one gets whole files.
+        manifest = fmt.read_manifest(ctx.storage, uuid)
+        if ctx.dedup:
+            assert stored == set()
+            assert all("blobs" in manifest["files"][rel] for rel in second)
+        else:
+            assert stored == set(ORIGINAL) | set(second)  # saved_model/variables/v.data went
 
 
 def test_sigkill_after_the_manifest_is_repaired_by_reindex(tmp_path):
@@ -108,18 +115,21 @@ def test_a_manifest_changed_meanwhile_is_a_conflict(tmp_path):
     with CheckpointContext(str(tmp_path / "store")) as ctx:
         uuid = commit(ctx, tmp_path)
         storage = ctx.storage
-        real_upload = storage.upload
+        real_create = storage.write_if_absent
 
-        def upload_then_delete(local_dir, key, paths=None, progress=None):
-            result = real_upload(local_dir, key, paths=paths, progress=progress)
-            ctx.delete(uuid, globs=["notes/*"])  # the other writer
+        def create_then_delete(key, data, **kw):  # the new file's chunk goes up ...
+            result = real_create(key, data, **kw)
+            if key.startswith(".ckptstore-blobs/") and not fmt.read_manifest(storage, uuid).get(
+                "partially_deleted"
+            ):
+                ctx.delete(uuid, globs=["notes/*"])  # ... then the other writer rewrites
             return result
 
-        storage.upload = upload_then_delete
+        storage.write_if_absent = create_then_delete
         src = make_tree(str(tmp_path / "new"), {"saved_model/saved_model.pb": b"pb"})
         with pytest.raises(errors.CheckpointConflict, match="changed"):
             amend.add_files(storage, uuid, src)
-        del storage.upload
+        del storage.write_if_absent
         manifest = fmt.read_manifest(storage, uuid)
         assert manifest["partially_deleted"] and "notes/a.txt" not in manifest["files"]
         assert "saved_model/saved_model.pb" not in manifest["files"]
@@ -163,10 +173,40 @@ def test_property_add_is_union_or_refused_unchanged(
         amend.add_files(ctx.storage, uuid, src)
         assert downloaded(ctx, uuid, root / "dl") == {**original, **added}
         stored = set(ctx.storage.list(uuid)) - fmt.RESERVED_NAMES
-        assert {r for r in stored if not r.endswith("/")} == set(original) | set(added)
+        # deduplicated (the default): every file is chunks, nothing else stays in the folder
+        assert {r for r in stored if not r.endswith("/")} == set()
 
 
 def _prefix_clash(a: dict[str, bytes], b: dict[str, bytes]) -> bool:
     """Whether a path of one tree is a folder of the other's (cannot both exist)."""
     paths = set(a) | set(b)
     return any(p.startswith(q + "/") for p in paths for q in paths)
+
+
+def test_a_sweep_during_an_add_keeps_its_new_chunks(local_and_s3_url, tmp_path):
+    """An add to a deduplicated checkpoint uploads chunks no manifest names yet; its pending
+    marker protects them from a blob sweep that runs meanwhile (GC keeps a young marker in a
+    committed folder: it may be an add in progress)."""
+    from ckptstore.checkpointing import blob_gc
+
+    with CheckpointContext(local_and_s3_url, gc_grace_seconds=0) as ctx:
+        uuid = commit(ctx, tmp_path)
+        storage = ctx.storage
+        real_create = storage.write_if_absent
+        swept: list[list[str]] = []
+        once = threading.Lock()  # chunks go up on several threads
+
+        def create_then_gc(key, data, **kw):
+            result = real_create(key, data, **kw)
+            if key.startswith(".ckptstore-blobs/") and once.acquire(blocking=False):
+                swept.append(blob_gc.sweep(storage))
+            return result
+
+        storage.write_if_absent = create_then_gc
+        added = {"saved_model/saved_model.pb": b"p" * 5000, "saved_model/v.data": b"v" * 9000}
+        amend.add_files(storage, uuid, make_tree(str(tmp_path / "new"), added))
+        del storage.write_if_absent
+        assert swept == [[]]  # the sweep ran and removed nothing
+        ctx.gc()  # the marker is gone after the add: nothing stray to collect either
+        assert downloaded(ctx, uuid, tmp_path / "dl") == {**ORIGINAL, **added}
+        assert blob_gc.check(storage)["missing"] == {}

@@ -29,14 +29,14 @@ def gated(base: type):
             self.max_running = 0
             self.arrived = threading.Semaphore(0)
 
-        def write_if_absent(self, key: str, data: bytes) -> bool:
+        def write_if_absent(self, key: str, data: bytes, **kw) -> bool:
             with self.lock:
                 self.running += 1
                 self.max_running = max(self.max_running, self.running)
             self.arrived.release()
             try:
                 assert self.gate.wait(60), "test gate never opened"
-                return super().write_if_absent(key, data)
+                return super().write_if_absent(key, data, **kw)
             finally:
                 with self.lock:
                     self.running -= 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -18,11 +17,12 @@ from ckptstore.checkpointing import (
     GCPolicy,
     KeepAll,
     LatestN,
+    commit,
 )
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.retention import GCContext
 from tests._helpers.trees import make_tree
-from tests.checkpointing._helpers import MemoryIndex
+from tests.checkpointing._helpers import MemoryIndex, backdate
 
 
 def records(losses, trial_id=1, prefix="t1"):
@@ -173,24 +173,29 @@ def test_gc_tolerates_files_already_gone(storage_url_factory, tmp_path):
         assert fmt.list_committed(ctx.storage) == [uuids[2]]
 
 
-def write_leftover(storage, name, started_at):
+def write_leftover(storage, name):
     storage.write_bytes(f"{name}/weights.bin", b"partial")
-    storage.write_bytes(
-        f"{name}/{fmt.PENDING_MARKER_NAME}", json.dumps({"started_at": started_at}).encode()
-    )
+    commit.write_pending_marker(storage, name)
 
 
-def test_gc_removes_only_stale_uncommitted_leftovers(local_and_s3_url, tmp_path):
+def test_gc_removes_only_stale_uncommitted_leftovers(local_and_s3_url, tmp_path, monkeypatch):
     with CheckpointContext(local_and_s3_url, gc_grace_seconds=600) as ctx:
         [good] = save_series(ctx, tmp_path, [0.1])
-        stale, fresh = (
+        stale, fresh, foreign = (
             "aaaaaaaa-0000-4000-8000-000000000001",
             "aaaaaaaa-0000-4000-8000-000000000002",
+            "aaaaaaaa-0000-4000-8000-000000000003",
         )
-        write_leftover(ctx.storage, stale, time.time() - 3600)
-        write_leftover(ctx.storage, fresh, time.time())
+        write_leftover(ctx.storage, stale)
+        backdate(monkeypatch, ctx.storage, f"{stale}/{fmt.PENDING_MARKER_NAME}", 3600)
+        write_leftover(ctx.storage, fresh)
+        # A UUID folder without ckptstore's marker (Determined writes no manifest) is not ours,
+        # however old.
+        ctx.storage.write_bytes(f"{foreign}/metadata.json", b'{"steps_completed": 1}')
+        backdate(monkeypatch, ctx.storage, f"{foreign}/metadata.json", 10 * 86400)
         ctx.storage.write_bytes("not-a-checkpoint/readme.txt", b"left alone")  # no marker
         assert ctx.gc() == [stale]
+        assert ctx.storage.exists(f"{foreign}/metadata.json")
         assert ctx.storage.list(stale) == {}
         assert ctx.storage.exists(f"{fresh}/weights.bin")
         assert ctx.storage.exists("not-a-checkpoint/readme.txt")

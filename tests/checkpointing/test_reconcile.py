@@ -29,7 +29,7 @@ from ckptstore.cli.main import cli
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
 from tests._helpers.trees import make_tree
-from tests.checkpointing._helpers import MemoryIndex
+from tests.checkpointing._helpers import MemoryIndex, backdate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOUR = 3600.0
@@ -94,7 +94,8 @@ def test_kill_after_commit_is_reconciled_at_start_up(registry_url, local_and_s3_
     with Registry(registry_url) as reg:
         assert reg.get_checkpoint(uuid).state == PENDING
         assert reg.latest_checkpoint(1) is None  # the registry misses it
-        with CheckpointContext(storage, index=reg, trial_id=1) as ctx:  # start-up reconciles
+        # (grace 0: a stray marker younger than the grace may be an amend in progress)
+        with CheckpointContext(storage, index=reg, trial_id=1, gc_grace_seconds=0) as ctx:
             row = reg.get_checkpoint(uuid)
             assert row.state == COMMITTED
             assert reg.latest_checkpoint(1).uuid == uuid
@@ -128,7 +129,9 @@ def test_gc_applies_retention_to_checkpoints_the_registry_calls_pending(
             storage, index=reg, trial_id=2, gc_policy=LatestN(1)
         ) as gc_ctx:  # another trial: on-demand GC reconciles every trial's PENDING rows
             gc_ctx.gc()
-        with CheckpointContext(storage, index=reg, trial_id=1, gc_policy=LatestN(1)) as ctx:
+        with CheckpointContext(
+            storage, index=reg, trial_id=1, gc_policy=LatestN(1), gc_grace_seconds=0
+        ) as ctx:
             assert sorted(ctx.gc()) == sorted([recorded, lost_old])
             assert ctx.latest_checkpoint() == lost_new
         assert fmt.list_committed(storage) == [lost_new]
@@ -185,7 +188,9 @@ def test_dry_run_reports_but_changes_nothing(tmp_path):
 
 
 # ---- PENDING rows that never committed -----------------------------------------------------------
-def test_stale_pending_rows_without_a_manifest_become_deleted(registry_url, local_and_s3_url):
+def test_stale_pending_rows_without_a_manifest_become_deleted(
+    registry_url, local_and_s3_url, monkeypatch
+):
     storage = open_storage(local_and_s3_url)
     other_url = "s3://somewhere-else/ckpts"
     ids = {
@@ -197,7 +202,7 @@ def test_stale_pending_rows_without_a_manifest_become_deleted(registry_url, loca
         _pending_row(reg, ids["leftover"], age_s=2 * HOUR, url=storage.url)
         storage.write_bytes(f"{ids['leftover']}/weights.bin", b"half")
         commit.write_pending_marker(storage, ids["leftover"])
-        _commit_marker_age(storage, ids["leftover"], 2 * HOUR)
+        backdate(monkeypatch, storage, f"{ids['leftover']}/{fmt.PENDING_MARKER_NAME}", 2 * HOUR)
         _pending_row(reg, ids["young"], age_s=10, url=storage.url)  # may still be uploading
         _pending_row(reg, ids["elsewhere"], age_s=2 * HOUR, url=other_url)  # not our storage
         _pending_row(reg, ids["marker_young"], age_s=2 * HOUR, url=storage.url)
@@ -219,11 +224,6 @@ def test_stale_pending_rows_without_a_manifest_become_deleted(registry_url, loca
         }
         assert not storage.exists(ids["leftover"]) and storage.exists(ids["marker_young"])
     storage.close()
-
-
-def _commit_marker_age(storage, uuid: str, age_s: float) -> None:
-    info = {"started_at": dt.datetime.now().timestamp() - age_s, "host": "h", "pid": 1}
-    storage.write_bytes(f"{uuid}/{fmt.PENDING_MARKER_NAME}", fmt.dump_json(info))
 
 
 class _SlowIndex(MemoryIndex):
@@ -260,7 +260,8 @@ def test_uploads_in_flight_here_are_never_reconciled(storage_url_factory, tmp_pa
 # ---- stray markers ---------------------------------------------------------------------------------
 def test_gc_removes_stray_markers_but_never_manifest_listed_files(local_and_s3_url, tmp_path):
     storage = open_storage(local_and_s3_url)
-    with CheckpointContext(storage, trial_id=1) as ctx:  # storage only: no index
+    # storage only: no index; grace 0: younger stray markers may be amends in progress
+    with CheckpointContext(storage, trial_id=1, gc_grace_seconds=0) as ctx:
         stray = ctx.upload(_src(tmp_path, 1), {"steps_completed": 1})
         commit.write_pending_marker(storage, stray)
         # a checkpoint whose manifest lists a file of that name keeps it (it is data)

@@ -122,3 +122,26 @@ def test_gc_on_a_terminal_shows_a_dry_run_and_asks(tmp_path, answer, left):
     assert proc.wait(timeout=60) == (0 if answer.startswith(b"y") else 1)
     os.close(main)
     assert len(env.json("checkpoint", "list")) == left
+
+
+def test_without_storage_a_row_url_is_read_only_when_allowed(tmp_path, monkeypatch):
+    """Issue 27, finding 2: without --storage, the URL a registry row recorded is read when it
+    is under the default storage or CKPTSTORE_ALLOWED_STORAGE; otherwise exit 2, saying how."""
+    from ckptstore.checkpointing.row_storage import ALLOWED_STORAGE_ENV
+
+    env = Env(str(tmp_path / "a"), f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path))
+    uuid = env.save(1, 10)
+    for name in (ALLOWED_STORAGE_ENV, "CKPTSTORE_STORAGE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CKPTSTORE_HOME", str(tmp_path / "home"))  # the default: elsewhere
+    args = ["--registry", env.registry_url, "checkpoint", "download", uuid, "-o"]
+    refused = CliRunner().invoke(cli, [*args, str(tmp_path / "no")])
+    assert refused.exit_code == EXIT_BAD_INPUT, refused.output
+    assert "StorageNotAllowed" in refused.output and ALLOWED_STORAGE_ENV in refused.output
+    assert not (tmp_path / "no" / "model.keras").exists()
+    monkeypatch.setenv(ALLOWED_STORAGE_ENV, env.storage_url)
+    allowed = CliRunner().invoke(cli, [*args, str(tmp_path / "yes")])
+    assert allowed.exit_code == 0, allowed.output
+    assert (tmp_path / "yes" / "model.keras").read_bytes() == (
+        tmp_path / "a" / uuid / "model.keras"
+    ).read_bytes()

@@ -18,9 +18,13 @@ import pytest
 
 import ckptstore
 from ckptstore import errors
+from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing.row_storage import ALLOWED_STORAGE_ENV
 from ckptstore.core import init
 from ckptstore.keras_io.loaders import load_model_from_checkpoint_path
 from ckptstore.registry import Registry
+from ckptstore.storage_backends import open_storage
+from tests.checkpointing._helpers import write_manifest
 from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, keras3_only, tiny_model
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
@@ -65,8 +69,16 @@ def export(model, path: str) -> None:
         model.save(path, save_format="tf")
 
 
-def test_latest_best_and_uuid(where):
-    storage, registry = where
+@pytest.fixture
+def where_allowed(where, monkeypatch):
+    """:func:`where`, its storage allowed: loads without storage= read the URL a registry row
+    recorded only when it is allowed."""
+    monkeypatch.setenv(ALLOWED_STORAGE_ENV, where.storage)
+    return where
+
+
+def test_latest_best_and_uuid(where_allowed):
+    storage, registry = where_allowed
     models = [linear_model(seed) for seed in range(3)]
     uuids = [
         save_checkpoint(storage, registry, 5, m, steps=10 * (i + 1), val_loss=loss)
@@ -85,7 +97,7 @@ def test_latest_best_and_uuid(where):
     np.testing.assert_allclose(best.predict(X, verbose=0), expected[1], rtol=1e-6)
     worst = ckptstore.load_checkpoint_model(
         trial_id=5, registry=registry, best_by="val_loss", smaller_is_better=False
-    )  # storage comes from the URL the registry recorded
+    )  # storage comes from the URL the registry recorded (allowed by the fixture)
     np.testing.assert_allclose(worst.predict(X, verbose=0), expected[0], rtol=1e-6)
 
     by_uuid = ckptstore.load_checkpoint_model(
@@ -94,8 +106,29 @@ def test_latest_best_and_uuid(where):
     np.testing.assert_allclose(by_uuid.predict(X, verbose=0), expected[0], rtol=1e-6)
 
 
-def test_storage_scan_when_the_registry_does_not_know(where, tmp_path):
-    storage, registry = where
+def test_a_row_naming_another_storage_is_loaded_only_when_allowed(where_allowed, monkeypatch):
+    """Issue 27, finding 2: a registry row does not choose where a model is loaded from."""
+    storage, registry = where_allowed
+    model = linear_model()
+    uuid = save_checkpoint(storage, registry, 12, model, steps=1)
+    monkeypatch.delenv(ALLOWED_STORAGE_ENV)
+    for call in (
+        lambda: ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry),
+        lambda: ckptstore.load_checkpoint_model(trial_id=12, registry=registry),
+    ):
+        with pytest.raises(errors.StorageNotAllowed, match=ALLOWED_STORAGE_ENV):
+            call()
+    monkeypatch.setenv(ALLOWED_STORAGE_ENV, f"gs://elsewhere, {storage}")
+    loaded = ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry)
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+    monkeypatch.delenv(ALLOWED_STORAGE_ENV)
+    monkeypatch.setenv("CKPTSTORE_STORAGE", storage)  # the storage the caller opened
+    loaded = ckptstore.load_checkpoint_model(trial_id=12, registry=registry)
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+
+
+def test_storage_scan_when_the_registry_does_not_know(where_allowed, tmp_path):
+    storage, registry = where_allowed
     model = linear_model()
     uuid = save_checkpoint(storage, registry, 9, model, steps=3, val_loss=0.2)
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
@@ -110,8 +143,8 @@ def test_storage_scan_when_the_registry_does_not_know(where, tmp_path):
         )
 
 
-def test_saved_model_fallback(where, tmp_path):
-    storage, registry = where
+def test_saved_model_fallback(where_allowed, tmp_path):
+    storage, registry = where_allowed
     model = linear_model()
     uuid = save_checkpoint(storage, registry, 2, model, steps=1, files=("saved_model",))
     loaded = ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry)
@@ -133,8 +166,8 @@ def test_local_path_accepts_any_single_keras_file(tmp_path):
         load_model_from_checkpoint_path(str(tmp_path))
 
 
-def test_unknown_trial_and_uuid(where):
-    storage, registry = where
+def test_unknown_trial_and_uuid(where_allowed):
+    storage, registry = where_allowed
     with pytest.raises(errors.TrialNotFound, match="Trial 404"):
         ckptstore.load_checkpoint_model(trial_id=404, storage=storage, registry=registry)
     with pytest.raises(errors.CheckpointNotFound, match="no-such-uuid"):
@@ -149,15 +182,15 @@ def test_unknown_trial_and_uuid(where):
         ckptstore.load_checkpoint_model(storage=storage, registry=registry)
 
 
-def test_missing_model_files(where):
-    storage, registry = where
+def test_missing_model_files(where_allowed):
+    storage, registry = where_allowed
     uuid = save_checkpoint(storage, registry, 3, None, steps=1, files=())
     with pytest.raises(errors.ModelLoadError, match=r"expected model\.keras"):
         ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, storage=storage, registry=registry)
 
 
-def test_checksum_mismatch(where):
-    storage, registry = where
+def test_checksum_mismatch(where_allowed):
+    storage, registry = where_allowed
     uuid = save_checkpoint(storage, registry, 4, linear_model(), steps=1)
     target = Path(storage, uuid, WEIGHTS_FILE)
     data = bytearray(target.read_bytes())
@@ -167,14 +200,35 @@ def test_checksum_mismatch(where):
         ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, storage=storage, registry=registry)
 
 
+#: Damage to a real checkpoint's manifest, each once a raw OSError/OverflowError on load.
+DAMAGE = {
+    "file-and-folder": lambda files: files.update({f"{WEIGHTS_FILE}/x": files[WEIGHTS_FILE]}),
+    "size-2**70": lambda files: files[WEIGHTS_FILE].update(size=2**70),
+    "folder-with-content": lambda files: files.update({"extra/": files[WEIGHTS_FILE]}),
+    "bool-size": lambda files: files[WEIGHTS_FILE].update(size=True),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_manifest_is_refused_before_loading(where_allowed, damage):
+    storage, registry = where_allowed
+    uuid = save_checkpoint(storage, registry, 5, linear_model(), steps=1)
+    store = open_storage(storage)
+    manifest = fmt.read_manifest(store, uuid)
+    DAMAGE[damage](manifest["files"])
+    write_manifest(store, uuid, manifest)
+    with pytest.raises(errors.InvalidCheckpoint, match=f"{uuid}/MANIFEST.json"):
+        ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, storage=storage, registry=registry)
+
+
 @keras.utils.register_keras_serializable(package="ckptstore_test_loaders")
 class Doubler(keras.layers.Layer):
     def call(self, x):
         return x * 2.0
 
 
-def test_unknown_custom_objects_then_custom_objects(where):
-    storage, registry = where
+def test_unknown_custom_objects_then_custom_objects(where_allowed):
+    storage, registry = where_allowed
     model = keras.Sequential([keras.Input((3,)), Doubler(), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     uuid = save_checkpoint(storage, registry, 6, model, steps=1)
@@ -194,8 +248,8 @@ def test_unknown_custom_objects_then_custom_objects(where):
     np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
 
 
-def test_lambda_needs_safe_mode_off(where):
-    storage, registry = where
+def test_lambda_needs_safe_mode_off(where_allowed):
+    storage, registry = where_allowed
     model = keras.Sequential(
         [keras.Input((3,)), keras.layers.Lambda(lambda x: x + 1.0), keras.layers.Dense(1)]
     )
@@ -220,8 +274,8 @@ def _run_batch_inference(*args: str, env_extra: dict | None = None) -> subproces
 
 
 @pytest.mark.slow
-def test_batch_inference_example(where, tmp_path, storage_url_factory):
-    storage, registry = where
+def test_batch_inference_example(where_allowed, tmp_path, storage_url_factory):
+    storage, registry = where_allowed
     model = linear_model()
     uuid = save_checkpoint(storage, registry, 11, model, steps=5, val_loss=0.4)
     np.save(tmp_path / "x.npy", X)

@@ -122,8 +122,15 @@ def test_newer_schema_is_refused(registry_url):
         Registry(registry_url)
 
 
-def test_postgres_password_never_shown(postgres_server):
-    url = postgres_server.create_database().replace("postgres@", f"postgres:{SECRET}@")
+@pytest.mark.parametrize("form", ["user-info", "query"])
+def test_postgres_password_never_shown(postgres_server, form, caplog):
+    """In ``postgres:PASSWORD@`` and, issue 27 finding 5, libpq's query form ``?password=``."""
+    caplog.set_level("DEBUG")
+    url = postgres_server.create_database()
+    if form == "user-info":
+        url = url.replace("postgres@", f"postgres:{SECRET}@")
+    else:
+        url += f"?password={SECRET}&application_name=t"
     with Registry(url) as reg:  # trust auth ignores the password, so this connects
         assert SECRET not in repr(reg) and SECRET not in reg.url
         assert "***" in repr(reg) and reg.dialect == "postgresql"
@@ -133,7 +140,14 @@ def test_postgres_password_never_shown(postgres_server):
     with pytest.raises(errors.RegistryError, match="closed") as info:
         reg.list_trials()
     assert SECRET not in str(info.value)
-    assert SECRET not in safe_url(url)
+    assert SECRET not in safe_url(url) and SECRET not in caplog.text
+
+
+def test_postgres_server_error_hides_a_query_password(postgres_server):
+    missing = postgres_server.url("no_such_database") + f"?password={SECRET}"
+    with pytest.raises(errors.RegistryError, match="failed to open") as info:
+        Registry(missing)  # a real server error, raised through Database._error
+    assert SECRET not in str(info.value) and "password=***" in str(info.value)
 
 
 def test_unreachable_postgres_error_is_clear_and_password_free(caplog):

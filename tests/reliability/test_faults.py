@@ -33,7 +33,14 @@ from dataclasses import dataclass
 import pytest
 
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext, blob_gc, blobs, commit, list_committed
+from ckptstore.checkpointing import (
+    CheckpointContext,
+    blob_gc,
+    blobs,
+    commit,
+    condemned,
+    list_committed,
+)
 from ckptstore.checkpointing import format as fmt
 from ckptstore.storage_backends import open_storage
 from tests._helpers.trees import make_tree
@@ -487,10 +494,10 @@ def test_dedup_faults_while_reusing_chunks_and_restoring(faulty, tmp_path, caplo
         shared = _chunk_key(f1["weights.bin"], 1)
         f2 = _content(31, weights_seed=99)
         new_chunk = _chunk_key(f2["nested/optimizer.bin"], 0)
-        # The second commit uploads only its new chunks and checks each reused chunk again
-        # (one HEAD) before it commits: two 503s on the HEAD of a shared chunk, and two resets
-        # in the middle of a new chunk's PUT.
-        faulty.proxy.fail_next(2, status=503, match=shared)
+        # The second commit uploads only its new chunks (the writer knows the shared ones) and
+        # lists GC's condemnations once: two 503s on that listing, and two resets in the
+        # middle of a new chunk's PUT.
+        faulty.proxy.fail_next(2, status=503, match=".condemned")
         faulty.proxy.reset_next(2, after_bytes=20_000, match=new_chunk)
         u2, _ = _save(faulty, tmp_path, 31, ctx=ctx, weights_seed=99)
         assert faulty.proxy.stats["faults"] == {"http": 2, "reset": 2}
@@ -516,8 +523,8 @@ def test_dedup_faults_while_reusing_chunks_and_restoring(faulty, tmp_path, caplo
         with pytest.raises(errors.StorageUnavailable):
             ctx.download(u2, tmp_path / "dl3")
         faulty.proxy.clear()
-        # ... and for a save whose reused chunk cannot be checked: nothing is committed.
-        faulty.proxy.fail_next(100_000, status=503, match=shared)
+        # ... and for a save that cannot read GC's condemnations: nothing is committed.
+        faulty.proxy.fail_next(100_000, status=503, match=".condemned")
         with pytest.raises(errors.StorageUnavailable):
             _save(faulty, tmp_path, 32, ctx=ctx, weights_seed=99)
         faulty.proxy.clear()
@@ -527,6 +534,12 @@ def test_dedup_faults_while_reusing_chunks_and_restoring(faulty, tmp_path, caplo
         ctx.close()
         storage.close()
     _assert_all_committed_are_good(faulty, {u1: f1, u2: f2}, tmp_path)
+
+
+def _unfinished_claims(storage) -> set[str]:
+    """Condemnations claimed by a sweep that did not say it finished."""
+    listing = condemned.read_all(storage)
+    return {name for name in listing.claims if listing.running(name)}
 
 
 def _delete_requests(faulty: Faulty) -> str:
@@ -563,11 +576,11 @@ def test_dedup_blob_sweep_under_faults_never_removes_a_needed_chunk(faulty, tmp_
         assert faulty.proxy.stats["faults"] == {"http": 2, "reset": 1}
         assert faulty.proxy.pending == 0
         assert blobs.listed(direct) == needed
-        assert direct.list(blobs.SWEEPS_DIR) == {}  # the announcement went too
+        assert _unfinished_claims(direct) == set()
         _assert_all_committed_are_good(faulty, {u2: f2}, tmp_path)
 
         # Persistent, on one chunk: the sweep stops there (StorageUnavailable) after removing
-        # the chunks before it, and announces nothing any more.
+        # the chunks before it; its claim stays unfinished (writers avoid those blobs).
         with _ctx(storage, True, trial_id=1) as ctx:
             u4, f4 = _save(faulty, tmp_path, 43, ctx=ctx, weights_seed=99)
         commit.delete_checkpoint(direct, u2)
@@ -581,7 +594,7 @@ def test_dedup_blob_sweep_under_faults_never_removes_a_needed_chunk(faulty, tmp_
         faulty.proxy.clear()
         assert faulty.proxy.stats["faults"]["http"] == FAST_FAIL["max_attempts"]
         assert blobs.listed(direct) == needed | set(doomed[1:])
-        assert direct.list(blobs.SWEEPS_DIR) == {}
+        assert len(_unfinished_claims(direct)) == 1
         _assert_all_committed_are_good(faulty, {u4: f4}, tmp_path)
 
         # Persistent, on every delete (two tries each, to stay quick): nothing is removed.
@@ -593,17 +606,14 @@ def test_dedup_blob_sweep_under_faults_never_removes_a_needed_chunk(faulty, tmp_
         assert faulty.proxy.stats["faults"]["http"] >= 2
         assert blobs.listed(direct) == needed | set(doomed[1:])
         _assert_all_committed_are_good(faulty, {u4: f4}, tmp_path)
-        # Its announcement could not be removed either (a delete too): it stays in storage,
-        # but this process knows that sweep ended, so its commits do not wait for it (the
-        # wait below would last the 15 min lease otherwise; other processes do wait).
-        assert len(direct.list(blobs.SWEEPS_DIR)) == 1
-        assert blobs.active_sweeps(direct) == set()
-        blobs.wait_for_sweeps(direct)
-        # A clean sweep finishes the job and removes the leftover announcement.
+        # Failed sweeps leave claims without "done"; a save meanwhile commits at once.
+        with _ctx(storage, True, trial_id=1) as ctx:
+            u5, f5 = _save(faulty, tmp_path, 44, ctx=ctx, weights_seed=99)
+        # A clean sweep finishes the job (the failed sweeps' condemnation is still open).
         assert sorted(blob_gc.sweep(storage)) == doomed[1:]
-        assert blobs.listed(direct) == needed
-        assert direct.list(blobs.SWEEPS_DIR) == {}
-        _assert_all_committed_are_good(faulty, {u4: f4}, tmp_path)
+        assert blobs.listed(direct) >= needed
+        assert not set(doomed) & blobs.listed(direct)
+        _assert_all_committed_are_good(faulty, {u4: f4, u5: f5}, tmp_path)
     finally:
         faulty.proxy.clear()
         storage.close()

@@ -232,7 +232,7 @@ def test_experiment_charts_follow_new_metrics(client, ui_env):
     assert f"val_loss: trial {trial}, 0.0125<" in html
 
 
-def test_explicit_storage_wins_over_the_recorded_url(ui_env, tmp_path):
+def test_explicit_storage_wins_over_the_recorded_url(ui_env, tmp_path, monkeypatch):
     import shutil
 
     from starlette.testclient import TestClient
@@ -252,6 +252,8 @@ def test_explicit_storage_wins_over_the_recorded_url(ui_env, tmp_path):
             return client.post(f"/checkpoints/{uuid}/verify", data={"csrf": csrf}).text
 
     assert 'class="ok"' in verify(ui_env.settings(storage_url=str(copy), explicit_storage=True))
+    # The row's URL is read only when allowed (tests/ui/test_row_storage.py: refused otherwise).
+    monkeypatch.setenv("CKPTSTORE_ALLOWED_STORAGE", ui_env.env.storage_url)
     assert 'class="bad"' in verify(ui_env.settings(storage_url=str(copy)))  # the row's URL
 
 

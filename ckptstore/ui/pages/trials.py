@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from ckptstore import defaults, errors
+from ckptstore import defaults, errors, masking
 from ckptstore.registry import Trial
 from ckptstore.reports.data import metric_series
 from ckptstore.reports.views import flat_metrics
@@ -97,12 +97,17 @@ def _logs(ui: UiContext, trial_id: int) -> list[dict[str, Any]]:
     for rel, size in sorted(files.items()):
         if rel.endswith("/"):
             continue
-        data = storage.read_bytes(f"{key}/{rel}")
+        try:
+            data = storage.read_bytes(f"{key}/{rel}")
+        except errors.InvalidStoragePath as exc:  # a link out of the store: said, not followed
+            out.append({"name": rel, "size": size, "text": str(exc), "truncated": False})
+            continue
+        text = data[-LOG_TAIL_BYTES:].decode("utf-8", errors="replace")
         out.append(
             {
                 "name": rel,
                 "size": size,
-                "text": data[-LOG_TAIL_BYTES:].decode("utf-8", errors="replace"),
+                "text": masking.mask_text(text),  # a training script may print its environment
                 "truncated": len(data) > LOG_TAIL_BYTES,
             }
         )
