@@ -179,20 +179,20 @@ def test_a_task_using_a_model_version_keeps_its_checkpoint_from_gc(written):
         assert other.uuid not in registry.protected_checkpoint_uuids()  # released on exit
 
 
-def test_a_checkpoint_row_naming_another_storage_downloads_only_when_allowed(setup, monkeypatch):
+def test_a_checkpoint_row_naming_another_storage_downloads_only_when_allowed(written, monkeypatch):
     """Issue 27, finding 2: with only the registry configured, the storage a row recorded is
     read when CKPTSTORE_STORAGE or CKPTSTORE_ALLOWED_STORAGE covers it, never otherwise."""
     from ckptstore.checkpointing.row_storage import ALLOWED_STORAGE_ENV
 
     monkeypatch.delenv(ALLOWED_STORAGE_ENV, raising=False)
     monkeypatch.delenv("CKPTSTORE_STORAGE", raising=False)
-    monkeypatch.setenv("CKPTSTORE_HOME", str(setup["tmp"] / "home"))  # the default: elsewhere
-    client.configure(registry=setup["registry"])
-    uuid = client.get_trial(setup["trials"][0]).select_checkpoint(latest=True).uuid
+    monkeypatch.setenv("CKPTSTORE_HOME", str(written["tmp"] / "home"))  # the default: elsewhere
+    client.configure(registry=written["registry"])
+    uuid = client.get_trial(written["trials"][0]).select_checkpoint(latest=True).uuid
     with pytest.raises(errors.StorageNotAllowed, match=ALLOWED_STORAGE_ENV):
-        client.get_checkpoint(uuid).download(str(setup["tmp"] / "refused"))
-    assert not os.path.exists(setup["tmp"] / "refused" / "sub")
-    monkeypatch.setenv(ALLOWED_STORAGE_ENV, setup["storage"])
-    client.configure(registry=setup["registry"])
-    path = client.get_checkpoint(uuid).download(str(setup["tmp"] / "allowed"))
+        client.get_checkpoint(uuid).download(str(written["tmp"] / "refused"))
+    assert not os.path.exists(written["tmp"] / "refused" / "sub")
+    monkeypatch.setenv(ALLOWED_STORAGE_ENV, written["storage"])
+    client.configure(registry=written["registry"])
+    path = client.get_checkpoint(uuid).download(str(written["tmp"] / "allowed"))
     assert open(os.path.join(path, "sub", "note.txt")).read() == "loss 0.6"
