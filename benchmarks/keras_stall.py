@@ -84,7 +84,7 @@ def keras_save(model, path: str) -> None:
 def keras_export(model, path: str) -> None:
     """The inference SavedModel the way each Keras writes it."""
     if _keras2():
-        from ckptstore.keras_io import keras2_format
+        from ckptstore.keras_io.saving import _keras2_format as keras2_format
 
         keras2_format.export_saved_model(model, path)
     else:
@@ -305,7 +305,8 @@ class _MeasureExactState:
     def __new__(cls, det_cb, times: list[float], work: str):
         keras = _keras()
 
-        from ckptstore.keras_io import callback_state, resumable_data
+        from ckptstore.keras_io.data import _resumable as resumable_data
+        from ckptstore.keras_io.fit import _callback_state as callback_state
 
         class Measure(keras.callbacks.Callback):
             def on_train_batch_end(self, batch, logs=None):

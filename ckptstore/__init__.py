@@ -38,7 +38,7 @@ _LAZY_MODULES = {
     "experimental",
 }
 _LAZY_ATTRS = {
-    "load_checkpoint_model": ("ckptstore.keras_io.loaders", "load_checkpoint_model"),
+    "load_checkpoint_model": ("ckptstore.keras_io.loading._loaders", "load_checkpoint_model"),
     "get_trial_info": ("ckptstore.core", "get_trial_info"),
     "get_cluster_info": ("ckptstore.core", "get_trial_info"),
     "ClusterInfo": ("ckptstore.core", "ClusterInfo"),

@@ -12,9 +12,10 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 import warnings
-from types import ModuleType
+from types import CodeType, ModuleType
 
 #: old module name -> new module name. Submodules of a moved package are mapped one by one.
 MOVED: dict[str, str] = {
@@ -32,11 +33,30 @@ MOVED: dict[str, str] = {
     "ckptstore.keras_io.experiment.worker": "ckptstore.keras_io.trial.worker",
     "ckptstore.keras_io.determined_weights": "ckptstore.import_determined.weights",
     "ckptstore.keras_io.fast_crc": "ckptstore.checkpointing.checksums",
-    "ckptstore.keras_io.callback": "ckptstore.keras_io.determined_callback",
-    "ckptstore.keras_io.callbacks": "ckptstore.keras_io.stateful_callbacks",
+    "ckptstore.keras_io.callback": "ckptstore.keras_io.fit._callback",
+    "ckptstore.keras_io.callbacks": "ckptstore.keras_io.fit._stateful",
     "ckptstore.keras_io.trial.callbacks": "ckptstore.keras.callbacks",
     "ckptstore.checkpointing.determined_import": "ckptstore.import_determined.layouts",
     "ckptstore.checkpointing.gc": "ckptstore.checkpointing.retention",
+    # keras_io by concern (0.2): flat modules moved into sub-packages. A module moved whole maps
+    # to its private module (private names and monkeypatching keep working); export.py was split,
+    # so its old name maps to the package, whose public list holds all its public names.
+    "ckptstore.keras_io.determined_callback": "ckptstore.keras_io.fit._callback",
+    "ckptstore.keras_io.callback_state": "ckptstore.keras_io.fit._callback_state",
+    "ckptstore.keras_io.keras_callback_state": "ckptstore.keras_io.fit._keras_callback_state",
+    "ckptstore.keras_io.stateful_callbacks": "ckptstore.keras_io.fit._stateful",
+    "ckptstore.keras_io.tensorboard": "ckptstore.keras_io.fit._tensorboard",
+    "ckptstore.keras_io.mwms_compat": "ckptstore.keras_io.fit._mwms_compat",
+    "ckptstore.keras_io.snapshot": "ckptstore.keras_io.saving._snapshot",
+    "ckptstore.keras_io.checkpoint_writer": "ckptstore.keras_io.saving._writer",
+    "ckptstore.keras_io.tf_bundle": "ckptstore.keras_io.saving._tf_bundle",
+    "ckptstore.keras_io.keras2_format": "ckptstore.keras_io.saving._keras2_format",
+    "ckptstore.keras_io.keras_archive": "ckptstore.keras_io.saving._keras_archive",
+    "ckptstore.keras_io.export": "ckptstore.keras_io.exporting",
+    "ckptstore.keras_io.loaders": "ckptstore.keras_io.loading._loaders",
+    "ckptstore.keras_io.resumable_data": "ckptstore.keras_io.data._resumable",
+    "ckptstore.keras_io.resumable_data_keras2": "ckptstore.keras_io.data._resumable_keras2",
+    "ckptstore.keras_io.keras_context": "ckptstore.keras_io.context._context",
 }
 
 
@@ -45,9 +65,11 @@ class _AliasLoader(importlib.abc.Loader):
         self.old, self.new = old, new
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        # Point at the public package, not at a private module (``pkg._x`` -> ``pkg``).
+        public = self.new.split("._")[0]
         warnings.warn(
             f"{self.old} moved to {self.new}; the old import path goes away in ckptstore 0.3. "
-            f"Import {self.new} (or the public ckptstore.core / ckptstore.keras) instead.",
+            f"Import {public} (or the public ckptstore.core / ckptstore.keras) instead.",
             DeprecationWarning,
             stacklevel=2,
         )
@@ -58,13 +80,24 @@ class _AliasLoader(importlib.abc.Loader):
         # old name too.
         return None
 
+    def get_code(self, fullname: str) -> CodeType | None:
+        """``python -m <old name>`` (runpy asks the loader for code): the new module's code, or
+        its package's ``__main__``, with the same warning."""
+        self.create_module(importlib.machinery.ModuleSpec(fullname, self))
+        spec = importlib.util.find_spec(self.new)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(self.new + ".__main__")
+        loader = getattr(spec, "loader", None)
+        return loader.get_code(spec.name) if spec is not None and loader is not None else None
+
 
 class _MovedFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: object = None, target: object = None):
         new = MOVED.get(fullname)
         if new is None:
             return None
-        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(fullname, new))
+        # origin: what runpy puts in sys.argv[0] for `python -m <old name>`.
+        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(fullname, new), origin=new)
 
 
 def install() -> None:

@@ -247,7 +247,7 @@ def export_cmd(
       python -c "import tensorflow as tf; tf.saved_model.load('ckpt/saved_model').serve"
     """
     # In a child process: the command itself never imports TensorFlow (layers contract).
-    command = [sys.executable, "-m", "ckptstore.keras_io.export", "checkpoint", uuid]
+    command = [sys.executable, "-m", "ckptstore.keras_io.exporting", "checkpoint", uuid]
     command += ["--registry", state.registry_url]
     try:
         state.registry().get_checkpoint(uuid)  # known: the registry says where it lives

@@ -27,8 +27,7 @@ def test_one_batch(trial_class: type, config: dict[str, Any] | None = None) -> A
     Raises what the trial raises, or :class:`~ckptstore.errors.InvalidConfig` for a bad config.
     """
     from ckptstore import core
-    from ckptstore.keras_io.trial import TFKerasTrial, TFKerasTrialContext
-    from ckptstore.keras_io.trial.controller import TrialController
+    from ckptstore.keras_io.trial import TFKerasTrial, TFKerasTrialContext, TrialController
 
     if not (isinstance(trial_class, type) and issubclass(trial_class, TFKerasTrial)):
         raise errors.InvalidConfig(

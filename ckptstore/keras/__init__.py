@@ -24,25 +24,29 @@ from typing import Any
 from ckptstore.import_determined.weights import load_determined_checkpoint
 from ckptstore.keras import callbacks
 from ckptstore.keras._load import load_model_from_checkpoint_path
-from ckptstore.keras_io.callback_state import get_rng_state, set_rng_state
-from ckptstore.keras_io.determined_callback import DeterminedCallback
-from ckptstore.keras_io.export import ExportPolicy, export_checkpoint
-from ckptstore.keras_io.keras2_format import register_keras3_importer
-from ckptstore.keras_io.keras_context import KerasContext, init
-from ckptstore.keras_io.loaders import load_checkpoint_model
-from ckptstore.keras_io.stateful_callbacks import Callback, EarlyStopping, ReduceLROnPlateau
-from ckptstore.keras_io.tensorboard import TensorBoard, TrialTensorBoard
+from ckptstore.keras_io.context import KerasContext, init
+from ckptstore.keras_io.exporting import ExportPolicy, export_checkpoint
+from ckptstore.keras_io.fit import (
+    Callback,
+    DeterminedCallback,
+    EarlyStopping,
+    ReduceLROnPlateau,
+    TensorBoard,
+    TrialTensorBoard,
+    get_rng_state,
+    set_rng_state,
+)
+from ckptstore.keras_io.loading import load_checkpoint_model
+from ckptstore.keras_io.saving import register_keras3_importer
 from ckptstore.keras_io.trial import (
+    ArrayLike,
     InMemorySequence,
+    InputData,
     SequenceAdapter,
     TFKerasExperimentalContext,
     TFKerasTrial,
     TFKerasTrialContext,
 )
-
-# The controller module is imported for its effect: it sets TFKerasTrial.trial_controller_class.
-from ckptstore.keras_io.trial import controller as _controller  # noqa: F401
-from ckptstore.keras_io.trial.sequences import ArrayLike, InputData
 
 
 class TFKerasTensorBoard(TrialTensorBoard):
@@ -59,7 +63,8 @@ class TFKerasTensorBoard(TrialTensorBoard):
         super().__init__(*args, **kwargs)
 
 
-# Keras 2 checkpoints resumed under Keras 3 go through the migration code (a layer above keras_io).
+# Explicit wiring, not an import side effect: Keras 2 checkpoints resumed under Keras 3 go through
+# the migration code, which sits a layer above keras_io.
 register_keras3_importer(load_determined_checkpoint)
 
 __all__ = [

@@ -5,7 +5,7 @@ The layout decides (detected from the folder's top-level names, the same rule
 ``ckptstore import-determined`` uses, :func:`ckptstore.import_determined.layouts.detect_layout`):
 
 - a ckptstore checkpoint (``model.keras`` or an inference ``saved_model/``): loaded by
-  :func:`ckptstore.keras_io.loaders.load_model_from_checkpoint_path`;
+  :func:`ckptstore.keras_io.loading._loaders.load_model_from_folder`;
 - Determined's ``TFKerasTrial`` layouts (``determined-keras-model-weights.*``, and the 0.17-era
   ``determined-keras-model.h5``) and ``DeterminedCallback``'s ``model_checkpoint.*``: the model is
   built by the trial class saved in the checkpoint's ``code/`` folder (named by ``load_data.json``,
@@ -36,7 +36,7 @@ from typing import Any
 from ckptstore import errors
 from ckptstore.import_determined import layouts
 from ckptstore.import_determined.weights import load_determined_checkpoint
-from ckptstore.keras_io import loaders
+from ckptstore.keras_io.loading import _loaders as loaders
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +137,8 @@ def build_trial_model(folder: str) -> Any | None:
 def _holds_its_keras2_model(folder: str) -> bool:
     """A Keras 2 checkpoint written by ckptstore that this process can load without model=:
     under Keras 2 (its model_config.json / SavedModel), or under Keras 3 from its SavedModel."""
-    from ckptstore.keras_io import backend, keras2_format
+    from ckptstore.keras_io import backend
+    from ckptstore.keras_io.saving import _keras2_format as keras2_format
 
     if not keras2_format.written_by_keras2(folder):
         return False
@@ -186,7 +187,7 @@ def load_model_from_checkpoint_path(
                 f"model= is for Determined checkpoints; {folder} is a ckptstore checkpoint, "
                 "which holds its model. Received: model=" + type(model).__name__ + "."
             )
-        return loaders.load_model_from_checkpoint_path(
+        return loaders.load_model_from_folder(
             folder, compile=compile, custom_objects=custom_objects, safe_mode=safe_mode
         )
     if model is None:

@@ -25,12 +25,12 @@ Example::
 
 from __future__ import annotations
 
-from ckptstore.keras_io.stateful_callbacks import (
+from ckptstore.keras_io.fit import (
     Callback,
     EarlyStopping,
     ReduceLROnPlateau,
     ReduceLRScheduler,
 )
-from ckptstore.keras_io.tensorboard import TrialTensorBoard as TensorBoard
+from ckptstore.keras_io.fit import TrialTensorBoard as TensorBoard
 
 __all__ = ["Callback", "EarlyStopping", "ReduceLROnPlateau", "ReduceLRScheduler", "TensorBoard"]

@@ -17,7 +17,6 @@ Mixing is refused, not guessed around: a model built with the other Keras raises
 Example::
 
     from ckptstore.keras_io import backend
-
     print(backend.KERAS_MAJOR, backend.keras.__name__)   # 2 tf_keras  /  3 keras
     backend.check_model(model)                           # raises KerasMismatch on a mix-up
 """
@@ -31,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from ckptstore import errors
+from ckptstore.keras_io._types import KerasModel
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def keras_of(obj: Any) -> str | None:
     return None
 
 
-def check_model(model: Any, *, what: str = "DeterminedCallback") -> None:
+def check_model(model: KerasModel, *, what: str = "DeterminedCallback") -> None:
     """Raise :class:`~ckptstore.errors.KerasMismatch` if ``model`` is from the other Keras."""
     got = keras_of(model)
     if got is None or got == PACKAGE:
@@ -115,6 +115,6 @@ class CallbackBase(keras.callbacks.Callback):
     ``AttributeError`` inside Keras.
     """
 
-    def set_model(self, model: Any) -> None:
+    def set_model(self, model: KerasModel) -> None:
         check_model(model, what=type(self).__name__)
         super().set_model(model)

@@ -190,7 +190,7 @@ def test_gc_registry_and_loader_agree_on_best(tmp_path):
     """Issue 12: load_checkpoint_model(best_by=) (with and without registry rows), the
     registry's best_checkpoint and GC's best rule pick the same checkpoint."""
     from ckptstore.checkpointing.retention import BestN, GCContext
-    from ckptstore.keras_io.loaders import resolve_checkpoint
+    from ckptstore.keras_io.loading._loaders import resolve_checkpoint
 
     shapes = [
         {"val_loss": math.nan, "avg_metrics": {"val_loss": 0.05}},  # NaN flat, finite nested

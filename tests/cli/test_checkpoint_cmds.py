@@ -65,8 +65,7 @@ def test_download_with_selector_and_verify(env, tmp_path):
     assert verified == {"uuid": uuid, "ok": True, "files": 4, "bytes": verified["bytes"]}
 
     # damage the stored copy: verify must say which file, with the corrupt-checkpoint code
-    with open(os.path.join(env.storage_url, uuid, "model.keras"), "r+b") as f:
-        f.write(b"X")
+    env.corrupt(uuid, "model.keras")
     bad = env.run("checkpoint", "verify", uuid)
     assert bad.exit_code == EXIT_CORRUPT
     assert "model.keras" in bad.output and "ChecksumMismatch" in bad.output

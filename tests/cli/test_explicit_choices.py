@@ -51,10 +51,9 @@ def test_explicit_storage_wins_over_the_recorded_url(tmp_path, caplog):
     uuid = env.save(1, 10)
     other = tmp_path / "b"
     shutil.copytree(tmp_path / "a", other)
-    with open(other / uuid / "model.keras", "r+b") as f:
-        f.write(b"damaged")
-    assert env.run("checkpoint", "verify", uuid).exit_code == 0  # the recorded, intact copy
     explicit = Env(str(other), env.registry_url, str(tmp_path))
+    explicit.corrupt(uuid, "model.keras")
+    assert env.run("checkpoint", "verify", uuid).exit_code == 0  # the recorded, intact copy
     result = explicit.run("checkpoint", "verify", uuid)
     assert result.exit_code == EXIT_CORRUPT, result.output
     assert "model.keras" in result.output
@@ -142,6 +141,8 @@ def test_without_storage_a_row_url_is_read_only_when_allowed(tmp_path, monkeypat
     monkeypatch.setenv(ALLOWED_STORAGE_ENV, env.storage_url)
     allowed = CliRunner().invoke(cli, [*args, str(tmp_path / "yes")])
     assert allowed.exit_code == 0, allowed.output
+    direct = env.run("checkpoint", "download", uuid, "-o", str(tmp_path / "direct"))
+    assert direct.exit_code == 0, direct.output
     assert (tmp_path / "yes" / "model.keras").read_bytes() == (
-        tmp_path / "a" / uuid / "model.keras"
+        tmp_path / "direct" / "model.keras"
     ).read_bytes()

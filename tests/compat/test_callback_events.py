@@ -20,6 +20,7 @@ import pytest
 
 import ckptstore as det
 from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import format as fmt
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
 
@@ -162,7 +163,7 @@ def test_overridden_hooks_save_and_restore_the_model(tmp_path):
     assert os.path.basename(saved_path) == "model_checkpoint"
     assert weight != 0.0
     uuid = callback.last_checkpoint
-    files = CheckpointContext(str(tmp_path)).storage.list(uuid)
+    files = fmt.read_manifest(CheckpointContext(str(tmp_path)).storage, uuid)["files"]
     assert "model_checkpoint.weights.h5" in files  # the subclass's files are in the checkpoint
 
     # Same continue_id: the subclass's load_model restores, and only the remaining epoch runs.

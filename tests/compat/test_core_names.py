@@ -10,6 +10,7 @@ import pytest
 
 import ckptstore as det
 from ckptstore import errors
+from ckptstore.checkpointing import format as fmt
 
 
 def test_log_format_is_determineds(caplog):
@@ -52,7 +53,7 @@ def test_upload_selector_and_empty_shard(where, tmp_path):
             src, {"steps_completed": 2}, selector=lambda rel: not rel.endswith(".tmp")
         )
         assert core_context.checkpoint.get_metadata(uuid)["steps_completed"] == 2
-        files = core_context.storage.list(uuid)
+        files = fmt.read_manifest(core_context.storage, uuid)["files"]
         assert "keep/a.bin" in files and "skip.tmp" not in files
         assert (src / "skip.tmp").exists()  # the caller's folder is left alone
         empty = core_context.checkpoint.upload(None, {"steps_completed": 3}, shard=True)

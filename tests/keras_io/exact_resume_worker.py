@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.kind == "wrap_data":
         # ctx.fit() makes its own DeterminedCallback; remember it to read its counters
-        from ckptstore.keras_io import determined_callback
+        from ckptstore.keras_io.fit import _callback as determined_callback
 
         made: list = []
 

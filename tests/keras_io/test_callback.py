@@ -166,7 +166,7 @@ def test_batch_metric_reporting(init):
     "the .keras archive internals (model.weights.h5); Keras 2 checkpoints are TF checkpoints"
 )
 def test_snapshot_archive_matches_keras_layout_and_is_point_in_time(tmp_path):
-    from ckptstore.keras_io import snapshot as snapshot_lib
+    from ckptstore.keras_io.saving import _snapshot as snapshot_lib
 
     model = classifier()
     fit(model, [], epochs=1)

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 import ckptstore as det
 from ckptstore.checkpointing import CheckpointContext
 from ckptstore.checkpointing import format as fmt
-from ckptstore.keras_io import callback_state as state_lib
-from ckptstore.keras_io.export import export_checkpoint
+from ckptstore.keras_io.exporting import export_checkpoint
+from ckptstore.keras_io.fit import _callback_state as state_lib
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
 

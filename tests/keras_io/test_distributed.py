@@ -114,7 +114,7 @@ WORKER = textwrap.dedent(
     from ckptstore.core._preempt import PreemptContext
 
     out_path = sys.argv[1]
-    from ckptstore.keras_io.keras_context import init
+    from ckptstore.keras_io.context._context import init
     context = init(hparams={"lr": 0.1})
     d = context.distributed
     result = {

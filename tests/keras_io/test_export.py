@@ -16,7 +16,7 @@ import ckptstore as det
 from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext
 from ckptstore.checkpointing import format as fmt
-from ckptstore.keras_io.export import ExportPolicy, export_checkpoint
+from ckptstore.keras_io.exporting import ExportPolicy, export_checkpoint
 from ckptstore.storage_backends import open_storage
 from tests.cli.helpers import make_env
 from tests.keras_io.export_common import X, fit, has_saved_model, init

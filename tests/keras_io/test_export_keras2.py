@@ -22,8 +22,8 @@ import ckptstore as det
 from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext
 from ckptstore.checkpointing import format as fmt
-from ckptstore.keras_io import keras2_format
-from ckptstore.keras_io.export import export_checkpoint
+from ckptstore.keras_io.exporting import export_checkpoint
+from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.storage_backends import open_storage
 from tests.keras_io.export_common import X, fit, has_saved_model, init
 from tests.keras_io.keras_under_test import KERAS2_ONLY_MODULE, keras, tiny_model
@@ -162,7 +162,7 @@ def test_a_model_no_process_can_rebuild_exports_on_the_training_thread(tmp_path,
         model(X[:1])  # built before fit(): the callback builds the optimizer at fit start
         model.compile(keras.optimizers.Adam(0.01), "mse")
         cb = det.keras.DeterminedCallback(ctx, None, 1)
-        with caplog.at_level("WARNING", logger="ckptstore.keras_io.determined_callback"):
+        with caplog.at_level("WARNING", logger="ckptstore.keras_io.fit._callback"):
             fit(model, [cb], epochs=1)
         uuid = cb.last_checkpoint
         assert has_saved_model(ctx.storage, uuid)
@@ -196,7 +196,7 @@ def test_export_checkpoint_adds_a_saved_model_to_a_keras2_checkpoint(tmp_path, s
 
 
 def test_cli_export_of_a_keras2_checkpoint_from_a_keras3_process(tmp_path):
-    """``python -m ckptstore.keras_io.export checkpoint UUID`` (what ``ckptstore checkpoint
+    """``python -m ckptstore.keras_io.exporting checkpoint UUID`` (what ``ckptstore checkpoint
     export`` runs) without TF_USE_LEGACY_KERAS: it hands the Keras 2 checkpoint to a Keras 2
     worker; a subclassed model's checkpoint gets a typed error."""
     registry = f"sqlite:///{tmp_path / 'reg.db'}"
@@ -215,7 +215,7 @@ def test_cli_export_of_a_keras2_checkpoint_from_a_keras3_process(tmp_path):
     env["PYTHONPATH"] = REPO
 
     def run(checkpoint):
-        command = [sys.executable, "-m", "ckptstore.keras_io.export", "checkpoint", checkpoint]
+        command = [sys.executable, "-m", "ckptstore.keras_io.exporting", "checkpoint", checkpoint]
         proc = subprocess.run(
             [*command, "--registry", registry],
             env=env,

@@ -14,8 +14,8 @@ import pytest
 
 from ckptstore.checkpointing import checksums as fast_crc
 from ckptstore.checkpointing import format as fmt
-from ckptstore.keras_io import keras_archive
-from ckptstore.keras_io import snapshot as snapshot_lib
+from ckptstore.keras_io.saving import _keras_archive as keras_archive
+from ckptstore.keras_io.saving import _snapshot as snapshot_lib
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
 

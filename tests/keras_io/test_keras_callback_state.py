@@ -13,8 +13,8 @@ from hypothesis.extra import numpy as hnp
 
 import ckptstore as det
 from ckptstore import errors
-from ckptstore.keras_io import callback_state
-from ckptstore.keras_io import keras_callback_state as kcs
+from ckptstore.keras_io.fit import _callback_state as callback_state
+from ckptstore.keras_io.fit import _keras_callback_state as kcs
 from tests.keras_io.keras_under_test import keras
 
 arrays = hnp.arrays(

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import ckptstore
 from ckptstore import errors
-from ckptstore.keras_io.keras_context import shard_data
+from ckptstore.keras_io.context._context import shard_data
 from ckptstore.registry import Registry
 from tests.keras_io.keras_under_test import keras
 

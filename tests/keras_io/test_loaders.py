@@ -21,7 +21,7 @@ from ckptstore import errors
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.row_storage import ALLOWED_STORAGE_ENV
 from ckptstore.core import init
-from ckptstore.keras_io.loaders import load_model_from_checkpoint_path
+from ckptstore.keras_io.loading import load_model_from_folder
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
 from tests.checkpointing._helpers import write_manifest
@@ -151,7 +151,7 @@ def test_saved_model_fallback(where_allowed, tmp_path):
     np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-5)
     # and from a local folder directly
     export(model, str(tmp_path / "local" / "saved_model"))
-    local = load_model_from_checkpoint_path(str(tmp_path / "local"))
+    local = load_model_from_folder(str(tmp_path / "local"))
     np.testing.assert_allclose(local.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-5)
 
 
@@ -159,11 +159,11 @@ def test_saved_model_fallback(where_allowed, tmp_path):
 def test_local_path_accepts_any_single_keras_file(tmp_path):
     model = linear_model()
     model.save(str(tmp_path / "whatever.keras"))
-    loaded = load_model_from_checkpoint_path(str(tmp_path))
+    loaded = load_model_from_folder(str(tmp_path))
     np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
     model.save(str(tmp_path / "other.keras"))
     with pytest.raises(errors.ModelLoadError, match="several .keras files"):
-        load_model_from_checkpoint_path(str(tmp_path))
+        load_model_from_folder(str(tmp_path))
 
 
 def test_unknown_trial_and_uuid(where_allowed):

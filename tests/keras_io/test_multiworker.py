@@ -2,7 +2,7 @@
 the chief writes checkpoints, and both workers resume from the chief's checkpoint.
 
 Plain ``model.fit()`` with ``DeterminedCallback`` in the list; the callback applies
-``ckptstore.keras_io.mwms_compat`` (Keras 3's multi-worker ``fit()`` fails without it). Every
+``ckptstore.keras_io.fit._mwms_compat`` (Keras 3's multi-worker ``fit()`` fails without it). Every
 write a worker makes to storage is journaled by a real ``LocalStorage`` subclass, so the test
 sees which process wrote each file.
 

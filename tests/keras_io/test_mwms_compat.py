@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from keras.src.backend.tensorflow import trainer as tf_trainer
 
-from ckptstore.keras_io import mwms_compat
+from ckptstore.keras_io.fit import _mwms_compat as mwms_compat
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
 

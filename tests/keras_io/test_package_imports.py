@@ -28,7 +28,7 @@ def test_import_does_not_load_tensorflow_or_keras():
         "import ckptstore, ckptstore.storage_backends, ckptstore.registry, ckptstore.checkpointing\n"
         "import ckptstore.core, ckptstore.errors\n"
         "from ckptstore.core import _info as trial_info\n"
-        "from ckptstore.keras_io import loaders\n"
+        "from ckptstore.keras_io import loading\n"
         "import ckptstore.experiment, ckptstore.import_determined.layouts\n"
         "ckptstore.get_trial_info; ckptstore.get_cluster_info; ckptstore.load_checkpoint_model\n"
         "print(json.dumps(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules)))"
@@ -51,3 +51,110 @@ def test_public_names_after_import_ckptstore():
         "print(json.dumps(names))"
     )
     assert all(got.values()), got
+
+
+#: keras_io's flat modules before the split by concern (0.2), each with a name it must still give.
+OLD_KERAS_IO = {
+    "determined_callback": "DeterminedCallback",
+    "callback_state": "get_rng_state",
+    "keras_callback_state": "keras_state",
+    "stateful_callbacks": "EarlyStopping",
+    "tensorboard": "TensorBoard",
+    "mwms_compat": "apply_mwms_compat",
+    "snapshot": "take_snapshot",
+    "checkpoint_writer": "CheckpointWriter",
+    "tf_bundle": "folder_cuts",
+    "keras2_format": "register_keras3_importer",
+    "keras_archive": "write_archive",
+    "export": "export_checkpoint",
+    "loaders": "load_checkpoint_model",
+    "resumable_data": "attach",
+    "resumable_data_keras2": "attach",
+    "keras_context": "KerasContext",
+}
+#: The public names of the old ``keras_io/export.py``, now split over ``keras_io/exporting/``.
+OLD_EXPORT_NAMES = [
+    "MODEL_FILENAME",
+    "MODES",
+    "SAVED_MODEL_DIRNAME",
+    "CheckpointExports",
+    "ExportPolicy",
+    "ExportResult",
+    "ExportWorker",
+    "custom_modules",
+    "export_checkpoint",
+    "export_keras2_folder",
+    "export_model_file",
+]
+
+
+def test_old_keras_io_paths_import_warn_and_give_their_names():
+    got = _run(
+        "import importlib, json, warnings\n"
+        f"old = {OLD_KERAS_IO!r}\n"
+        "out = {}\n"
+        "for name, attr in old.items():\n"
+        "    with warnings.catch_warnings(record=True) as caught:\n"
+        "        warnings.simplefilter('always')\n"
+        "        module = importlib.import_module('ckptstore.keras_io.' + name)\n"
+        "    warned = [str(w.message) for w in caught if w.category is DeprecationWarning]\n"
+        "    out[name] = [bool(warned) and module.__name__ in warned[0], hasattr(module, attr)]\n"
+        "export = importlib.import_module('ckptstore.keras_io.export')\n"
+        f"out['export names'] = [n for n in {OLD_EXPORT_NAMES!r} if not hasattr(export, n)]\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    from ckptstore.keras_io.loaders import load_model_from_checkpoint_path as old_fn\n"
+        "from ckptstore.keras_io.loading import load_model_from_folder\n"
+        "out['old loader name'] = [old_fn is load_model_from_folder,\n"
+        "    any(w.category is DeprecationWarning for w in caught)]\n"
+        "print(json.dumps(out))"
+    )
+    assert got.pop("export names") == []
+    assert got == {name: [True, True] for name in [*OLD_KERAS_IO, "old loader name"]}
+
+
+def test_old_module_path_still_runs_with_python_m():
+    done = subprocess.run(
+        [sys.executable, "-W", "always::DeprecationWarning", "-m", "ckptstore.keras_io.export"]
+        + ["--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--worker" in done.stdout
+    assert "ckptstore.keras_io.export moved to ckptstore.keras_io.exporting" in done.stderr
+
+
+def test_the_repository_uses_no_deprecated_import_path():
+    import re
+
+    from ckptstore import _deprecated
+
+    patterns = []
+    for old in _deprecated.MOVED:
+        parent, leaf = old.rsplit(".", 1)
+        patterns.append(
+            re.compile(
+                rf"(?<![\w.]){re.escape(old)}\b|from {re.escape(parent)} import [^\n]*\b{leaf}\b"
+            )
+        )
+    # The table itself, the old loader name's message and this test name old paths on purpose.
+    allowed = {
+        REPO / "ckptstore" / "_deprecated.py",
+        REPO / "ckptstore" / "keras_io" / "loading" / "_loaders.py",
+        Path(__file__).resolve(),
+    }
+    found = []
+    for folder in ("ckptstore", "tests", "examples", "benchmarks"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if path in allowed:
+                continue
+            text = path.read_text(encoding="utf-8")
+            found += [
+                f"{path.relative_to(REPO)}: {m.group(0)}"
+                for p in patterns
+                for m in p.finditer(text)
+            ]
+    assert found == []

@@ -21,8 +21,8 @@ import tensorflow as tf
 import ckptstore as det
 from ckptstore.checkpointing import CheckpointContext, blobs
 from ckptstore.checkpointing import format as fmt
-from ckptstore.keras_io import tf_bundle
-from ckptstore.keras_io.checkpoint_writer import CheckpointWriter, SaveJob
+from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
+from ckptstore.keras_io.saving._writer import CheckpointWriter, SaveJob
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
 

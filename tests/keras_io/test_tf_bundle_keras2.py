@@ -18,7 +18,8 @@ import tensorflow as tf
 import ckptstore as det
 from ckptstore.checkpointing import CheckpointContext, blobs
 from ckptstore.checkpointing import format as fmt
-from ckptstore.keras_io import keras2_format, tf_bundle
+from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
 from tests.keras_io.keras_under_test import KERAS2_ONLY_MODULE, keras
 
 pytestmark = KERAS2_ONLY_MODULE

@@ -139,7 +139,7 @@ def test_sigkill_mid_delete(tmp_path, registry_url, point):
 def test_latest_skips_a_checkpoint_deleted_behind_the_registrys_back(tmp_path, caplog):
     """A folder removed outside ckptstore: latest_checkpoint (context, core info, loader)
     takes the newest that exists and says why."""
-    from ckptstore.keras_io.loaders import resolve_checkpoint
+    from ckptstore.keras_io.loading._loaders import resolve_checkpoint
 
     storage_url, registry_url = str(tmp_path / "s"), f"sqlite:///{tmp_path}/r.db"
     older, newest = _two_checkpoints(storage_url, registry_url)

@@ -234,7 +234,17 @@ def test_object_keys_with_dotdot_on_s3_never_escape(storage_url_factory, s3_serv
 
 # ---- symlinks -----------------------------------------------------------------------------------
 def _uploaded_bytes(storage, uuid) -> list[bytes]:
-    return [storage.read_bytes(f"{uuid}/{rel}") for rel in storage.list(uuid) if rel[-1] != "/"]
+    """Every stored file of the checkpoint folder, and every file its manifest names as
+    stored (whole, or reassembled from its chunks)."""
+    from ckptstore.checkpointing import blobs
+
+    out = [storage.read_bytes(f"{uuid}/{rel}") for rel in storage.list(uuid) if rel[-1] != "/"]
+    for entry in fmt.read_manifest(storage, uuid)["files"].values():
+        if "blobs" in entry:
+            out.append(
+                b"".join(storage.read_bytes(blobs.blob_key(c["sha256"])) for c in entry["blobs"])
+            )
+    return out
 
 
 @pytest.mark.parametrize("how", ["upload", "background", "store_path"])
@@ -349,7 +359,7 @@ def _evil_pickle(marker, protocol: int) -> bytes:
 
 @pytest.mark.parametrize("protocol", [0, pickle.HIGHEST_PROTOCOL])
 def test_pickle_in_place_of_callback_state_is_never_unpickled(tmp_path, protocol):
-    from ckptstore.keras_io import callback_state
+    from ckptstore.keras_io.fit import _callback_state as callback_state
 
     marker = tmp_path / "PWNED"
     ckpt = tmp_path / "ckpt"
@@ -362,7 +372,7 @@ def test_pickle_in_place_of_callback_state_is_never_unpickled(tmp_path, protocol
 
 
 def test_determined_import_does_not_unpickle_by_default(tmp_path):
-    from ckptstore.checkpointing import determined_import
+    from ckptstore.import_determined import layouts as determined_import
 
     marker = tmp_path / "PWNED"
     det = tmp_path / "det"
@@ -388,7 +398,7 @@ def test_determined_import_does_not_unpickle_by_default(tmp_path):
 def test_lambda_layer_refused_under_safe_mode_unless_allowed(tmp_path):
     import keras
 
-    from ckptstore.keras_io.loaders import load_checkpoint_model
+    from ckptstore.keras_io.loading._loaders import load_checkpoint_model
     from ckptstore.registry import Registry
 
     marker = tmp_path / "LAMBDA-RAN"

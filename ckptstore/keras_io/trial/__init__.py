@@ -8,13 +8,26 @@ Example::
 """
 
 from ckptstore.keras_io.trial.context import TFKerasExperimentalContext, TFKerasTrialContext
-from ckptstore.keras_io.trial.sequences import InMemorySequence, SequenceAdapter
+from ckptstore.keras_io.trial.controller import TrialController
+from ckptstore.keras_io.trial.sequences import (
+    ArrayLike,
+    InMemorySequence,
+    InputData,
+    SequenceAdapter,
+)
 from ckptstore.keras_io.trial.trial import TFKerasTrial
 
+# Determined's TFKerasTrial.trial_controller_class. Wired here, where both classes are public,
+# because the controller module imports trial.py (trial.py cannot name it without a cycle).
+TFKerasTrial.trial_controller_class = TrialController
+
 __all__ = [
+    "ArrayLike",
     "InMemorySequence",
+    "InputData",
     "SequenceAdapter",
     "TFKerasExperimentalContext",
     "TFKerasTrial",
     "TFKerasTrialContext",
+    "TrialController",
 ]

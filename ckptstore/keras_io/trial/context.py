@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptstore import errors
+from ckptstore.keras_io._types import KerasModel
 from ckptstore.validators import int_at_least, optional_int_at_least
 
 logger = logging.getLogger(__name__)
@@ -218,7 +219,7 @@ class TFKerasTrialContext:
         self.optimizers: list[Any] = []
         #: Determined's attributes: the last wrapped model; the rest are harness state that
         #: ckptstore's controller keeps itself (left at Determined's initial values).
-        self.model: Any = None
+        self.model: KerasModel | None = None
         self.compile_args: Any = None
         self.train_config: Any = None
         self.dataset_initialized = False
@@ -343,7 +344,7 @@ class TFKerasTrialContext:
         return max(1, gbs // size)
 
     # ---- wrappers ---------------------------------------------------------------------------------
-    def wrap_model(self, model: Any) -> Any:
+    def wrap_model(self, model: KerasModel) -> KerasModel:
         """Register ``model`` (call before compiling it) and return it for use in its place."""
         self.models.append(model)
         self.model = model

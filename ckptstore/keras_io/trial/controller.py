@@ -12,12 +12,12 @@ config sets no ``min_validation_period``.
 
 A checkpoint holds ``model.keras`` (architecture, weights, full optimizer state),
 ``callback_state.json`` (callback states, RNG states, steps — see
-:mod:`ckptstore.keras_io.callback_state`) and ``workload_sequencer.json`` (the position in the
+:mod:`ckptstore.keras_io.fit._callback_state`) and ``workload_sequencer.json`` (the position in the
 training data and the schedule). Resuming rebuilds the model with ``build_model()``, loads those
 and continues at the next batch.
 
 On Keras 2 (``tf.keras`` is tf_keras, ``TF_USE_LEGACY_KERAS=1``) the model part is Determined's
-Keras 2 layout instead of ``model.keras`` (see :mod:`ckptstore.keras_io.keras2_format`): the TF
+Keras 2 layout instead of ``model.keras`` (see :mod:`ckptstore.keras_io.saving._keras2_format`): the TF
 checkpoint ``model_checkpoint.*`` with the weights and the optimizer's state — a legacy
 optimizer's slots and ``iter`` (``tf.keras.optimizers.legacy.*``) or a Keras 2.11+ optimizer's
 variables — plus ``model_config.json``; the layers' RNG states ride in ``callback_state.json``.
@@ -50,15 +50,20 @@ from ckptstore import errors
 from ckptstore.checkpointing.metrics import reported_value
 from ckptstore.experiment.config import ExperimentConfig, Length, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value
-from ckptstore.keras_io import backend, callback_state, checkpoint_writer, keras2_format, tf_bundle
+from ckptstore.keras_io import backend
+from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.backend import keras
+from ckptstore.keras_io.fit import _callback_state as callback_state
+from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
+from ckptstore.keras_io.saving import _writer as checkpoint_writer
+from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME
 from ckptstore.keras_io.trial import data as data_mod
 from ckptstore.keras_io.trial.context import TFKerasTrialContext
 from ckptstore.keras_io.trial.trial import TFKerasTrial
 
 logger = logging.getLogger(__name__)
 
-MODEL_FILENAME = "model.keras"
 SEQUENCER_FILENAME = "workload_sequencer.json"
 
 #: Called at each rung with (rung length in the unit of max_length, searcher metric); True prunes.
@@ -76,7 +81,7 @@ class TrialResult:
     latest_checkpoint: str | None = None
 
 
-def _is_compiled(model: Any) -> bool:
+def _is_compiled(model: KerasModel) -> bool:
     """``model.compiled`` (Keras 3) / ``model._is_compiled`` (Keras 2)."""
     return bool(getattr(model, "compiled", False) or getattr(model, "_is_compiled", False))
 
@@ -556,8 +561,3 @@ class TrialController:
 
 
 __all__ = ["TrialController", "TrialResult", "searcher_metric_value"]
-
-
-# Determined's TFKerasTrial.trial_controller_class; set here because this module imports the
-# trial module (a trial subclass may still name its own controller).
-TFKerasTrial.trial_controller_class = TrialController

@@ -6,6 +6,7 @@ import abc
 import logging
 from typing import Any
 
+from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.trial.context import TFKerasTrialContext
 
 logger = logging.getLogger(__name__)
@@ -48,16 +49,16 @@ class TFKerasTrial(abc.ABC):
     """
 
     #: The class that runs this trial (Determined's ``trial_controller_class``): ckptstore's
-    #: ``TrialController``, as ``TrialController(trial_class, core_context, config).run()``. The
-    #: controller module (which imports this one) sets it when it is imported, as
-    #: ``ckptstore.keras`` does.
+    #: ``TrialController``, as ``TrialController(trial_class, core_context, config).run()``. Set by
+    #: the package ``ckptstore.keras_io.trial`` (its ``__init__``), which any import of this
+    #: module runs first.
     trial_controller_class: Any = None
 
     def __init__(self, context: TFKerasTrialContext) -> None:
         self.context = context
 
     @abc.abstractmethod
-    def build_model(self) -> Any:
+    def build_model(self) -> KerasModel:
         """Return a compiled ``keras.Model``, wrapped with ``context.wrap_model()`` before compiling."""
 
     @abc.abstractmethod

@@ -53,7 +53,7 @@ def run_trial() -> int:
     """Run the trial described by the environment; returns the exit status."""
     from ckptstore import core
     from ckptstore.experiment.config import parse_config
-    from ckptstore.keras_io.trial.controller import TrialController
+    from ckptstore.keras_io.trial import TrialController
     from ckptstore.registry import Registry
 
     trial_id = trial_info.parse_int_env(trial_info.TRIAL_ID_ENV)

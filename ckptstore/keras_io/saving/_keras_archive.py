@@ -374,25 +374,7 @@ def write_archive(
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(path, flags, 0o666)
     try:
-        crc32 = 0
-        crc32c = 0
-        pos = 0
-        for offset, array in [*direct, (h5_size, None)]:
-            if offset > pos:  # HDF5 metadata (and small datasets) from the sparse file
-                gap = sparse.read_range(pos, offset)
-                _pwrite_all(fd, gap, data_start + pos)
-                crc32 = fast_crc.crc32_update(crc32, gap)
-                crc32c = fast_crc.crc32c_update(crc32c, gap)
-            if array is None:
-                break
-            raw = _byte_view(array)
-            for start in range(0, raw.size, CHUNK_BYTES):
-                chunk = raw[start : start + CHUNK_BYTES]
-                _pwrite_all(fd, chunk, data_start + offset + start)
-                crc32 = fast_crc.crc32_update(crc32, chunk)
-                crc32c = fast_crc.crc32c_update(crc32c, chunk)
-            pos = offset + raw.size
-        weights.crc32 = crc32
+        weights.crc32, crc32c = _write_weights(fd, sparse, direct, data_start)
         prefix += weights.local_header()
         _pwrite_all(fd, prefix, 0)
 
@@ -412,15 +394,50 @@ def write_archive(
     finally:
         os.close(fd)
     if cuts is not None:
-        found = {cd_offset}
-        for entry in entries:
-            found.add(entry.offset)
-            found.add(entry.offset + len(entry.local_header()))
-            found.add(entry.offset + len(entry.local_header()) + entry.size)
-        for offset, length in spans or ():
-            found.update((data_start + offset, data_start + offset + length))
-        cuts.extend(sorted(found))
+        cuts.extend(_cut_offsets(entries, spans or [], data_start, cd_offset))
     total = fast_crc.crc32c_update(0, bytes(prefix))
     total = fast_crc.crc32c_combine(total, crc32c, h5_size)
     total = fast_crc.crc32c_combine(total, fast_crc.crc32c_update(0, bytes(trailer)), len(trailer))
     return end + len(trailer), f"{total:08x}"
+
+
+def _write_weights(
+    fd: int, sparse: _SparseFile, direct: list[tuple[int, Any]], data_start: int
+) -> tuple[int, int]:
+    """Write ``model.weights.h5`` at ``data_start``: the HDF5 metadata from ``sparse`` and each
+    large array straight from memory (no copy of the model's bytes). Returns its CRC-32 (for
+    the zip) and CRC-32C (for the checkpoint), computed in the same pass."""
+    crc32 = 0
+    crc32c = 0
+    pos = 0
+    for offset, array in [*direct, (sparse.size, None)]:
+        if offset > pos:  # HDF5 metadata (and small datasets) from the sparse file
+            gap = sparse.read_range(pos, offset)
+            _pwrite_all(fd, gap, data_start + pos)
+            crc32 = fast_crc.crc32_update(crc32, gap)
+            crc32c = fast_crc.crc32c_update(crc32c, gap)
+        if array is None:
+            break
+        raw = _byte_view(array)
+        for start in range(0, raw.size, CHUNK_BYTES):
+            chunk = raw[start : start + CHUNK_BYTES]
+            _pwrite_all(fd, chunk, data_start + offset + start)
+            crc32 = fast_crc.crc32_update(crc32, chunk)
+            crc32c = fast_crc.crc32c_update(crc32c, chunk)
+        pos = offset + raw.size
+    return crc32, crc32c
+
+
+def _cut_offsets(
+    entries: list[_ZipEntry], spans: list[tuple[int, int]], data_start: int, cd_offset: int
+) -> list[int]:
+    """Sorted offsets where a piece of content begins or ends: each zip entry's header and data,
+    each tensor inside ``model.weights.h5``, and the central directory."""
+    found = {cd_offset}
+    for entry in entries:
+        found.add(entry.offset)
+        found.add(entry.offset + len(entry.local_header()))
+        found.add(entry.offset + len(entry.local_header()) + entry.size)
+    for offset, length in spans:
+        found.update((data_start + offset, data_start + offset + length))
+    return sorted(found)

@@ -1,5 +1,5 @@
 """Resumable input for Keras 2's (``tf_keras``) ``fit()``: the classes of
-:mod:`~ckptstore.keras_io.resumable_data`, hooked into Keras 2's ``DataHandler``.
+:mod:`~ckptstore.keras_io.data._resumable`, hooked into Keras 2's ``DataHandler``.
 
 Keras 2's fit loop (``tf_keras/src/engine/training.py``) asks its ``DataHandler`` for
 ``enumerate_epochs()`` -- ``(epoch, iterator)``, with ``iter(handler._dataset)`` made before the
@@ -39,19 +39,20 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ckptstore.keras_io import resumable_data as rd
+from ckptstore.keras_io._types import KerasModel
+from ckptstore.keras_io.data import _resumable as rd
 
 logger = logging.getLogger(__name__)
 
 
 def attach(
-    model: Any,
+    model: KerasModel,
     *,
     seed: int,
     distributed_size: int = 1,
     on_boundary: Callable[[], None] | None = None,
 ) -> rd.ResumableData | None:
-    """:func:`ckptstore.keras_io.resumable_data.attach` for Keras 2's ``fit()``."""
+    """:func:`ckptstore.keras_io.data._resumable.attach` for Keras 2's ``fit()``."""
     from tf_keras.src.engine import data_adapter as da
 
     frame = rd.find_fit_frame(model, "data_handler")
@@ -109,13 +110,13 @@ def attach(
     return None
 
 
-def restore_metrics(model: Any, saved: list[Any], element_spec: Any = None) -> None:
-    """:func:`ckptstore.keras_io.resumable_data.restore_metrics` for Keras 2, whose compiled
+def restore_metrics(model: KerasModel, saved: list[Any], element_spec: Any = None) -> None:
+    """:func:`ckptstore.keras_io.data._resumable.restore_metrics` for Keras 2, whose compiled
     metrics are built by :func:`build_metrics`."""
     rd.restore_metrics(model, saved, element_spec, build=build_metrics)
 
 
-def build_metrics(model: Any, element_spec: Any) -> None:
+def build_metrics(model: KerasModel, element_spec: Any) -> None:
     """Create the compiled loss/metric objects now (Keras 2 makes them in the first training
     step), tracing the model once on ``element_spec`` (nothing runs)."""
     import tensorflow as tf

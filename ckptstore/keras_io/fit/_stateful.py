@@ -2,7 +2,7 @@
 
 :class:`Callback` (public as ``ckptstore.keras.Callback`` and ``ckptstore.keras.callbacks.Callback``)
 is ``keras.callbacks.Callback`` plus three hooks that
-:class:`~ckptstore.keras_io.determined_callback.DeterminedCallback` calls: ``get_state()`` (a JSON-able
+:class:`~ckptstore.keras_io.fit._callback.DeterminedCallback` calls: ``get_state()`` (a JSON-able
 value saved in every checkpoint's ``callback_state.json``), ``load_state(state)`` (called on an
 exact resume, after every callback's ``on_train_begin`` and before the first epoch starts) and
 ``on_checkpoint_end(checkpoint_dir)`` (add your own files to a checkpoint). Any callback in the
@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckptstore.keras_io.backend import CallbackBase, keras
-from ckptstore.keras_io.keras_callback_state import keras_state, load_keras_state
+from ckptstore.keras_io.fit._keras_callback_state import keras_state, load_keras_state
 
 
 class Callback(CallbackBase):

@@ -2,7 +2,7 @@
 
 Keras's ``History``, ``EarlyStopping`` (with ``best_weights``), ``ReduceLROnPlateau`` and
 ``ModelCheckpoint`` have no ``get_state``/``load_state``; :func:`with_state` gives each a small
-adapter that has them, so :class:`~ckptstore.keras_io.determined_callback.DeterminedCallback`
+adapter that has them, so :class:`~ckptstore.keras_io.fit._callback.DeterminedCallback`
 carries their counters, best values and the metrics history over a resume like any stateful
 callback's. A state may hold NumPy arrays (e.g. ``best_weights``): :func:`split_arrays` moves them
 into a ``.npz`` file beside ``callback_state.json`` (never pickle) and :func:`join_arrays` puts

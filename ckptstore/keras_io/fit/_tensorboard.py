@@ -11,6 +11,7 @@ from typing import Any
 from ckptstore import errors
 from ckptstore.core._tensorboard import TensorboardSync
 from ckptstore.defaults import TENSORBOARD_PREFIX
+from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.backend import check_model, keras
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class TensorBoard(keras.callbacks.TensorBoard):
         self.storage_key = self._sync.key
 
     # ---- keras hooks --------------------------------------------------------------------------
-    def set_model(self, model: Any) -> None:
+    def set_model(self, model: KerasModel) -> None:
         check_model(model, what="TensorBoard")
         super().set_model(model)
 

@@ -25,7 +25,7 @@ use).
 
 Example::
 
-    from ckptstore.keras_io import tf_bundle
+    from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
     tf_bundle.shard_cuts("ckpt/saved_model/variables/variables.index")
     # {"variables.data-00000-of-00001": [0, 1024, 4195328, ...]}
     cuts = tf_bundle.folder_cuts("ckpt")

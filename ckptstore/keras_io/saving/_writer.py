@@ -35,8 +35,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptstore import errors
-from ckptstore.keras_io import snapshot as snapshot_lib
-from ckptstore.keras_io import tf_bundle
+from ckptstore.keras_io.saving import _snapshot as snapshot_lib
+from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class SaveJob:
     deduplicated commit cuts its chunks there (parts that did not change cost nothing). The
     TensorFlow checkpoint files in the folder (Keras 2 ``model_checkpoint.*``, a SavedModel's
     ``variables/``, from ``extra_dir`` or ``before_commit``) get cuts at their tensors without
-    being named here (:mod:`~ckptstore.keras_io.tf_bundle`).
+    being named here (:mod:`~ckptstore.keras_io.saving._tf_bundle`).
     """
 
     snapshot: snapshot_lib.Snapshot | None

@@ -2,7 +2,7 @@
 
 A checkpoint written by ``DeterminedCallback`` holds ``model.keras`` (architecture, weights,
 optimizer state) and, for the final checkpoint, an inference SavedModel in ``saved_model/``.
-:func:`load_model_from_checkpoint_path` prefers the ``.keras`` file and falls back to the
+:func:`load_model_from_folder` prefers the ``.keras`` file and falls back to the
 SavedModel (inference only). :func:`load_checkpoint_model` finds the checkpoint through the
 registry (or by scanning storage when the registry does not know it), downloads it with checksum
 verification into a temporary folder, and loads it.
@@ -19,16 +19,19 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.keras_io import keras2_format
+from ckptstore.keras_io._types import KerasModel
+from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME, SAVED_MODEL_DIRNAME
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
@@ -36,10 +39,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The name DeterminedCallback gives the Keras file inside a checkpoint.
-MODEL_FILENAME = "model.keras"
-#: The folder DeterminedCallback exports the inference SavedModel to.
-SAVED_MODEL_DIRNAME = "saved_model"
 #: The SavedModel endpoint ``model.export()`` writes.
 SERVE_ENDPOINT = "serve"
 
@@ -185,7 +184,7 @@ def _single(outputs: Any) -> Any:
     return outputs
 
 
-def _load_saved_model(path: str) -> Any:
+def _load_saved_model(path: str) -> KerasModel | SavedModelPredictor:
     import keras
     import tensorflow as tf
 
@@ -204,12 +203,12 @@ def _load_saved_model(path: str) -> Any:
     return SavedModelPredictor(path)
 
 
-def load_model_from_checkpoint_path(
+def load_model_from_folder(
     path: str,
     compile: bool = True,
     custom_objects: Mapping[str, Any] | None = None,
     safe_mode: bool = True,
-) -> Any:
+) -> KerasModel | SavedModelPredictor:
     """A Keras model from a local checkpoint folder (or a ``.keras`` file).
 
     Loads ``model.keras`` (or the folder's only ``*.keras``) with its optimizer state. When there
@@ -224,7 +223,7 @@ def load_model_from_checkpoint_path(
 
     Example::
 
-        model = load_model_from_checkpoint_path("/tmp/ckpt", compile=False)
+        model = load_model_from_folder("/tmp/ckpt", compile=False)
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -353,7 +352,7 @@ def load_checkpoint_model(
     compile: bool = True,
     custom_objects: Mapping[str, Any] | None = None,
     safe_mode: bool = True,
-) -> Any:
+) -> KerasModel | SavedModelPredictor:
     """Download, verify and load the model of a checkpoint.
 
     Args:
@@ -380,15 +379,7 @@ def load_checkpoint_model(
         model = ckptstore.load_checkpoint_model(trial_id=3, best_by="val_accuracy",
                                                 smaller_is_better=False)
     """
-    from ckptstore.checkpointing import CheckpointContext
-    from ckptstore.registry import Registry, open_registry
-
-    opened: list[Any] = []
-    storage_for = storage_opener(storage, opened)
-
-    owns_registry = not isinstance(registry, Registry)
-    reg = open_registry(registry)
-    try:
+    with registry_and_storage(storage, registry) as (reg, storage_for):
         uuid, recorded_url = resolve_checkpoint(
             reg, storage_for, trial_id, checkpoint_uuid, best_by, smaller_is_better
         )
@@ -400,29 +391,61 @@ def load_checkpoint_model(
                 store.url,
                 recorded_url,
             )
-        ckpt = CheckpointContext(store, verify=True)
-        tmp = tempfile.mkdtemp(prefix=f"ckptstore-load-{uuid[:8]}-")
-        try:
-            logger.info("Downloading checkpoint %s from %s", uuid, store.url)
-            ckpt.download(uuid, tmp)
-            model = load_model_from_checkpoint_path(
-                tmp, compile=compile, custom_objects=custom_objects, safe_mode=safe_mode
-            )
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        with _suppress():  # lets context.evaluate() record metrics against this checkpoint
-            model._ckptstore_checkpoint_uuid = uuid
-        if _find_keras_file(tmp) is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            # A SavedModel may read assets lazily: keep the files while the model lives.
-            import weakref
+        return _download_and_load(
+            store, uuid, compile=compile, custom_objects=custom_objects, safe_mode=safe_mode
+        )
 
-            weakref.finalize(model, shutil.rmtree, tmp, True)
-        with _suppress():
-            ckpt.close()
-        return model
+
+def _download_and_load(
+    store: Storage,
+    uuid: str,
+    *,
+    compile: bool,
+    custom_objects: Mapping[str, Any] | None,
+    safe_mode: bool,
+) -> KerasModel | SavedModelPredictor:
+    """Download checkpoint ``uuid`` (checksums verified) to a temporary folder and load it."""
+    from ckptstore.checkpointing import CheckpointContext
+
+    ckpt = CheckpointContext(store, verify=True)
+    tmp = tempfile.mkdtemp(prefix=f"ckptstore-load-{uuid[:8]}-")
+    try:
+        logger.info("Downloading checkpoint %s from %s", uuid, store.url)
+        ckpt.download(uuid, tmp)
+        model = load_model_from_folder(
+            tmp, compile=compile, custom_objects=custom_objects, safe_mode=safe_mode
+        )
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    with _suppress():  # lets context.evaluate() record metrics against this checkpoint
+        model._ckptstore_checkpoint_uuid = uuid
+    if _find_keras_file(tmp) is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        # A SavedModel may read assets lazily: keep the files while the model lives.
+        import weakref
+
+        weakref.finalize(model, shutil.rmtree, tmp, True)
+    with _suppress():
+        ckpt.close()
+    return model
+
+
+@contextlib.contextmanager
+def registry_and_storage(
+    storage: StorageSpec | None, registry: Registry | str | None
+) -> Iterator[tuple[Registry, Callable[[str | None], Any]]]:
+    """The registry (opened from ``registry`` unless it is one) and a :func:`storage_opener`;
+    on exit, closes the storages it opened and the registry if it opened it."""
+    from ckptstore.registry import Registry, open_registry
+
+    opened: list[Any] = []
+    storage_for = storage_opener(storage, opened)
+    owns_registry = not isinstance(registry, Registry)
+    reg = open_registry(registry)
+    try:
+        yield reg, storage_for
     finally:
         for s in opened:
             with _suppress():
@@ -433,8 +456,6 @@ def load_checkpoint_model(
 
 
 def _suppress() -> Any:
-    import contextlib
-
     return contextlib.suppress(Exception)
 
 
@@ -443,9 +464,26 @@ __all__ = [
     "SAVED_MODEL_DIRNAME",
     "SavedModelPredictor",
     "load_checkpoint_model",
-    "load_model_from_checkpoint_path",
+    "load_model_from_folder",
     "resolve_checkpoint",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The old name of load_model_from_folder: ckptstore.keras.load_model_from_checkpoint_path is
+    # the one function of that name (it also reads Determined's layouts).
+    if name == "load_model_from_checkpoint_path":
+        import warnings
+
+        warnings.warn(
+            "ckptstore.keras_io.loaders.load_model_from_checkpoint_path is now "
+            "ckptstore.keras_io.loading.load_model_from_folder; the old name goes away in "
+            "ckptstore 0.3. Use ckptstore.keras.load_model_from_checkpoint_path (every layout).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return load_model_from_folder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def storage_opener(storage: StorageSpec | None, opened: list[Any]) -> Callable[[str | None], Any]:

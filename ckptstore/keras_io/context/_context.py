@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from ckptstore import errors
 from ckptstore.core import _info as trial_info
 from ckptstore.core._distributed import shard_batch_size
+from ckptstore.keras_io._types import KerasModel
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
@@ -364,7 +365,7 @@ class KerasContext:
 
     def fit(
         self,
-        model: Any,
+        model: KerasModel,
         x: Any = None,
         y: Any = None,
         *,
@@ -404,7 +405,7 @@ class KerasContext:
             )
         if epochs is None:
             epochs = self._default_epochs() or 1
-        from ckptstore.keras_io.determined_callback import DeterminedCallback
+        from ckptstore.keras_io.fit._callback import DeterminedCallback
 
         core = self.core
         det_cb = DeterminedCallback(
@@ -431,7 +432,7 @@ class KerasContext:
         core.checkpoint.wait()
         return history
 
-    def evaluate(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+    def evaluate(self, model: KerasModel, *args: Any, **kwargs: Any) -> Any:
         """``model.evaluate()``; inside a trial, the results are also reported as validation
         metrics at the model's current step (``optimizer.iterations``). In a job, the metrics
         (averaged over the workers, weighted by their rows) are recorded against the checkpoint
@@ -456,7 +457,7 @@ class KerasContext:
             self.core.train.report_validation_metrics(steps, metrics)
         return result
 
-    def predict(self, model: Any, *args: Any, **kwargs: Any) -> Any:
+    def predict(self, model: KerasModel, *args: Any, **kwargs: Any) -> Any:
         """``model.predict()``. In a job with several workers, on data sharded by
         :meth:`wrap_data`, every worker gets all predictions in the original row order."""
         result = model.predict(*args, **kwargs)
@@ -473,7 +474,11 @@ class KerasContext:
         return interleave([_decode_array(p) for p in parts])
 
     def _record_evaluation(
-        self, model: Any, logs: Mapping[str, Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+        self,
+        model: KerasModel,
+        logs: Mapping[str, Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
     ) -> None:
         metrics = {k: float(v) for k, v in logs.items()}
         if self._distributed.size > 1:
@@ -556,7 +561,7 @@ class KerasContext:
     ) -> Any:
         """Load the model of a trial's latest (or ``best_by``) checkpoint, or of one UUID, from
         this context's storage and registry (see ``ckptstore.load_checkpoint_model``)."""
-        from ckptstore.keras_io.loaders import load_checkpoint_model
+        from ckptstore.keras_io.loading._loaders import load_checkpoint_model
 
         if self._core is not None:  # checkpoints still being committed (exported) here count
             self._core.checkpoint.wait()

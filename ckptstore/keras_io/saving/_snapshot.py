@@ -13,7 +13,7 @@ ckptstore splits the save in two:
    (``metadata.json``, ``config.json``, ``model.weights.h5``) from the snapshot with the same
    HDF5 layout Keras's ``saving_lib`` uses, so ``keras.models.load_model`` reads it back with
    the optimizer state intact. Each array is written once, straight into its place in the zip,
-   and checksummed on the way (:mod:`ckptstore.keras_io.keras_archive`); the model config is
+   and checksummed on the way (:mod:`ckptstore.keras_io.saving._keras_archive`); the model config is
    serialised once per layout, not per save.
 
 The layout (which HDF5 group and key each variable goes to) is computed once per model by
@@ -38,12 +38,15 @@ from typing import Any
 
 import numpy as np
 
-from ckptstore.keras_io import keras_archive
+from ckptstore.keras_io._types import KerasModel
+from ckptstore.keras_io.saving import _keras_archive as keras_archive
 
 logger = logging.getLogger(__name__)
 
-#: Name of the model archive inside a checkpoint.
+#: Name of the model archive inside a checkpoint (the one definition; loaders and exports use it).
 MODEL_FILENAME = "model.keras"
+#: The folder of a checkpoint's inference SavedModel (``model.export()``).
+SAVED_MODEL_DIRNAME = "saved_model"
 
 
 @dataclasses.dataclass
@@ -70,7 +73,7 @@ class StateLayout:
         print(len(layout.entries), "arrays")
     """
 
-    model: Any
+    model: KerasModel
     entries: list[_Entry]
     groups: dict[str, dict[str, Any] | None]
     config_json: str
@@ -78,7 +81,7 @@ class StateLayout:
     dynamic: bool
 
     @classmethod
-    def of(cls, model: Any) -> StateLayout:
+    def of(cls, model: KerasModel) -> StateLayout:
         """Walk ``model`` the way ``keras.saving`` does and record its layout."""
         from keras.src.saving import serialization_lib
 
@@ -310,7 +313,7 @@ def write_model_archive(
     Returns ``(size in bytes, CRC-32C of the file as 8 hex digits)`` (the checksum a checkpoint
     manifest records, so the file need not be read again). ``cuts`` (a list, if given)
     receives the offsets where each tensor's bytes begin and end (for deduplicated uploads).
-    See :mod:`ckptstore.keras_io.keras_archive`.
+    See :mod:`ckptstore.keras_io.saving._keras_archive`.
     """
     return keras_archive.write_archive(
         path,

@@ -3,7 +3,7 @@
 Keras's fit loop (``keras/src/backend/tensorflow/trainer.py``) builds a ``TFEpochIterator``
 around a data adapter, makes a fresh iterator of its dataset every epoch and runs
 ``num_batches`` steps on it. It cannot start an epoch at a batch offset. :func:`attach`, called
-by :class:`~ckptstore.keras_io.determined_callback.DeterminedCallback` in ``on_train_begin``,
+by :class:`~ckptstore.keras_io.fit._callback.DeterminedCallback` in ``on_train_begin``,
 finds that epoch iterator and gives it an iterable whose iterator for each epoch is one this
 module controls, so that the epoch's data order depends only on checkpointed state and a
 resumed epoch starts at batch ``k`` without reading or training on batches ``0..k-1``:
@@ -28,7 +28,7 @@ Python generator, ...  cannot be rewound: a warning at fit start, and a preempte
 
 Only Keras 3 with the TensorFlow backend is handled here (the one place that knows Keras's
 ``EpochIterator`` internals); Keras 2 (``tf_keras``) has the same classes hooked into its
-``DataHandler`` in :mod:`~ckptstore.keras_io.resumable_data_keras2`. Anything else gets
+``DataHandler`` in :mod:`~ckptstore.keras_io.data._resumable_keras2`. Anything else gets
 :data:`None` from :func:`attach` and the epoch-restart behaviour.
 
 Example (what DeterminedCallback does)::
@@ -51,6 +51,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ckptstore.keras_io import backend
+from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.backend import keras
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class ResumableData(Protocol):
     def restore(self, state: dict[str, Any], checkpoint_dir: str) -> int: ...
 
 
-def find_fit_frame(model: Any, loop_name: str = "epoch_iterator") -> Any:
+def find_fit_frame(model: KerasModel, loop_name: str = "epoch_iterator") -> Any:
     """The frame of the running ``model.fit()`` (Keras gives callbacks no handle on its loop):
     the one whose local ``loop_name`` (``epoch_iterator`` in Keras 3, ``data_handler`` in
     Keras 2) holds the fit loop."""
@@ -100,7 +101,7 @@ def default_seed() -> int:
 
 
 def attach(
-    model: Any,
+    model: KerasModel,
     *,
     seed: int,
     distributed_size: int = 1,
@@ -191,7 +192,7 @@ class _BatchBoundary(keras.callbacks.Callback):
         self._fn()
 
 
-def _metric_variables(model: Any) -> list[tuple[str, Any]]:
+def _metric_variables(model: KerasModel) -> list[tuple[str, Any]]:
     """``(path, variable)`` of the model's metric accumulators (Keras 2: of ``model.metrics``,
     whose variables are named per metric, e.g. ``accuracy/total:0``)."""
     if backend.IS_KERAS2:
@@ -199,14 +200,14 @@ def _metric_variables(model: Any) -> list[tuple[str, Any]]:
     return [(v.path, v) for v in model.metrics_variables]
 
 
-def capture_metrics(model: Any) -> list[Any]:
+def capture_metrics(model: KerasModel) -> list[Any]:
     """The values of ``model.metrics_variables`` (the running epoch's accumulators)."""
     values = [(path, np.asarray(v.numpy())) for path, v in _metric_variables(model)]
     return [{"path": path, "dtype": a.dtype.name, "value": a.tolist()} for path, a in values]
 
 
 def restore_metrics(
-    model: Any,
+    model: KerasModel,
     saved: list[Any],
     element_spec: Any = None,
     build: Callable[[Any, Any], None] | None = None,

@@ -19,13 +19,13 @@ and tensorflow/tensorflow#72388; reproduced with Keras 3.15 / TensorFlow 2.21). 
 multi-worker mode (no strategy, ``MirroredStrategy``, one worker) Keras's own code runs, and the
 replaced functions call Keras's originals. Gradients were always aggregated correctly by
 Keras; two workers with the fixes train to the same weights and logs as one process on the
-global batch. :class:`~ckptstore.keras_io.determined_callback.DeterminedCallback` applies the fixes itself
+global batch. :class:`~ckptstore.keras_io.fit._callback.DeterminedCallback` applies the fixes itself
 when its core context has several workers, so ``model.fit(..., callbacks=[det_cb])`` works as
 documented. Set ``CKPTSTORE_MWMS_COMPAT=0`` to leave Keras untouched.
 
 Example::
 
-    from ckptstore.keras_io.mwms_compat import apply_mwms_compat
+    from ckptstore.keras_io.fit._mwms_compat import apply_mwms_compat
 
     apply_mwms_compat()  # before model.fit() under MultiWorkerMirroredStrategy
 """

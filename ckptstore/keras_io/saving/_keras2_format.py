@@ -11,7 +11,7 @@ A Keras 2 checkpoint written by ``DeterminedCallback`` holds
   checkpoint, not only the final one;
 - ``saved_model/`` (final checkpoint by default): ``model.save(..., save_format="tf")``, the
   SavedModel ``tf.keras.models.load_model`` reads back for inference, written from the
-  checkpoint's own files by a Keras 2 export worker process (:mod:`ckptstore.keras_io.export`)
+  checkpoint's own files by a Keras 2 export worker process (:mod:`ckptstore.keras_io.exporting`)
   before the commit — on the training thread only for models no other process can rebuild
   (:func:`worker_export_blocker`);
 - ``callback_state.json``, ``metadata.json`` and ``MANIFEST.json`` as for Keras 3.
@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ckptstore import errors
+from ckptstore.keras_io._types import KerasModel
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class Keras2Layout:
     records variables a checkpoint would otherwise miss).
     """
 
-    model: Any
+    model: KerasModel
     entries: list[_Var]
     config_json: str | None
     #: Why the export worker cannot rebuild this model (None: it can); see
@@ -77,7 +78,7 @@ class Keras2Layout:
     export_blocker: str | None = None
 
     @classmethod
-    def of(cls, model: Any) -> Keras2Layout:
+    def of(cls, model: KerasModel) -> Keras2Layout:
         try:
             config_json: str | None = model.to_json()
         except (NotImplementedError, TypeError, ValueError) as exc:
@@ -173,7 +174,7 @@ def take_snapshot(layout: Keras2Layout) -> Keras2Snapshot:
     return Keras2Snapshot(layout=layout, serialized_tensors=forced, registered_savers=registered)
 
 
-def _weights_only_root(model: Any) -> Any:
+def _weights_only_root(model: KerasModel) -> Any:
     """A checkpoint root with the model's children except its optimizer (warm start)."""
     import tensorflow as tf
 
@@ -185,7 +186,7 @@ def _weights_only_root(model: Any) -> Any:
     return tf.train.Checkpoint(**children)
 
 
-def _create_legacy_slots(model: Any) -> None:
+def _create_legacy_slots(model: KerasModel) -> None:
     """Create a legacy optimizer's slots now (zeros, as its first step would).
 
     Otherwise TensorFlow restores them only when that first step creates them, reading the
@@ -203,7 +204,7 @@ def _create_legacy_slots(model: Any) -> None:
         create(model.trainable_variables)
 
 
-def load_weights(model: Any, path: str, *, with_optimizer: bool) -> None:
+def load_weights(model: KerasModel, path: str, *, with_optimizer: bool) -> None:
     """Restore ``path/model_checkpoint`` into ``model`` (and its optimizer if ``with_optimizer``).
 
     A legacy optimizer's slots are created first, so everything is read before ``path`` may be
@@ -232,7 +233,7 @@ def load_weights(model: Any, path: str, *, with_optimizer: bool) -> None:
         ) from exc
 
 
-def _weights_match(model: Any, prefix: str) -> bool:
+def _weights_match(model: KerasModel, prefix: str) -> bool:
     """Whether the model's own weights (not its optimizer) restore from ``prefix``."""
     try:
         status = _weights_only_root(model).read(prefix)
@@ -243,7 +244,7 @@ def _weights_match(model: Any, prefix: str) -> bool:
     return True
 
 
-def worker_export_blocker(model: Any, config_json: str | None) -> str | None:
+def worker_export_blocker(model: KerasModel, config_json: str | None) -> str | None:
     """Why a separate process could not rebuild ``model`` (config ``config_json``) to export
     its SavedModel, or None when it can.
 
@@ -252,7 +253,7 @@ def worker_export_blocker(model: Any, config_json: str | None) -> str | None:
     when the config names classes or functions of the training script itself (``__main__``:
     Keras 2 records them with ``"module": null``), which another process cannot import.
     ``DeterminedCallback`` then exports on the training thread (see
-    :mod:`ckptstore.keras_io.export`)."""
+    :mod:`ckptstore.keras_io.exporting`)."""
     if config_json is None or not getattr(model, "_is_graph_network", False):
         return "the model is subclassed (its config does not describe its layers)"
     if not getattr(model, "built", False):
@@ -280,7 +281,7 @@ def worker_export_blocker(model: Any, config_json: str | None) -> str | None:
     return None
 
 
-def export_saved_model(model: Any, path: str) -> None:
+def export_saved_model(model: KerasModel, path: str) -> None:
     """The inference SavedModel of a Keras 2 model (``model.save(..., save_format="tf")``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -307,13 +308,13 @@ class _StartAt:
 LAYER_RNG_KEY = "tf_keras_layer_generators"
 
 
-def _random_layers(model: Any) -> list[Any]:
+def _random_layers(model: KerasModel) -> list[Any]:
     flatten = getattr(model, "_flatten_layers", None)
     layers = list(flatten(include_self=False, recursive=True)) if flatten else []
     return [layer for layer in layers if getattr(layer, "_random_generator", None) is not None]
 
 
-def capture_layer_rng(model: Any) -> dict[str, Any]:
+def capture_layer_rng(model: KerasModel) -> dict[str, Any]:
     """The ``tf.random.Generator`` states of Keras 2 layers (``Dropout``, noise layers...).
 
     Keras 2 leaves them out of ``save_weights`` on purpose; without them a resumed run draws
@@ -331,7 +332,7 @@ def capture_layer_rng(model: Any) -> dict[str, Any]:
     return {LAYER_RNG_KEY: states} if any(s is not None for s in states) else {}
 
 
-def restore_layer_rng(model: Any, rng: Mapping[str, Any]) -> None:
+def restore_layer_rng(model: KerasModel, rng: Mapping[str, Any]) -> None:
     """Put back what :func:`capture_layer_rng` recorded, layer by layer in model order."""
     import numpy as np
 
@@ -352,7 +353,7 @@ def restore_layer_rng(model: Any, rng: Mapping[str, Any]) -> None:
             generator.reset(np.asarray(state, dtype=np.int64))
 
 
-def legacy_rng_layers(model: Any) -> list[str]:
+def legacy_rng_layers(model: KerasModel) -> list[str]:
     """Names of Keras 2 layers drawing from TensorFlow's legacy stateful RNG ops (no state)."""
     return [
         layer.name
@@ -362,9 +363,10 @@ def legacy_rng_layers(model: Any) -> list[str]:
 
 
 # ---- one call for either Keras (what DeterminedCallback uses) ---------------------------------
-def layout_of(model: Any) -> Any:
+def layout_of(model: KerasModel) -> Any:
     """The save layout of ``model`` for the running Keras (built once per model)."""
-    from ckptstore.keras_io import backend, snapshot
+    from ckptstore.keras_io import backend
+    from ckptstore.keras_io.saving import _snapshot as snapshot
 
     if not backend.IS_KERAS2:
         return snapshot.StateLayout.of(model)
@@ -382,14 +384,14 @@ def layout_of(model: Any) -> Any:
 
 def snapshot_of(layout: Any) -> Any:
     """A point-in-time snapshot of ``layout``'s model, for the writer thread."""
-    from ckptstore.keras_io import snapshot
+    from ckptstore.keras_io.saving import _snapshot as snapshot
 
     if isinstance(layout, Keras2Layout):
         return take_snapshot(layout)
     return snapshot.take_snapshot(layout)
 
 
-def set_initial_epoch(model: Any, epoch: int | None) -> None:
+def set_initial_epoch(model: KerasModel, epoch: int | None) -> None:
     """Make the next ``fit()`` start at ``epoch`` (None: as ``fit`` was asked)."""
     from ckptstore.keras_io import backend
 
@@ -411,7 +413,7 @@ def register_keras3_importer(fn: Callable[..., Any]) -> None:
     _keras3_importer = fn
 
 
-def load_into(model: Any, path: str, *, with_optimizer: bool) -> None:
+def load_into(model: KerasModel, path: str, *, with_optimizer: bool) -> None:
     """Restore a Keras 2 checkpoint folder into ``model``, whichever Keras is running."""
     from ckptstore.keras_io import backend
 
@@ -442,7 +444,7 @@ def load_model(
     compile: bool,
     custom_objects: Mapping[str, Any] | None,
     safe_mode: bool = True,
-) -> Any:
+) -> KerasModel:
     """A Keras 2 model from a Keras 2 checkpoint folder: the SavedModel when there is one (full
     model), else ``model_config.json`` + ``model_checkpoint`` (weights, and the optimizer state
     once the model is compiled and trained). A Python ``lambda`` in a ``Lambda`` layer is

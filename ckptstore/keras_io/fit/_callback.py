@@ -13,14 +13,18 @@ import warnings
 from typing import Any
 
 from ckptstore import errors
-from ckptstore.keras_io import backend, keras2_format, resumable_data
-from ckptstore.keras_io import callback_state as state_lib
-from ckptstore.keras_io import keras_callback_state as cb_arrays
-from ckptstore.keras_io import snapshot as snapshot_lib
+from ckptstore.keras_io import backend
 from ckptstore.keras_io.backend import keras
-from ckptstore.keras_io.checkpoint_writer import CheckpointWriter, SaveJob
-from ckptstore.keras_io.export import SAVED_MODEL_DIRNAME, CheckpointExports, ExportPolicy
-from ckptstore.keras_io.mwms_compat import apply_mwms_compat
+from ckptstore.keras_io.data import _resumable as resumable_data
+from ckptstore.keras_io.exporting._checkpoint_exports import CheckpointExports
+from ckptstore.keras_io.exporting._policy import ExportPolicy
+from ckptstore.keras_io.fit import _callback_state as state_lib
+from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
+from ckptstore.keras_io.fit._mwms_compat import apply_mwms_compat
+from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving import _snapshot as snapshot_lib
+from ckptstore.keras_io.saving._snapshot import SAVED_MODEL_DIRNAME
+from ckptstore.keras_io.saving._writer import CheckpointWriter, SaveJob
 from ckptstore.validators import int_at_least
 
 logger = logging.getLogger(__name__)
@@ -42,7 +46,7 @@ class DeterminedCallback(backend.CallbackBase):
     ``epoch``, ``metrics``). The final checkpoint also holds an inference SavedModel in
     ``saved_model/`` (see ``export_saved_model``), exported from the checkpoint's own
     ``model.keras`` (Keras 2: ``model_checkpoint.*`` + ``model_config.json``) by a worker
-    process (:mod:`ckptstore.keras_io.export`) and verified before the checkpoint commits (on
+    process (:mod:`ckptstore.keras_io.exporting`) and verified before the checkpoint commits (on
     Keras 2 a model no other process can rebuild is exported on the training thread, with a
     warning). ``fit()`` never waits for an export: a checkpoint carrying one may
     commit after ``fit()`` returned; :meth:`wait`, reading :attr:`last_checkpoint`, the next
@@ -65,13 +69,13 @@ class DeterminedCallback(backend.CallbackBase):
     the interrupted epoch at its next unseen batch, in the same data order, with the epoch's
     metric accumulators, RNG states and callbacks' states, bit-equal to an uninterrupted run
     under ``enable_op_determinism``, on Keras 3 and Keras 2 alike (see
-    :mod:`~ckptstore.keras_io.resumable_data` and
-    :mod:`~ckptstore.keras_io.resumable_data_keras2` for the inputs this covers; for the others,
+    :mod:`~ckptstore.keras_io.data._resumable` and
+    :mod:`~ckptstore.keras_io.data._resumable_keras2` for the inputs this covers; for the others,
     e.g. a Python generator, the interrupted epoch restarts, with a warning at ``fit()`` start).
 
     Under ``MultiWorkerMirroredStrategy`` only the chief (rank 0) writes checkpoints; every
     worker restores from the same checkpoint. With several workers the callback also applies
-    :func:`~ckptstore.keras_io.mwms_compat.apply_mwms_compat` (Keras 3's ``fit()`` fails under
+    :func:`~ckptstore.keras_io.fit._mwms_compat.apply_mwms_compat` (Keras 3's ``fit()`` fails under
     a multi-worker strategy without it), so create it before calling ``fit()``.
 
     Do not combine with ``BackupAndRestore`` or ``ModelCheckpoint``.
@@ -91,7 +95,7 @@ class DeterminedCallback(backend.CallbackBase):
             ``"final"`` (default: the one at the end of training), ``"every"`` (``"all"`` is
             accepted too), ``"best"`` (better ``val_loss``, else ``loss``, than every earlier
             checkpoint of the run), ``"never"``, or an
-            :class:`~ckptstore.keras_io.export.ExportPolicy` (e.g. ``"best"`` by another
+            :class:`~ckptstore.keras_io.exporting.ExportPolicy` (e.g. ``"best"`` by another
             metric). A preemption's checkpoint never gets one. Exports run in a worker process
             and are checked against the model's predictions before the commit.
         preempt_check_period: check for preemption every N batches (and at every epoch end);
@@ -443,32 +447,13 @@ class DeterminedCallback(backend.CallbackBase):
             return
         assert self._writer is not None and self._layout is not None
         started = time.perf_counter()
+        # Everything fit() must wait for is taken here, on the training thread: the weights
+        # snapshot first, then the state that goes with them; the writer thread does the rest.
         snap = keras2_format.snapshot_of(self._layout)
-        saved_ids = {id(e.variable) for e in self._layout.entries if e.variable is not None}
-        callback_states, arrays = cb_arrays.split_arrays(
-            {
-                key: cb.get_state()
-                for key, cb in state_lib.stateful_callbacks(self._callbacks).items()
-                if cb is not self
-            }
-        )
-        state = state_lib.TrainingState(
-            epoch=self._epochs_completed,
-            steps_completed=self._steps_completed,
-            continue_id=self._continue_id_json,
-            epoch_complete=complete,
-            callbacks=callback_states,
-            rng={**state_lib.capture_rng(), **keras2_format.capture_layer_rng(self.model)},
-            extra_variables=state_lib.capture_extra_variables(self.model, saved_ids),
-            metrics_variables=(
-                None
-                if complete or self._data is None
-                else resumable_data.capture_metrics(self.model)
-            ),
-        )
+        state, arrays = self._training_state(complete)
         # Keras 2 exports in a Keras 2 worker too (model_checkpoint.* + model_config.json),
         # unless no other process can rebuild the model (no config, classes from __main__):
-        # then its SavedModel (model.save) is written below, in this thread.
+        # then its SavedModel (model.save) is written by _export_on_this_thread.
         export_blocker = getattr(self._layout, "export_blocker", None)
         export_hook = (
             None
@@ -492,41 +477,15 @@ class DeterminedCallback(backend.CallbackBase):
                 state.data = self._data.snapshot(self._epochs_completed, batches, extra_dir)
             state_json, state_cuts = state.to_json_with_cuts()
             files[state_lib.STATE_FILENAME] = state_json.encode()
-            keras2_export = (
-                export_blocker is not None
-                and not self._preempted
-                and self._exports.policy.wants(final=final, metrics=_floats(logs))
-            )
-            if keras2_export:
-                logger.warning(
-                    "SavedModel exported on the training thread (fit() waits for it): %s, "
-                    "which the export worker process cannot rebuild.",
-                    export_blocker,
-                )
-                keras2_format.export_saved_model(
-                    self.model, os.path.join(extra_dir, SAVED_MODEL_DIRNAME)
-                )
+            exported_here = self._export_on_this_thread(export_blocker, logs, final, extra_dir)
             for cb in self._callbacks:
                 hook = getattr(cb, "on_checkpoint_end", None)
                 if cb is not self and callable(hook):
                     hook(extra_dir)
-            metadata = {
-                "steps_completed": self._steps_completed,
-                "continue_id": self._continue_id_json,
-                "epoch": self._epochs_completed,
-                "metrics": _floats(logs),
-                "framework": backend.FRAMEWORK,
-                "keras_version": backend.keras.__version__,
-                "keras_backend": backend.backend_name(),
-                "final": final,
-                "saved_model": export_hook is not None or keras2_export,
-                **self._exports.policy.metadata(),
-                # how many workers trained it (TF_CONFIG / Ray Train workers; 1 alone)
-                "distributed": {"size": int(getattr(self._core.distributed, "size", 1))},
-            }
+            saved_model = export_hook is not None or exported_here
             job = SaveJob(
                 snapshot=snap,
-                metadata=metadata,
+                metadata=self._checkpoint_metadata(logs, final=final, saved_model=saved_model),
                 files=files,
                 extra_dir=extra_dir,
                 on_done=self._on_committed,
@@ -540,6 +499,72 @@ class DeterminedCallback(backend.CallbackBase):
         blocked = time.perf_counter() - started
         self.save_blocked_seconds.append(blocked)
         logger.debug("Checkpoint handed to the background writer in %.3f s", blocked)
+
+    def _training_state(self, complete: bool) -> tuple[state_lib.TrainingState, dict[str, Any]]:
+        """The checkpoint's ``callback_state.json`` contents besides the data position, and the
+        arrays split out of the callbacks' states (saved next to it as one file)."""
+        assert self._layout is not None
+        saved_ids = {id(e.variable) for e in self._layout.entries if e.variable is not None}
+        callback_states, arrays = cb_arrays.split_arrays(
+            {
+                key: cb.get_state()
+                for key, cb in state_lib.stateful_callbacks(self._callbacks).items()
+                if cb is not self
+            }
+        )
+        state = state_lib.TrainingState(
+            epoch=self._epochs_completed,
+            steps_completed=self._steps_completed,
+            continue_id=self._continue_id_json,
+            epoch_complete=complete,
+            callbacks=callback_states,
+            rng={**state_lib.capture_rng(), **keras2_format.capture_layer_rng(self.model)},
+            extra_variables=state_lib.capture_extra_variables(self.model, saved_ids),
+            metrics_variables=(
+                None
+                if complete or self._data is None
+                else resumable_data.capture_metrics(self.model)
+            ),
+        )
+        return state, arrays
+
+    def _export_on_this_thread(
+        self, export_blocker: str | None, logs: dict[str, Any], final: bool, extra_dir: str
+    ) -> bool:
+        """Keras 2's documented fallback: write the SavedModel of a model no worker process can
+        rebuild here, when the policy wants one. Whether it did."""
+        if (
+            export_blocker is None
+            or self._preempted
+            or not self._exports.policy.wants(final=final, metrics=_floats(logs))
+        ):
+            return False
+        logger.warning(
+            "SavedModel exported on the training thread (fit() waits for it): %s, "
+            "which the export worker process cannot rebuild.",
+            export_blocker,
+        )
+        keras2_format.export_saved_model(self.model, os.path.join(extra_dir, SAVED_MODEL_DIRNAME))
+        return True
+
+    def _checkpoint_metadata(
+        self, logs: dict[str, Any], *, final: bool, saved_model: bool
+    ) -> dict[str, Any]:
+        """The checkpoint's ``metadata.json`` (Determined's keys plus what a resume checks)."""
+        return {
+            "steps_completed": self._steps_completed,
+            "continue_id": self._continue_id_json,
+            "epoch": self._epochs_completed,
+            "metrics": _floats(logs),
+            "framework": backend.FRAMEWORK,
+            "keras_version": backend.keras.__version__,
+            "keras_backend": backend.backend_name(),
+            "final": final,
+            "saved_model": saved_model,
+            **self._exports.policy.metadata(),
+            # how many workers trained it (TF_CONFIG / Ray Train workers; 1 alone)
+            "distributed": {"size": int(getattr(self._core.distributed, "size", 1))},
+        }
 
     def _on_committed(self, uuid: str) -> None:
         self._last_checkpoint = uuid
@@ -605,6 +630,11 @@ class DeterminedCallback(backend.CallbackBase):
             )
             return
         assert state is not None
+        self._continue_from(uuid, state)
+
+    def _continue_from(self, uuid: str, state: state_lib.TrainingState) -> None:
+        """Continue the run that wrote checkpoint ``uuid`` (same ``continue_id``): its step and
+        epoch counters, RNGs, extra variables, callbacks' states and place in the epoch."""
         self.resumed = True
         self._exports.resume_from(self._core.checkpoint, uuid)
         self._steps_completed = int(state.steps_completed)
@@ -728,7 +758,7 @@ def _data_module() -> Any:
     """The module that resumes an epoch mid-way on the Keras ``tf.keras`` is (both share the
     Keras 3 module's snapshot format; the Keras 2 one hooks Keras 2's ``DataHandler``)."""
     if backend.IS_KERAS2:
-        from ckptstore.keras_io import resumable_data_keras2
+        from ckptstore.keras_io.data import _resumable_keras2 as resumable_data_keras2
 
         return resumable_data_keras2
     return resumable_data

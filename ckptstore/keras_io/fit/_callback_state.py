@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore import errors
+from ckptstore.keras_io._types import KerasModel
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ STATE_VERSION = 1
 
 @dataclasses.dataclass
 class TrainingState:
-    """What :class:`~ckptstore.keras_io.determined_callback.DeterminedCallback` needs to resume exactly.
+    """What :class:`~ckptstore.keras_io.fit._callback.DeterminedCallback` needs to resume exactly.
 
     ``epoch`` is the number of *completed* epochs (the epoch to start from on resume).
     ``epoch_complete`` is false when training was preempted in the middle of an epoch; the
@@ -228,7 +229,7 @@ def _keras_global_seed_generator() -> Any:
 
 
 # ---- variables the .keras format leaves out --------------------------------------------------
-def capture_extra_variables(model: Any, saved_ids: set[int]) -> dict[str, Any]:
+def capture_extra_variables(model: KerasModel, saved_ids: set[int]) -> dict[str, Any]:
     """``{path: value}`` of the model's variables that are not in ``saved_ids`` and are not
     metric accumulators (metrics reset every epoch): mainly ``SeedGenerator`` states."""
     metric_ids = {id(v) for v in getattr(model, "metrics_variables", [])}
@@ -243,7 +244,7 @@ def capture_extra_variables(model: Any, saved_ids: set[int]) -> dict[str, Any]:
     return out
 
 
-def restore_extra_variables(model: Any, extra: dict[str, Any]) -> None:
+def restore_extra_variables(model: KerasModel, extra: dict[str, Any]) -> None:
     """Assign values recorded by :func:`capture_extra_variables` back by variable path."""
     if not extra:
         return
@@ -268,12 +269,12 @@ def _variable_path(variable: Any) -> str:
 def stateful_callbacks(callbacks: list[Any]) -> dict[str, Any]:
     """``{key: callback}`` for every callback with ``get_state`` and ``load_state``, and for
     Keras's ``History``, ``EarlyStopping``, ``ReduceLROnPlateau`` and ``ModelCheckpoint``
-    (through an adapter from :mod:`ckptstore.keras_io.keras_callback_state`).
+    (through an adapter from :mod:`ckptstore.keras_io.fit._keras_callback_state`).
 
     Keys are the class name, suffixed ``_1``, ``_2``... for repeats, in list order, so the same
     ``fit()`` call maps states back to the same callbacks.
     """
-    from ckptstore.keras_io.keras_callback_state import with_state
+    from ckptstore.keras_io.fit._keras_callback_state import with_state
 
     out: dict[str, Any] = {}
     counts: dict[str, int] = {}

@@ -1,0 +1,245 @@
+"""Adding a SavedModel to a committed checkpoint later: :func:`export_checkpoint`
+(``ckptstore checkpoint export UUID``) exports the checkpoint's model in the calling process (a
+Keras 2 checkpoint from a Keras 3 process: in a Keras 2 worker) and adds ``saved_model/`` to
+the same checkpoint with :mod:`ckptstore.checkpointing.amend`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ckptstore import errors
+from ckptstore.keras_io.exporting._savedmodel import (
+    _SUBCLASSED_HINT,
+    ExportResult,
+    _keras2_subclassed,
+    custom_modules,
+    export_keras2_folder,
+    export_model_file,
+)
+from ckptstore.keras_io.exporting._worker import ExportWorker
+from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME, SAVED_MODEL_DIRNAME
+
+if TYPE_CHECKING:
+    from ckptstore.registry import Registry
+    from ckptstore.storage_backends import StorageSpec
+
+logger = logging.getLogger(__name__)
+
+
+def export_checkpoint(
+    checkpoint_uuid: str,
+    *,
+    storage: StorageSpec | None = None,
+    registry: Registry | str | None = None,
+    verify: bool = True,
+    safe_mode: bool = True,
+    custom_objects: Mapping[str, Any] | None = None,
+) -> ExportResult:
+    """Add an inference SavedModel (``saved_model/``) to committed checkpoint
+    ``checkpoint_uuid``, in this process. Downloads and verifies its ``model.keras``, exports and verifies the SavedModel (``serve``
+    predicts what Keras does), then adds the files to the same checkpoint with the manifest
+    rewrite of :mod:`ckptstore.checkpointing.amend` (a crash at any point leaves the checkpoint
+    readable, as before or with the SavedModel). The checkpoint is pinned against GC meanwhile.
+
+    Args:
+        checkpoint_uuid: the checkpoint (registry row, else looked for in storage).
+        storage, registry: as for :func:`ckptstore.load_checkpoint_model`.
+        verify: compare ``serve`` with the Keras model's predictions.
+        safe_mode, custom_objects: as for ``keras.saving.load_model``.
+
+    Raises:
+        CheckpointNotFound, CheckpointConflict (it already has a SavedModel), ExportError,
+        ChecksumMismatch (from :mod:`ckptstore.errors`).
+
+    Example::
+
+        from ckptstore.keras_io.exporting import export_checkpoint
+        export_checkpoint("0b7c...", storage="s3://bucket/ckpts")
+    """
+    from ckptstore.checkpointing import amend
+    from ckptstore.checkpointing import format as fmt
+
+    with _checkpoint_context(checkpoint_uuid, storage, registry) as ckpt:
+        manifest = fmt.read_manifest(ckpt.storage, checkpoint_uuid)
+        prefix = SAVED_MODEL_DIRNAME + "/"
+        if any(rel.startswith(prefix) for rel in manifest["files"]):
+            raise errors.CheckpointConflict(
+                f"Checkpoint {checkpoint_uuid} already has a {SAVED_MODEL_DIRNAME}/; nothing to "
+                "do. To export again, delete it first: ckptstore checkpoint delete "
+                f"{checkpoint_uuid} --glob '{SAVED_MODEL_DIRNAME}/*'"
+            )
+        keras2, selector = _model_files(checkpoint_uuid, manifest["files"])
+        with ckpt.restore_path(checkpoint_uuid, selector=selector) as path:
+            staging = tempfile.mkdtemp(prefix=f"ckptstore-export-{checkpoint_uuid[:8]}-")
+            try:
+                out = os.path.join(staging, SAVED_MODEL_DIRNAME)
+                if keras2:
+                    result = _export_keras2_checkpoint(
+                        path,
+                        out,
+                        verify=verify,
+                        safe_mode=safe_mode,
+                        custom_objects=custom_objects,
+                    )
+                else:
+                    model_path = os.path.join(path, MODEL_FILENAME)
+                    result = export_model_file(
+                        model_path,
+                        out,
+                        modules=_archive_modules(model_path),
+                        verify=verify,
+                        safe_mode=safe_mode,
+                        custom_objects=custom_objects,
+                    )
+                amend.add_files(
+                    ckpt.storage,
+                    checkpoint_uuid,
+                    staging,
+                    index=ckpt.index,
+                    storage_url=ckpt.storage_url,
+                )
+            finally:
+                import shutil
+
+                shutil.rmtree(staging, ignore_errors=True)
+    result.path = f"{ckpt.storage_url.rstrip('/')}/{checkpoint_uuid}/{SAVED_MODEL_DIRNAME}"
+    logger.info("Added a SavedModel to checkpoint %s in %.1f s", checkpoint_uuid, result.seconds)
+    return result
+
+
+def _model_files(checkpoint_uuid: str, files: Mapping[str, Any]) -> tuple[bool, str | list[str]]:
+    """Whether the checkpoint is a Keras 2 one, and the selector of the files its export needs;
+    ModelLoadError when it holds no model that can be exported."""
+    from ckptstore.keras_io.saving import _keras2_format as keras2_format
+
+    keras2 = MODEL_FILENAME not in files and keras2_format.WEIGHTS_PREFIX + ".index" in files
+    if keras2 and keras2_format.MODEL_CONFIG_FILENAME not in files:
+        raise errors.ModelLoadError(
+            f"Keras 2 checkpoint {checkpoint_uuid} has no "
+            f"{keras2_format.MODEL_CONFIG_FILENAME} (a subclassed model), so its model "
+            "cannot be rebuilt to export it. Build the model in code under Keras 2, "
+            f"model.load_weights(<checkpoint>/{keras2_format.WEIGHTS_PREFIX}) and "
+            "model.save(path, save_format='tf')."
+        )
+    if not keras2 and MODEL_FILENAME not in files:
+        raise errors.ModelLoadError(
+            f"Checkpoint {checkpoint_uuid} has no {MODEL_FILENAME} to export (files: "
+            f"{sorted(files)[:10]}); only checkpoints written by "
+            "DeterminedCallback / TFKerasTrial can be exported."
+        )
+    if keras2:
+        return True, [keras2_format.WEIGHTS_PREFIX + ".*", keras2_format.MODEL_CONFIG_FILENAME]
+    return False, MODEL_FILENAME
+
+
+def _keras2_here() -> bool:
+    """Whether ``tf.keras`` is (or, TensorFlow's Keras not chosen yet, will be) Keras 2 in this
+    process — :func:`ckptstore.keras_io.backend.legacy_keras_requested` without importing a
+    Keras."""
+    backend = sys.modules.get("ckptstore.keras_io.backend")
+    if backend is not None:
+        return bool(backend.IS_KERAS2)
+    tf = sys.modules.get("tensorflow")
+    loader = getattr(tf, "__dict__", {}).get("keras") if tf is not None else None
+    if loader is not None and getattr(loader, "_tfll_initialized", False):
+        return getattr(loader, "_tfll_keras_version", None) == "tf_keras"
+    return os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True")
+
+
+def _export_keras2_checkpoint(
+    path: str,
+    out: str,
+    *,
+    verify: bool,
+    safe_mode: bool,
+    custom_objects: Mapping[str, Any] | None,
+) -> ExportResult:
+    """Export a downloaded Keras 2 checkpoint folder: in this process when it runs Keras 2,
+    else in a Keras 2 :class:`ExportWorker` (a Keras 3 process cannot rebuild tf_keras
+    models; nor does the ``ckptstore`` command import TensorFlow)."""
+    from ckptstore.keras_io.saving import _keras2_format as keras2_format
+
+    with open(os.path.join(path, keras2_format.MODEL_CONFIG_FILENAME), encoding="utf-8") as f:
+        config_json = f.read()
+    if _keras2_subclassed(config_json):
+        raise errors.ModelLoadError(_SUBCLASSED_HINT.format(what=f"Keras 2 checkpoint {path}"))
+    modules = custom_modules(config_json)
+    if _keras2_here():
+        return export_keras2_folder(
+            path,
+            out,
+            verify=verify,
+            modules=modules,
+            safe_mode=safe_mode,
+            custom_objects=custom_objects,
+        )
+    if custom_objects:
+        raise errors.ExportError(
+            "custom_objects cannot be handed to the Keras 2 process that exports a Keras 2 "
+            "checkpoint from this Keras 3 process: call export_checkpoint() in a process with "
+            "TF_USE_LEGACY_KERAS=1, or make the custom layers' modules importable (PYTHONPATH) "
+            "and registered (tf.keras.saving.register_keras_serializable)."
+        )
+    worker = ExportWorker(nice=0, keras2=True)
+    try:
+        return worker.export_keras2(path, out, modules=modules, verify=verify, safe_mode=safe_mode)
+    finally:
+        worker.close()
+
+
+def _archive_modules(model_path: str) -> list[str]:
+    """The custom-layer modules named in a ``.keras`` file's ``config.json``."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(model_path) as archive:
+            return custom_modules(archive.read("config.json").decode())
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        raise errors.ExportError(
+            f"{model_path} is not a readable .keras file ({exc}); the checkpoint is damaged or "
+            "was not written by Keras 3."
+        ) from exc
+
+
+@contextlib.contextmanager
+def _checkpoint_context(
+    uuid: str, storage: StorageSpec | None, registry: Registry
+) -> Iterator[Any]:
+    """A CheckpointContext on the storage holding ``uuid``, indexed by the registry."""
+    from ckptstore.checkpointing import CheckpointContext
+    from ckptstore.keras_io.loading._loaders import registry_and_storage, resolve_checkpoint
+
+    with registry_and_storage(storage, registry) as (reg, storage_for):
+        found, url = resolve_checkpoint(reg, storage_for, None, uuid)
+        store = storage_for(url)
+        ckpt = CheckpointContext(store, index=reg, storage_url=url or store.url)
+        try:
+            yield ckpt
+        finally:
+            ckpt.close()
+
+
+def checkpoint_main(args: Any) -> int:
+    """``python -m ckptstore.keras_io.exporting checkpoint UUID``: what ``ckptstore checkpoint
+    export`` runs (the command itself never imports TensorFlow). Prints one JSON line: the
+    result, or ``{"error": class name, "message": ...}`` with exit code 1."""
+    try:
+        result = export_checkpoint(
+            args.uuid,
+            storage=args.storage,
+            registry=args.registry,
+            verify=not args.no_verify,
+            safe_mode=not args.unsafe_deserialization,
+        )
+    except errors.CkptstoreError as exc:
+        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
+        return 1
+    print(json.dumps(result.to_json()), flush=True)
+    return 0

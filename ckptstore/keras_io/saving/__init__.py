@@ -1,0 +1,22 @@
+"""Saving a checkpoint off the training thread: the in-memory snapshot of a model's training state
+(:mod:`._snapshot`), the one-pass ``.keras`` archive writer (:mod:`._keras_archive`), the
+background writer thread that writes and uploads (:mod:`._writer`), the byte ranges of tensors
+in TensorFlow's checkpoint files for deduplicated commits (:mod:`._tf_bundle`), and the Keras 2
+checkpoint format Determined wrote (:mod:`._keras2_format`). Imports no Keras until used.
+
+Example::
+
+    from ckptstore.keras_io.saving import CheckpointWriter, take_snapshot
+"""
+
+from ckptstore.keras_io.saving._keras2_format import register_keras3_importer
+from ckptstore.keras_io.saving._snapshot import Snapshot, take_snapshot
+from ckptstore.keras_io.saving._writer import CheckpointWriter, SaveJob
+
+__all__ = [
+    "CheckpointWriter",
+    "SaveJob",
+    "Snapshot",
+    "register_keras3_importer",
+    "take_snapshot",
+]
