@@ -58,9 +58,9 @@ class CheckpointContext:
             :meth:`restore_path` take (renewed every third of it while held); a crashed
             process protects its checkpoints at most this long.
         dedup: incremental checkpoints (content-addressed chunks, format 2; see
-            :mod:`.blobs`). None (default): the ``dedup`` key of a storage dict, else on, on
-            every storage (local paths and shared file systems included: a frozen backbone
-            is stored once). False turns it off for this context (whole files, format 1).
+            :mod:`.blobs`). None (default): the ``dedup`` key of a storage dict, else on for
+            remote storage (``Storage.remote``: S3, GCS, Azure, remote fsspec) and off on a
+            local file system. False turns it off for this context.
         dedup_chunk_bytes: the largest chunk (default 4 MiB); writers cut at tensor
             boundaries below it.
 
@@ -122,7 +122,7 @@ class CheckpointContext:
         #: Sharded (multi-worker) saves and ``amend`` write whole files either way.
         if dedup is None and isinstance(storage, Mapping):
             dedup = dedup_option(storage)
-        self.dedup = True if dedup is None else bool(dedup)
+        self.dedup = self.storage.remote if dedup is None else bool(dedup)
         self.dedup_chunk_bytes = check_chunk_bytes(dedup_chunk_bytes)
         #: Blobs our last deduplicated commit named: the next one does not ask storage about them.
         self._known_blobs = blobs.KnownBlobs()

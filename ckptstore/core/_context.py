@@ -406,8 +406,10 @@ def init(
         checkpoint_dedup: store checkpoints as content-addressed chunks cut at tensor
             boundaries (``CheckpointContext(dedup=True)``, format 2): a fine-tuning checkpoint
             uploads about the bytes of the tensors that changed. None (default): the
-            ``dedup`` key of a ``checkpoint_storage`` dict, else on (every storage). False
-            turns it off; see the README's "Incremental (deduplicated) checkpoints".
+            ``dedup`` key of a ``checkpoint_storage`` dict, else on for remote storage (S3,
+            GCS, Azure, remote fsspec) and off on a local file system (where the whole-file
+            commit is a zero-copy rename). False turns it off; see the README's "Incremental
+            (deduplicated) checkpoints".
 
     On exit, waits for background uploads (a failure is raised), restores signal handlers and
     closes the distributed channel, checkpoint context and (if opened here) the registry.

@@ -64,6 +64,7 @@ class AzureStorage(ObjectStorage):
         **options: the common :class:`ObjectStorage` options.
     """
 
+    remote = True
     scheme = "az"
     _delete_batch = 50
 

@@ -66,7 +66,7 @@ def split_storage_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dic
 
 def dedup_option(config: Mapping[str, Any]) -> bool | None:
     """The ``dedup`` key of a ``checkpoint_storage`` dict: True/False, or None when absent (then
-    the default applies: on)."""
+    the storage decides: on for remote storage, see :attr:`Storage.remote`)."""
     value = config.get(DEDUP_KEY) if isinstance(config, Mapping) else None
     if value is None or isinstance(value, bool):
         return value

@@ -36,6 +36,8 @@ class FsspecStorage(ObjectStorage):
             logged or shown in the repr).
     """
 
+    remote = True
+
     def __init__(self, url: str, **options: Any) -> None:
         protocol = url.split("://", 1)[0].lower()
         common = {k: options.pop(k) for k in list(options) if k in COMMON_OPTIONS}

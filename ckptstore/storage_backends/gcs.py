@@ -58,6 +58,7 @@ class GCSStorage(ObjectStorage):
         **options: the common :class:`ObjectStorage` options.
     """
 
+    remote = True
     scheme = "gs"
 
     def __init__(

@@ -101,6 +101,7 @@ class S3Storage(ObjectStorage):
             part_size is raised to it for uploads).
     """
 
+    remote = True
     scheme = "s3"
     # Measured on moto (1 GiB tree, benchmarks/storage_throughput.py, medians of 5 rounds):
     # 64 MiB upload parts were the fastest (1.12x 128 MiB parts); moto reads the whole object

@@ -86,3 +86,14 @@ def backdate(monkeypatch, storage, key: str, seconds: float) -> None:
     if not hasattr(real, "_backdating"):
         modified_at._backdating = True  # type: ignore[attr-defined]
         monkeypatch.setattr(storage, "modified_at", modified_at)
+
+
+def stored_folder(storage_url: str, uuid: str, dest) -> str:  # type: ignore[no-untyped-def]
+    """Checkpoint ``uuid`` as ordinary files in ``dest`` (downloaded and verified): its
+    stored folder holds only the manifest and metadata when it is deduplicated (the
+    default), so tests that read a file of it go through this."""
+    from ckptstore.checkpointing import CheckpointContext
+
+    with CheckpointContext(storage_url) as reader:
+        reader.download(uuid, str(dest))
+    return str(dest)

@@ -66,7 +66,7 @@ def test_sigkill_while_adding_leaves_the_checkpoint_as_it_was(local_and_s3_url, 
         assert downloaded(ctx, uuid, tmp_path / "final") == {**ORIGINAL, **second}
         assert set(record.resources) == set(ORIGINAL) | set(second) | {fmt.METADATA_NAME}
         stored = set(ctx.storage.list(uuid)) - fmt.RESERVED_NAMES
-        # A deduplicated checkpoint (the default) gets its new files as chunks too: nothing
+        # A deduplicated checkpoint (S3's default) gets its new files as chunks too: nothing
         # but the manifest and metadata in the folder; a whole-file one gets whole files.
         manifest = fmt.read_manifest(ctx.storage, uuid)
         if ctx.dedup:
@@ -173,8 +173,9 @@ def test_property_add_is_union_or_refused_unchanged(
         amend.add_files(ctx.storage, uuid, src)
         assert downloaded(ctx, uuid, root / "dl") == {**original, **added}
         stored = set(ctx.storage.list(uuid)) - fmt.RESERVED_NAMES
-        # deduplicated (the default): every file is chunks, nothing else stays in the folder
-        assert {r for r in stored if not r.endswith("/")} == set()
+        # deduplicated: every file is chunks, nothing else in the folder; else whole files
+        expected = set() if ctx.dedup else set(original) | set(added)
+        assert {r for r in stored if not r.endswith("/")} == expected
 
 
 def _prefix_clash(a: dict[str, bytes], b: dict[str, bytes]) -> bool:
@@ -189,7 +190,7 @@ def test_a_sweep_during_an_add_keeps_its_new_chunks(local_and_s3_url, tmp_path):
     committed folder: it may be an add in progress)."""
     from ckptstore.checkpointing import blob_gc
 
-    with CheckpointContext(local_and_s3_url, gc_grace_seconds=0) as ctx:
+    with CheckpointContext(local_and_s3_url, gc_grace_seconds=0, dedup=True) as ctx:
         uuid = commit(ctx, tmp_path)
         storage = ctx.storage
         real_create = storage.write_if_absent

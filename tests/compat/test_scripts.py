@@ -13,6 +13,7 @@ import numpy as np
 
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
+from tests.checkpointing._helpers import stored_folder
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
@@ -58,8 +59,9 @@ def test_callback_script_resumes_and_the_sdk_recipe_predicts(storage_url_factory
     assert done.returncode == 0, done.stderr[-3000:]
     uuid, steps = done.stdout.split()[-2:]
     assert steps == "18"
-    assert (
-        tmp_path / "checkpoints" / uuid / "model.keras"
-    ).is_file()  # Determined's default folder
+    # Determined's default folder holds it (as chunks: the manifest names the file)
+    assert (tmp_path / "checkpoints" / uuid / "MANIFEST.json").is_file()
+    folder = stored_folder(str(tmp_path / "checkpoints"), uuid, tmp_path / "dl")
+    assert os.path.isfile(os.path.join(folder, "model.keras"))
     preds = np.load(out)
     assert preds.shape == (3, 1) and np.all(np.isfinite(preds))

@@ -21,6 +21,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.checkpointing._helpers import stored_folder
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS_PER_EPOCH = 5
 EPOCHS = 3
@@ -136,7 +138,9 @@ def test_preempted_in_the_last_batch_of_an_epoch(tmp_path, straight):
     # the preemption's checkpoint (not the final run's, which is complete anyway)
     with open(tmp_path / "part0.json") as f:
         uuid = json.load(f)["last_checkpoint"]
-    state = json.loads((tmp_path / "ckpts" / uuid / "callback_state.json").read_text())
+    folder = stored_folder(str(tmp_path / "ckpts"), uuid, tmp_path / "preempted")
+    with open(os.path.join(folder, "callback_state.json")) as f:
+        state = json.load(f)
     assert state["steps_completed"] == 2 * STEPS_PER_EPOCH and state["epoch"] == 2
     assert state["epoch_complete"] is True  # saved at the epoch's end, after its validation
 

@@ -18,6 +18,7 @@ from ckptstore.checkpointing import CheckpointContext
 from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io.exporting import ExportPolicy, export_checkpoint
 from ckptstore.storage_backends import open_storage
+from tests.checkpointing._helpers import stored_folder
 from tests.cli.helpers import make_env
 from tests.keras_io.export_common import X, fit, has_saved_model, init
 from tests.keras_io.keras_under_test import tiny_model
@@ -76,7 +77,8 @@ def test_default_exports_the_final_checkpoint_and_leaving_the_context_waits(tmp_
     assert [r.steps_completed for r in committed] == [3, 6]
     assert not has_saved_model(storage, committed[0].uuid)
     assert has_saved_model(storage, committed[1].uuid)
-    predicted = serve(str(storage_root / committed[1].uuid / "saved_model"), X)
+    folder = stored_folder(str(storage_root), committed[1].uuid, tmp_path / "final")
+    predicted = serve(os.path.join(folder, "saved_model"), X)
     np.testing.assert_allclose(predicted, model.predict(X, verbose=0), rtol=1e-5, atol=1e-6)
 
 

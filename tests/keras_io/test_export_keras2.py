@@ -25,6 +25,7 @@ from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io.exporting import export_checkpoint
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.storage_backends import open_storage
+from tests.checkpointing._helpers import stored_folder
 from tests.keras_io.export_common import X, fit, has_saved_model, init
 from tests.keras_io.keras_under_test import KERAS2_ONLY_MODULE, keras, tiny_model
 
@@ -138,7 +139,8 @@ def test_default_exports_only_the_final_checkpoint(tmp_path, no_training_thread_
     assert [r.steps_completed for r in committed] == [3, 6]
     assert not has_saved_model(storage, committed[0].uuid)
     assert has_saved_model(storage, committed[1].uuid)
-    assert_serves_like(str(tmp_path / "ckpts" / committed[1].uuid / "saved_model"), model)
+    folder = stored_folder(str(tmp_path / "ckpts"), committed[1].uuid, tmp_path / "final")
+    assert_serves_like(os.path.join(folder, "saved_model"), model)
 
 
 def test_a_failed_worker_export_commits_nothing_and_raises(tmp_path):
@@ -168,7 +170,11 @@ def test_a_model_no_process_can_rebuild_exports_on_the_training_thread(tmp_path,
         assert has_saved_model(ctx.storage, uuid)
     assert "training thread" in caplog.text and "subclassed" in caplog.text
     np.testing.assert_allclose(
-        tf.saved_model.load(str(tmp_path / "ckpts" / uuid / "saved_model"))(tf.constant(X)),
+        tf.saved_model.load(
+            os.path.join(
+                stored_folder(str(tmp_path / "ckpts"), uuid, tmp_path / "dl"), "saved_model"
+            )
+        )(tf.constant(X)),
         model.predict(X, verbose=0),
         rtol=1e-5,
         atol=1e-6,
@@ -229,7 +235,8 @@ def test_cli_export_of_a_keras2_checkpoint_from_a_keras3_process(tmp_path):
     proc, report = run(uuid)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["verified"] and report["max_abs_diff"] < 1e-4, report
-    assert_serves_like(str(tmp_path / "ckpts" / uuid / "saved_model"), model)
+    folder = stored_folder(str(tmp_path / "ckpts"), uuid, tmp_path / "exported")
+    assert_serves_like(os.path.join(folder, "saved_model"), model)
     with CheckpointContext(str(tmp_path / "ckpts")) as reader:
         reader.download(uuid, str(tmp_path / "dl"))  # verifies every file, saved_model/ too
 

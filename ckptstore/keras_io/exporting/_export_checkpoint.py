@@ -25,6 +25,7 @@ from ckptstore.keras_io.exporting._savedmodel import (
 )
 from ckptstore.keras_io.exporting._worker import ExportWorker
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME, SAVED_MODEL_DIRNAME
+from ckptstore.keras_io.saving._tf_bundle import folder_cuts
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
@@ -47,6 +48,10 @@ def export_checkpoint(
     predicts what Keras does), then adds the files to the same checkpoint with the manifest
     rewrite of :mod:`ckptstore.checkpointing.amend` (a crash at any point leaves the checkpoint
     readable, as before or with the SavedModel). The checkpoint is pinned against GC meanwhile.
+    The SavedModel is stored in the checkpoint's format: chunks cut at its tensors in a
+    deduplicated checkpoint (the default; the returned ``path`` is its logical place, fetch
+    it with ``ckptstore checkpoint download UUID --selector 'saved_model/**'``), whole files
+    a serving system can read in place in a ``dedup=False`` one.
 
     Args:
         checkpoint_uuid: the checkpoint (registry row, else looked for in storage).
@@ -98,12 +103,15 @@ def export_checkpoint(
                         safe_mode=safe_mode,
                         custom_objects=custom_objects,
                     )
+                # A deduplicated checkpoint gets the SavedModel as chunks cut at its tensors,
+                # like the exports written at save time; a whole-file one, in place.
                 amend.add_files(
                     ckpt.storage,
                     checkpoint_uuid,
                     staging,
                     index=ckpt.index,
                     storage_url=ckpt.storage_url,
+                    cuts=folder_cuts(staging),
                 )
             finally:
                 import shutil
