@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import yaml  # noqa: E402
 
 from ckptstore.registry import Registry  # noqa: E402
+from tests._helpers.ports import free_port  # noqa: E402
 from tests.servers import ray_cluster  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,7 +131,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="ckb", dir="/tmp"))
     os.environ.update(ray_cluster.CLUSTER_ENV)  # this driver and every process it starts
     env = dict(os.environ, PYTHONPATH=str(REPO), RAY_USAGE_STATS_ENABLED="0")
-    port = ray_cluster._free_port(ray_cluster.HEAD_IP)
+    port = free_port(ray_cluster.HEAD_IP)
     address = f"{ray_cluster.HEAD_IP}:{port}"
     ray_cluster._ray_start(
         ["--head", "--node-ip-address", ray_cluster.HEAD_IP, "--port", str(port)]

@@ -1,4 +1,4 @@
-"""Test helpers: small file trees and an in-memory CheckpointIndex."""
+"""Test helpers: an in-memory CheckpointIndex (file trees: ``tests/_helpers/trees.py``)."""
 
 from __future__ import annotations
 
@@ -14,29 +14,6 @@ from ckptstore.checkpointing.index import (
     PARTIALLY_DELETED,
     CheckpointRecord,
 )
-
-
-def make_tree(root: str, files: dict[str, bytes]) -> str:
-    """Write ``{relpath: bytes}`` under ``root`` (created); returns ``root``."""
-    os.makedirs(root, exist_ok=True)
-    for rel, data in files.items():
-        path = os.path.join(root, *rel.split("/"))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-    return root
-
-
-def read_tree(root: str) -> dict[str, bytes]:
-    """``{relpath: bytes}`` of every file under ``root``."""
-    out = {}
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, root).replace(os.sep, "/")
-            with open(full, "rb") as f:
-                out[rel] = f.read()
-    return out
 
 
 def write_manifest(storage: Any, uuid: str, damaged: Any) -> None:

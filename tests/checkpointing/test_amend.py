@@ -18,7 +18,7 @@ from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext, amend
 from ckptstore.checkpointing import format as fmt
 from ckptstore.registry import Registry
-from tests.checkpointing._helpers import make_tree, read_tree
+from tests._helpers.trees import make_tree, read_tree
 
 REPO = Path(__file__).resolve().parents[2]
 ORIGINAL = {"model.keras": b"k" * 3000, "notes/a.txt": b"a"}

@@ -13,7 +13,7 @@ from ckptstore.checkpointing import CheckpointContext, LatestN
 from ckptstore.checkpointing import format as fmt
 from ckptstore.storage_backends.local import LocalStorage
 from ckptstore.storage_backends.memory import MemoryStorage
-from tests.checkpointing._helpers import make_tree, read_tree
+from tests._helpers.trees import make_tree, read_tree
 
 
 def gated(base: type):

@@ -10,7 +10,8 @@ import pytest
 from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext
 from ckptstore.checkpointing import format as fmt
-from tests.checkpointing._helpers import MemoryIndex, make_tree, read_tree
+from tests._helpers.trees import make_tree, read_tree
+from tests.checkpointing._helpers import MemoryIndex
 
 FILES = {
     "model.keras": os.urandom(20_000),
@@ -21,14 +22,14 @@ FILES = {
 
 
 @pytest.fixture(params=("file", "memory", "s3"))
-def url(request, storage_url_factory) -> str:
+def file_memory_s3_url(request, storage_url_factory) -> str:
     return storage_url_factory(request.param)
 
 
-def test_upload_download_get_metadata(url, tmp_path):
+def test_upload_download_get_metadata(file_memory_s3_url, tmp_path):
     index = MemoryIndex()
     src = make_tree(str(tmp_path / "src"), FILES)
-    with CheckpointContext(url, index=index, trial_id=3) as ctx:
+    with CheckpointContext(file_memory_s3_url, index=index, trial_id=3) as ctx:
         uuid = ctx.upload(src, {"steps_completed": 7, "metrics": {"loss": 1.5}})
         ctx.download(uuid, str(tmp_path / "out"))
         got = read_tree(str(tmp_path / "out"))
@@ -55,8 +56,8 @@ def test_upload_download_get_metadata(url, tmp_path):
     assert record.storage_url
 
 
-def test_store_path_and_restore_path(url, tmp_path):
-    with CheckpointContext(url, trial_id=1) as ctx:
+def test_store_path_and_restore_path(file_memory_s3_url, tmp_path):
+    with CheckpointContext(file_memory_s3_url, trial_id=1) as ctx:
         with ctx.store_path({"steps_completed": 10}) as (path, uuid):
             make_tree(path, FILES)
             assert not fmt.is_committed(ctx.storage, uuid)
@@ -73,8 +74,8 @@ def test_store_path_and_restore_path(url, tmp_path):
         assert [c for c in ctx.storage.list_children("") if not c.startswith(".")] == [uuid]
 
 
-def test_store_path_discards_the_checkpoint_when_the_block_raises(url):
-    with CheckpointContext(url) as ctx:
+def test_store_path_discards_the_checkpoint_when_the_block_raises(file_memory_s3_url):
+    with CheckpointContext(file_memory_s3_url) as ctx:
         with pytest.raises(RuntimeError):
             with ctx.store_path() as (path, uuid):
                 make_tree(path, {"a": b"1"})
@@ -98,9 +99,9 @@ def test_local_store_path_renames_the_staging_folder(storage_url_factory):
             assert restored == pathlib.Path(root, uuid)
 
 
-def test_latest_checkpoint_orders_by_steps(url, tmp_path):
+def test_latest_checkpoint_orders_by_steps(file_memory_s3_url, tmp_path):
     src = make_tree(str(tmp_path / "src"), {"w": b"1"})
-    with CheckpointContext(url, trial_id=5) as ctx:
+    with CheckpointContext(file_memory_s3_url, trial_id=5) as ctx:
         a = ctx.upload(src, {"steps_completed": 30})
         ctx.upload(src, {"steps_completed": 10})
         assert ctx.latest_checkpoint() == a
@@ -108,10 +109,10 @@ def test_latest_checkpoint_orders_by_steps(url, tmp_path):
         assert ctx.latest_checkpoint() == c
 
 
-def test_delete_whole_and_partial(url, tmp_path):
+def test_delete_whole_and_partial(file_memory_s3_url, tmp_path):
     index = MemoryIndex()
     src = make_tree(str(tmp_path / "src"), FILES)
-    with CheckpointContext(url, index=index) as ctx:
+    with CheckpointContext(file_memory_s3_url, index=index) as ctx:
         uuid = ctx.upload(src)
         ctx.delete(uuid, globs=["optimizer/*"])
         manifest = fmt.read_manifest(ctx.storage, uuid)

@@ -21,7 +21,8 @@ from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext
 from ckptstore.checkpointing import format as fmt
 from ckptstore.cli.main import cli
-from tests.checkpointing._helpers import make_tree, write_manifest
+from tests._helpers.trees import make_tree
+from tests.checkpointing._helpers import write_manifest
 
 FILES = {
     "model.keras": os.urandom(3 * 4096 + 5),

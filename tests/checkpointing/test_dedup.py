@@ -20,7 +20,7 @@ from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext, LatestN, blob_gc, blobs, condemned
 from ckptstore.checkpointing import format as fmt
 from ckptstore.cli.main import cli
-from tests.checkpointing._helpers import make_tree, read_tree
+from tests._helpers.trees import make_tree, read_tree
 
 CHUNK = 2**16
 

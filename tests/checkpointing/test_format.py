@@ -14,7 +14,7 @@ from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext
 from ckptstore.checkpointing import format as fmt
 from ckptstore.storage_backends import open_storage
-from tests.checkpointing._helpers import make_tree
+from tests._helpers.trees import make_tree
 
 FILES = {"model.keras": b"k" * 1000, "opt/state.bin": os.urandom(5000), "notes.txt": b"hi"}
 

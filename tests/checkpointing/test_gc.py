@@ -21,7 +21,8 @@ from ckptstore.checkpointing import (
 )
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.retention import GCContext
-from tests.checkpointing._helpers import MemoryIndex, backdate, make_tree
+from tests._helpers.trees import make_tree
+from tests.checkpointing._helpers import MemoryIndex, backdate
 
 
 def records(losses, trial_id=1, prefix="t1"):

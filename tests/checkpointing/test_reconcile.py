@@ -28,7 +28,8 @@ from ckptstore.checkpointing.index import COMMITTED, DELETED, PENDING
 from ckptstore.cli.main import cli
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
-from tests.checkpointing._helpers import MemoryIndex, backdate, make_tree
+from tests._helpers.trees import make_tree
+from tests.checkpointing._helpers import MemoryIndex, backdate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOUR = 3600.0

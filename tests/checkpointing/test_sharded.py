@@ -15,7 +15,7 @@ from ckptstore.checkpointing import DummyDistributed, ProcessGroup
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.sharded import check_conflicts, merge_metadata
 from ckptstore.storage_backends import open_storage
-from tests.servers.emulators import free_port
+from tests._helpers.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ import pytest
 
 from ckptstore.checkpointing import CheckpointContext, KeepAll, blobs
 from ckptstore.checkpointing import format as fmt
-from tests.checkpointing._helpers import make_tree
+from tests._helpers.trees import make_tree
 
 REPO = Path(__file__).resolve().parents[2]
 

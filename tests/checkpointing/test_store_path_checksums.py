@@ -11,12 +11,7 @@ from ckptstore.checkpointing import CheckpointContext
 from ckptstore.checkpointing import format as fmt
 
 
-@pytest.fixture(params=("file", "s3"))
-def url(request, storage_url_factory) -> str:
-    return storage_url_factory(request.param)
-
-
-def test_given_checksum_is_used_and_others_are_computed(url, tmp_path, monkeypatch):
+def test_given_checksum_is_used_and_others_are_computed(local_and_s3_url, tmp_path, monkeypatch):
     data = os.urandom(5000)
     read_again: list[str] = []
     real = fmt.crc32c_file
@@ -26,7 +21,7 @@ def test_given_checksum_is_used_and_others_are_computed(url, tmp_path, monkeypat
         return real(path)
 
     monkeypatch.setattr(fmt, "crc32c_file", spy)
-    with CheckpointContext(url) as ctx:
+    with CheckpointContext(local_and_s3_url) as ctx:
         checksums: dict[str, str] = {}
         with ctx.store_path({"steps_completed": 1}, checksums=checksums) as (path, uuid):
             with open(os.path.join(path, "big.bin"), "wb") as f:

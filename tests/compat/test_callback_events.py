@@ -22,6 +22,8 @@ import ckptstore as det
 from ckptstore.checkpointing import CheckpointContext
 from ckptstore.checkpointing import format as fmt
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 Events = list[tuple[str, Any]]
 
 

@@ -34,7 +34,7 @@ def write_trial(storage: str, registry: str, experiment_id: int, losses: list[fl
 
 
 @pytest.fixture
-def setup(local_and_s3_url: str, tmp_path) -> Iterator[dict]:
+def written(local_and_s3_url: str, tmp_path) -> Iterator[dict]:
     registry_url = f"sqlite:///{tmp_path / 'registry.db'}"
     with Registry(registry_url) as registry:
         experiment_id = registry.create_experiment("exp", config=SEARCHER)
@@ -51,31 +51,31 @@ def setup(local_and_s3_url: str, tmp_path) -> Iterator[dict]:
     client.configure()
 
 
-def test_checkpoint_download_is_determineds_batch_inference_recipe(setup):
-    exp = client.get_experiment(setup["experiment_id"])
+def test_checkpoint_download_is_determineds_batch_inference_recipe(written):
+    exp = client.get_experiment(written["experiment_id"])
     best = exp.top_checkpoint()  # by the config's searcher metric, smaller is better
     assert best.training.validation_metrics["val_loss"] == 0.3
     assert best.state is client.CheckpointState.COMPLETED
-    assert best.training.trial_id == setup["trials"][1]
-    path = client.get_checkpoint(best.uuid).download(str(setup["tmp"] / "dl"))
+    assert best.training.trial_id == written["trials"][1]
+    path = client.get_checkpoint(best.uuid).download(str(written["tmp"] / "dl"))
     assert open(os.path.join(path, "sub", "note.txt")).read() == "loss 0.3"
     assert json.load(open(os.path.join(path, "metadata.json")))["steps_completed"] == 20
     assert best.resources["weights.bin"] == 100
 
 
-def test_default_download_folder_and_master_mode(setup, monkeypatch):
-    monkeypatch.chdir(setup["tmp"])
-    ckpt = client.get_trial(setup["trials"][0]).select_checkpoint(latest=True)
+def test_default_download_folder_and_master_mode(written, monkeypatch):
+    monkeypatch.chdir(written["tmp"])
+    ckpt = client.get_trial(written["trials"][0]).select_checkpoint(latest=True)
     path = ckpt.download()
     assert path == os.path.join("checkpoints", ckpt.uuid)
-    assert (setup["tmp"] / path / "weights.bin").read_bytes() == bytes([3]) * 100
+    assert (written["tmp"] / path / "weights.bin").read_bytes() == bytes([3]) * 100
     with pytest.raises(errors.NotSupported, match="DownloadMode.DIRECT"):
         ckpt.download("x", client.DownloadMode.MASTER)
 
 
-def test_trial_selection_and_ordering(setup):
-    trial = client.get_trial(setup["trials"][0])
-    assert trial.experiment_id == setup["experiment_id"]
+def test_trial_selection_and_ordering(written):
+    trial = client.get_trial(written["trials"][0])
+    assert trial.experiment_id == written["experiment_id"]
     best = trial.select_checkpoint(best=True)
     assert best.metadata["metrics"]["val_loss"] == 0.4
     worst = trial.top_checkpoint(sort_by="val_loss", smaller_is_better=False)
@@ -91,18 +91,18 @@ def test_trial_selection_and_ordering(setup):
     assert isinstance(reports[0], client.ValidationMetrics)
 
 
-def test_experiment_top_n_and_trials(setup):
-    exp = client.get_experiment(setup["experiment_id"])
-    assert [t.id for t in exp.list_trials()] == sorted(setup["trials"])
+def test_experiment_top_n_and_trials(written):
+    exp = client.get_experiment(written["experiment_id"])
+    assert [t.id for t in exp.list_trials()] == sorted(written["trials"])
     top = exp.top_n_checkpoints(3)
     assert [c.training.validation_metrics["val_loss"] for c in top] == [0.3, 0.4, 0.6]
-    with Registry(setup["registry"]) as registry:
+    with Registry(written["registry"]) as registry:
         registry.set_experiment_state(exp.id, "COMPLETED")
     assert exp.wait(interval=0.01) is client.ExperimentState.COMPLETED
 
 
-def test_model_registry_round_trip(setup):
-    best = client.get_experiment(setup["experiment_id"]).top_checkpoint()
+def test_model_registry_round_trip(written):
+    best = client.get_experiment(written["experiment_id"]).top_checkpoint()
     model = client.create_model("mnist", description="digits", metadata={"team": "a"})
     version = model.register_version(best.uuid)
     assert version.model_version == 1
@@ -117,24 +117,24 @@ def test_model_registry_round_trip(setup):
         client.create_model("mnist")
 
 
-def test_cluster_only_calls_say_what_to_use(setup):
+def test_cluster_only_calls_say_what_to_use(written):
     with pytest.raises(errors.NotSupported, match="ckptstore experiment create"):
         client.create_experiment({"searcher": {}}, ".")
     with pytest.raises(errors.NotSupported, match="SIGTERM"):
-        client.get_trial(setup["trials"][0]).kill()
+        client.get_trial(written["trials"][0]).kill()
     client.login(master="https://old-master:8080", user="determined")  # accepted, no master
     with pytest.raises(errors.CheckpointNotFound):
         client.get_checkpoint("00000000-0000-4000-8000-000000000000")
 
 
-def test_experiment_name_description_and_labels(setup):
-    exp = client.get_experiment(setup["experiment_id"])
+def test_experiment_name_description_and_labels(written):
+    exp = client.get_experiment(written["experiment_id"])
     exp.set_name("renamed")
     exp.set_description("what it tried")
     exp.set_labels(["a", "b"])
     exp.add_label("c")
     exp.remove_label("a")
-    again = client.get_experiment(setup["experiment_id"])
+    again = client.get_experiment(written["experiment_id"])
     assert (again.name, again.description, again.labels) == ("renamed", "what it tried", ["b", "c"])
     assert again.config["searcher"]["metric"] == "val_loss"  # the rest of the config is kept
     assert [e.id for e in client.list_experiments(labels=["c"])] == [again.id]
@@ -142,11 +142,11 @@ def test_experiment_name_description_and_labels(setup):
         exp.set_labels("a")
 
 
-def test_tensorboard_files_uploaded_by_a_trial_and_deleted_by_the_sdk(setup, local_and_s3_url):
+def test_tensorboard_files_uploaded_by_a_trial_and_deleted_by_the_sdk(written, local_and_s3_url):
     with det.core.init(
         storage=local_and_s3_url,
-        registry=setup["registry"],
-        experiment_id=setup["experiment_id"],
+        registry=written["registry"],
+        experiment_id=written["experiment_id"],
         preempt_signals=False,
         tensorboard_mode=det.core.TensorboardMode.MANUAL,
     ) as core_context:
@@ -157,42 +157,42 @@ def test_tensorboard_files_uploaded_by_a_trial_and_deleted_by_the_sdk(setup, loc
         assert storage.list(f"tensorboard/{trial_id}") == {}
         core_context.train.upload_tensorboard_files()
         assert storage.list(f"tensorboard/{trial_id}") == {"events.1": 2}
-        client.get_experiment(setup["experiment_id"]).delete_tensorboard_files()
+        client.get_experiment(written["experiment_id"]).delete_tensorboard_files()
         assert storage.list(f"tensorboard/{trial_id}") == {}
 
 
-def test_a_task_using_a_model_version_keeps_its_checkpoint_from_gc(setup):
-    best = client.get_experiment(setup["experiment_id"]).top_checkpoint()
+def test_a_task_using_a_model_version_keeps_its_checkpoint_from_gc(written):
+    best = client.get_experiment(written["experiment_id"]).top_checkpoint()
     version = client.create_model("served").register_version(best.uuid)
-    other = client.get_trial(setup["trials"][0]).select_checkpoint(latest=True)
+    other = client.get_trial(written["trials"][0]).select_checkpoint(latest=True)
     with det.core.init(
-        storage=setup["storage"], registry=setup["registry"],
+        storage=written["storage"], registry=written["registry"],
         preempt_signals=False,
     ) as core_context:  # fmt: skip
         core_context.experimental.report_task_using_model_version(version)
         core_context.experimental.report_task_using_checkpoint(other)
-        with Registry(setup["registry"]) as registry:
+        with Registry(written["registry"]) as registry:
             assert {best.uuid, other.uuid} <= registry.protected_checkpoint_uuids()
         with pytest.raises(errors.InvalidConfig, match="client.Checkpoint"):
             core_context.experimental.report_task_using_checkpoint(42)
-    with Registry(setup["registry"]) as registry:
+    with Registry(written["registry"]) as registry:
         assert other.uuid not in registry.protected_checkpoint_uuids()  # released on exit
 
 
-def test_a_checkpoint_row_naming_another_storage_downloads_only_when_allowed(setup, monkeypatch):
+def test_a_checkpoint_row_naming_another_storage_downloads_only_when_allowed(written, monkeypatch):
     """Issue 27, finding 2: with only the registry configured, the storage a row recorded is
     read when CKPTSTORE_STORAGE or CKPTSTORE_ALLOWED_STORAGE covers it, never otherwise."""
     from ckptstore.checkpointing.row_storage import ALLOWED_STORAGE_ENV
 
     monkeypatch.delenv(ALLOWED_STORAGE_ENV, raising=False)
     monkeypatch.delenv("CKPTSTORE_STORAGE", raising=False)
-    monkeypatch.setenv("CKPTSTORE_HOME", str(setup["tmp"] / "home"))  # the default: elsewhere
-    client.configure(registry=setup["registry"])
-    uuid = client.get_trial(setup["trials"][0]).select_checkpoint(latest=True).uuid
+    monkeypatch.setenv("CKPTSTORE_HOME", str(written["tmp"] / "home"))  # the default: elsewhere
+    client.configure(registry=written["registry"])
+    uuid = client.get_trial(written["trials"][0]).select_checkpoint(latest=True).uuid
     with pytest.raises(errors.StorageNotAllowed, match=ALLOWED_STORAGE_ENV):
-        client.get_checkpoint(uuid).download(str(setup["tmp"] / "refused"))
-    assert not os.path.exists(setup["tmp"] / "refused" / "sub")
-    monkeypatch.setenv(ALLOWED_STORAGE_ENV, setup["storage"])
-    client.configure(registry=setup["registry"])
-    path = client.get_checkpoint(uuid).download(str(setup["tmp"] / "allowed"))
+        client.get_checkpoint(uuid).download(str(written["tmp"] / "refused"))
+    assert not os.path.exists(written["tmp"] / "refused" / "sub")
+    monkeypatch.setenv(ALLOWED_STORAGE_ENV, written["storage"])
+    client.configure(registry=written["registry"])
+    path = client.get_checkpoint(uuid).download(str(written["tmp"] / "allowed"))
     assert open(os.path.join(path, "sub", "note.txt")).read() == "loss 0.6"

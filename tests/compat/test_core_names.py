@@ -13,15 +13,6 @@ from ckptstore import errors
 from ckptstore.checkpointing import format as fmt
 
 
-@pytest.fixture
-def where(tmp_path):
-    return {
-        "storage": str(tmp_path / "ckpts"),
-        "registry": f"sqlite:///{tmp_path / 'registry.db'}",
-        "preempt_signals": False,
-    }
-
-
 def test_log_format_is_determineds(caplog):
     assert det.LOG_FORMAT == "%(levelname)s: [%(process)s] %(name)s: %(message)s"
     formatter = logging.Formatter(det.LOG_FORMAT)
@@ -30,7 +21,9 @@ def test_log_format_is_determineds(caplog):
 
 
 def test_paths_are_pathlib_and_download_mode_is_positional(where, tmp_path):
-    with det.core.init(distributed=det.core.DummyDistributedContext(), **where) as core_context:
+    with det.core.init(
+        distributed=det.core.DummyDistributedContext(), **where.core_kwargs()
+    ) as core_context:
         with core_context.checkpoint.store_path({"steps_completed": 1}) as (path, uuid):
             assert isinstance(path, pathlib.Path)
             (path / "model").mkdir()
@@ -55,7 +48,7 @@ def test_upload_selector_and_empty_shard(where, tmp_path):
     (src / "keep").mkdir(parents=True)
     (src / "keep" / "a.bin").write_bytes(b"a")
     (src / "skip.tmp").write_bytes(b"t")
-    with det.core.init(**where) as core_context:
+    with det.core.init(**where.core_kwargs()) as core_context:
         uuid = core_context.checkpoint.upload(
             src, {"steps_completed": 2}, selector=lambda rel: not rel.endswith(".tmp")
         )
@@ -68,11 +61,11 @@ def test_upload_selector_and_empty_shard(where, tmp_path):
 
 
 def test_trial_info_seed_and_cluster_id(where, monkeypatch):
-    with det.core.init(**where) as core_context:
+    with det.core.init(**where.core_kwargs()) as core_context:
         info = core_context.info
         assert info.trial.trial_seed == info.trial.trial_id
         first = info.cluster_id
-    with det.core.init(**where) as core_context:
+    with det.core.init(**where.core_kwargs()) as core_context:
         assert core_context.info.cluster_id == first  # same registry, same id
     monkeypatch.setenv("CKPTSTORE_TRIAL_SEED", "1234")
     assert det.TrialInfo(trial_id=9).trial_seed == 1234
@@ -80,12 +73,12 @@ def test_trial_info_seed_and_cluster_id(where, monkeypatch):
 
 def test_modes_preempt_and_context_calls(where):
     with pytest.raises(errors.InvalidConfig, match="WorkersAskChief"):
-        with det.core.init(preempt_mode="ASK_EVERYONE", **where):
+        with det.core.init(preempt_mode="ASK_EVERYONE", **where.core_kwargs()):
             pass
     with det.core.init(
         preempt_mode=det.core.PreemptMode.ChiefOnly,
         tensorboard_mode="MANUAL",
-        **where,
+        **where.core_kwargs(),
     ) as core_context:
         assert core_context.start() is core_context
         assert core_context.preempt.should_preempt() is False

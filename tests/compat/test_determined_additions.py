@@ -118,18 +118,8 @@ def test_searcher_context_missing_refuses_every_call_with_a_value_error():
         missing.get_configured_units()
 
 
-# ---- TrainContext.set_metadata / get_metadata ------------------------------------------------------
-@pytest.fixture
-def where(tmp_path):
-    return {
-        "storage": str(tmp_path / "ckpts"),
-        "registry": f"sqlite:///{tmp_path / 'registry.db'}",
-        "preempt_signals": False,
-    }
-
-
 def test_trial_metadata_round_trips_across_a_new_context(where, tmp_path):
-    with det.core.init(**where) as core_context:
+    with det.core.init(**where.core_kwargs()) as core_context:
         trial_id = core_context.info.trial.trial_id
         assert core_context.train.get_metadata() is None
         stored = core_context.train.set_metadata(
@@ -138,23 +128,23 @@ def test_trial_metadata_round_trips_across_a_new_context(where, tmp_path):
         assert stored == {"stage": "warmup", "lr": 0.5, "bad": None, "tags": ["a", "b"]}
         assert core_context.train.get_metadata() == stored
     # a later context of the same trial (a resume) reads it back
-    with det.core.init(trial_id=trial_id, **where) as core_context:
+    with det.core.init(trial_id=trial_id, **where.core_kwargs()) as core_context:
         assert core_context.train.get_metadata() == stored
         # set_metadata overwrites, as Determined's does
         assert core_context.train.set_metadata({"stage": "fine-tune"}) == {"stage": "fine-tune"}
-    with det.core.init(trial_id=trial_id, **where) as core_context:
+    with det.core.init(trial_id=trial_id, **where.core_kwargs()) as core_context:
         assert core_context.train.get_metadata() == {"stage": "fine-tune"}
     # kept beside the trial's TensorBoard files and logs in the storage
     path = tmp_path / "ckpts" / "trial_metadata" / f"{trial_id}.json"
     assert json.loads(path.read_text()) == {"stage": "fine-tune"}
     # another trial has its own
-    with det.core.init(**where) as other:
+    with det.core.init(**where.core_kwargs()) as other:
         assert other.info.trial.trial_id != trial_id
         assert other.train.get_metadata() is None
 
 
 def test_trial_metadata_must_be_a_json_dict(where):
-    with det.core.init(**where) as core_context:
+    with det.core.init(**where.core_kwargs()) as core_context:
         with pytest.raises(errors.InvalidConfig, match="dict"):
             core_context.train.set_metadata(["not", "a", "dict"])  # type: ignore[arg-type]
         with pytest.raises(errors.InvalidConfig, match="JSON"):

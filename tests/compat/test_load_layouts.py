@@ -18,6 +18,8 @@ from ckptstore import errors
 from ckptstore.import_determined import layouts
 from tests.import_determined import tf_keras_fixtures as tk
 
+pytestmark = pytest.mark.e2e  # trains Keras 2 (tf_keras) models end to end
+
 CASE = tk.OPTIMIZERS["adam"] if "adam" in tk.OPTIMIZERS else next(iter(tk.OPTIMIZERS.values()))
 
 # The user's TFKerasTrial, migrated to `import ckptstore as det`, as saved in a checkpoint's code/.

@@ -17,6 +17,8 @@ from ckptstore.storage_backends import open_storage
 from tests.keras_io.trial.test_controller import config
 from tests.keras_io.trial.tiny_trial import TinyTrial
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 
 class BoardTrial(TinyTrial):
     board = None

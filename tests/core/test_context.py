@@ -12,17 +12,9 @@ import pytest
 
 import ckptstore
 from ckptstore import errors
-from ckptstore.core import _info as trial_info
 from ckptstore.core import init
 from ckptstore.core._train import to_jsonable
 from ckptstore.registry import Registry
-
-
-@pytest.fixture
-def where(tmp_path, monkeypatch):
-    for name in trial_info.ALL_ENV:
-        monkeypatch.delenv(name, raising=False)
-    return str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
 
 
 def _save(ctx, steps, **metrics):

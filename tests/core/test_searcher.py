@@ -11,6 +11,7 @@ from ckptstore import errors
 from ckptstore.core import SearcherContext, SearcherMode, Unit
 from ckptstore.core._distributed import DistributedContext
 from ckptstore.core._searcher import ORACLE_ENV, SEARCHER_ENV
+from tests._helpers.ports import free_port
 
 
 class Single:
@@ -111,8 +112,8 @@ def test_validation_reports_are_judged_once_per_rung():
     assert asked == [16, 32] and stopper.requested == 1
 
 
-def test_workers_follow_the_chief(unused_tcp_port_pair):
-    port = unused_tcp_port_pair
+def test_workers_follow_the_chief():
+    port = free_port()
     seen = {}
 
     def worker(rank):
@@ -134,20 +135,3 @@ def test_workers_follow_the_chief(unused_tcp_port_pair):
     for t in threads:
         t.join(60)
     assert seen == {0: [16, 32], 1: [16, 32]}
-
-
-@pytest.fixture
-def unused_tcp_port_pair():
-    import socket
-
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket() as s2:
-                s2.bind(("127.0.0.1", port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port")

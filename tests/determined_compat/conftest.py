@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from ckptstore.registry import Registry
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,17 +48,6 @@ def copy_corpus(name: str, tmp_path: Path) -> Path:
     target = tmp_path / name
     shutil.copytree(CORPUS / name, target)
     return target
-
-
-@pytest.fixture(params=("file", "s3"))
-def where(request, tmp_path, storage_url_factory) -> tuple[str, str]:
-    """(storage URL, registry URL): local folder or the S3 emulator, a fresh SQLite registry."""
-    return storage_url_factory(request.param), f"sqlite:///{tmp_path / 'registry.db'}"
-
-
-@pytest.fixture
-def local(tmp_path) -> tuple[str, str]:
-    return str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'registry.db'}"
 
 
 def create_ok(

@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.determined_compat.conftest import REPO, ckptstore
+
+pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
 
 PROBE = (
     "import determined, determined.keras, determined.core\n"
@@ -40,8 +44,8 @@ def test_real_determined_is_not_shadowed_outside(tmp_path):
     assert out.stdout.strip() == "the real determined"
 
 
-def test_inside_ckptstore_run_determined_is_ckptstore(tmp_path, local):
-    storage, registry = local
+def test_inside_ckptstore_run_determined_is_ckptstore(tmp_path, where):
+    storage, registry = where
     site = _fake_real_determined(tmp_path)
     (tmp_path / "probe.py").write_text(PROBE)
     done = ckptstore(
@@ -63,8 +67,8 @@ def test_inside_ckptstore_run_determined_is_ckptstore(tmp_path, local):
     assert f"installed at {site / 'determined'} is NOT used" in warnings[0]
 
 
-def test_ckptstore_run_passes_the_exit_status_and_trial(tmp_path, local):
-    storage, registry = local
+def test_ckptstore_run_passes_the_exit_status_and_trial(tmp_path, where):
+    storage, registry = where
     (tmp_path / "t.py").write_text(
         "import sys, determined as det\n"
         "info = det.get_cluster_info()\n"

@@ -4,9 +4,13 @@ Determined's adaptive.yaml shape (``max_length`` form, no ``min_validation_perio
 
 import json
 
+import pytest
+
 from ckptstore.experiment.config import load_config
 from ckptstore.registry import Registry
 from tests.determined_compat.conftest import ckptstore, copy_corpus, create_ok
+
+pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
 
 
 def _trials(registry, exp_id):
@@ -18,8 +22,8 @@ def _trials(registry, exp_id):
         return out
 
 
-def test_core_api_script_is_pruned_at_rungs(tmp_path, local):
-    storage, registry = local
+def test_core_api_script_is_pruned_at_rungs(tmp_path, where):
+    storage, registry = where
     model_dir = copy_corpus("core_search", tmp_path)
     rungs = load_config(model_dir / "adaptive.yaml").searcher.rung_lengths()
     assert rungs == [16, 32, 64]
@@ -48,8 +52,8 @@ def test_core_api_script_is_pruned_at_rungs(tmp_path, local):
                 best[step] = min(best.get(step, value), value)
 
 
-def test_tfkerastrial_adaptive_prunes_at_rungs(tmp_path, local):
-    storage, registry = local
+def test_tfkerastrial_adaptive_prunes_at_rungs(tmp_path, where):
+    storage, registry = where
     model_dir = copy_corpus("mnist_trial", tmp_path)
     create_ok("adaptive.yaml", model_dir, storage, registry)
     trials = _trials(registry, 1)
@@ -77,10 +81,10 @@ def test_tfkerastrial_adaptive_prunes_at_rungs(tmp_path, local):
             assert t["batches_trained"] in (16, 32)  # stopped at a rung, with a checkpoint there
 
 
-def test_038_script_reporting_batches_is_stopped_at_rungs(tmp_path, local):
+def test_038_script_reporting_batches_is_stopped_at_rungs(tmp_path, where):
     """0.38's form: time_metric/max_time, validations every 8 batches, no operations(): the
     first report at or past a rung is judged there and a pruned trial is preempted."""
-    storage, registry = local
+    storage, registry = where
     model_dir = copy_corpus("core_search", tmp_path)
     done = create_ok("adaptive_038.yaml", model_dir, storage, registry)
     output = done.stdout + done.stderr

@@ -3,11 +3,15 @@ trial and the end of its log; an experiment whose trials all failed is ERROR (is
 
 import json
 
+import pytest
+
 from tests.determined_compat.conftest import ckptstore, copy_corpus
 
+pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
 
-def test_failing_trial_fails_the_command_and_the_experiment(tmp_path, local):
-    storage, registry = local
+
+def test_failing_trial_fails_the_command_and_the_experiment(tmp_path, where):
+    storage, registry = where
     model_dir = copy_corpus("failing", tmp_path)
     done = ckptstore(
         "experiment", "create", "const.yaml", ".", storage=storage, registry=registry, cwd=model_dir
@@ -24,8 +28,8 @@ def test_failing_trial_fails_the_command_and_the_experiment(tmp_path, local):
     assert info["state"] == "ERROR" and info["trials"][0]["state"] == "ERROR"
 
 
-def test_one_failed_trial_of_a_search_still_fails_the_command(tmp_path, local):
-    storage, registry = local
+def test_one_failed_trial_of_a_search_still_fails_the_command(tmp_path, where):
+    storage, registry = where
     model_dir = copy_corpus("failing", tmp_path)
     # Trial with lr 0.1 fails, lr 0.2 succeeds: the experiment completes, the command says no.
     (model_dir / "train.py").write_text(
@@ -55,9 +59,9 @@ def test_one_failed_trial_of_a_search_still_fails_the_command(tmp_path, local):
     assert sorted(t["state"] for t in info["trials"]) == ["COMPLETED", "ERROR"]
 
 
-def test_python3_is_the_interpreter_running_ckptstore(tmp_path, local, monkeypatch):
+def test_python3_is_the_interpreter_running_ckptstore(tmp_path, where, monkeypatch):
     """The reference's `python3 train.py` with a PATH whose python3 has no ckptstore/numpy."""
-    storage, registry = local
+    storage, registry = where
     model_dir = tmp_path / "m"
     model_dir.mkdir()
     fake_bin = tmp_path / "bin"

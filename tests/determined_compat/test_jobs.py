@@ -14,6 +14,8 @@ from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
 from tests.determined_compat.conftest import ckptstore, copy_corpus
 
+pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
+
 
 def _job_config(model_dir, name, **data):
     raw = yaml.safe_load((model_dir / "batch_inference.yaml").read_text())
@@ -33,9 +35,9 @@ def _predictions(storage, job_id):
 
 
 @pytest.fixture
-def trained(tmp_path, where):
+def const_experiment(tmp_path, where_local_and_s3):
     """The reference's const.yaml trained once: (model_dir, storage, registry)."""
-    storage, registry = where
+    storage, registry = where_local_and_s3
     model_dir = copy_corpus("new_keras_api", tmp_path)
     done = ckptstore(
         "experiment", "create", "const.yaml", ".", storage=storage, registry=registry, cwd=model_dir
@@ -44,8 +46,8 @@ def trained(tmp_path, where):
     return model_dir, storage, registry
 
 
-def test_reference_train_then_batch_inference(trained):
-    model_dir, storage, registry = trained
+def test_reference_train_then_batch_inference(const_experiment):
+    model_dir, storage, registry = const_experiment
     with Registry(registry) as reg:
         (trial,) = reg.list_trials(1)
         assert trial.state == "COMPLETED" and trial.hparams["dropout"] == 0.1
@@ -91,8 +93,8 @@ def test_reference_train_then_batch_inference(trained):
     assert "wrote (203, 10) to" in logs.stdout
 
 
-def test_failing_job_and_two_slots(trained):
-    model_dir, storage, registry = trained
+def test_failing_job_and_two_slots(const_experiment):
+    model_dir, storage, registry = const_experiment
     (model_dir / "wrong.yaml").write_text(
         "entrypoint_script: python3 wrong_job.py\ndata: {batch_size: 8}\n"
     )
@@ -142,12 +144,14 @@ def test_failing_job_and_two_slots(trained):
     assert evaluations[1]["metrics"] == pytest.approx(evaluations[0]["metrics"], rel=1e-4)
 
 
-def test_write_output_puts_a_dataframe_in_the_jobs_folder(tmp_path, where, monkeypatch):
+def test_write_output_puts_a_dataframe_in_the_jobs_folder(
+    tmp_path, where_local_and_s3, monkeypatch
+):
     """The documented helper on any backend: a DataFrame becomes CSV under jobs/<job id>/."""
     pd = pytest.importorskip("pandas")
     import ckptstore
 
-    storage, registry = where
+    storage, registry = where_local_and_s3
     monkeypatch.setenv("CKPTSTORE_JOB_ID", "5")
     monkeypatch.setenv("CKPTSTORE_DATA_CONFIG", '{"batch_size": 4}')
     frame = pd.DataFrame({"row": [0, 1, 2], "label": [3, 1, 4]})

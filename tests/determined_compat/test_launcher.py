@@ -4,6 +4,8 @@ and ``resources.slots_per_trial: 2`` (two workers with TF_CONFIG on this machine
 
 import json
 
+import pytest
+
 from ckptstore.checkpointing import CheckpointContext
 from ckptstore.registry import Registry
 from tests.determined_compat.conftest import (
@@ -12,6 +14,8 @@ from tests.determined_compat.conftest import (
     create_ok,
     create_then_sigterm,
 )
+
+pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
 
 
 def _describe(exp_id, storage, registry):
@@ -22,8 +26,8 @@ def _describe(exp_id, storage, registry):
     return json.loads(shown.stdout)
 
 
-def test_iris_const_through_the_launcher(tmp_path, where):
-    storage, registry = where
+def test_iris_const_through_the_launcher(tmp_path, where_local_and_s3):
+    storage, registry = where_local_and_s3
     model_dir = copy_corpus("iris", tmp_path)
     done = create_ok("const.yaml", model_dir, storage, registry)
     output = done.stdout + done.stderr  # trial output is copied to the runner's stdout
@@ -38,8 +42,8 @@ def test_iris_const_through_the_launcher(tmp_path, where):
         assert latest.metadata["epoch"] == 6 and latest.steps_completed == 6 * 15
 
 
-def test_iris_resumes_after_sigterm(tmp_path, where):
-    storage, registry = where
+def test_iris_resumes_after_sigterm(tmp_path, where_local_and_s3):
+    storage, registry = where_local_and_s3
     model_dir = copy_corpus("iris", tmp_path)
     raw = (model_dir / "const.yaml").read_text().replace("--epochs 6", "--epochs 12")
     (model_dir / "const.yaml").write_text(raw)
@@ -70,8 +74,8 @@ def test_iris_resumes_after_sigterm(tmp_path, where):
     assert len(steps) == len(set(steps)) == 12
 
 
-def test_iris_two_slots_start_two_workers(tmp_path, local):
-    storage, registry = local
+def test_iris_two_slots_start_two_workers(tmp_path, where):
+    storage, registry = where
     model_dir = copy_corpus("iris", tmp_path)
     done = ckptstore(
         "experiment",
@@ -94,11 +98,11 @@ def test_iris_two_slots_start_two_workers(tmp_path, local):
         assert ctx.get_metadata(latest)["distributed"]["size"] == 2
 
 
-def test_iris_adaptive_prunes_through_the_callback(tmp_path, local):
+def test_iris_adaptive_prunes_through_the_callback(tmp_path, where):
     """Determined's iris adaptive.yaml shape (launcher + train.py with DeterminedCallback, the
     max_length form): trials report validation metrics every epoch; the first report past the
     rung (30 batches) is judged and a pruned trial checkpoints and stops there."""
-    storage, registry = local
+    storage, registry = where
     model_dir = copy_corpus("iris", tmp_path)
     create_ok("adaptive.yaml", model_dir, storage, registry)
     with Registry(registry) as reg:

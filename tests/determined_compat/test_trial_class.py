@@ -3,6 +3,8 @@ import keras``, loaders annotated ``-> keras.InputData``) and its const.yaml, un
 ``ckptstore experiment create`` on local storage and on the S3 emulator; SIGTERM to the runner
 and ``experiment resume`` on the S3 emulator."""
 
+import pytest
+
 from ckptstore.checkpointing import format as fmt
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
@@ -13,9 +15,11 @@ from tests.determined_compat.conftest import (
     create_then_sigterm,
 )
 
+pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
 
-def test_mnist_trial_const_runs_unchanged(tmp_path, where):
-    storage, registry = where
+
+def test_mnist_trial_const_runs_unchanged(tmp_path, where_local_and_s3):
+    storage, registry = where_local_and_s3
     model_dir = copy_corpus("mnist_trial", tmp_path)
     done = create_ok("const.yaml", model_dir, storage, registry)
     output = done.stdout + done.stderr

@@ -12,6 +12,8 @@ from ckptstore.experiment.config import parse_config
 from ckptstore.experiment.optuna_queue import TrialQueue, heartbeat_settings, runners
 from ckptstore.registry import Registry
 
+pytestmark = pytest.mark.e2e  # starts trial processes
+
 STATE = optuna.trial.TrialState
 
 

@@ -23,16 +23,18 @@ from ckptstore.experiment import create_experiment, describe_experiment
 from ckptstore.experiment.searcher import optuna_storage_url, study_name
 from ckptstore.registry import Registry
 
+pytestmark = pytest.mark.e2e  # starts trial processes
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mnist_tfkeras_trial"
 REPO = EXAMPLE.parents[1]
 
 
-@pytest.fixture
-def where(tmp_path, monkeypatch):
+@pytest.fixture(autouse=True)
+def _quiet_importable_children(monkeypatch):
+    """The runner's trial processes import this checkout and log only warnings."""
     monkeypatch.setenv("CKPTSTORE_LOG_LEVEL", "WARNING")
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
     monkeypatch.setenv("PYTHONPATH", str(REPO))
-    return str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
 
 
 def write_config(tmp_path, name, source, **changes):

@@ -22,6 +22,8 @@ from tests.keras_io.keras_under_test import (
     optimizer_variables,
 )
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 BATCH, STEPS = 8, 4
 
 

@@ -17,19 +17,27 @@ import pytest
 
 import ckptstore as det
 from ckptstore import errors
-from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, keras3_only, optimizer_variables
+from tests.keras_io.keras_under_test import (
+    KERAS_MAJOR,
+    keras,
+    keras3_only,
+    optimizer_variables,
+    tiny_model,
+)
+
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
 
 
-def tiny_model(optimizer: str = "adam"):
-    keras.utils.set_random_seed(3)
-    model = keras.Sequential(
-        [keras.Input((4,)), keras.layers.Dense(6, activation="relu"), keras.layers.Dense(3)]
+def classifier(optimizer: str = "adam"):
+    """3 classes of 4 features, with Adam or SGD with momentum (different optimizer slots)."""
+    return tiny_model(
+        hidden=6,
+        outputs=3,
+        seed=3,
+        optimizer=None if optimizer == "adam" else keras.optimizers.SGD(0.1, 0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["acc"],
     )
-    opt = keras.optimizers.Adam(0.01) if optimizer == "adam" else keras.optimizers.SGD(0.1, 0.9)
-    model.compile(
-        opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["acc"]
-    )
-    return model
 
 
 X = np.random.RandomState(0).rand(32, 4).astype("float32")
@@ -94,7 +102,7 @@ def test_continue_id_must_be_json(init):
 # ---- what a checkpoint holds ------------------------------------------------------------------
 def test_checkpoint_contents_and_schedule(init, tmp_path):
     with init() as ctx:
-        model = tiny_model()
+        model = classifier()
         cb = det.keras.DeterminedCallback(ctx, None, 1, checkpoint_epochs=2)
         fit(model, [cb], epochs=4)
         cb.wait()  # fit() does not wait for the final checkpoint's SavedModel export
@@ -122,7 +130,7 @@ def test_checkpoint_contents_and_schedule(init, tmp_path):
         if KERAS_MAJOR == 3:
             loaded = keras.models.load_model(path / "model.keras")
         else:
-            loaded = tiny_model()
+            loaded = classifier()
             loaded.load_weights(str(path / "model_checkpoint"))
             loaded.optimizer.build(loaded.trainable_variables)  # restores the deferred slots
         got = optimizer_variables(loaded)
@@ -140,7 +148,7 @@ def test_checkpoint_epochs_zero_saves_only_at_end(init):
         cb = det.keras.DeterminedCallback(
             ctx, None, 1, checkpoint_epochs=0, export_saved_model="never"
         )
-        fit(tiny_model(), [cb], epochs=3)
+        fit(classifier(), [cb], epochs=3)
         assert [r.steps_completed for r in committed(ctx)] == [12]
 
 
@@ -149,7 +157,7 @@ def test_batch_metric_reporting(init):
         cb = det.keras.DeterminedCallback(
             ctx, None, 1, train_metrics_report_period=3, export_saved_model="never"
         )
-        fit(tiny_model(), [cb], epochs=2)
+        fit(classifier(), [cb], epochs=2)
         steps = [m.steps_completed for m in ctx.registry.get_metrics(ctx.trial_id, "training")]
         assert steps == [3, 6]
 
@@ -160,7 +168,7 @@ def test_batch_metric_reporting(init):
 def test_snapshot_archive_matches_keras_layout_and_is_point_in_time(tmp_path):
     from ckptstore.keras_io.saving import _snapshot as snapshot_lib
 
-    model = tiny_model()
+    model = classifier()
     fit(model, [], epochs=1)
     layout = snapshot_lib.StateLayout.of(model)
     snap = snapshot_lib.take_snapshot(layout)
@@ -189,29 +197,29 @@ def test_snapshot_archive_matches_keras_layout_and_is_point_in_time(tmp_path):
 def test_resume_with_other_optimizer_is_an_error(init):
     with init() as ctx:
         cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
-        fit(tiny_model("adam"), [cb], epochs=1)
+        fit(classifier("adam"), [cb], epochs=1)
         uuid = cb.last_checkpoint
     with init() as ctx:
         cb = det.keras.DeterminedCallback(ctx, uuid, 1)
         with pytest.raises(errors.ResumeError, match="optimizer"):
-            fit(tiny_model("sgd"), [cb], epochs=2)
+            fit(classifier("sgd"), [cb], epochs=2)
 
 
 def test_unknown_checkpoint_is_an_error(init):
     with init() as ctx:
         cb = det.keras.DeterminedCallback(ctx, "00000000-0000-0000-0000-000000000000", 1)
         with pytest.raises(errors.CheckpointNotFound):
-            fit(tiny_model(), [cb], epochs=1)
+            fit(classifier(), [cb], epochs=1)
 
 
 def test_warm_start_loads_weights_only_and_protects(init):
     with init() as ctx:
         cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
-        trained = tiny_model()
+        trained = classifier()
         fit(trained, [cb], epochs=2)
         uuid = cb.last_checkpoint
     with init(trial_id=2) as ctx:
-        model = tiny_model()
+        model = classifier()
         cb = det.keras.DeterminedCallback(ctx, uuid, continue_id=2, export_saved_model="never")
         seen = {}
 
@@ -236,7 +244,7 @@ def test_failed_background_save_raises_from_fit(init, s3_server):
     with pytest.raises(errors.BackgroundUploadError):
         with init(storage="s3://ckptstore-no-such-bucket/x") as ctx:
             cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
-            fit(tiny_model(), [cb], epochs=3)
+            fit(classifier(), [cb], epochs=3)
 
 
 # ---- stateful callbacks -----------------------------------------------------------------------
@@ -263,7 +271,7 @@ def test_callback_state_applied_after_on_train_begin(init):
     with init() as ctx:
         stop = det.keras.EarlyStopping(monitor="val_loss", patience=100, min_delta=1e-9)
         cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
-        fit(tiny_model(), [cb, stop], epochs=2)
+        fit(classifier(), [cb, stop], epochs=2)
         saved = stop.get_state()
         uuid = cb.last_checkpoint
     with init() as ctx:
@@ -275,5 +283,5 @@ def test_callback_state_applied_after_on_train_begin(init):
                 seen.setdefault("state", stop2.get_state())
 
         cb = det.keras.DeterminedCallback(ctx, uuid, 1, export_saved_model="never")
-        fit(tiny_model(), [cb, stop2, Probe()], epochs=3)
+        fit(classifier(), [cb, stop2, Probe()], epochs=3)
         assert seen["state"] == saved

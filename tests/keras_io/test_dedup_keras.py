@@ -10,6 +10,7 @@ import os
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,8 @@ from ckptstore.checkpointing import CheckpointContext
 from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io.exporting import export_checkpoint
 from ckptstore.keras_io.fit import _callback_state as state_lib
+
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
 
 CHUNK = 16 * 1024
 X = np.random.RandomState(2).rand(32, 256).astype("float32")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ import pytest
 
 from ckptstore import errors
 from ckptstore.core._distributed import parse_tf_config, shard_batch_size
+from tests._helpers.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -146,23 +146,11 @@ WORKER = textwrap.dedent(
 )
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.mark.slow
 def test_two_worker_processes(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    p0, p1, channel = _free_ports(3)
+    p0, p1, channel = free_ports(3)
     workers = [f"127.0.0.1:{p0}", f"127.0.0.1:{p1}"]
     procs = []
     for index in range(2):

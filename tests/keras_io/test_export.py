@@ -20,35 +20,10 @@ from ckptstore.keras_io.exporting import ExportPolicy, export_checkpoint
 from ckptstore.storage_backends import open_storage
 from tests.checkpointing._helpers import stored_folder
 from tests.cli.helpers import make_env
+from tests.keras_io.export_common import X, fit, has_saved_model, init
+from tests.keras_io.keras_under_test import tiny_model
 
-X = np.random.RandomState(1).rand(24, 4).astype("float32")
-Y = (X @ np.arange(8, dtype="float32").reshape(4, 2)).astype("float32")
-
-
-def tiny_model() -> keras.Model:
-    keras.utils.set_random_seed(5)
-    model = keras.Sequential(
-        [keras.Input((4,)), keras.layers.Dense(5, activation="relu"), keras.layers.Dense(2)]
-    )
-    model.compile(keras.optimizers.Adam(0.01), loss="mse")
-    return model
-
-
-def fit(model, callbacks, epochs):
-    model.fit(X, Y, batch_size=8, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
-
-
-def init(tmp_path, storage=None):
-    return det.core.init(
-        storage=storage or str(tmp_path / "ckpts"),
-        registry=f"sqlite:///{tmp_path / 'reg.db'}",
-        trial_id=1,
-        preempt_signals=False,
-    )
-
-
-def has_saved_model(storage, uuid: str) -> bool:
-    return "saved_model/saved_model.pb" in fmt.read_manifest(storage, uuid)["files"]
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
 
 
 def serve(saved_model_dir: str, x: np.ndarray) -> np.ndarray:

@@ -26,16 +26,12 @@ from ckptstore.keras_io.exporting import export_checkpoint
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.storage_backends import open_storage
 from tests.checkpointing._helpers import stored_folder
-from tests.keras_io.keras_under_test import KERAS_MAJOR, keras
+from tests.keras_io.export_common import X, fit, has_saved_model, init
+from tests.keras_io.keras_under_test import KERAS2_ONLY_MODULE, keras, tiny_model
 
-pytestmark = pytest.mark.skipif(
-    KERAS_MAJOR != 2,
-    reason="Keras 2 only: runs in tests/keras_io/test_keras2_suite.py's Keras 2 child",
-)
+pytestmark = KERAS2_ONLY_MODULE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-X = np.random.RandomState(1).rand(24, 4).astype("float32")
-Y = (X @ np.arange(8, dtype="float32").reshape(4, 2)).astype("float32")
 
 
 class Scale(keras.layers.Layer):
@@ -78,35 +74,10 @@ class Subclassed(keras.Model):
         return self.out(self.hidden(x))
 
 
-def tiny_model(middle=None, legacy=True):
-    keras.utils.set_random_seed(5)
-    layers = [keras.Input((4,), name="features"), keras.layers.Dense(5, activation="relu")]
-    layers += [middle] if middle is not None else []
-    model = keras.Sequential([*layers, keras.layers.Dense(2)])
-    optimizer = (
-        keras.optimizers.legacy.RMSprop(lr=0.01, decay=1e-3)
-        if legacy
-        else keras.optimizers.Adam(0.01)
-    )
-    model.compile(optimizer, "mse", ["mae"])
-    return model
-
-
-def fit(model, callbacks, epochs):
-    model.fit(X, Y, batch_size=8, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
-
-
-def init(tmp_path, storage=None):
-    return det.core.init(
-        storage=storage or str(tmp_path / "ckpts"),
-        registry=f"sqlite:///{tmp_path / 'reg.db'}",
-        trial_id=1,
-        preempt_signals=False,
-    )
-
-
-def has_saved_model(storage, uuid: str) -> bool:
-    return "saved_model/saved_model.pb" in fmt.read_manifest(storage, uuid)["files"]
+def keras2_model(extra=None, legacy=True):
+    """The export tests' model with Keras 2's legacy RMSprop (with decay) or the new Adam."""
+    optimizer = keras.optimizers.legacy.RMSprop(lr=0.01, decay=1e-3) if legacy else None
+    return tiny_model(extra=extra, optimizer=optimizer, metrics=["mae"])
 
 
 def serve(saved_model_dir: str, x: np.ndarray) -> np.ndarray:
@@ -140,7 +111,7 @@ def no_training_thread_export(monkeypatch):
 @pytest.mark.parametrize("legacy", [True, False], ids=["legacy_rmsprop", "adam"])
 def test_every_checkpoint_exported_in_a_keras2_worker(tmp_path, no_training_thread_export, legacy):
     with init(tmp_path) as ctx:
-        model = tiny_model(Scale(1.5), legacy=legacy)
+        model = keras2_model(Scale(1.5), legacy=legacy)
         cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="every")
         fit(model, [cb], epochs=2)
         last = cb.last_checkpoint  # waits for the commit
@@ -159,7 +130,7 @@ def test_every_checkpoint_exported_in_a_keras2_worker(tmp_path, no_training_thre
 
 def test_default_exports_only_the_final_checkpoint(tmp_path, no_training_thread_export):
     with init(tmp_path) as ctx:
-        model = tiny_model()
+        model = keras2_model()
         cb = det.keras.DeterminedCallback(ctx, None, 1)  # export_saved_model="final"
         fit(model, [cb], epochs=2)
     # leaving the core context waited for the final checkpoint's export
@@ -173,7 +144,7 @@ def test_default_exports_only_the_final_checkpoint(tmp_path, no_training_thread_
 
 
 def test_a_failed_worker_export_commits_nothing_and_raises(tmp_path):
-    model = tiny_model(Unbuildable(3.0))
+    model = keras2_model(Unbuildable(3.0))
     with pytest.raises(errors.BackgroundUploadError, match="could not rebuild"):
         with init(tmp_path) as ctx:
             cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="every")
@@ -213,7 +184,7 @@ def test_a_model_no_process_can_rebuild_exports_on_the_training_thread(tmp_path,
 def test_export_checkpoint_adds_a_saved_model_to_a_keras2_checkpoint(tmp_path, storage_url_factory):
     url = storage_url_factory("s3")
     registry = f"sqlite:///{tmp_path / 'reg.db'}"
-    model = tiny_model(Scale(0.5))
+    model = keras2_model(Scale(0.5))
     with init(tmp_path, storage=url) as ctx:
         cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
         fit(model, [cb], epochs=1)
@@ -235,7 +206,7 @@ def test_cli_export_of_a_keras2_checkpoint_from_a_keras3_process(tmp_path):
     export`` runs) without TF_USE_LEGACY_KERAS: it hands the Keras 2 checkpoint to a Keras 2
     worker; a subclassed model's checkpoint gets a typed error."""
     registry = f"sqlite:///{tmp_path / 'reg.db'}"
-    model = tiny_model(Scale(2.0))
+    model = keras2_model(Scale(2.0))
     with init(tmp_path) as ctx:
         cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
         fit(model, [cb], epochs=1)

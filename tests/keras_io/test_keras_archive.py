@@ -17,6 +17,8 @@ from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io.saving import _keras_archive as keras_archive
 from ckptstore.keras_io.saving import _snapshot as snapshot_lib
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 
 def small_model() -> keras.Model:
     keras.utils.set_random_seed(0)

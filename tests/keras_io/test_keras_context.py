@@ -14,12 +14,14 @@ from ckptstore.keras_io.context._context import shard_data
 from ckptstore.registry import Registry
 from tests.keras_io.keras_under_test import keras
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 X = np.linspace(-1, 1, 40, dtype="float32").reshape(20, 2)
 Y = X @ np.array([[1.5], [-0.5]], dtype="float32")
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
+def places_in_env(tmp_path, monkeypatch):
     for name in ("TF_CONFIG", "CKPTSTORE_TRIAL_ID", "CKPTSTORE_HPARAMS", "CKPTSTORE_DATA_CONFIG"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CKPTSTORE_STORAGE", str(tmp_path / "ckpts"))
@@ -36,7 +38,7 @@ def build(context):
     return model
 
 
-def test_hparams_and_config_data_from_env(env, monkeypatch):
+def test_hparams_and_config_data_from_env(places_in_env, monkeypatch):
     monkeypatch.setenv("CKPTSTORE_HPARAMS", '{"lr": 0.05}')
     monkeypatch.setenv("CKPTSTORE_DATA_CONFIG", '{"batch_size": 4}')
     with ckptstore.keras.init() as context:
@@ -44,12 +46,12 @@ def test_hparams_and_config_data_from_env(env, monkeypatch):
         assert context.config_data["batch_size"] == 4 and context.data is context.config_data
         assert context.distributed.size == 1 and context.distributed.shard_batch_size(8) == 8
         # a batch-inference style context created no trial
-        assert Registry(str(env / "reg.db")).list_trials() == []
+        assert Registry(str(places_in_env / "reg.db")).list_trials() == []
     with ckptstore.keras.init({"lr": 1}, config={"data": {"k": "v"}}) as context:
         assert context.training.hparams == {"lr": 1} and context.config_data == {"k": "v"}
 
 
-def test_wrap_data_single_worker_is_unchanged(env):
+def test_wrap_data_single_worker_is_unchanged(places_in_env):
     with ckptstore.keras.init({}) as context:
         x, y = context.wrap_data(X, Y)
         assert x is X and y is Y
@@ -84,14 +86,14 @@ def test_shard_data_kinds():
         shard_data("nope", 0, 2)
 
 
-def test_fit_requires_validation(env):
+def test_fit_requires_validation(places_in_env):
     with ckptstore.keras.init({"lr": 0.01}, trial_id=1) as context:
         model = build(context)
         with pytest.raises(errors.InvalidConfig, match="validation"):
             context.fit(model, X, Y, epochs=1)
 
 
-def test_fit_checkpoints_resumes_and_loads(env):
+def test_fit_checkpoints_resumes_and_loads(places_in_env):
     with ckptstore.keras.init({"lr": 0.01}, trial_id=3) as context:
         model = build(context)
         hist = context.fit(
@@ -101,7 +103,7 @@ def test_fit_checkpoints_resumes_and_loads(env):
         result = context.evaluate(model, X, Y, verbose=0, return_dict=True)
         assert set(result) >= {"loss", "mae"}
         preds = context.predict(model, X, verbose=0)
-    with Registry(str(env / "reg.db")) as reg:
+    with Registry(str(places_in_env / "reg.db")) as reg:
         first = reg.latest_checkpoint(3)
         assert first is not None
         assert reg.get_metrics(3, group="validation")

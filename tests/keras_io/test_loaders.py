@@ -25,7 +25,9 @@ from ckptstore.keras_io.loading import load_model_from_folder
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
 from tests.checkpointing._helpers import write_manifest
-from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, keras3_only
+from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, keras3_only, tiny_model
+
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
 
 REPO = Path(__file__).resolve().parents[2]
 X = np.linspace(-1, 1, 24, dtype="float32").reshape(8, 3)
@@ -35,11 +37,9 @@ X = np.linspace(-1, 1, 24, dtype="float32").reshape(8, 3)
 WEIGHTS_FILE = "model.keras" if KERAS_MAJOR == 3 else "model_checkpoint.data-00000-of-00001"
 
 
-def tiny_model(seed: int = 0):
-    keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    model.compile(optimizer="adam", loss="mse")
-    return model
+def linear_model(seed: int = 0):
+    """One Dense layer over 3 features; each seed gives other weights."""
+    return tiny_model(inputs=3, hidden=0, seed=seed, optimizer="adam")
 
 
 def save_checkpoint(storage, registry, trial_id, model, steps, val_loss=None, files=("keras",)):
@@ -70,16 +70,16 @@ def export(model, path: str) -> None:
 
 
 @pytest.fixture
-def where(tmp_path, monkeypatch):
-    storage = str(tmp_path / "ckpts")
-    # Loads without storage= read the URL a registry row recorded only when it is allowed.
-    monkeypatch.setenv(ALLOWED_STORAGE_ENV, storage)
-    return storage, f"sqlite:///{tmp_path / 'registry.db'}"
+def where_allowed(where, monkeypatch):
+    """:func:`where`, its storage allowed: loads without storage= read the URL a registry row
+    recorded only when it is allowed."""
+    monkeypatch.setenv(ALLOWED_STORAGE_ENV, where.storage)
+    return where
 
 
-def test_latest_best_and_uuid(where):
-    storage, registry = where
-    models = [tiny_model(seed) for seed in range(3)]
+def test_latest_best_and_uuid(where_allowed):
+    storage, registry = where_allowed
+    models = [linear_model(seed) for seed in range(3)]
     uuids = [
         save_checkpoint(storage, registry, 5, m, steps=10 * (i + 1), val_loss=loss)
         for i, (m, loss) in enumerate(zip(models, [0.5, 0.1, 0.3], strict=True))
@@ -106,10 +106,10 @@ def test_latest_best_and_uuid(where):
     np.testing.assert_allclose(by_uuid.predict(X, verbose=0), expected[0], rtol=1e-6)
 
 
-def test_a_row_naming_another_storage_is_loaded_only_when_allowed(where, monkeypatch):
+def test_a_row_naming_another_storage_is_loaded_only_when_allowed(where_allowed, monkeypatch):
     """Issue 27, finding 2: a registry row does not choose where a model is loaded from."""
-    storage, registry = where
-    model = tiny_model()
+    storage, registry = where_allowed
+    model = linear_model()
     uuid = save_checkpoint(storage, registry, 12, model, steps=1)
     monkeypatch.delenv(ALLOWED_STORAGE_ENV)
     for call in (
@@ -127,9 +127,9 @@ def test_a_row_naming_another_storage_is_loaded_only_when_allowed(where, monkeyp
     np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
 
 
-def test_storage_scan_when_the_registry_does_not_know(where, tmp_path):
-    storage, registry = where
-    model = tiny_model()
+def test_storage_scan_when_the_registry_does_not_know(where_allowed, tmp_path):
+    storage, registry = where_allowed
+    model = linear_model()
     uuid = save_checkpoint(storage, registry, 9, model, steps=3, val_loss=0.2)
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
     by_trial = ckptstore.load_checkpoint_model(trial_id=9, storage=storage, registry=empty)
@@ -143,9 +143,9 @@ def test_storage_scan_when_the_registry_does_not_know(where, tmp_path):
         )
 
 
-def test_saved_model_fallback(where, tmp_path):
-    storage, registry = where
-    model = tiny_model()
+def test_saved_model_fallback(where_allowed, tmp_path):
+    storage, registry = where_allowed
+    model = linear_model()
     uuid = save_checkpoint(storage, registry, 2, model, steps=1, files=("saved_model",))
     loaded = ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry)
     np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-5)
@@ -157,7 +157,7 @@ def test_saved_model_fallback(where, tmp_path):
 
 @keras3_only(".keras files are Keras 3's checkpoint format (Keras 2: model_checkpoint.*)")
 def test_local_path_accepts_any_single_keras_file(tmp_path):
-    model = tiny_model()
+    model = linear_model()
     model.save(str(tmp_path / "whatever.keras"))
     loaded = load_model_from_folder(str(tmp_path))
     np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
@@ -166,8 +166,8 @@ def test_local_path_accepts_any_single_keras_file(tmp_path):
         load_model_from_folder(str(tmp_path))
 
 
-def test_unknown_trial_and_uuid(where):
-    storage, registry = where
+def test_unknown_trial_and_uuid(where_allowed):
+    storage, registry = where_allowed
     with pytest.raises(errors.TrialNotFound, match="Trial 404"):
         ckptstore.load_checkpoint_model(trial_id=404, storage=storage, registry=registry)
     with pytest.raises(errors.CheckpointNotFound, match="no-such-uuid"):
@@ -182,16 +182,16 @@ def test_unknown_trial_and_uuid(where):
         ckptstore.load_checkpoint_model(storage=storage, registry=registry)
 
 
-def test_missing_model_files(where):
-    storage, registry = where
+def test_missing_model_files(where_allowed):
+    storage, registry = where_allowed
     uuid = save_checkpoint(storage, registry, 3, None, steps=1, files=())
     with pytest.raises(errors.ModelLoadError, match=r"expected model\.keras"):
         ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, storage=storage, registry=registry)
 
 
-def test_checksum_mismatch(where):
-    storage, registry = where
-    uuid = save_checkpoint(storage, registry, 4, tiny_model(), steps=1)
+def test_checksum_mismatch(where_allowed):
+    storage, registry = where_allowed
+    uuid = save_checkpoint(storage, registry, 4, linear_model(), steps=1)
     target = Path(storage, uuid, WEIGHTS_FILE)
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -210,9 +210,9 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
-def test_damaged_manifest_is_refused_before_loading(where, damage):
-    storage, registry = where
-    uuid = save_checkpoint(storage, registry, 5, tiny_model(), steps=1)
+def test_damaged_manifest_is_refused_before_loading(where_allowed, damage):
+    storage, registry = where_allowed
+    uuid = save_checkpoint(storage, registry, 5, linear_model(), steps=1)
     store = open_storage(storage)
     manifest = fmt.read_manifest(store, uuid)
     DAMAGE[damage](manifest["files"])
@@ -227,8 +227,8 @@ class Doubler(keras.layers.Layer):
         return x * 2.0
 
 
-def test_unknown_custom_objects_then_custom_objects(where):
-    storage, registry = where
+def test_unknown_custom_objects_then_custom_objects(where_allowed):
+    storage, registry = where_allowed
     model = keras.Sequential([keras.Input((3,)), Doubler(), keras.layers.Dense(1)])
     model.compile(optimizer="sgd", loss="mse")
     uuid = save_checkpoint(storage, registry, 6, model, steps=1)
@@ -248,8 +248,8 @@ def test_unknown_custom_objects_then_custom_objects(where):
     np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
 
 
-def test_lambda_needs_safe_mode_off(where):
-    storage, registry = where
+def test_lambda_needs_safe_mode_off(where_allowed):
+    storage, registry = where_allowed
     model = keras.Sequential(
         [keras.Input((3,)), keras.layers.Lambda(lambda x: x + 1.0), keras.layers.Dense(1)]
     )
@@ -274,9 +274,9 @@ def _run_batch_inference(*args: str, env_extra: dict | None = None) -> subproces
 
 
 @pytest.mark.slow
-def test_batch_inference_example(where, tmp_path, storage_url_factory):
-    storage, registry = where
-    model = tiny_model()
+def test_batch_inference_example(where_allowed, tmp_path, storage_url_factory):
+    storage, registry = where_allowed
+    model = linear_model()
     uuid = save_checkpoint(storage, registry, 11, model, steps=5, val_loss=0.4)
     np.save(tmp_path / "x.npy", X)
     np.savetxt(tmp_path / "x.csv", X, delimiter=",")

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from ckptstore.launch.tensorflow import free_ports
 from ckptstore.storage_backends.local import LocalStorage
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -72,34 +72,10 @@ def _journal(workdir, tag: str, rank: int) -> list[list[str]]:
         return [json.loads(line) for line in f]
 
 
-def _free_port_pair() -> int:
-    """A port p with p and p+1 free (p+1 is ckptstore's channel port next to the chief).
-    Probed on all interfaces: TensorFlow's gRPC server binds 0.0.0.0."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket() as s2:
-                s2.bind(("", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _run_workers(workdir, epochs: int, tag: str) -> tuple[list[int], list[str]]:
     """Start both workers on fresh ports; return their exit codes and output."""
-    chief = _free_port_pair()
-    other = _free_port()
-    while other in (chief, chief + 1):
-        other = _free_port()
+    # The launcher's own picker: the chief's port + 1 (the channel) is free too, on every interface.
+    chief, other = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{chief}", f"127.0.0.1:{other}"]}
     procs = []
     logs = []

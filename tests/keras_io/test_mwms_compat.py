@@ -11,6 +11,8 @@ from keras.src.backend.tensorflow import trainer as tf_trainer
 
 from ckptstore.keras_io.fit import _mwms_compat as mwms_compat
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 
 @pytest.fixture
 def fresh(monkeypatch):

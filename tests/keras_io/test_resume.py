@@ -1,6 +1,6 @@
 """Exact resume across processes: 4 epochs straight == 2 epochs, SIGKILL, 2 more epochs.
 
-Each run is a fresh Python process (tests/keras_io/test_resume_worker.py) on local storage and
+Each run is a fresh Python process (tests/keras_io/resume_worker.py) on local storage and
 a SQLite registry, with deterministic data order and a Dropout layer (so RNG state matters).
 """
 
@@ -21,7 +21,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def run_worker(workdir, *args: str, expect_rc: int = 0) -> dict | None:
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.keras_io.test_resume_worker", "--dir", str(workdir), *args],
+        [sys.executable, "-m", "tests.keras_io.resume_worker", "--dir", str(workdir), *args],
         cwd=REPO,
         env=env,
         capture_output=True,

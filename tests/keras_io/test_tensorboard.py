@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 
 import ckptstore as det
 from tests.keras_io.keras_under_test import keras
+
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
 
 
 def test_tensorboard_logs_are_synced_to_storage(tmp_path):

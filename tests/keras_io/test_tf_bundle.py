@@ -24,6 +24,8 @@ from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
 from ckptstore.keras_io.saving._writer import CheckpointWriter, SaveJob
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 HEAD_SHAPE = (32, 256)  # 32 KiB of float32: changes between the two checkpoints
 FROZEN_SHAPE = (1024, 1025)  # ~4 MiB of float32: the same in both
 #: What a second deduplicated checkpoint may store beyond 1.1 x its changed tensors: 64 KiB for

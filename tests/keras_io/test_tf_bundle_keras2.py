@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import ckptstore as det
@@ -21,12 +20,9 @@ from ckptstore.checkpointing import CheckpointContext, blobs
 from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
-from tests.keras_io.keras_under_test import KERAS_MAJOR, keras
+from tests.keras_io.keras_under_test import KERAS2_ONLY_MODULE, keras
 
-pytestmark = pytest.mark.skipif(
-    KERAS_MAJOR != 2,
-    reason="Keras 2 only: runs in tests/keras_io/test_keras2_suite.py's Keras 2 child",
-)
+pytestmark = KERAS2_ONLY_MODULE
 
 #: As in test_tf_bundle.py: 64 KiB for the small files rewritten whole on every save (the
 #: ``.index`` files with every tensor's crc32c, ``saved_model.pb``, ``keras_metadata.pb``,

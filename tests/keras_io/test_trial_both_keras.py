@@ -27,6 +27,8 @@ from tests.keras_io import legacy_trial_model_def as model_def
 from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, optimizer_variables
 from tests.keras_io.legacy_trial_model_def import LegacyOptTrial
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 TOTAL = 12  # batches: 2 passes of 48 records / 8
 
 
@@ -43,15 +45,15 @@ def _config(**extra):
 
 
 @pytest.fixture
-def env(tmp_path):
+def legacy_trial_env(tmp_path):
     registry = Registry(f"sqlite:///{tmp_path / 'reg.db'}")
     yield str(tmp_path / "ckpts"), registry
     LegacyOptTrial.preempt = LegacyOptTrial.preempt_at = LegacyOptTrial.last_counter = None
     registry.close()
 
 
-def _run(env, trial_id, hparams, preempt_at=None):
-    storage, registry = env
+def _run(legacy_trial_env, trial_id, hparams, preempt_at=None):
+    storage, registry = legacy_trial_env
     with ckptstore.core.init(
         storage=storage,
         registry=registry,
@@ -90,10 +92,10 @@ CASES = [
 
 
 @pytest.mark.parametrize(("optimizer", "data", "preempt_at"), CASES)
-def test_trial_checkpoints_and_resumes_exactly(env, optimizer, data, preempt_at):
-    _, registry = env
+def test_trial_checkpoints_and_resumes_exactly(legacy_trial_env, optimizer, data, preempt_at):
+    _, registry = legacy_trial_env
     hparams = {"optimizer": optimizer, "data": data}
-    straight, result, files = _run(env, 1, hparams)
+    straight, result, files = _run(legacy_trial_env, 1, hparams)
     assert result.status == "completed" and result.batches_trained == TOTAL
     assert set(result.last_validation) == {"val_loss", "val_mae"}
     opt = straight.model.optimizer
@@ -107,13 +109,13 @@ def test_trial_checkpoints_and_resumes_exactly(env, optimizer, data, preempt_at)
         assert "model.keras" in files
     assert {"callback_state.json", "workload_sequencer.json", "metadata.json"} <= files
 
-    first, result, _ = _run(env, 2, hparams, preempt_at=preempt_at)
+    first, result, _ = _run(legacy_trial_env, 2, hparams, preempt_at=preempt_at)
     assert result.status == "preempted" and result.batches_trained == preempt_at
     assert registry.latest_checkpoint(2).steps_completed == preempt_at
     # the preempted run has trained less than the straight one: the comparison below is real
     assert not np.array_equal(_state(first.model)["w/0"], _state(straight.model)["w/0"])
 
-    resumed, result, _ = _run(env, 2, hparams)
+    resumed, result, _ = _run(legacy_trial_env, 2, hparams)
     assert result.status == "completed" and result.batches_trained == TOTAL
     assert resumed.context.get_initial_batch() == preempt_at
     counter = LegacyOptTrial.last_counter
@@ -129,9 +131,11 @@ def test_trial_checkpoints_and_resumes_exactly(env, optimizer, data, preempt_at)
     assert [m.steps_completed for m in registry.get_metrics(2, "validation")] == [4, 8, 12]
 
 
-def test_checkpoint_of_the_other_keras_is_refused(env, tmp_path):
-    storage, registry = env
-    _, result, _ = _run(env, 1, {"optimizer": "legacy", "data": "arrays"}, preempt_at=4)
+def test_checkpoint_of_the_other_keras_is_refused(legacy_trial_env, tmp_path):
+    storage, registry = legacy_trial_env
+    _, result, _ = _run(
+        legacy_trial_env, 1, {"optimizer": "legacy", "data": "arrays"}, preempt_at=4
+    )
     with ckptstore.core.init(storage=storage, registry=registry, trial_id=1) as ctx:
         with ctx.checkpoint.restore_path(result.latest_checkpoint) as path:
             copy = tmp_path / "copy"

@@ -11,8 +11,12 @@ from __future__ import annotations
 import multiprocessing
 import traceback
 
+import pytest
+
 from ckptstore.checkpointing.index import CheckpointRecord
 from ckptstore.registry import Registry
+
+pytestmark = pytest.mark.e2e  # spawns writer processes
 
 PROCESSES = 4
 PER_PROCESS = 25

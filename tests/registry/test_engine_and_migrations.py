@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import sqlalchemy as sa
@@ -11,6 +10,7 @@ import sqlalchemy as sa
 from ckptstore import errors
 from ckptstore.registry import Registry, migrations, open_registry, schema
 from ckptstore.registry.engine import normalize_url, safe_url
+from tests._helpers.ports import free_port
 
 SECRET = "s3cr3t-Pa55word"
 
@@ -151,10 +151,7 @@ def test_postgres_server_error_hides_a_query_password(postgres_server):
 
 
 def test_unreachable_postgres_error_is_clear_and_password_free(caplog):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # nothing listens here once closed
-    url = f"postgres://me:{SECRET}@127.0.0.1:{port}/ckpts"
+    url = f"postgres://me:{SECRET}@127.0.0.1:{free_port()}/ckpts"  # nothing listens there
     caplog.set_level("DEBUG")
     with pytest.raises(errors.RegistryError) as info:
         Registry(url)

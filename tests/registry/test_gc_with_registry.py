@@ -52,11 +52,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=("file", "s3"))
-def storage_url(request, storage_url_factory) -> str:
-    return storage_url_factory(request.param)
-
-
 @pytest.fixture
 def src(tmp_path) -> str:
     root = tmp_path / "src"
@@ -71,20 +66,24 @@ def _exists(ctx: CheckpointContext, uuid: str) -> bool:
 
 
 @pytest.mark.parametrize(("case", "policy", "setup", "kept"), CASES, ids=[c[0] for c in CASES])
-def test_gc_policy_table(case, policy, setup, kept, storage_url, registry_url, src):
+def test_gc_policy_table(case, policy, setup, kept, local_and_s3_url, registry_url, src):
     with Registry(registry_url) as registry:
         exp = registry.create_experiment(f"gc-{case}")
-        with CheckpointContext(storage_url, index=registry, trial_id=1, experiment_id=exp) as ctx:
+        with CheckpointContext(
+            local_and_s3_url, index=registry, trial_id=1, experiment_id=exp
+        ) as ctx:
             uuids = [
                 ctx.upload(src, {"steps_completed": step + 1, "metrics": {"val_loss": loss}})
                 for step, loss in enumerate(LOSSES)
             ]
         # another trial of the same experiment: GC of trial 1 must never touch it
-        with CheckpointContext(storage_url, index=registry, trial_id=2, experiment_id=exp) as ctx:
+        with CheckpointContext(
+            local_and_s3_url, index=registry, trial_id=2, experiment_id=exp
+        ) as ctx:
             other = ctx.upload(src, {"steps_completed": 1, "metrics": {"val_loss": 0.2}})
 
         with CheckpointContext(
-            storage_url, index=registry, trial_id=1, experiment_id=exp, gc_policy=policy
+            local_and_s3_url, index=registry, trial_id=1, experiment_id=exp, gc_policy=policy
         ) as ctx:
             if setup == "register":
                 registry.create_model("m").register_version(uuids[0])
@@ -103,9 +102,9 @@ def test_gc_policy_table(case, policy, setup, kept, storage_url, registry_url, s
         assert registry.latest_checkpoint(1).uuid == uuids[max(kept)]
 
 
-def test_partial_delete_by_globs_updates_registry(storage_url, registry_url, src):
+def test_partial_delete_by_globs_updates_registry(local_and_s3_url, registry_url, src):
     with Registry(registry_url) as registry:
-        with CheckpointContext(storage_url, index=registry, trial_id=5) as ctx:
+        with CheckpointContext(local_and_s3_url, index=registry, trial_id=5) as ctx:
             uuid = ctx.upload(src, {"steps_completed": 3})
             before = registry.get_checkpoint(uuid).resources
             assert set(before) >= {"model.keras", "opt/state.bin", "metadata.json"}
@@ -119,7 +118,7 @@ def test_partial_delete_by_globs_updates_registry(storage_url, registry_url, src
             registry.create_model("partial").register_version(uuid)
             assert uuid in registry.protected_checkpoint_uuids()
             with CheckpointContext(
-                storage_url, index=registry, trial_id=5, gc_policy={"save_trial_latest": 0}
+                local_and_s3_url, index=registry, trial_id=5, gc_policy={"save_trial_latest": 0}
             ) as gc_ctx:
                 assert gc_ctx.gc() == []
             assert registry.get_checkpoint(uuid).state == "PARTIALLY_DELETED"

@@ -10,7 +10,7 @@ from ckptstore.registry import Model, ModelVersion, Registry
 
 
 @pytest.fixture
-def registry(registry_url):
+def seeded(registry_url):
     with Registry(registry_url) as reg:
         for i, state in enumerate(
             ["COMMITTED", "COMMITTED", "PARTIALLY_DELETED", "PENDING", "DELETED"]
@@ -21,8 +21,8 @@ def registry(registry_url):
         yield reg
 
 
-def test_create_get_list_and_conflict(registry):
-    model = registry.create_model(
+def test_create_get_list_and_conflict(seeded):
+    model = seeded.create_model(
         "mnist", description="cnn", labels=["a", "b", "a"], metadata={"k": 1}
     )
     assert isinstance(model, Model)
@@ -33,19 +33,19 @@ def test_create_get_list_and_conflict(registry):
         {"k": 1},
         False,
     )
-    assert registry.get_model("mnist").description == "cnn"
-    registry.create_model("alpha")
-    assert [m.name for m in registry.list_models()] == ["alpha", "mnist"]
+    assert seeded.get_model("mnist").description == "cnn"
+    seeded.create_model("alpha")
+    assert [m.name for m in seeded.list_models()] == ["alpha", "mnist"]
     with pytest.raises(errors.ModelVersionConflict, match="mnist"):
-        registry.create_model("mnist")
+        seeded.create_model("mnist")
     with pytest.raises(errors.ModelNotFound, match="nope"):
-        registry.get_model("nope")
+        seeded.get_model("nope")
     with pytest.raises(errors.InvalidConfig):
-        registry.create_model("")
+        seeded.create_model("")
 
 
-def test_versions_numbering_and_checkpoint_rules(registry):
-    model = registry.create_model("m")
+def test_versions_numbering_and_checkpoint_rules(seeded):
+    model = seeded.create_model("m")
     with pytest.raises(errors.ModelNotFound, match="no versions"):
         model.get_version()
     v1 = model.register_version("ck0")
@@ -78,9 +78,9 @@ def test_versions_numbering_and_checkpoint_rules(registry):
     assert [v.version for v in model.list_versions()] == [1, 3]
 
 
-def test_aliases_unique_per_model(registry):
-    model = registry.create_model("m")
-    other = registry.create_model("other")
+def test_aliases_unique_per_model(seeded):
+    model = seeded.create_model("m")
+    other = seeded.create_model("other")
     model.register_version("ck0")
     model.register_version("ck1")
     other.register_version("ck1")
@@ -107,17 +107,17 @@ def test_aliases_unique_per_model(registry):
     assert model.get_version("2").version == 2  # a numeric string means the number
 
 
-def test_labels_description_metadata_notes(registry):
-    model = registry.create_model("m", labels=["x"])
+def test_labels_description_metadata_notes(seeded):
+    model = seeded.create_model("m", labels=["x"])
     model.add_labels(["y", "x", "z"])
     assert model.labels == ["x", "y", "z"]
     model.remove_labels("y")
-    assert registry.get_model("m").labels == ["x", "z"]
+    assert seeded.get_model("m").labels == ["x", "z"]
     model.set_description("new")
     model.add_metadata({"a": 1, "b": {"c": 2}})
     model.add_metadata({"a": 3})
     model.remove_metadata(["b", "absent"])
-    fresh = registry.get_model("m")
+    fresh = seeded.get_model("m")
     assert (fresh.description, fresh.metadata) == ("new", {"a": 3})
     version = model.register_version("ck0")
     version.set_notes("trained on v2 data")
@@ -126,31 +126,31 @@ def test_labels_description_metadata_notes(registry):
         model.add_labels([""])
 
 
-def test_archive_unarchive_delete_and_protection(registry):
-    model = registry.create_model("m")
+def test_archive_unarchive_delete_and_protection(seeded):
+    model = seeded.create_model("m")
     model.register_version("ck0")
-    keep = registry.create_model("keep")
+    keep = seeded.create_model("keep")
     keep.register_version("ck1")
     keep.register_version("ck1")
-    assert registry.protected_checkpoint_uuids() == {"ck0", "ck1"}
+    assert seeded.protected_checkpoint_uuids() == {"ck0", "ck1"}
 
     model.archive()
-    assert model.archived and [m.name for m in registry.list_models()] == ["keep"]
-    assert [m.name for m in registry.list_models(include_archived=True)] == ["keep", "m"]
+    assert model.archived and [m.name for m in seeded.list_models()] == ["keep"]
+    assert [m.name for m in seeded.list_models(include_archived=True)] == ["keep", "m"]
     with pytest.raises(errors.RegistryError, match="archived"):
         model.register_version("ck1")
     with pytest.raises(errors.RegistryError, match="unarchive"):
         model.set_description("x")
-    assert "ck0" in registry.protected_checkpoint_uuids()  # archived versions still pin
+    assert "ck0" in seeded.protected_checkpoint_uuids()  # archived versions still pin
     model.unarchive()
-    assert not registry.get_model("m").archived
+    assert not seeded.get_model("m").archived
 
     model.delete()
     with pytest.raises(errors.ModelNotFound):
-        registry.get_model("m")
-    assert registry.protected_checkpoint_uuids() == {"ck1"}
-    assert registry.get_checkpoint("ck0").state == "COMMITTED"  # the checkpoint stays
+        seeded.get_model("m")
+    assert seeded.protected_checkpoint_uuids() == {"ck1"}
+    assert seeded.get_checkpoint("ck0").state == "COMMITTED"  # the checkpoint stays
     keep.get_version(1).delete()
-    assert registry.protected_checkpoint_uuids() == {"ck1"}
+    assert seeded.protected_checkpoint_uuids() == {"ck1"}
     keep.get_version(2).delete()
-    assert registry.protected_checkpoint_uuids() == set()
+    assert seeded.protected_checkpoint_uuids() == set()

@@ -24,7 +24,7 @@ from ckptstore.registry import Registry, schema
 from ckptstore.storage_backends import open_storage
 from ckptstore.ui.app import create_app
 from ckptstore.ui.settings import UiSettings
-from tests.checkpointing._helpers import make_tree
+from tests._helpers.trees import make_tree
 
 
 @pytest.mark.parametrize("trial_id", ["abc", 2**70, 2**31, 0, True, 1.5, [1]])

@@ -5,7 +5,6 @@ PostgreSQL)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 
@@ -13,6 +12,7 @@ from ckptstore.checkpointing import CheckpointContext, blobs
 from ckptstore.checkpointing import format as fmt
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
+from tests._helpers.trees import make_tree
 
 FIELDS = (
     "uuid",
@@ -29,20 +29,6 @@ FIELDS = (
 )
 
 
-@pytest.fixture(params=("file", "s3"))
-def storage_url(request, storage_url_factory) -> str:
-    return storage_url_factory(request.param)
-
-
-def _tree(root, files: dict[str, bytes]) -> str:
-    for rel, data in files.items():
-        path = os.path.join(root, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-    return str(root)
-
-
 def _rows(registry: Registry, states=("COMMITTED", "PARTIALLY_DELETED")) -> dict[str, dict]:
     out = {}
     for ckpt in registry.list_checkpoints(states=states):
@@ -52,7 +38,7 @@ def _rows(registry: Registry, states=("COMMITTED", "PARTIALLY_DELETED")) -> dict
 
 
 def _save_some(url: str, registry: Registry, tmp_path, *, dedup: bool = False) -> list[str]:
-    src = _tree(tmp_path / "src", {"model.keras": b"m" * 300, "opt/state.bin": b"s" * 50})
+    src = make_tree(tmp_path / "src", {"model.keras": b"m" * 300, "opt/state.bin": b"s" * 50})
     uuids = []
     for trial_id, experiment_id in ((1, 10), (2, 10), (3, None)):
         with CheckpointContext(
@@ -76,12 +62,14 @@ def _save_some(url: str, registry: Registry, tmp_path, *, dedup: bool = False) -
 
 
 @pytest.mark.parametrize("dedup", [False, True], ids=["whole-file", "dedup"])
-def test_reindex_reproduces_checkpoint_rows(storage_url, registry_url, tmp_path, request, dedup):
+def test_reindex_reproduces_checkpoint_rows(
+    local_and_s3_url, registry_url, tmp_path, request, dedup
+):
     """Format 1 and format 2 (deduplicated: the folders hold only metadata and manifest,
     the content is in shared blobs) give the same rows."""
     with Registry(registry_url) as saved:
-        uuids = _save_some(storage_url, saved, tmp_path, dedup=dedup)
-        with open_storage(storage_url) as storage:
+        uuids = _save_some(local_and_s3_url, saved, tmp_path, dedup=dedup)
+        with open_storage(local_and_s3_url) as storage:
             manifest = fmt.read_manifest(storage, uuids[1])
             assert manifest["format_version"] == (
                 fmt.BLOBS_FORMAT_VERSION if dedup else fmt.FORMAT_VERSION
@@ -98,7 +86,7 @@ def test_reindex_reproduces_checkpoint_rows(storage_url, registry_url, tmp_path,
         if registry_url.startswith("sqlite")
         else request.getfixturevalue("postgres_url_factory")()
     )
-    with Registry(fresh_url) as fresh, open_storage(storage_url) as storage:
+    with Registry(fresh_url) as fresh, open_storage(local_and_s3_url) as storage:
         assert fresh.reindex(storage) == 5
         assert _rows(fresh) == expected
         assert {t.id for t in fresh.list_trials()} == {1, 2, 3}
@@ -116,7 +104,7 @@ def test_reindex_marks_checkpoints_gone_from_storage_deleted(
 ):
     url = storage_url_factory("file")
     with Registry(registry_url) as registry, open_storage(url) as storage:
-        src = _tree(tmp_path / "src", {"w.bin": b"w" * 10})
+        src = make_tree(tmp_path / "src", {"w.bin": b"w" * 10})
         with CheckpointContext(storage, index=registry, trial_id=4) as ctx:
             keep = ctx.upload(src, {"steps_completed": 1})
             lost = ctx.upload(src, {"steps_completed": 2})

@@ -26,6 +26,7 @@ from ckptstore.checkpointing import (
 from ckptstore.cli.main import cli
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
+from tests._helpers.trees import make_tree
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,11 +40,7 @@ def _make_ckpt(root, seed: int) -> None:
         "nested/optimizer.bin": rng.randbytes(10_000),
         "config.json": json.dumps({"seed": seed}).encode(),
     }
-    for rel, content in data.items():
-        path = os.path.join(root, *rel.split("/"))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(content)
+    make_tree(root, data)
 
 
 class Setup:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import logging
 import os
 import random
@@ -44,6 +43,7 @@ from ckptstore.checkpointing import (
 )
 from ckptstore.checkpointing import format as fmt
 from ckptstore.storage_backends import open_storage
+from tests._helpers.trees import make_tree
 from tests.servers.fault_proxy import FaultProxy
 
 pytestmark = pytest.mark.timeout(120)
@@ -79,18 +79,9 @@ class Faulty:
     _direct = None
 
 
-def _azure_available() -> bool:
-    return importlib.util.find_spec("ckptstore.storage_backends.azure") is not None
-
-
 @pytest.fixture(params=["s3", "azure"])
 def faulty(request, storage_url_factory):
     kind = request.param
-    if kind == "azure" and not _azure_available():
-        reason = "the Azure backend (ckptstore.storage_backends.azure) is not in the tree"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
     url = storage_url_factory(kind)  # starts the emulator, creates the bucket/container
     server = request.getfixturevalue(f"{kind}_server")
     endpoint = urllib.parse.urlsplit(server.endpoint)
@@ -127,11 +118,7 @@ def _content(seed: int, *, weights_seed: int | None = None) -> dict[str, bytes]:
 def _make_ckpt(root, seed: int, *, weights_seed: int | None = None) -> dict[str, bytes]:
     """A small checkpoint folder with seeded content; returns {relpath: bytes}."""
     files = _content(seed, weights_seed=weights_seed)
-    for rel, data in files.items():
-        path = os.path.join(root, *rel.split("/"))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
+    make_tree(root, files)
     return files
 
 

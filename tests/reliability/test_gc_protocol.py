@@ -13,7 +13,7 @@ import pytest
 
 from ckptstore.checkpointing import CheckpointContext, blob_gc, blobs, condemned
 from ckptstore.checkpointing import format as fmt
-from tests.checkpointing._helpers import make_tree, read_tree
+from tests._helpers.trees import make_tree, read_tree
 
 REPO = __file__.rsplit("/tests/", 1)[0]
 

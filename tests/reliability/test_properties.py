@@ -38,6 +38,7 @@ from ckptstore.checkpointing.retention import LatestN
 from ckptstore.jsonsafe import to_json
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
+from tests._helpers.trees import read_tree
 
 settings.register_profile(
     "ckptstore-ci",
@@ -154,17 +155,6 @@ def _write_tree(root: str, files: dict[str, bytes]) -> dict[str, bytes]:
     return made
 
 
-def _read_tree(root: str) -> dict[str, bytes]:
-    out = {}
-    for folder, _dirs, names in os.walk(os.fsencode(root)):
-        for name in names:
-            full = os.path.join(folder, name)
-            rel = os.fsdecode(os.path.relpath(full, os.fsencode(root))).replace(os.sep, "/")
-            with open(full, "rb") as f:
-                out[rel] = f.read()
-    return out
-
-
 def _entries(root: str) -> list[str]:
     """Relative paths of the files and empty folders (``"dir/"``) under ``root``: what a save
     of that folder has to store."""
@@ -231,11 +221,11 @@ def check_save_property(base_url: str, files, meta, how) -> None:
                 assert ctx.latest_checkpoint() == uuid
                 dest = os.path.join(scratch, "dest")
                 ctx.download(uuid, dest)
-                got = _read_tree(dest)
+                got = read_tree(dest)
                 got.pop(fmt.METADATA_NAME)
                 assert got == expected
                 with ctx.restore_path(uuid) as path:  # local: the committed folder itself
-                    restored = _read_tree(path)
+                    restored = read_tree(path)
                 restored.pop(fmt.METADATA_NAME)
                 restored.pop(fmt.MANIFEST_NAME, None)
                 assert restored == expected

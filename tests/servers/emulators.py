@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests._helpers.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,12 +65,6 @@ class ServerHandle:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=10)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_http(url: str, process: subprocess.Popen, log_path: str, timeout: float) -> None:

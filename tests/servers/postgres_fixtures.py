@@ -4,7 +4,7 @@
   with ``pg_ctl`` on a free loopback port (trust auth, ``fsync=off``). As root, the server runs as
   the ``postgres`` user. Stopped and removed at session end (a detached watchdog does it if the
   test process is killed). If it cannot start, tests using it
-  are skipped, or failed when ``CI=true``.
+  are skipped (failed with ``CI=true``: tests/_helpers/ci_skips.py).
 - ``postgres_url_factory``: ``make() -> str``, each call creates a new empty database and returns
   its ``postgresql://`` URL.
 - ``registry_url``: a registry URL parametrized over ``sqlite`` (a file in ``tmp_path``) and
@@ -23,13 +23,14 @@ import dataclasses
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+
+from tests._helpers.ports import free_port
 
 _BINARIES = ("initdb", "pg_ctl", "postgres")
 
@@ -75,12 +76,6 @@ def _find_bindir() -> str | None:
         if bindir and all(os.access(os.path.join(bindir, b), os.X_OK) for b in _BINARIES):
             return bindir
     return None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _as_server_user(cmd: list[str]) -> list[str]:
@@ -131,7 +126,7 @@ def _start_server(base: str) -> PostgresServer:
             "--no-sync",
         ]
     )
-    port = _free_port()
+    port = free_port()
     options = " ".join(
         [
             f"-p {port}",
@@ -211,10 +206,7 @@ def postgres_server() -> Iterator[PostgresServer]:
             conn.execute("SELECT 1")
     except Exception as exc:  # noqa: BLE001 - every cause becomes a skip/fail with its reason
         shutil.rmtree(base, ignore_errors=True)
-        reason = f"PostgreSQL test server could not start: {type(exc).__name__}: {exc}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        pytest.skip(f"PostgreSQL test server could not start: {type(exc).__name__}: {exc}")
     watchdog = _start_watchdog(server, base)
     try:
         yield server

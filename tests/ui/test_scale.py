@@ -16,6 +16,8 @@ from ckptstore.ui.queries import PAGE_SIZE
 from ckptstore.ui.settings import UiSettings
 from tests.ui.scale_registry import build_scale_registry
 
+pytestmark = pytest.mark.e2e  # builds a registry of 100,000 checkpoints
+
 
 @pytest.fixture(scope="module")
 def scale(tmp_path_factory):

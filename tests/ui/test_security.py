@@ -18,6 +18,7 @@ from ckptstore import errors
 from ckptstore.cli.main import cli
 from ckptstore.ui.app import create_app, routes
 from ckptstore.ui.settings import check_bind
+from tests._helpers.ports import free_port
 
 TOKEN = "a-long-enough-test-token-1234"
 
@@ -245,11 +246,7 @@ def test_secrets_in_configs_and_urls_never_appear(ui_env):
 
 
 def _serve(args: list[str], env_vars: dict[str, str]) -> tuple[subprocess.Popen, int]:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ckptstore.cli.main", *args, "ui", "--port", str(port)],
         env={**os.environ, **env_vars},

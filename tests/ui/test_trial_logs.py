@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from starlette.testclient import TestClient
 
 from ckptstore.experiment import create_experiment
@@ -15,6 +16,8 @@ from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
 from ckptstore.ui.app import create_app
 from ckptstore.ui.settings import UiSettings
+
+pytestmark = pytest.mark.e2e  # starts trial processes
 
 TRAIN_PY = """
 import sys

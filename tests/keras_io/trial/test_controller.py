@@ -10,6 +10,8 @@ from ckptstore.keras_io.trial.controller import TrialController
 from ckptstore.registry import Registry
 from tests.keras_io.trial.tiny_trial import TinyTrial
 
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
 
 def config(max_batches=10, val=5, ckpt=None, unit=3, **extra):
     raw = {
@@ -31,7 +33,7 @@ def config(max_batches=10, val=5, ckpt=None, unit=3, **extra):
 
 
 @pytest.fixture
-def env(tmp_path):
+def tiny_trial_env(tmp_path):
     storage = str(tmp_path / "ckpts")
     registry = Registry(f"sqlite:///{tmp_path / 'reg.db'}")
     yield storage, registry
@@ -39,8 +41,8 @@ def env(tmp_path):
     registry.close()
 
 
-def run_trial(env, trial_id, data_type, cfg, preempt_at=None):
-    storage, registry = env
+def run_trial(tiny_trial_env, trial_id, data_type, cfg, preempt_at=None):
+    storage, registry = tiny_trial_env
     with ckptstore.core.init(
         storage=storage,
         registry=registry,
@@ -67,9 +69,9 @@ DATA_TYPES = [
 
 
 @pytest.mark.parametrize("data_type", DATA_TYPES)
-def test_each_data_type_trains(env, data_type):
-    _, registry = env
-    controller, result = run_trial(env, 1, data_type, config())
+def test_each_data_type_trains(tiny_trial_env, data_type):
+    _, registry = tiny_trial_env
+    controller, result = run_trial(tiny_trial_env, 1, data_type, config())
     assert result.status == "completed" and result.batches_trained == 10
     assert set(result.last_validation) == {"val_loss", "val_accuracy"}
     counter = TinyTrial.last_counter
@@ -94,15 +96,15 @@ def model_state(model):
 
 
 @pytest.mark.parametrize("data_type", ["arrays", "in_memory", "adapter_threads", "dataset"])
-def test_preempted_trial_resumes_exactly(env, data_type):
-    _, registry = env
+def test_preempted_trial_resumes_exactly(tiny_trial_env, data_type):
+    _, registry = tiny_trial_env
     cfg = config(max_batches=12, val=4, ckpt=None, unit=2)
-    straight, _ = run_trial(env, 1, data_type, cfg)
+    straight, _ = run_trial(tiny_trial_env, 1, data_type, cfg)
 
-    first, result = run_trial(env, 2, data_type, cfg, preempt_at=6)
+    first, result = run_trial(tiny_trial_env, 2, data_type, cfg, preempt_at=6)
     assert result.status == "preempted" and result.batches_trained == 6
     assert registry.latest_checkpoint(2).steps_completed == 6
-    resumed, result = run_trial(env, 2, data_type, cfg)
+    resumed, result = run_trial(tiny_trial_env, 2, data_type, cfg)
     assert result.status == "completed" and result.batches_trained == 12
     assert TinyTrial.last_counter.batches == 12  # callback state survived
     assert TinyTrial.last_counter.workloads[0] == (6, 2)  # continued at the next batch
@@ -112,8 +114,8 @@ def test_preempted_trial_resumes_exactly(env, data_type):
     assert [m.steps_completed for m in registry.get_metrics(2, "validation")] == [4, 8, 12]
 
 
-def test_stop_training_from_a_callback_ends_with_validation_and_checkpoint(env):
-    _, registry = env
+def test_stop_training_from_a_callback_ends_with_validation_and_checkpoint(tiny_trial_env):
+    _, registry = tiny_trial_env
 
     class Stopper(TinyTrial):
         def keras_callbacks(self):
@@ -127,7 +129,7 @@ def test_stop_training_from_a_callback_ends_with_validation_and_checkpoint(env):
             return [Stop()]
 
     with ckptstore.core.init(
-        storage=env[0],
+        storage=tiny_trial_env[0],
         registry=registry,
         trial_id=5,
         hparams={"global_batch_size": 16, "data_type": "arrays"},
@@ -139,21 +141,21 @@ def test_stop_training_from_a_callback_ends_with_validation_and_checkpoint(env):
     assert [m.steps_completed for m in registry.get_metrics(5, "validation")] == [4]
 
 
-def test_wrong_searcher_metric_is_reported(env):
+def test_wrong_searcher_metric_is_reported(tiny_trial_env):
     with pytest.raises(errors.InvalidConfig, match="searcher.metric 'val_f1'.*val_accuracy"):
         cfg = config()
         cfg["searcher"]["metric"] = "val_f1"
-        run_trial(env, 1, "arrays", cfg)
+        run_trial(tiny_trial_env, 1, "arrays", cfg)
 
 
-def test_bad_data_loader_type(env):
+def test_bad_data_loader_type(tiny_trial_env):
     class BadData(TinyTrial):
         def build_training_data_loader(self):
             return [1, 2, 3, 4]
 
     with ckptstore.core.init(
-        storage=env[0],
-        registry=env[1],
+        storage=tiny_trial_env[0],
+        registry=tiny_trial_env[1],
         trial_id=1,
         hparams={"global_batch_size": 16, "data_type": "arrays"},
         preempt_signals=False,

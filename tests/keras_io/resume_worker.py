@@ -1,6 +1,6 @@
 """Training script the resume tests run in fresh processes (no tests in here).
 
-    python -m tests.keras_io.test_resume_worker --dir D --epochs 4 [--kill-after-epoch 2]
+    python -m tests.keras_io.resume_worker --dir D --epochs 4 [--kill-after-epoch 2]
         [--sigterm-at-step 6] [--continue-id 1] [--checkpoint UUID|latest|none]
 
 Writes ``<dir>/<tag>.npz`` (every model and optimizer variable) and ``<dir>/<tag>.json``.
