@@ -92,6 +92,11 @@ def check_entry(relpath: str, *, where: str = "manifest") -> str:
         why: str | None = f"an entry must be a non-empty str, got {relpath!r}"
     else:
         why = key_problem(relpath[:-1] if relpath.endswith("/") else relpath, allow_empty=False)
+        top = relpath.split("/", 1)[0]
+        if why is None and "/" in relpath and top in RESERVED_NAMES:
+            # A folder named like a file ckptstore writes beside the user's files (metadata.json,
+            # MANIFEST.json, the pending marker) would collide with it in the checkpoint folder.
+            why = f"{top!r} is a file name ckptstore writes itself, so it cannot be a folder"
     if why is None:
         return relpath
     # Exact, not "manifest" in where: a folder being saved may be called "manifests/".

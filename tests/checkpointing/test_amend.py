@@ -115,21 +115,28 @@ def test_a_manifest_changed_meanwhile_is_a_conflict(tmp_path):
     with CheckpointContext(str(tmp_path / "store")) as ctx:
         uuid = commit(ctx, tmp_path)
         storage = ctx.storage
-        real_create = storage.write_if_absent
+        real_create, real_upload = storage.write_if_absent, storage.upload
 
-        def create_then_delete(key, data, **kw):  # the new file's chunk goes up ...
+        def other_writer_rewrites() -> None:
+            if not fmt.read_manifest(storage, uuid).get("partially_deleted"):
+                ctx.delete(uuid, globs=["notes/*"])
+
+        def create_then_delete(key, data, **kw):  # a deduplicated add: chunks go up ...
             result = real_create(key, data, **kw)
-            if key.startswith(".ckptstore-blobs/") and not fmt.read_manifest(storage, uuid).get(
-                "partially_deleted"
-            ):
-                ctx.delete(uuid, globs=["notes/*"])  # ... then the other writer rewrites
+            if key.startswith(".ckptstore-blobs/"):
+                other_writer_rewrites()  # ... then the other writer rewrites the manifest
             return result
 
-        storage.write_if_absent = create_then_delete
+        def upload_then_delete(local_dir, key, paths=None, progress=None):  # whole files
+            result = real_upload(local_dir, key, paths=paths, progress=progress)
+            other_writer_rewrites()
+            return result
+
+        storage.write_if_absent, storage.upload = create_then_delete, upload_then_delete
         src = make_tree(str(tmp_path / "new"), {"saved_model/saved_model.pb": b"pb"})
         with pytest.raises(errors.CheckpointConflict, match="changed"):
             amend.add_files(storage, uuid, src)
-        del storage.write_if_absent
+        del storage.write_if_absent, storage.upload
         manifest = fmt.read_manifest(storage, uuid)
         assert manifest["partially_deleted"] and "notes/a.txt" not in manifest["files"]
         assert "saved_model/saved_model.pb" not in manifest["files"]
