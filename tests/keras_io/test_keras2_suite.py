@@ -59,6 +59,7 @@ MODULES = [
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1300)  # the child run has its own 1200 s limit; pytest's default is 600
 def test_keras_modules_pass_under_keras2():
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(
