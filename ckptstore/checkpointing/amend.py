@@ -100,7 +100,7 @@ def add_files(
         chunk = blobs.DEFAULT_CHUNK_BYTES if dedup_chunk_bytes is None else dedup_chunk_bytes
         entries = blobs.plan(local_dir, prepared.entries, chunk, cuts)
         with PendingMarker(storage, uuid, blobs.referenced({"files": entries})) as marker:
-            entries = upload_entries(storage, uuid, local_dir, entries, chunk, marker)
+            entries, _stats = upload_entries(storage, uuid, local_dir, entries, chunk, marker)
             new_manifest = _rewrite(storage, uuid, manifest, before, entries)
             marker.check_live()
             storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.manifest_bytes(new_manifest))

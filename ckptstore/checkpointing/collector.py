@@ -51,6 +51,7 @@ from ckptstore.checkpointing.reconcile import (
     same_storage,
 )
 from ckptstore.checkpointing.retention import GCContext, GCPolicy
+from ckptstore.storage_backends.object_store import TMP_MARK
 
 if TYPE_CHECKING:
     from ckptstore.storage_backends.base import Storage
@@ -214,7 +215,7 @@ def _collect_leftovers(
         if clock is None:
             clock = StorageClock.probe(storage)
             if not dry_run:
-                older = min(grace_seconds, condemned.PROBE_DEBRIS_SECONDS)
+                older = min(grace_seconds, condemned.DEBRIS_SECONDS)
                 condemned.clean_probes(storage, clock, older)
         return clock
 
@@ -255,12 +256,6 @@ def _collect_leftovers(
     return removed
 
 
-#: Temporary files ckptstore's local writes leave when killed (see ``object_store.tmp_name``).
-_TMP_MARK = ".ckptstore-tmp-"
-#: Debris younger than this may be a write in progress.
-_DEBRIS_SECONDS = 60.0
-
-
 def _remove_debris(storage: Storage, name: str, now: float, grace: float) -> bool:
     """Remove a local folder that holds nothing but ckptstore's temporary files, all older
     than a minute (or the grace period, if shorter): a kill between creating the folder and
@@ -271,7 +266,9 @@ def _remove_debris(storage: Storage, name: str, now: float, grace: float) -> boo
     for root, _dirs, files in os.walk(path):
         for file in files:
             full = os.path.join(root, file)
-            if _TMP_MARK not in file or now - os.lstat(full).st_mtime < min(grace, _DEBRIS_SECONDS):
+            if TMP_MARK not in file or now - os.lstat(full).st_mtime < min(
+                grace, condemned.DEBRIS_SECONDS
+            ):
                 return False
     shutil.rmtree(path, ignore_errors=True)
     return not os.path.exists(path)

@@ -324,10 +324,9 @@ def _commit_dedup(
     record_pending(index, uuid, metadata, url)
     known = known_blobs.get() if known_blobs is not None else None
     checked_at = time.monotonic()
-    stats = blobs.UploadStats()
     with PendingMarker(storage, uuid, blobs.referenced({"files": entries})) as marker:
-        entries = upload_entries(
-            storage, uuid, prepared.local_dir, entries, chunk_bytes, marker, known, stats
+        entries, stats = upload_entries(
+            storage, uuid, prepared.local_dir, entries, chunk_bytes, marker, known
         )
         # Empty folders ("dir/" entries) live only in the manifest: readers recreate them.
         storage.write_bytes(f"{uuid}/{fmt.METADATA_NAME}", meta_bytes)
@@ -358,12 +357,12 @@ def upload_entries(
     chunk_bytes: int,
     marker: PendingMarker,
     known: frozenset[str] | None = None,
-    stats: blobs.UploadStats | None = None,
-) -> dict[str, dict[str, Any]]:
+) -> tuple[dict[str, dict[str, Any]], blobs.UploadStats]:
     """Under ``marker`` (written, naming every blob of ``entries``): read GC's condemnations,
     store whole every file that needs a blob a running sweep may delete, create the other
     blobs (create-only, skipping ``known`` ones that are not condemned). Returns the entries
-    as they are now stored (the deduplicated commit and amend share this)."""
+    as they are now stored and what was uploaded (the deduplicated commit and amend share
+    this)."""
     threats = condemned.threats(storage, marker.key, marker.refreshed)
     entries, whole = _whole_where_threatened(entries, threats.unsafe)
     if whole:
@@ -375,10 +374,7 @@ def upload_entries(
         storage.upload(local_dir, uuid, paths=whole)
     if known is not None:
         known = known - threats.condemned
-    done = blobs.upload(storage, local_dir, entries, chunk_bytes, known=known)
-    if stats is not None:
-        stats.uploaded, stats.reused = done.uploaded, done.reused
-    return entries
+    return entries, blobs.upload(storage, local_dir, entries, chunk_bytes, known=known)
 
 
 def _whole_where_threatened(

@@ -115,14 +115,12 @@ class StorageClock:
         return self.stamp + (_monotonic() - self.started)
 
 
-#: A clock probe older than this was left by a killed process (a live one lasts a request;
-#: removing one early only makes that reader try again).
-PROBE_DEBRIS_SECONDS = 60.0
+#: A clock probe or a local temporary file older than this was left by a killed process (a
+#: live one lasts a request or a write; removing one early only makes that step fail).
+DEBRIS_SECONDS = 60.0
 
 
-def clean_probes(
-    storage: Storage, clock: StorageClock, older_than: float = PROBE_DEBRIS_SECONDS
-) -> None:
+def clean_probes(storage: Storage, clock: StorageClock, older_than: float = DEBRIS_SECONDS) -> None:
     """Remove clock probes killed processes left."""
     for rel in storage.list(CLOCK_DIR):
         key = f"{CLOCK_DIR}/{rel}"

@@ -24,12 +24,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ckptstore import errors
-from ckptstore.storage_backends.object_store import ObjectStorage, tmp_name
+from ckptstore.storage_backends.object_store import TMP_MARK, ObjectStorage, tmp_name
 from ckptstore.storage_backends.paths import check_key, join_key
 
 logger = logging.getLogger(__name__)
-
-_TMP_MARK = ".ckptstore-tmp-"
 
 
 def local_root_from_url(url: str) -> str:
@@ -139,7 +137,7 @@ class LocalStorage(ObjectStorage):
         for root, dirs, names in os.walk(top):
             rel_root = os.path.relpath(root, self.root).replace(os.sep, "/")
             rel_root = "" if rel_root == "." else rel_root
-            files = [n for n in names if _TMP_MARK not in n]
+            files = [n for n in names if TMP_MARK not in n]
             for name in files:
                 try:
                     out[join_key(rel_root, name)] = os.path.getsize(os.path.join(root, name))

@@ -71,10 +71,14 @@ def pwrite_all(fd: int, data, offset: int) -> int:  # type: ignore[no-untyped-de
     return total
 
 
+#: In the name of every temporary file a local write makes (and listings skip).
+TMP_MARK = ".ckptstore-tmp-"
+
+
 def tmp_name(path: str) -> str:
     """A sibling temporary name for atomic writes (temp + rename)."""
     head, tail = os.path.split(path)
-    return os.path.join(head, f".{tail}.ckptstore-tmp-{uuid.uuid4().hex[:12]}")
+    return os.path.join(head, f".{tail}{TMP_MARK}{uuid.uuid4().hex[:12]}")
 
 
 class ObjectStorage(Storage):
