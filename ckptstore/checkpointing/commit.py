@@ -23,6 +23,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
@@ -349,13 +350,22 @@ def _commit_dedup(
     return record_committed(index, manifest, metadata, url)
 
 
+@dataclass(frozen=True)
+class MarkerSeen:
+    """Another process's pending marker as one rank of a sharded commit knows it: its key and
+    a monotonic time taken before it was written (what :func:`upload_entries` needs)."""
+
+    key: str
+    refreshed: float
+
+
 def upload_entries(
     storage: Storage,
     uuid: str,
     local_dir: str,
     entries: Mapping[str, dict[str, Any]],
     chunk_bytes: int,
-    marker: PendingMarker,
+    marker: PendingMarker | MarkerSeen,
     known: frozenset[str] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], blobs.UploadStats]:
     """Under ``marker`` (written, naming every blob of ``entries``): read GC's condemnations,

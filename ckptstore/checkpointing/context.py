@@ -352,7 +352,8 @@ class CheckpointContext:
     def _commit_sharded(
         self, uuid: str, local_dir: str, metadata: Mapping[str, Any] | None
     ) -> None:
-        """Every rank's files of ``local_dir`` into checkpoint ``uuid`` (whole files)."""
+        """Every rank's files of ``local_dir`` into checkpoint ``uuid`` (in the context's
+        format: deduplicated or whole files)."""
         with self._committing_now(uuid):
             sharded.commit_sharded(
                 self.storage,
@@ -363,6 +364,7 @@ class CheckpointContext:
                 build_metadata=self._build_metadata,
                 index=self.index,
                 storage_url=self.storage_url,
+                dedup_chunk_bytes=self.dedup_chunk_bytes if self.dedup else None,
             )
         self._after_commit()
 

@@ -15,13 +15,15 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid as _uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.checkpointing import commit
+from ckptstore.checkpointing import blobs, commit, condemned
+from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.distributed import ProcessGroup
 from ckptstore.checkpointing.index import CheckpointIndex
 
@@ -118,14 +120,27 @@ def commit_sharded(
     build_metadata: Callable[[str, Mapping[str, Any]], dict[str, Any]],
     index: CheckpointIndex | None = None,
     storage_url: str | None = None,
+    dedup_chunk_bytes: int | None = None,
 ) -> str:
     """Upload this rank's files of ``local_dir`` into checkpoint ``uuid``; every rank calls it.
-    ``build_metadata(uuid, merged_user_metadata)`` makes the final metadata on the chief."""
+    ``build_metadata(uuid, merged_user_metadata)`` makes the final metadata on the chief.
+
+    With ``dedup_chunk_bytes`` the files are stored as content-addressed chunks (format 2), by
+    the same protocol as a single writer's commit: the chief's pending marker names the blobs
+    of *every* rank before any rank reads GC's condemnations, so a sweep keeps them all (one
+    marker per checkpoint is what GC reads), and each rank stores whole the files a running
+    sweep threatens."""
     url = storage_url or storage.url
     prepared = None
+    planned: dict[str, dict[str, Any]] = {}
     error: BaseException | None = None
+    # Taken before the chief can write the marker (it waits for this allgather): each rank's
+    # bound on how long ago the marker was written, as a single writer's marker start is.
+    before_marker = condemned._monotonic()
     try:
         prepared = commit.PreparedFiles(local_dir)
+        if dedup_chunk_bytes is not None:
+            planned = blobs.plan(local_dir, prepared.entries, dedup_chunk_bytes)
     except Exception as exc:
         error = exc
     listing = _all_ok(
@@ -134,41 +149,42 @@ def commit_sharded(
         {
             "paths": list(prepared.entries) if prepared else [],
             "metadata": dict(user_metadata or {}),
+            "blobs": sorted(blobs.referenced({"files": planned})),
         },
     )
     check_conflicts([item["paths"] for item in listing])
     merged_user = merge_metadata([item["metadata"] for item in listing])
-
-    metadata = None
-    error = None
-    if dist.rank == 0:
-        # Refused metadata (the JSON policy, a bad steps_completed) must stop every rank
-        # before anything is uploaded, not leave the other ranks waiting.
+    with contextlib.ExitStack() as chief_marker:
+        metadata = None
+        marker: commit.PendingMarker | commit.MarkerSeen | None = None
+        error = None
+        if dist.rank == 0:
+            # Refused metadata (the JSON policy, a bad steps_completed) must stop every rank
+            # before anything is uploaded, not leave the other ranks waiting.
+            try:
+                metadata = build_metadata(uuid, merged_user)
+                commit.record_pending(index, uuid, metadata, url)
+                if dedup_chunk_bytes is not None:
+                    every_blob = [sha for item in listing for sha in item["blobs"]]
+                    marker = chief_marker.enter_context(
+                        commit.PendingMarker(storage, uuid, every_blob)
+                    )
+            except Exception as exc:
+                error = exc
+        _all_ok(dist, error)
+        if dedup_chunk_bytes is not None and marker is None:
+            marker = commit.MarkerSeen(f"{uuid}/{fmt.PENDING_MARKER_NAME}", before_marker)
+        stored = _upload_rank(storage, dist, uuid, prepared, planned, dedup_chunk_bytes, marker)
+        error = None
+        manifest: dict[str, Any] = {}
+        if dist.rank == 0:
+            try:
+                assert metadata is not None
+                manifest = _write_commit(storage, uuid, stored, metadata, marker)
+            except Exception as exc:
+                error = exc
+    if dist.rank == 0 and error is None:
         try:
-            metadata = build_metadata(uuid, merged_user)
-            commit.record_pending(index, uuid, metadata, url)
-        except Exception as exc:
-            error = exc
-    _all_ok(dist, error)
-    error = None
-    try:
-        assert prepared is not None
-        prepared.upload_to(storage, uuid)
-    except Exception as exc:
-        error = exc
-    entries_per_rank = _all_ok(dist, error, prepared.entries if prepared else {})
-
-    error = None
-    if dist.rank == 0:
-        try:
-            assert metadata is not None
-            entries: dict[str, Any] = {}
-            for rank_entries in entries_per_rank:
-                entries.update(rank_entries)
-            meta_bytes = commit.fmt.dump_json(metadata)
-            manifest = commit.manifest_for(uuid, entries, meta_bytes)
-            storage.write_bytes(f"{uuid}/{commit.fmt.METADATA_NAME}", meta_bytes)
-            commit.write_manifest(storage, uuid, manifest)
             commit.remove_pending_marker(storage, uuid)
             commit.record_committed(index, manifest, metadata, url)
             logger.info(
@@ -178,3 +194,51 @@ def commit_sharded(
             error = exc
     _all_ok(dist, error)
     return uuid
+
+
+def _upload_rank(
+    storage: Storage,
+    dist: ProcessGroup,
+    uuid: str,
+    prepared: commit.PreparedFiles | None,
+    planned: dict[str, dict[str, Any]],
+    chunk_bytes: int | None,
+    marker: commit.PendingMarker | commit.MarkerSeen | None,
+) -> dict[str, Any]:
+    """Upload this rank's files (whole, or as blobs under ``marker``); every rank's stored
+    entries, merged (the chief needs them all for the manifest)."""
+    error: BaseException | None = None
+    entries: dict[str, Any] = {}
+    try:
+        assert prepared is not None
+        if chunk_bytes is None:
+            prepared.upload_to(storage, uuid)
+            entries = prepared.entries
+        else:
+            assert marker is not None
+            entries, _stats = commit.upload_entries(
+                storage, uuid, prepared.local_dir, planned, chunk_bytes, marker
+            )
+    except Exception as exc:
+        error = exc
+    merged: dict[str, Any] = {}
+    for rank_entries in _all_ok(dist, error, entries):
+        merged.update(rank_entries)
+    return merged
+
+
+def _write_commit(
+    storage: Storage,
+    uuid: str,
+    entries: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    marker: commit.PendingMarker | commit.MarkerSeen | None,
+) -> dict[str, Any]:
+    """The chief's commit: ``metadata.json``, then (marker still live) the manifest."""
+    meta_bytes = commit.fmt.dump_json(metadata)
+    manifest = commit.manifest_for(uuid, entries, meta_bytes)
+    storage.write_bytes(f"{uuid}/{fmt.METADATA_NAME}", meta_bytes)
+    if isinstance(marker, commit.PendingMarker):
+        marker.check_live()
+    commit.write_manifest(storage, uuid, manifest)
+    return manifest

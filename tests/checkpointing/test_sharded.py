@@ -6,12 +6,20 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from ckptstore import errors
-from ckptstore.checkpointing import DummyDistributed, ProcessGroup
+from ckptstore.checkpointing import (
+    CheckpointContext,
+    DummyDistributed,
+    ProcessGroup,
+    blob_gc,
+    blobs,
+    sharded,
+)
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.sharded import check_conflicts, merge_metadata
 from ckptstore.storage_backends import open_storage
@@ -23,6 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 def run_ranks(size: int, mode: str, url: str, tmp_path) -> list[dict]:
     port = free_port()
     procs, outs = [], []
+    tmp_path.mkdir(parents=True, exist_ok=True)
     for rank in range(size):
         out = tmp_path / f"rank{rank}.json"
         outs.append(out)
@@ -101,6 +110,30 @@ def test_sharded_upload_merges_files_and_metadata(mode, local_and_s3_url, tmp_pa
     assert metadata["steps_completed"] == 5 and metadata["trial_id"] == 9
     assert all(r["latest"] == uuid for r in results)
     assert not storage.exists(f"{uuid}/{fmt.PENDING_MARKER_NAME}")
+    # One commit path: on remote storage (deduplicated by default) every rank's files are
+    # blobs named by the one manifest, as a single writer's would be.
+    assert blobs.uses_blobs(manifest) == (not local_and_s3_url.startswith("/"))
+    with CheckpointContext(local_and_s3_url, gc_policy=None) as ctx:
+        with ctx.restore_path(uuid) as path:
+            for r in range(3):
+                assert (path / f"rank{r}" / "w.bin").read_bytes() == bytes([r]) * 100
+
+
+def test_sharded_deduplicated_saves_reuse_blobs_and_survive_a_sweep(storage_url_factory, tmp_path):
+    url = storage_url_factory("s3")
+    first = run_ranks(2, "upload", url, tmp_path / "a")
+    second = run_ranks(2, "upload", url, tmp_path / "b")
+    assert all(r["error"] is None for r in first + second), first + second
+    storage = open_storage(url)
+    u1, u2 = first[0]["uuid"], second[0]["uuid"]
+    named = [blobs.referenced(fmt.read_manifest(storage, u)) for u in (u1, u2)]
+    assert named[0] and named[0] == named[1]  # same bytes: the second run stored no new blob
+    assert blob_gc.sweep(storage) == []  # both manifests name them: nothing to collect
+    with CheckpointContext(url, gc_policy=None) as ctx:
+        ctx.delete(u1)
+        assert blob_gc.sweep(storage) == []  # u2 still names every one of them
+        with ctx.restore_path(u2) as path:
+            assert (path / "rank1" / "w.bin").read_bytes() == bytes([1]) * 100
 
 
 @pytest.mark.parametrize("mode", ["conflict", "meta_conflict"])
@@ -144,3 +177,46 @@ def test_merge_and_conflict_helpers():
     check_conflicts([["a", "dir/"], ["b", "dir/"]])
     with pytest.raises(errors.CheckpointConflict, match="Ranks 0 and 2"):
         check_conflicts([["a"], ["b"], ["a"]])
+
+
+def test_the_chief_marker_names_every_rank_blobs_before_any_rank_uploads(
+    storage_url_factory, tmp_path, monkeypatch
+):
+    """GC reads one marker per checkpoint: it must name rank 1's blobs too, or a sweep between
+    rank 1's upload and the manifest could condemn them."""
+    url = storage_url_factory("s3")
+    port = free_port()
+    seen: dict[int, list[str]] = {}
+    real_upload = sharded._upload_rank
+
+    def peek(storage, dist, uuid, prepared, planned, chunk_bytes, marker):
+        marker_bytes = storage.read_bytes(f"{uuid}/{fmt.PENDING_MARKER_NAME}")
+        seen[dist.rank] = json.loads(marker_bytes).get("blobs", [])
+        return real_upload(storage, dist, uuid, prepared, planned, chunk_bytes, marker)
+
+    monkeypatch.setattr(sharded, "_upload_rank", peek)
+    results: dict[int, object] = {}
+
+    def rank(r: int) -> None:
+        dist = ProcessGroup(rank=r, size=2, port=port, timeout=60)
+        src = tmp_path / f"src{r}"
+        src.mkdir()
+        (src / f"w{r}.bin").write_bytes(bytes([r + 7]) * 5000)
+        try:
+            with CheckpointContext(url, distributed=dist, gc_policy=None) as ctx:
+                results[r] = ctx.upload(str(src), {"steps_completed": 1}, shard=True)
+        except Exception as exc:  # reported below, on the test's thread
+            results[r] = exc
+        finally:
+            dist.close()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert isinstance(results[0], str) and results[0] == results[1], results
+    manifest = fmt.read_manifest(open_storage(url), results[0])
+    every_blob = sorted(blobs.referenced(manifest))
+    assert len(every_blob) == 2
+    assert seen == {0: every_blob, 1: every_blob}
