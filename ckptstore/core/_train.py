@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
+from ckptstore.checkpointing.metrics import metric_value, rank_by_metric
 from ckptstore.core._modes import TensorboardMode, check_mode
 from ckptstore.core._tensorboard import TensorboardSync
 from ckptstore.defaults import TRIAL_METADATA_PREFIX
@@ -246,15 +247,13 @@ class TrainContext:
         trial_ids = [self.trial_id]
         if self.experiment_id is not None:
             trial_ids = [t.id for t in self._registry.list_trials(experiment_id=self.experiment_id)]
-        values: list[float] = []
-        for tid in trial_ids:
-            for row in self._registry.get_metrics(tid, group=VALIDATION):
-                value = (row.metrics or {}).get(self.searcher_metric)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    values.append(float(value))
-        if not values:
-            return None
-        return min(values) if self.smaller_is_better else max(values)
+        # The one metric rule (checkpointing.metrics): finite numbers only, so a diverged
+        # trial's NaN is never the experiment's best, and `val_` prefixes resolve as for GC.
+        rows = [
+            row for tid in trial_ids for row in self._registry.get_metrics(tid, group=VALIDATION)
+        ]
+        best = rank_by_metric(rows, self.searcher_metric, self.smaller_is_better)
+        return metric_value(best[0].metrics, self.searcher_metric) if best else None
 
     def __repr__(self) -> str:
         return f"TrainContext(trial_id={self.trial_id})"

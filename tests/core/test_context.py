@@ -180,3 +180,34 @@ def test_old_import_paths_warn_and_give_the_same_objects():
         assert any(
             issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught
         ), old
+
+
+def test_experiment_best_validation_follows_the_one_metric_rule(tmp_path):
+    """The experiment's best validation is ranked by checkpointing.metrics like GC and the
+    registry: across the experiment's trials, finite values only, Keras's `val_` prefix and
+    Determined's nested `validation_metrics` both found."""
+    from ckptstore.core._train import TrainContext
+
+    with Registry(f"sqlite:///{tmp_path / 'r.db'}") as reg:
+        exp_id = reg.create_experiment("e")
+        a = reg.create_trial(experiment_id=exp_id)
+        b = reg.create_trial(experiment_id=exp_id)
+        other = reg.create_trial()  # another experiment's better value is not ours
+        reg.report_metrics(a, "validation", 10, {"val_loss": 0.5})
+        reg.report_metrics(a, "validation", 20, {"loss": "n/a", "val_loss": 0.31})
+        reg.report_metrics(b, "validation", 10, {"validation_metrics": {"val_loss": 0.3}})
+        reg.report_metrics(b, "validation", 20, {"val_loss": float("inf")})
+        reg.report_metrics(other, "validation", 10, {"val_loss": 0.01})
+        train = TrainContext(
+            reg, trial_id=a, experiment_id=exp_id, searcher_metric="loss", smaller_is_better=True
+        )
+        assert train.get_experiment_best_validation() == 0.3
+        larger = TrainContext(
+            reg,
+            trial_id=a,
+            experiment_id=exp_id,
+            searcher_metric="val_loss",
+            smaller_is_better=False,
+        )
+        assert larger.get_experiment_best_validation() == 0.5
+        assert TrainContext(reg, trial_id=other).get_experiment_best_validation() is None
