@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ckptstore.errors import InvalidStorageConfig
+from ckptstore.storage_backends.schemes import config_types
 from ckptstore.validators import int_at_least
 
 #: Determined's checkpoint garbage-collection keys; not storage settings.
@@ -34,16 +35,6 @@ COMMON_OPTIONS = (
     "max_attempts",
     "timeout",
 )
-
-# type -> (required keys, optional keys)
-_SCHEMAS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "s3": (("bucket",), ("prefix", "access_key", "secret_key", "endpoint_url", "region")),
-    "gcs": (("bucket",), ("prefix", "token", "project", "composite_threshold")),
-    "azure": (("container",), ("prefix", "connection_string", "account_url", "credential")),
-    "shared_fs": (("host_path",), ("storage_path", "container_path", "propagation")),
-    "directory": (("container_path",), ()),
-    "memory": ((), ("prefix",)),
-}
 
 
 def split_storage_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -93,16 +84,18 @@ def parse_storage_config(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]
     """
     storage, _gc = split_storage_config(config)
     kind = storage.get("type")
+    types = config_types()
     if kind is None:
         raise InvalidStorageConfig(
-            f"checkpoint_storage is missing the required key 'type'; use one of {sorted(_SCHEMAS)}."
+            f"checkpoint_storage is missing the required key 'type'; use one of {sorted(types)}."
         )
-    if kind not in _SCHEMAS:
+    if kind not in types:
         raise InvalidStorageConfig(
-            f"checkpoint_storage.type {kind!r} is not supported; use one of {sorted(_SCHEMAS)}."
+            f"checkpoint_storage.type {kind!r} is not supported; use one of {sorted(types)}."
         )
-    required, optional = _SCHEMAS[kind]
-    allowed = {"type", *required, *optional, *COMMON_OPTIONS}
+    scheme, keys = types[kind]
+    required = ((keys.location,) if keys.location else ()) + keys.required
+    allowed = {"type", *required, *keys.optional, *COMMON_OPTIONS}
     for key in storage:
         if key not in allowed:
             raise InvalidStorageConfig(
@@ -121,46 +114,37 @@ def parse_storage_config(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]
             f"checkpoint_storage.prefix must be a string. Received: prefix={prefix!r}"
         )
     prefix = prefix.strip("/")
+    if kind == "shared_fs":
+        return _shared_fs_path(storage), options
+    if kind == "directory":
+        return _str(storage, "container_path"), options
+    for key in keys.options:
+        if storage.get(key) is not None:
+            # Credentials and endpoints are strings; other options (a GCS token dict, a
+            # threshold) are the backend's to check.
+            secretish = key in ("access_key", "secret_key", "endpoint_url", "region")
+            options[key] = _str(storage, key) if secretish else storage[key]
+    host = _str(storage, keys.location) if keys.location else ""
     tail = f"/{quote(prefix, safe='/')}" if prefix else ""
+    return (f"{scheme}://{host}{tail}" if host else f"{scheme}://{prefix}"), options
 
-    if kind == "s3":
-        url = f"s3://{_str(storage, 'bucket')}{tail}"
-        for key in ("access_key", "secret_key", "endpoint_url", "region"):
-            if storage.get(key) is not None:
-                options[key] = _str(storage, key)
-    elif kind == "gcs":
-        url = f"gs://{_str(storage, 'bucket')}{tail}"
-        for key in ("token", "project", "composite_threshold"):
-            if storage.get(key) is not None:
-                options[key] = storage[key]
-    elif kind == "azure":
-        url = f"az://{_str(storage, 'container')}{tail}"
-        for key in ("connection_string", "account_url", "credential"):
-            if storage.get(key) is not None:
-                options[key] = storage[key]
-    elif kind == "shared_fs":
-        host = _str(storage, "host_path")
-        sub = storage.get("storage_path") or ""
-        if sub and not isinstance(sub, str):
+
+def _shared_fs_path(storage: Mapping[str, Any]) -> str:
+    """Determined's shared_fs: ``host_path`` joined with ``storage_path`` (never outside it)."""
+    host = _str(storage, "host_path")
+    sub = storage.get("storage_path") or ""
+    if sub and not isinstance(sub, str):
+        raise InvalidStorageConfig(
+            f"checkpoint_storage.storage_path must be a string. Received: {sub!r}"
+        )
+    if os.path.isabs(sub):
+        real_host = os.path.abspath(host)
+        real_sub = os.path.abspath(sub)
+        if os.path.commonpath([real_host, real_sub]) != real_host:
             raise InvalidStorageConfig(
-                f"checkpoint_storage.storage_path must be a string. Received: {sub!r}"
+                f"checkpoint_storage.storage_path {sub!r} must be inside host_path {host!r}."
             )
-        if os.path.isabs(sub):
-            real_host = os.path.abspath(host)
-            real_sub = os.path.abspath(sub)
-            if os.path.commonpath([real_host, real_sub]) != real_host:
-                raise InvalidStorageConfig(
-                    f"checkpoint_storage.storage_path {sub!r} must be inside host_path {host!r}."
-                )
-            url = real_sub
-        else:
-            url = os.path.join(host, sub) if sub else host
-            if ".." in sub.replace("\\", "/").split("/"):
-                raise InvalidStorageConfig(
-                    f"checkpoint_storage.storage_path {sub!r} may not contain '..'."
-                )
-    elif kind == "directory":
-        url = _str(storage, "container_path")
-    else:  # memory
-        url = f"memory://{prefix}"
-    return url, options
+        return real_sub
+    if ".." in sub.replace("\\", "/").split("/"):
+        raise InvalidStorageConfig(f"checkpoint_storage.storage_path {sub!r} may not contain '..'.")
+    return os.path.join(host, sub) if sub else host

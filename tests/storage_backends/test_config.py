@@ -6,7 +6,13 @@ import pytest
 
 from ckptstore import errors
 from ckptstore.storage_backends import open_storage, parse_storage_config, split_storage_config
-from ckptstore.storage_backends.schemes import BACKENDS, backend_class, register_backend
+from ckptstore.storage_backends.schemes import (
+    BACKENDS,
+    ConfigKeys,
+    backend_class,
+    config_types,
+    register_backend,
+)
 
 
 @pytest.mark.parametrize(
@@ -78,6 +84,24 @@ def test_dict_opens_local_storage(tmp_path):
 def test_every_scheme_resolves_to_a_class():
     for scheme in BACKENDS:
         assert backend_class(scheme).__name__.endswith("Storage")
+
+
+def test_a_backend_is_one_row_url_scheme_and_config_type_alike():
+    """Registering a backend with its config keys makes both spellings work: the URL and the
+    Determined-style dict (no second table to keep in step)."""
+    keys = ConfigKeys("mem2", "bucket", optional=("prefix",))
+    register_backend("mem2", "ckptstore.storage_backends.memory:MemoryStorage", config=keys)
+    try:
+        url, options = parse_storage_config({"type": "mem2", "bucket": "b", "prefix": "p/q"})
+        assert (url, options) == ("mem2://b/p/q", {})
+        with pytest.raises(errors.InvalidStorageConfig, match="missing the required key 'bucket'"):
+            parse_storage_config({"type": "mem2"})
+    finally:
+        BACKENDS.pop("mem2")
+    with pytest.raises(errors.InvalidStorageConfig, match="'mem2' is not supported"):
+        parse_storage_config({"type": "mem2", "bucket": "b"})
+    for kind, (scheme, _keys) in config_types().items():
+        assert backend_class(scheme).__name__.endswith("Storage"), kind
 
 
 def test_missing_package_names_the_pip_command():
