@@ -17,15 +17,46 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ckptstore import errors
 from ckptstore.checkpointing.index import CheckpointRecord
 from ckptstore.checkpointing.metrics import metric_value, rank_by_metric
+from ckptstore.storage_backends.config import GC_KEYS
 from ckptstore.validators import int_at_least
 
 logger = logging.getLogger(__name__)
+
+#: Determined's retention keys with Determined's defaults (the key names are split off storage
+#: dicts by :data:`ckptstore.storage_backends.config.GC_KEYS`).
+DETERMINED_DEFAULTS: dict[str, int] = {
+    "save_experiment_best": 0,
+    "save_trial_best": 1,
+    "save_trial_latest": 1,
+}
+#: What a best-N rule ranks by, when given with the keys (else the searcher metric).
+METRIC_KEYS = ("metric", "smaller_is_better")
+assert set(DETERMINED_DEFAULTS) == set(GC_KEYS)
+
+
+def check_gc_keys(keys: object, where: str) -> dict[str, Any]:
+    """The one check of a dict of Determined's retention keys (plus :data:`METRIC_KEYS`), as
+    ``core.init(checkpoint_gc=)``, ``CheckpointContext(gc_policy=)`` and the CLI take it:
+    a copy, or :class:`~ckptstore.errors.InvalidConfig` naming ``where`` and the bad key."""
+    allowed = [*GC_KEYS, *METRIC_KEYS]
+    if not isinstance(keys, Mapping):
+        raise errors.InvalidConfig(
+            f"{where} must be a dict of Determined's GC keys {allowed}. "
+            f"Received: {type(keys).__name__}."
+        )
+    unknown = sorted(set(keys) - set(allowed), key=str)
+    if unknown:
+        raise errors.InvalidConfig(f"{where} has unknown key(s) {unknown}; use {allowed}.")
+    for key in GC_KEYS:
+        if keys.get(key) is not None:
+            int_at_least(f"{where}.{key}", keys[key], 0)
+    return dict(keys)
 
 
 @dataclasses.dataclass
@@ -52,6 +83,18 @@ class GCPolicy:
     ) -> list[bool]:
         """One bool per checkpoint (oldest first): True keeps it."""
         raise NotImplementedError
+
+    def describe(self, context: GCContext | None = None) -> str:
+        """What this rule keeps, in Determined's words (what the UI's "kept by" shows)."""
+        return type(self).__name__
+
+    def reasons(
+        self, checkpoints: Sequence[CheckpointRecord], *, context: GCContext | None = None
+    ) -> list[list[str]]:
+        """Per checkpoint, the rules that keep it (empty: GC would delete it)."""
+        keep = self.should_preserve(checkpoints, context=context)
+        label = self.describe(context)
+        return [[label] if k else [] for k in keep]
 
     @staticmethod
     def from_determined(
@@ -80,20 +123,8 @@ class GCPolicy:
         """A policy from None, a policy, or a dict of Determined's keys."""
         if config is None or isinstance(config, GCPolicy):
             return config
-        if isinstance(config, dict):
-            allowed = {
-                "save_trial_latest",
-                "save_trial_best",
-                "save_experiment_best",
-                "metric",
-                "smaller_is_better",
-            }
-            unknown = set(config) - allowed
-            if unknown:
-                raise errors.InvalidConfig(
-                    f"Unknown GC policy keys {sorted(unknown)}; use {sorted(allowed)}."
-                )
-            return GCPolicy.from_determined(**config)
+        if isinstance(config, Mapping):
+            return GCPolicy.from_determined(**check_gc_keys(config, "gc_policy"))
         raise errors.InvalidConfig(
             "gc_policy must be None, a GCPolicy or a dict of Determined's keys "
             f"(save_trial_latest, ...). Received: gc_policy={config!r}"
@@ -116,6 +147,9 @@ class LatestN(GCPolicy):
 
     def __post_init__(self) -> None:
         _check_n(self.n, "n")
+
+    def describe(self, context=None):
+        return f"latest (save_trial_latest={self.n})"
 
     def should_preserve(self, checkpoints, *, context=None):
         keep = len(checkpoints) - self.n
@@ -151,6 +185,10 @@ def _ranking(
     return metric, True if smaller is None else bool(smaller)
 
 
+def _metric_shown(metric: str | None, context: GCContext | None) -> str:
+    return metric or (context.searcher_metric if context else None) or "the searcher metric"
+
+
 def _best_uuids(
     checkpoints: Sequence[CheckpointRecord], n: int, metric: str, smaller_is_better: bool
 ) -> set[str]:
@@ -171,6 +209,9 @@ class BestN(GCPolicy):
     def __post_init__(self) -> None:
         _check_n(self.n, "n")
         _check_metric(self.metric)
+
+    def describe(self, context=None):
+        return f"trial best by {_metric_shown(self.metric, context)} (save_trial_best={self.n})"
 
     def should_preserve(self, checkpoints, *, context=None):
         if not self.n:
@@ -200,6 +241,9 @@ class ExperimentBestN(GCPolicy):
         _check_n(self.n, "n")
         _check_metric(self.metric)
 
+    def describe(self, context=None):
+        return f"experiment best (save_experiment_best={self.n})"
+
     def should_preserve(self, checkpoints, *, context=None):
         if not self.n:
             return [False] * len(checkpoints)
@@ -227,3 +271,13 @@ class AnyOf(GCPolicy):
             for i, flag in enumerate(policy.should_preserve(checkpoints, context=context)):
                 keep[i] = keep[i] or bool(flag)
         return keep
+
+    def describe(self, context=None):
+        return " or ".join(p.describe(context) for p in self.policies) or "nothing"
+
+    def reasons(self, checkpoints, *, context=None):
+        found: list[list[str]] = [[] for _ in checkpoints]
+        for policy in self.policies:
+            for i, labels in enumerate(policy.reasons(checkpoints, context=context)):
+                found[i].extend(labels)
+        return found

@@ -14,6 +14,7 @@ import sys
 import click
 
 from ckptstore import errors
+from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS
 from ckptstore.cli.output import emit_json, json_option
 from ckptstore.cli.state import CliState, pass_state
 
@@ -30,14 +31,14 @@ from ckptstore.cli.state import CliState, pass_state
 @click.option(
     "--save-trial-latest",
     type=int,
-    default=1,
+    default=DETERMINED_DEFAULTS["save_trial_latest"],
     show_default=True,
     help="Newest checkpoints kept per trial.",
 )
 @click.option(
     "--save-trial-best",
     type=int,
-    default=1,
+    default=DETERMINED_DEFAULTS["save_trial_best"],
     show_default=True,
     help="Best checkpoints kept per trial (by --metric, else the experiment's searcher metric; "
     "with neither, every checkpoint is kept).",
@@ -45,7 +46,7 @@ from ckptstore.cli.state import CliState, pass_state
 @click.option(
     "--save-experiment-best",
     type=int,
-    default=0,
+    default=DETERMINED_DEFAULTS["save_experiment_best"],
     show_default=True,
     help="Best checkpoints kept per experiment.",
 )

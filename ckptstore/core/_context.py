@@ -25,7 +25,6 @@ from ckptstore.core._modes import PreemptMode, TensorboardMode
 from ckptstore.core._preempt import DEFAULT_SIGNALS, PreemptContext
 from ckptstore.core._searcher import SearcherContext
 from ckptstore.core._train import TrainContext
-from ckptstore.validators import int_at_least
 
 if TYPE_CHECKING:
     from ckptstore.checkpointing import CheckpointContext
@@ -35,11 +34,6 @@ if TYPE_CHECKING:
     from ckptstore.storage_backends import Storage
 
 logger = logging.getLogger(__name__)
-
-#: Determined's GC keys, accepted in ``checkpoint_gc`` (and in a ``checkpoint_storage`` dict).
-GC_KEYS = ("save_trial_latest", "save_trial_best", "save_experiment_best")
-#: Extra keys ``checkpoint_gc`` may hold to say how "best" is judged.
-GC_METRIC_KEYS = ("metric", "smaller_is_better")
 
 ACTIVE, COMPLETED, ERROR, PAUSED = "ACTIVE", "COMPLETED", "ERROR", "PAUSED"
 
@@ -284,22 +278,9 @@ def build_gc_policy(checkpoint_gc: Mapping[str, Any] | None) -> GCPolicy | None:
     """
     if checkpoint_gc is None:
         return None
-    if not isinstance(checkpoint_gc, Mapping):
-        raise errors.InvalidConfig(
-            "checkpoint_gc must be a dict of Determined GC keys "
-            f"{list(GC_KEYS + GC_METRIC_KEYS)}. Received: {type(checkpoint_gc).__name__}."
-        )
-    unknown = sorted(set(checkpoint_gc) - set(GC_KEYS) - set(GC_METRIC_KEYS))
-    if unknown:
-        raise errors.InvalidConfig(
-            f"checkpoint_gc has unknown key(s) {unknown}; use {list(GC_KEYS + GC_METRIC_KEYS)}."
-        )
-    for key in GC_KEYS:
-        if checkpoint_gc.get(key) is not None:
-            int_at_least(f"checkpoint_gc.{key}", checkpoint_gc[key], 0)
-    from ckptstore.checkpointing.retention import GCPolicy
+    from ckptstore.checkpointing.retention import GCPolicy, check_gc_keys
 
-    return GCPolicy.from_determined(**dict(checkpoint_gc))
+    return GCPolicy.from_determined(**check_gc_keys(checkpoint_gc, "checkpoint_gc"))
 
 
 def _single_distributed() -> DistributedContext:

@@ -59,8 +59,9 @@ from pathlib import Path
 from typing import Any
 
 from ckptstore import errors
+from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS
 from ckptstore.experiment import config_schema as schema
-from ckptstore.experiment.config_schema import GC_KEYS, HP_TYPES, MAX_TRIALS, SEARCHERS
+from ckptstore.experiment.config_schema import HP_TYPES, MAX_TRIALS, SEARCHERS
 from ckptstore.validators import is_int
 
 LENGTH_UNITS = ("batches", "records", "epochs")
@@ -432,7 +433,7 @@ class ExperimentConfig:
 
     def gc_settings(self) -> dict[str, int]:
         """Determined's GC keys from ``checkpoint_storage`` (defaults filled in)."""
-        return {**GC_KEYS, **self.retention}
+        return {**DETERMINED_DEFAULTS, **self.retention}
 
 
 def _storage(block: str | schema.StorageBlock | None) -> tuple[str | dict[str, Any] | None, dict]:
@@ -448,10 +449,10 @@ def _storage(block: str | schema.StorageBlock | None) -> tuple[str | dict[str, A
             )
         return block.strip(), {}
     given = block.model_dump(exclude_unset=True)
-    retention = {k: given[k] for k in GC_KEYS if given.get(k) is not None}
+    retention = {k: given[k] for k in DETERMINED_DEFAULTS if given.get(k) is not None}
     if block.type is not None:
         return given, retention
-    if set(given) <= set(GC_KEYS):  # Determined merges it with the cluster's storage
+    if set(given) <= set(DETERMINED_DEFAULTS):  # Determined merges it with the cluster's storage
         return None, retention
     raise _fail(
         "checkpoint_storage.type",

@@ -40,7 +40,6 @@ from typing_extensions import TypeAliasType
 from ckptstore import errors
 
 __all__ = [
-    "GC_KEYS",
     "HP_TYPES",
     "SEARCHERS",
     "config_json_schema",
@@ -52,8 +51,6 @@ __all__ = [
 SEARCHERS = ("single", "grid", "random", "adaptive_asha", "tpe")
 #: Hyperparameter types.
 HP_TYPES = ("const", "int", "double", "log", "categorical")
-#: Keys of the storage block that configure checkpoint GC (Determined's names and defaults).
-GC_KEYS = {"save_experiment_best": 0, "save_trial_best": 1, "save_trial_latest": 1}
 #: More trials than one machine's queue can hold are refused before anything is enqueued
 #: (each trial is a row in the Optuna study, created up front).
 MAX_TRIALS = 100_000

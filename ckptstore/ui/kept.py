@@ -19,8 +19,8 @@ from typing import Any
 
 from ckptstore import errors
 from ckptstore.checkpointing.index import CheckpointRecord
-from ckptstore.checkpointing.retention import BestN, LatestN
-from ckptstore.experiment.config import GC_KEYS, parse_config
+from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS, GCContext, GCPolicy
+from ckptstore.experiment.config import parse_config
 from ckptstore.registry import Registry, Trial
 from ckptstore.ui import queries
 
@@ -37,14 +37,14 @@ def gc_settings(config: Mapping[str, Any] | None) -> dict[str, int] | None:
     storage = config.get("checkpoint_storage")
     given = {}
     if isinstance(storage, Mapping):
-        given = {k: storage[k] for k in GC_KEYS if isinstance(storage.get(k), int)}
+        given = {k: storage[k] for k in DETERMINED_DEFAULTS if isinstance(storage.get(k), int)}
     try:
         parsed = parse_config(dict(config))
     except errors.CkptstoreError:
         parsed = None  # a config from an import or a hand-made registry: judge by its keys
     if parsed is not None and parsed.entrypoint.is_trial_class:
         return parsed.gc_settings()
-    return {**GC_KEYS, **given} if given else None
+    return {**DETERMINED_DEFAULTS, **given} if given else None
 
 
 def kept_by(
@@ -71,35 +71,23 @@ def kept_by(
             )
             for r in live
         ]
-        rules: list[tuple[str, list[bool] | set[str]]] = []
-        n_latest = settings["save_trial_latest"]
-        rules.append(
-            (f"latest (save_trial_latest={n_latest})", LatestN(n_latest).should_preserve(records))
-        )
-        n_best = settings["save_trial_best"]
-        if n_best:
-            best = BestN(n_best, searcher.metric, searcher.smaller_is_better)
-            rules.append(
-                (
-                    f"trial best by {searcher.metric} (save_trial_best={n_best})",
-                    best.should_preserve(records),
-                )
-            )
+        if trial.experiment_id is None:
+            settings = {**settings, "save_experiment_best": 0}
         n_exp = settings["save_experiment_best"]
-        if n_exp and trial.experiment_id is not None:
-            top = queries.experiment_best_uuids(
-                registry, trial.experiment_id, searcher.metric, searcher.smaller_is_better, n_exp
-            )
-            rules.append((f"experiment best (save_experiment_best={n_exp})", top))
-        for label, keep in rules:
-            chosen = (
-                keep
-                if isinstance(keep, set)
-                else {r.uuid for r, k in zip(records, keep, strict=True) if k}
-            )
-            for uuid in uuids:
-                if uuid in chosen:
-                    reasons[uuid].append(label)
+        # The experiment's n best, found by SQL (ORDER BY ... LIMIT at 100k checkpoints):
+        # the pool ExperimentBestN ranks; then GC's own policy objects say what keeps what.
+        top = queries.experiment_best(
+            registry, trial.experiment_id or 0, searcher.metric, searcher.smaller_is_better, n_exp
+        )
+        context = GCContext(
+            experiment_checkpoints=top,
+            searcher_metric=searcher.metric,
+            searcher_smaller_is_better=searcher.smaller_is_better,
+        )
+        policy = GCPolicy.from_determined(**settings)
+        for record, labels in zip(records, policy.reasons(records, context=context), strict=True):
+            if record.uuid in reasons:
+                reasons[record.uuid].extend(labels)
     for uuid, holders in queries.pins_of(registry, uuids).items():
         reasons[uuid].extend(f"pinned by {h}" for h in holders)
     for uuid, versions in queries.versions_of(registry, uuids).items():

@@ -28,6 +28,7 @@ from sqlalchemy import exc as sa_exc
 
 from ckptstore import errors
 from ckptstore.checkpointing.index import LIVE_STATES as _LIVE_STATES
+from ckptstore.checkpointing.index import CheckpointRecord
 from ckptstore.masking import mask_value
 from ckptstore.registry import Registry, schema
 
@@ -428,18 +429,18 @@ def live_checkpoints(registry: Registry, trial_id: int) -> list[dict[str, Any]]:
     return registry.read(fn, what="list a trial's live checkpoints")
 
 
-def experiment_best_uuids(
+def experiment_best(
     registry: Registry, experiment_id: int, metric: str, smaller_is_better: bool, n: int
-) -> set[str]:
-    """UUIDs of the experiment's ``n`` best live checkpoints by ``metric`` (for the
+) -> list[CheckpointRecord]:
+    """The experiment's ``n`` best live checkpoints by ``metric`` (the pool of the
     ``save_experiment_best`` rule), found with ORDER BY ... LIMIT in SQL."""
     if n <= 0:
-        return set()
+        return []
     value = metric_value(_C.c.metrics, metric)
 
-    def fn(conn: sa.Connection) -> set[str]:
+    def fn(conn: sa.Connection) -> list[CheckpointRecord]:
         query = (
-            sa.select(_C.c.uuid)
+            sa.select(_C.c.uuid, _C.c.steps_completed, _C.c.metrics)
             .where(_C.c.experiment_id == experiment_id, _C.c.state.in_(LIVE_STATES))
             .where(value.is_not(None))
             .order_by(
@@ -447,7 +448,10 @@ def experiment_best_uuids(
             )
             .limit(n)
         )
-        return {r.uuid for r in conn.execute(query)}
+        return [
+            CheckpointRecord(uuid=r.uuid, steps_completed=r.steps_completed, metrics=r.metrics)
+            for r in conn.execute(query)
+        ]
 
     return registry.read(fn, what="find an experiment's best checkpoints")
 

@@ -6,6 +6,8 @@ import os
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ckptstore import errors
 from ckptstore.checkpointing import (
@@ -21,6 +23,7 @@ from ckptstore.checkpointing import (
 )
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.retention import GCContext
+from ckptstore.core._context import build_gc_policy
 from tests._helpers.trees import make_tree
 from tests.checkpointing._helpers import MemoryIndex, backdate
 
@@ -312,3 +315,52 @@ def test_gc_asks_again_which_uploads_are_in_flight_before_removing_a_leftover(tm
         # A snapshot (the old behaviour) misses it: the folder goes.
         assert collect(storage, policy=None, in_flight=[], grace_seconds=0) == [uuid]
         assert not storage.exists(f"{uuid}/w.bin")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True, width=32)),
+        max_size=8,
+    ),
+    latest=st.integers(0, 3),
+    best=st.integers(0, 3),
+    exp_best=st.integers(0, 3),
+    smaller=st.booleans(),
+)
+def test_the_kept_by_reasons_are_gcs_own_decision(values, latest, best, exp_best, smaller):
+    """What the UI says keeps a checkpoint is what GC keeps: a checkpoint has a reason exactly
+    when the policy preserves it (one policy object, no second copy of the rules)."""
+    records = [
+        CheckpointRecord(uuid=f"u{i}", steps_completed=i, metrics={"val_loss": v})
+        for i, v in enumerate(values)
+    ]
+    other = [CheckpointRecord(uuid="x", steps_completed=1, metrics={"val_loss": 0.0})]
+    context = GCContext(experiment_checkpoints=other, searcher_metric="val_loss")
+    policy = GCPolicy.from_config(
+        {
+            "save_trial_latest": latest,
+            "save_trial_best": best,
+            "save_experiment_best": exp_best,
+            "smaller_is_better": smaller,
+        }
+    )
+    keep = policy.should_preserve(records, context=context)
+    reasons = policy.reasons(records, context=context)
+    assert [bool(r) for r in reasons] == keep
+    for r, labels in zip(records, reasons, strict=True):
+        assert all("save_" in label for label in labels), labels
+        if any(label.startswith("latest") for label in labels):
+            assert r.steps_completed >= len(records) - latest
+
+
+def test_gc_keys_are_checked_in_one_place():
+    for bad, match in (
+        ([1], "a dict of Determined"),
+        ({"save_trial_lates": 1}, "unknown key"),
+        ({"save_trial_best": -1}, "save_trial_best"),
+        ({"save_trial_best": True}, "save_trial_best"),
+    ):
+        for build in (GCPolicy.from_config, build_gc_policy):
+            with pytest.raises(errors.InvalidConfig, match=match):
+                build(bad)
