@@ -23,6 +23,7 @@ MAX_POINTS = 1000
 _GROUP_COLORS = {"training": "#1f77b4", "validation": "#ff7f0e"}
 
 Points = list[tuple[float, float]]
+_X_LABELS = {"batches": "batches (steps_completed)", "epochs": "epochs"}
 
 
 @dataclasses.dataclass
@@ -33,6 +34,8 @@ class CurveOptions:
     metrics: Sequence[str] | None = None
     log_y: bool = False
     smoothing: float = 0.0
+    #: The x axis: ``batches`` (steps_completed) or ``epochs`` (counters are axes, not curves).
+    x: str = "batches"
 
 
 def smooth(points: Points, weight: float) -> Points:
@@ -77,7 +80,7 @@ def trial_curves(
         charts.append(
             (
                 name,
-                line_chart(title, lines, x_label="batches (steps_completed)", log_y=options.log_y),
+                line_chart(title, lines, x_label=_X_LABELS[options.x], log_y=options.log_y),
             )
         )
     return charts
