@@ -578,6 +578,7 @@ def _open_context(
         gc_policy=gc_policy,
         dedup=dedup,
     )
+    ckpt.resumed_from = latest
     stopper = opened.preempt = PreemptContext(
         distributed,
         signals=DEFAULT_SIGNALS if preempt_signals else (),

@@ -368,6 +368,29 @@ def experiment_points(
     return registry.read(fn, what="chart an experiment's trials")
 
 
+def experiment_curves(
+    registry: Registry, experiment_id: int, searcher: Searcher
+) -> dict[int, list[tuple[float, float]]]:
+    """``{trial id: [(steps, value), ...]}``: every validation value of the searcher metric of
+    every trial of the experiment (one query; only the number leaves the database)."""
+    value = report_value(_M.c.metrics, searcher.metric)
+    query = (
+        sa.select(_M.c.trial_id, _M.c.steps_completed, value.label("value"))
+        .select_from(_M.join(_T, _T.c.id == _M.c.trial_id))
+        .where(_T.c.experiment_id == experiment_id, _M.c.group == "validation")
+        .order_by(_M.c.trial_id, _M.c.steps_completed)
+    )
+
+    def fn(conn: sa.Connection) -> dict[int, list[tuple[float, float]]]:
+        curves: dict[int, list[tuple[float, float]]] = {}
+        for trial_id, steps, number in conn.execute(query):
+            if number is not None:
+                curves.setdefault(trial_id, []).append((float(steps), float(number)))
+        return curves
+
+    return registry.read(fn, what="read an experiment's searcher metric curves")
+
+
 def experiment_stamp(registry: Registry, experiment_id: int) -> str:
     """Changes whenever a trial of the experiment reports metrics (an index-only count, cheap
     enough to ask on every view; the charts are cached under it)."""
@@ -581,6 +604,25 @@ def checkpoints_page(
     return registry.read(fn, what="list checkpoints")
 
 
+def previous_checkpoint(registry: Registry, trial_id: int, steps: int, uuid: str) -> str | None:
+    """The UUID of the trial's live checkpoint just before ``uuid`` (fewer steps, or as many
+    and older): what a checkpoint's page compares it with."""
+    query = (
+        sa.select(_C.c.uuid)
+        .where(
+            _C.c.trial_id == trial_id,
+            _C.c.state.in_(LIVE_STATES),
+            _C.c.steps_completed <= steps,
+            _C.c.uuid != uuid,
+        )
+        .order_by(_C.c.steps_completed.desc(), _C.c.created_at.desc())
+        .limit(1)
+    )
+    return registry.read(
+        lambda conn: conn.execute(query).scalar(), what="find the previous checkpoint"
+    )
+
+
 def models_page(registry: Registry, page: int = 1) -> Page:
     """Registered models by name, with their number of versions and aliases."""
     n_versions = (
@@ -610,7 +652,15 @@ def model_versions_page(registry: Registry, name: str, page: int = 1) -> Page:
         rows = [
             _shown(r)
             for r in conn.execute(
-                sa.select(_V)
+                # Each version with its source: the checkpoint's trial, steps and metrics.
+                sa.select(
+                    _V,
+                    _C.c.trial_id,
+                    _C.c.experiment_id,
+                    _C.c.steps_completed,
+                    _C.c.metrics.label("checkpoint_metrics"),
+                )
+                .outerjoin(_C, _C.c.uuid == _V.c.checkpoint_uuid)
                 .where(*where)
                 .order_by(_V.c.version.desc())
                 .limit(PAGE_SIZE)
