@@ -62,6 +62,14 @@ def format_tick(value: float) -> str:
     return f"{value:.4g}"
 
 
+def _legend_entry(x: float, y: float, color: str, label: str) -> str:
+    return (
+        f'<line x1="{x}" y1="{y - 4}" x2="{x + 18}" y2="{y - 4}" stroke="{color}" '
+        f'stroke-width="2.5"/><text x="{x + 24}" y="{y}" font-size="11" '
+        f'fill="#222">{escape(label)}</text>'
+    )
+
+
 def line_chart(
     title: str,
     series: Sequence[Series],
@@ -151,14 +159,8 @@ def line_chart(
     for index, (item, pts) in enumerate(drawn):
         color = item.color or PALETTE[index % len(PALETTE)]
         label = item.name if pts else f"{item.name} (no data)"
-        legend_y = top - 10
         if legend:
-            parts.append(
-                f'<line x1="{legend_x}" y1="{legend_y - 4}" x2="{legend_x + 18}" '
-                f'y2="{legend_y - 4}" stroke="{color}" stroke-width="2.5"/>'
-                f'<text x="{legend_x + 24}" y="{legend_y}" font-size="11" '
-                f'fill="#222">{escape(label)}</text>'
-            )
+            parts.append(_legend_entry(legend_x, top - 10, color, label))
             legend_x += 34 + 7 * len(label)
         if not pts:
             continue
