@@ -6,6 +6,7 @@ import math
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 import ckptstore
 from ckptstore import errors
 from ckptstore.core import init
+from ckptstore.core._heartbeat import HEARTBEAT_ENV
 from ckptstore.core._info import TRIAL_STATE_BY_ENV
 from ckptstore.core._train import to_jsonable
 from ckptstore.registry import Registry
@@ -166,6 +168,19 @@ def test_trial_state_on_error_and_completion(where, monkeypatch):
     assert [t.state for t in trials] == ["COMPLETED", "COMPLETED", "ACTIVE", "ACTIVE"]
     assert [t.status for t in trials] == ["COMPLETED", "COMPLETED", "ACTIVE", "ACTIVE"]
     assert all(t.heartbeat_at is not None for t in trials)  # runner trials beat too
+
+
+def test_heartbeat_is_recorded_while_the_context_is_open(where, monkeypatch):
+    storage, registry = where
+    monkeypatch.setenv(HEARTBEAT_ENV, "0.1")
+    with init(storage=storage, registry=registry, trial_id=13) as ctx:
+        first = ctx.registry.get_trial(13).heartbeat_at
+        deadline = time.monotonic() + 20
+        while ctx.registry.get_trial(13).heartbeat_at == first:
+            assert time.monotonic() < deadline, "no second heartbeat within 20 s"
+            time.sleep(0.05)
+        thread = ctx._heartbeat._thread
+    assert not thread.is_alive()  # stopped on exit, before the registry closed
 
 
 def test_background_upload_failure_is_raised_on_exit(where, tmp_path, s3_server):
