@@ -351,19 +351,27 @@ def _best(searcher: Searcher) -> Any:
 
 
 def experiment_points(
-    registry: Registry, experiment_id: int, searcher: Searcher
+    registry: Registry,
+    experiment_id: int,
+    searcher: Searcher,
+    curves: dict[int, list[tuple[float, float]]],
 ) -> list[dict[str, Any]]:
-    """``[{id, hparams, best}]`` of every trial with a searcher metric (for the charts)."""
-    stats = _trial_stats(experiment_id, searcher)
+    """``[{id, hparams, best}]`` of every trial with a searcher metric (for the charts), the
+    best taken from ``curves`` (:func:`experiment_curves`: the same validation values the SQL
+    best of the trials table reads), so the metric rows are scanned once per view."""
+    pick = min if searcher.smaller_is_better else max
+    query = (
+        sa.select(_T.c.id, _T.c.hparams)
+        .where(_T.c.experiment_id == experiment_id)
+        .order_by(_T.c.id)
+    )
 
     def fn(conn: sa.Connection) -> list[dict[str, Any]]:
-        query = (
-            sa.select(_T.c.id, _T.c.hparams, stats.c.best)
-            .join(stats, stats.c.trial_id == _T.c.id)
-            .where(stats.c.best.is_not(None))
-            .order_by(_T.c.id)
-        )
-        return [_shown(r) for r in conn.execute(query)]
+        return [
+            mask_value({"id": i, "hparams": h, "best": pick(v for _, v in curves[i])})
+            for i, h in conn.execute(query)
+            if curves.get(i)
+        ]
 
     return registry.read(fn, what="chart an experiment's trials")
 

@@ -40,11 +40,11 @@ def experiment_page(ui: UiContext, request: Request, experiment_id: int) -> Resp
     stamp = queries.experiment_stamp(ui.registry, experiment_id)
 
     def draw() -> tuple[str | None, str | None, list[tuple[str, str]], list[Any]]:
-        points = queries.experiment_points(ui.registry, experiment_id, searcher)
+        curves = queries.experiment_curves(ui.registry, experiment_id, searcher)
+        points = queries.experiment_points(ui.registry, experiment_id, searcher, curves)
         if not points:
             return None, None, [], []
         search = searcher.name != "single"
-        curves = queries.experiment_curves(ui.registry, experiment_id, searcher)
         return (
             charts.all_trials_chart(curves, searcher.metric),
             charts.searcher_chart(points, searcher.metric),
