@@ -26,6 +26,8 @@ class Series:
     name: str
     points: Sequence[tuple[float, float]]
     color: str | None = None
+    #: Drawn dashed (a second line of the same colour, e.g. validation beside training).
+    dashed: bool = False
 
     def finite_points(self) -> list[tuple[float, float]]:
         return sorted(
@@ -62,10 +64,13 @@ def format_tick(value: float) -> str:
     return f"{value:.4g}"
 
 
-def _legend_entry(x: float, y: float, color: str, label: str) -> str:
+_DASH = ' stroke-dasharray="6,3"'
+
+
+def _legend_entry(x: float, y: float, color: str, label: str, dash: str) -> str:
     return (
         f'<line x1="{x}" y1="{y - 4}" x2="{x + 18}" y2="{y - 4}" stroke="{color}" '
-        f'stroke-width="2.5"/><text x="{x + 24}" y="{y}" font-size="11" '
+        f'stroke-width="2.5"{dash}/><text x="{x + 24}" y="{y}" font-size="11" '
         f'fill="#222">{escape(label)}</text>'
     )
 
@@ -159,8 +164,9 @@ def line_chart(
     for index, (item, pts) in enumerate(drawn):
         color = item.color or PALETTE[index % len(PALETTE)]
         label = item.name if pts else f"{item.name} (no data)"
+        dash = _DASH if item.dashed else ""
         if legend:
-            parts.append(_legend_entry(legend_x, top - 10, color, label))
+            parts.append(_legend_entry(legend_x, top - 10, color, label, dash))
             legend_x += 34 + 7 * len(label)
         if not pts:
             continue
@@ -169,7 +175,7 @@ def line_chart(
             tip = "" if legend else f"<title>{escape(item.name)}</title>"
             parts.append(
                 f'<polyline class="series" data-series="{escape(item.name)}" points="{coords}" '
-                f'fill="none" stroke="{color}" stroke-width="{2 if legend else 1.2}">{tip}'
+                f'fill="none" stroke="{color}" stroke-width="{2 if legend else 1.2}"{dash}>{tip}'
                 "</polyline>"
             )
         x_name = "step" if lines else x_label

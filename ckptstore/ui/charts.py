@@ -132,7 +132,14 @@ def compare_curves(
         for index, (trial_id, series) in enumerate(sorted(series_by_trial.items())):
             color = PALETTE[index % len(PALETTE)]
             for group, points in sorted(series.get(name, {}).items()):
-                lines.append(Series(f"t{trial_id} {group}", thin(sorted(points)), color))
+                lines.append(
+                    Series(
+                        f"t{trial_id} {group}",
+                        thin(sorted(points)),
+                        color,
+                        dashed=group != "training",  # one colour per trial, validation dashed
+                    )
+                )
         charts.append((name, line_chart(name, lines, x_label="batches (steps_completed)")))
     return charts
 
