@@ -33,7 +33,9 @@ def _interval() -> float:
     try:
         return max(0.1, float(raw)) if raw else HEARTBEAT_SECONDS
     except ValueError:
-        logger.warning("%s=%r is not a number of seconds; using %s", HEARTBEAT_ENV, raw, 30)
+        logger.warning(
+            "%s=%r is not a number of seconds; using %s", HEARTBEAT_ENV, raw, HEARTBEAT_SECONDS
+        )
         return HEARTBEAT_SECONDS
 
 
