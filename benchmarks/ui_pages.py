@@ -1,5 +1,6 @@
-"""Render time of every page of ``ckptstore ui`` over a registry of 1,000 trials and 100,000
-checkpoints (target: < 300 ms each), against the static HTML reports of the same objects.
+"""Render time of every page of ``ckptstore ui`` over a registry of 1,000 trials (plus 100 script
+runs) and 110,000 checkpoints (target: < 300 ms each), against the static HTML reports of the
+same objects.
 
 The registry is built with bulk SQL inserts (``tests/ui/scale_registry.py``: 11 experiments,
 one search of 900 trials, 100 checkpoints and 20 metric rows per trial, 20 models with 5
@@ -85,6 +86,8 @@ def _pages(registry_url: str) -> dict[str, str]:
         f"trial {trial}, all 100 checkpoints, log + smoothing": f"/trials/{trial}?all=1&log=1&smooth=0.6",
         f"trial {trial} live fragment": f"/trials/{trial}/live",
         f"trial {trial} stamp (polled)": f"/trials/{trial}/stamp",
+        "runs (/: 100 script runs, newest experiments)": "/",
+        f"experiment {big} comparing 3 trials": f"/experiments/{big}?compare={trial}&compare={trial + 1}&compare={trial + 2}",
         "checkpoints list": "/checkpoints",
         "checkpoints list page 1000": "/checkpoints?page=1000",
         "checkpoints COMMITTED page 20": "/checkpoints?state=COMMITTED&page=20",
@@ -107,6 +110,7 @@ def main() -> None:
         action="store_true",
         help="run again on a PostgreSQL server started here (tests/servers/postgres_fixtures.py)",
     )
+    parser.add_argument("--script-runs", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
@@ -135,7 +139,10 @@ def run(args: argparse.Namespace, tmp: str, url: str) -> dict:
     """Build the registry at ``url``, time every page and the peers; returns the figures."""
     start = time.perf_counter()
     counts = build_scale_registry(
-        url, trials=args.trials, checkpoints_per_trial=args.checkpoints_per_trial
+        url,
+        trials=args.trials,
+        checkpoints_per_trial=args.checkpoints_per_trial,
+        script_runs=args.script_runs,
     )
     print(
         f"\n== {url.split('://')[0]} ==\nbuilt {counts} in {time.perf_counter() - start:.1f} s ({url.split('://')[0]})"
@@ -172,6 +179,29 @@ def run(args: argparse.Namespace, tmp: str, url: str) -> dict:
                 f"{name:58} {median:10.1f} {max(times):8.1f} {statistics.median(cpu):7.1f}"
                 f"  {sizes[-1]}{flag}"
             )
+
+        # The experiment page's charts are cached per metrics stamp: a first view (or the view
+        # after new metrics) draws them. Measured here with the cache emptied before each call.
+        ui = client.app.app.state.ui  # GuardMiddleware -> Starlette
+        path = f"/experiments/{big}"
+
+        def first_view() -> None:
+            ui._cache.clear()
+            assert client.get(path).status_code == 200
+
+        cpu = []
+        times = _time(first_view, args.repeats, cpu)
+        name = f"experiment {big} first view (charts drawn, not cached)"
+        results[name] = {
+            "path": path,
+            "median_ms": statistics.median(times),
+            "max_ms": max(times),
+            "cpu_ms": statistics.median(cpu),
+        }
+        print(
+            f"{name:58} {statistics.median(times):10.1f} {max(times):8.1f} "
+            f"{statistics.median(cpu):7.1f}"
+        )
 
     print("\npeers in the same run (static HTML reports, ckptstore.reports):")
     with Registry(url) as registry:

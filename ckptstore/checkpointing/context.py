@@ -110,6 +110,9 @@ class CheckpointContext:
         self.index = index
         self.trial_id = trial_id
         self.experiment_id = experiment_id
+        #: The checkpoint this run started from (``core.init`` sets it when it resumes a
+        #: trial); written as ``resumed_from`` into the metadata of each checkpoint it saves.
+        self.resumed_from: str | None = None
         self.distributed = distributed or ProcessGroup.single()
         self.gc_policy = GCPolicy.from_config(
             dict(gc_policy) if isinstance(gc_policy, Mapping) else gc_policy
@@ -311,9 +314,12 @@ class CheckpointContext:
         self._submit(uuid, path, full_metadata, checksums=known, cuts=known_cuts)
 
     def _build_metadata(self, uuid: str, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-        return fmt.build_metadata(
+        built = fmt.build_metadata(
             uuid, metadata, trial_id=self.trial_id, experiment_id=self.experiment_id
         )
+        if self.resumed_from is not None:  # a caller's own "resumed_from" wins
+            built.setdefault("resumed_from", self.resumed_from)
+        return built
 
     def _check_chief(self, shard: bool) -> None:
         if not shard and self.distributed.rank != 0:

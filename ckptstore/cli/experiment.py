@@ -223,7 +223,7 @@ def describe_cmd(ctx: click.Context, experiment_id: int, as_json: bool) -> None:
     rows = [
         (
             str(t["id"]),
-            t["state"],
+            t["status"],
             str(t["batches_trained"]),
             _fmt(t["best_metric"]),
             t["best_checkpoint"] or "-",

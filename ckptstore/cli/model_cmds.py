@@ -50,6 +50,17 @@ def parse_model_ref(ref: str) -> tuple[str, int | str]:
     return match["name"], int(match["version"]) if match["version"] else -1
 
 
+#: Alias moves ``model describe`` shows, newest first.
+ALIAS_HISTORY_ROWS = 20
+ALIAS_HISTORY_COLUMNS = (
+    ("moved_at", "When"),
+    ("alias", "Alias"),
+    ("version", "To"),
+    ("previous", "From"),
+    ("moved_by", "By"),
+)
+
+
 @click.group()
 def model() -> None:
     """Registered models: create, list, versions, aliases, download.
@@ -125,13 +136,17 @@ def describe_cmd(state: CliState, name: str, as_json: bool) -> None:
     item = state.registry().get_model(name)
     view = model_view(item)
     view["versions"] = [version_view(v) for v in item.list_versions()]
+    view["alias_history"] = item.alias_history(limit=ALIAS_HISTORY_ROWS)
     if as_json:
         emit_json(view)
         return
-    versions = view.pop("versions")
+    versions, history = view.pop("versions"), view.pop("alias_history")
     emit_record(view, False, title=f"Model {name}")
     click.echo("versions:")
     click.echo(render_table(versions, VERSION_COLUMNS))
+    if history:
+        click.echo(f"alias moves (newest {ALIAS_HISTORY_ROWS}):")
+        click.echo(render_table(history, ALIAS_HISTORY_COLUMNS))
 
 
 @model.command("register-version")

@@ -14,12 +14,13 @@ import click
 from ckptstore.cli.output import emit_json, emit_rows, format_cell, json_option, render_table
 from ckptstore.cli.report_file import report_output_option, write_html_report
 from ckptstore.cli.state import CliState, pass_state
+from ckptstore.registry.entities import LOST
 from ckptstore.reports.views import checkpoint_view, metric_view, trial_view
 
 LIST_COLUMNS = (
     ("id", "ID"),
     ("experiment_id", "Exp"),
-    ("state", "State"),
+    ("status", "State"),
     ("hparams", "Hyperparameters"),
     ("created_at", "Created"),
 )
@@ -86,8 +87,13 @@ def describe_cmd(state: CliState, trial_id: int, as_json: bool) -> None:
         emit_json(view)
         return
     click.echo(
-        f"Trial {view['id']} (experiment {format_cell(view['experiment_id'])}): {view['state']}"
+        f"Trial {view['id']} (experiment {format_cell(view['experiment_id'])}): {view['status']}"
     )
+    if view["status"] == LOST:
+        click.echo(
+            f"  its process stopped without saying so: last heartbeat "
+            f"{format_cell(view['heartbeat_at'])}"
+        )
     click.echo(f"created: {format_cell(view['created_at'])}")
     click.echo("hyperparameters:")
     for key, value in sorted(view["hparams"].items()):

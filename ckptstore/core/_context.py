@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import defaults, errors
 from ckptstore.core import _info as trial_info
+from ckptstore.core._heartbeat import Heartbeat
 from ckptstore.core._modes import PreemptMode, TensorboardMode
 from ckptstore.core._preempt import DEFAULT_SIGNALS, PreemptContext
 from ckptstore.core._searcher import SearcherContext
@@ -116,6 +118,8 @@ class Context:
         registry: Registry,
         owns_registry: bool = False,
         owns_distributed: bool = True,
+        set_trial_state: bool = False,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.checkpoint = checkpoint
         self.train = train
@@ -127,6 +131,8 @@ class Context:
         self.registry = registry
         self._owns_registry = owns_registry
         self._owns_distributed = owns_distributed
+        self._set_trial_state = set_trial_state
+        self._heartbeat = heartbeat
         self._closed = False
 
     @property
@@ -194,7 +200,7 @@ class Context:
         exc_tb: Any = None,
         *,
         exc: BaseException | None = None,
-        set_trial_state: bool = False,
+        set_trial_state: bool | None = None,
     ) -> None:
         """Wait for background uploads, then release everything. Idempotent.
 
@@ -203,12 +209,19 @@ class Context:
         Raises the first background upload failure (a
         :class:`~ckptstore.errors.BackgroundUploadError`) unless ``exc`` (the exception already
         ending the block) is given; then the failure is logged so it does not hide ``exc``.
-        With ``set_trial_state``, the chief marks the trial COMPLETED, PAUSED (preempted) or ERROR.
+        With ``set_trial_state`` (default: what :func:`init` decided), the chief marks the trial
+        COMPLETED, PAUSED (preempted) or ERROR.
         """
         exc = exc if exc is not None else exc_val
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            exc = None  # sys.exit(0) inside the block is a clean end, not a failure
+        if set_trial_state is None:
+            set_trial_state = self._set_trial_state
         if self._closed:
             return
         self._closed = True
+        if self._heartbeat is not None:
+            self._heartbeat.close()
         upload_error: BaseException | None = None
         try:
             self.checkpoint.wait()
@@ -349,7 +362,7 @@ def init(
     distributed: DistributedContext | None = None,
     checkpoint_gc: Mapping[str, Any] | None = None,
     preempt_signals: bool = True,
-    set_trial_state: bool = False,
+    set_trial_state: bool | None = None,
     checkpoint_storage: str | Mapping[str, Any] | Storage | None = None,
     close_distributed: bool = True,
     preempt_mode: PreemptMode | str = PreemptMode.WorkersAskChief,
@@ -375,9 +388,14 @@ def init(
             there are none, no GC (every checkpoint is kept).
         preempt_signals: install SIGTERM/SIGINT handlers for ``context.preempt`` (main thread
             only; the old handlers are restored on exit).
-        set_trial_state: on exit the chief marks the trial COMPLETED (clean exit), PAUSED
-            (preempted) or ERROR (exception). Off by default: the trial row keeps its state, so
-            a script run several times (resume) is not marked finished by the first run.
+        set_trial_state: the chief marks the trial ACTIVE on entry (a resume) and on exit
+            COMPLETED (clean exit), PAUSED (preempted) or ERROR (exception). Default (None):
+            on, unless the process was started by ``ckptstore experiment`` (local or Ray),
+            whose runner records how its trials end (``CKPTSTORE_TRIAL_STATE_BY`` is set), so
+            the state is written by one owner. A script run again to resume goes from PAUSED
+            back to ACTIVE. False leaves the state alone. Either way the chief records a
+            heartbeat every 30 s while the context is open, so a trial whose process died
+            without saying so shows as LOST (``Trial.status``).
         close_distributed: close ``distributed`` on exit (as Determined does); False keeps the
             channel open for a caller that owns it.
         preempt_mode: a :class:`~ckptstore.core.PreemptMode` (Determined's argument).
@@ -415,6 +433,8 @@ def init(
         experiment_id = trial_info.parse_int_env(trial_info.EXPERIMENT_ID_ENV)
     if hparams is None:
         hparams = trial_info.parse_json_env(trial_info.HPARAMS_ENV)
+    if set_trial_state is None:
+        set_trial_state = not os.environ.get(trial_info.TRIAL_STATE_BY_ENV)
     opened = _Opened(
         storage_spec,
         registry,
@@ -433,6 +453,7 @@ def init(
             preempt_mode=preempt_mode,
             tensorboard_mode=tensorboard_mode,
             close_distributed=close_distributed,
+            set_trial_state=set_trial_state,
         )
     except BaseException:
         opened.close()
@@ -441,9 +462,9 @@ def init(
     try:
         yield context
     except BaseException as exc:
-        context.close(exc=exc, set_trial_state=set_trial_state)
+        context.close(exc=exc)
         raise
-    context.close(set_trial_state=set_trial_state)
+    context.close()
 
 
 class _Opened:
@@ -473,8 +494,11 @@ class _Opened:
         self.reg: Registry | None = None
         self.ckpt: CheckpointContext | None = None
         self.preempt: PreemptContext | None = None
+        self.heartbeat: Heartbeat | None = None
 
     def close(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.close()
         if self.preempt is not None:
             self.preempt.close()
         closers = [self.ckpt.close if self.ckpt is not None else None]
@@ -502,6 +526,7 @@ def _open_context(
     preempt_mode: PreemptMode | str,
     tensorboard_mode: TensorboardMode | str,
     close_distributed: bool,
+    set_trial_state: bool,
 ) -> Context:
     """The body of :func:`init`: the trial row, checkpoint, preempt, train and searcher
     contexts over what ``opened`` holds (each kept in ``opened`` as soon as it exists)."""
@@ -520,6 +545,10 @@ def _open_context(
         reconcile=lambda t: reconcile_trial(store, reg, t),
         storage=store,
     )
+    if distributed.rank == 0:
+        if set_trial_state:  # a run that resumes a PAUSED or ERROR trial makes it live again
+            reg.set_trial_state(tid, ACTIVE)
+        opened.heartbeat = Heartbeat(reg, tid)
     ckpt = opened.ckpt = CheckpointContext(
         store,
         owns_storage=opened.owns_store,
@@ -530,6 +559,7 @@ def _open_context(
         gc_policy=gc_policy,
         dedup=dedup,
     )
+    ckpt.resumed_from = latest
     stopper = opened.preempt = PreemptContext(
         distributed,
         signals=DEFAULT_SIGNALS if preempt_signals else (),
@@ -559,6 +589,8 @@ def _open_context(
         registry=reg,
         owns_registry=opened.owns_registry,
         owns_distributed=close_distributed,
+        set_trial_state=set_trial_state,
+        heartbeat=opened.heartbeat,
     )
     searcher = context.searcher = SearcherContext.from_env(distributed, train, tid)
     if searcher.judges_validations:

@@ -49,6 +49,10 @@ DIST_PORT_ENV = "CKPTSTORE_DIST_PORT"
 #: The trial's seed (``info.trial.trial_seed``); default: the trial id.
 TRIAL_SEED_ENV = "CKPTSTORE_TRIAL_SEED"
 
+#: Set by a launcher that records how its trials end (``ckptstore experiment``, local or Ray):
+#: ``core.init`` then leaves the trial's state to it instead of setting it on exit.
+TRIAL_STATE_BY_ENV = "CKPTSTORE_TRIAL_STATE_BY"
+
 #: Every variable the runner may set, for launchers that copy them into worker processes.
 ALL_ENV = (
     TRIAL_ID_ENV,
@@ -60,6 +64,7 @@ ALL_ENV = (
     DIST_PORT_ENV,
     TRIAL_SEED_ENV,
     JOB_ID_ENV,
+    TRIAL_STATE_BY_ENV,
 )
 
 

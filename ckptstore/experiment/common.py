@@ -101,6 +101,8 @@ def trial_env(
     settings[trial_info.TRIAL_ID_ENV] = str(trial_id)
     settings[trial_info.HPARAMS_ENV] = json.dumps(hparams)
     settings[OPTUNA_TRIAL_ENV] = None if optuna_id is None else str(optuna_id)
+    # The runner records how the trial ended (restarts, re-queueing): core.init must not.
+    settings[trial_info.TRIAL_STATE_BY_ENV] = "ckptstore experiment"
     return child_process_env(
         base, settings, model_dir=experiment_env[MODEL_DIR_ENV], who="ckptstore experiment"
     )

@@ -673,6 +673,7 @@ def describe_experiment(
                 {
                     "id": t.id,
                     "state": t.state,
+                    "status": t.status,  # LOST: ACTIVE, but its process stopped its heartbeat
                     "hparams": t.hparams,
                     "batches_trained": latest.steps_completed if latest else 0,
                     "best_metric": _best_metric(reg, t.id, metric, smaller),

@@ -24,6 +24,14 @@ from ckptstore.checkpointing.metrics import metric_value
 
 #: States a trial or experiment can be in (Determined's names).
 RUN_STATES = ("ACTIVE", "PAUSED", "COMPLETED", "CANCELED", "ERROR")
+#: How often the chief of a running ``core.init`` context records that its process is alive
+#: (one small UPDATE: cheap on the registry at this rate).
+HEARTBEAT_SECONDS = 30.0
+#: An ACTIVE trial whose heartbeat is older than this lost its process without saying so
+#: (killed, machine gone): five missed heartbeats, so a slow registry is not mistaken for it.
+LOST_AFTER_SECONDS = 5 * HEARTBEAT_SECONDS
+#: The status of an ACTIVE trial whose process is gone (shown; never stored as a state).
+LOST = "LOST"
 
 
 @dataclasses.dataclass
@@ -49,6 +57,39 @@ class Trial:
     state: str
     created_at: _dt.datetime
     updated_at: _dt.datetime
+    #: When its process last said it is alive (None: never, e.g. written by an older version).
+    heartbeat_at: _dt.datetime | None = None
+
+    def heartbeat_age(self, now: _dt.datetime | None = None) -> float | None:
+        """Seconds since the last heartbeat, or None if there was none."""
+        return heartbeat_age(self.heartbeat_at, now)
+
+    @property
+    def status(self) -> str:
+        """The state, or :data:`LOST` for an ACTIVE trial whose process stopped sending
+        heartbeats (what the CLI and the UI show)."""
+        return trial_status(self.state, self.heartbeat_at)
+
+
+def heartbeat_age(
+    heartbeat_at: _dt.datetime | None, now: _dt.datetime | None = None
+) -> float | None:
+    """Seconds from ``heartbeat_at`` (timezone-aware UTC) to ``now`` (default: now)."""
+    if heartbeat_at is None:
+        return None
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    return max(0.0, (now - heartbeat_at).total_seconds())
+
+
+def trial_status(
+    state: str, heartbeat_at: _dt.datetime | None, now: _dt.datetime | None = None
+) -> str:
+    """The one rule for "lost": ACTIVE with a heartbeat older than :data:`LOST_AFTER_SECONDS`.
+    No heartbeat at all says nothing (a row from before heartbeats), so it stays ACTIVE."""
+    age = heartbeat_age(heartbeat_at, now)
+    if state == "ACTIVE" and age is not None and age > LOST_AFTER_SECONDS:
+        return LOST
+    return state
 
 
 @dataclasses.dataclass

@@ -114,6 +114,13 @@ def _v6_jobs(conn: sa.Connection) -> None:
     schema.jobs.create(conn, checkfirst=True)
 
 
+def _v7_heartbeats_and_alias_history(conn: sa.Connection) -> None:
+    columns = {c["name"] for c in sa.inspect(conn).get_columns("trials")}
+    if "heartbeat_at" not in columns:  # a database created at v1 by this code already has it
+        conn.exec_driver_sql("ALTER TABLE trials ADD COLUMN heartbeat_at TIMESTAMP")
+    schema.model_alias_events.create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "experiments, trials, checkpoints, metrics, models", _v1_initial_tables),
     Migration(2, "index checkpoints by (trial, steps, created_at)", _v2_checkpoint_order_index),
@@ -123,6 +130,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         5, "trial leases out (Optuna heartbeats own trials); trials.search_slot", _v5_search_slots
     ),
     Migration(6, "jobs: non-training runs (batch inference), state, exit code, log", _v6_jobs),
+    Migration(
+        7,
+        "trials.heartbeat_at (a lost process shows); model alias history",
+        _v7_heartbeats_and_alias_history,
+    ),
 )
 LATEST_VERSION = MIGRATIONS[-1].version
 

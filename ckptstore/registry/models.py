@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import getpass
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _MO = schema.models
 _V = schema.model_versions
 _A = schema.model_aliases
+_AE = schema.model_alias_events
 _C = schema.checkpoints
 
 
@@ -100,13 +102,23 @@ class Model:
         """All versions, oldest first."""
         return self._store.list_versions(self.name)
 
-    def set_alias(self, version: int, alias: str) -> None:
-        """Point ``alias`` (e.g. ``"production"``) at ``version``, taking it from any other."""
-        self._store.set_alias(self.name, version, alias)
+    def set_alias(self, version: int, alias: str, *, by: str | None = None) -> None:
+        """Point ``alias`` (e.g. ``"production"``) at ``version``, taking it from any other.
+        The move is recorded with ``by`` (default: the operating-system user) and the time
+        (:meth:`alias_history`)."""
+        self._store.set_alias(self.name, version, alias, by=by)
 
-    def remove_alias(self, alias: str) -> None:
-        """Remove an alias; :class:`~ckptstore.errors.ModelNotFound` if it is not set."""
-        self._store.remove_alias(self.name, alias)
+    def remove_alias(self, alias: str, *, by: str | None = None) -> None:
+        """Remove an alias (recorded like a move); :class:`~ckptstore.errors.ModelNotFound` if
+        it is not set."""
+        self._store.remove_alias(self.name, alias, by=by)
+
+    def alias_history(
+        self, alias: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Every move of this model's aliases (or of one), newest first (at most ``limit``):
+        ``alias``, ``version`` (None: removed), ``previous``, ``moved_by``, ``moved_at``."""
+        return self._store.alias_history(self.name, alias, limit)
 
     # ---- fields -------------------------------------------------------------------------------
     def add_labels(self, labels: Iterable[str] | str) -> None:
@@ -234,6 +246,7 @@ class ModelStore:
         def fn(conn: sa.Connection) -> None:
             row = self._row(conn, name, for_update=True)
             conn.execute(_A.delete().where(_A.c.model_id == row.id))
+            conn.execute(_AE.delete().where(_AE.c.model_id == row.id))
             conn.execute(_V.delete().where(_V.c.model_id == row.id))
             conn.execute(_MO.delete().where(_MO.c.id == row.id))
 
@@ -298,28 +311,81 @@ class ModelStore:
 
         return self._db.read(fn, what="list model versions")
 
-    def set_alias(self, name: str, version: int, alias: str) -> None:
+    def set_alias(self, name: str, version: int, alias: str, *, by: str | None = None) -> None:
         _check_alias(alias)
 
         def fn(conn: sa.Connection) -> None:
             row = self._row(conn, name, for_update=True)
             number = self._resolve(conn, row, version)
             version_id = self._version_id(conn, row, number)
+            previous = self._alias_version(conn, row.id, alias)
             conn.execute(_A.delete().where(_A.c.model_id == row.id, _A.c.alias == alias))
             conn.execute(_A.insert().values(model_id=row.id, alias=alias, version_id=version_id))
+            self._record_move(conn, row.id, alias, number, previous, by)
 
         self._db.write(fn, what="set a model alias")
 
-    def remove_alias(self, name: str, alias: str) -> None:
+    def remove_alias(self, name: str, alias: str, *, by: str | None = None) -> None:
         def fn(conn: sa.Connection) -> None:
             row = self._row(conn, name, for_update=True)
+            previous = self._alias_version(conn, row.id, alias)
             result = conn.execute(_A.delete().where(_A.c.model_id == row.id, _A.c.alias == alias))
             if result.rowcount == 0:
                 raise errors.ModelNotFound(
                     f"Model {name!r} has no alias {alias!r}. list_versions() shows the aliases."
                 )
+            self._record_move(conn, row.id, alias, None, previous, by)
 
         self._db.write(fn, what="remove a model alias")
+
+    @staticmethod
+    def _alias_version(conn: sa.Connection, model_id: int, alias: str) -> int | None:
+        return conn.execute(
+            sa.select(_V.c.version)
+            .join(_A, _A.c.version_id == _V.c.id)
+            .where(_A.c.model_id == model_id, _A.c.alias == alias)
+        ).scalar()
+
+    @staticmethod
+    def _record_move(
+        conn: sa.Connection,
+        model_id: int,
+        alias: str,
+        version: int | None,
+        previous: int | None,
+        by: str | None,
+    ) -> None:
+        conn.execute(
+            _AE.insert().values(
+                model_id=model_id,
+                alias=alias,
+                version=version,
+                previous=previous,
+                moved_by=(by or _os_user())[:256],
+                moved_at=schema.utcnow(),
+            )
+        )
+
+    def alias_history(
+        self, name: str, alias: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        def fn(conn: sa.Connection) -> list[dict[str, Any]]:
+            row = self._row(conn, name)
+            query = sa.select(_AE).where(_AE.c.model_id == row.id)
+            if alias is not None:
+                query = query.where(_AE.c.alias == alias)
+            return [
+                {
+                    "alias": r.alias,
+                    "version": r.version,
+                    "previous": r.previous,
+                    "moved_by": r.moved_by,
+                    "moved_at": schema.from_db_time(r.moved_at),
+                }
+                for r in conn.execute(query.order_by(_AE.c.id.desc()).limit(limit))
+            ]
+
+        return self._db.read(fn, what="read a model's alias history")
 
     def set_version_notes(self, name: str, version: int, notes: str) -> None:
         def fn(conn: sa.Connection) -> None:
@@ -452,6 +518,14 @@ def _labels(labels: Iterable[str] | str) -> list[str]:
 def _check_name(name: Any) -> None:
     if not isinstance(name, str) or not name.strip():
         raise errors.InvalidConfig(f"A model name must be a non-empty string. Received: {name!r}")
+
+
+def _os_user() -> str:
+    """Who moved an alias when the caller did not say: the operating-system user."""
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no user name in this environment (a bare container)
+        return "unknown"
 
 
 def _check_alias(alias: Any) -> None:

@@ -352,6 +352,12 @@ class Registry:
 
         self._db.write(fn, what="set a trial's state")
 
+    def trial_heartbeat(self, trial_id: int) -> None:
+        """Record that the trial's process is alive (the chief of ``core.init`` calls it every
+        :data:`~ckptstore.registry.entities.HEARTBEAT_SECONDS`; ``Trial.status`` reads it)."""
+        update = _T.update().where(_T.c.id == trial_id).values(heartbeat_at=schema.utcnow())
+        self._db.write(lambda conn: conn.execute(update), what="record a trial heartbeat")
+
     # ---- metrics ------------------------------------------------------------------------------
     def report_metrics(
         self, trial_id: int, group: str, steps_completed: int, metrics: Mapping[str, Any]

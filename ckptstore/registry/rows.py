@@ -103,6 +103,7 @@ def trial_from_row(row: Any) -> Trial:
         state=row.state,
         created_at=schema.from_db_time(row.created_at),
         updated_at=schema.from_db_time(row.updated_at),
+        heartbeat_at=schema.from_db_time(getattr(row, "heartbeat_at", None)),
     )
 
 

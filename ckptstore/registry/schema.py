@@ -134,6 +134,9 @@ trials = sa.Table(
     # Migration 5: the searcher's slot this trial fills (unique per experiment, see
     # Registry.ensure_slot_trial), so a slot retried after its runner died finds its trial.
     sa.Column("search_slot", Int, nullable=True),
+    # Migration 7: when the process running the trial last said it is alive (core.init's
+    # heartbeat thread); an ACTIVE trial whose heartbeat is old has lost its process.
+    sa.Column("heartbeat_at", sa.DateTime, nullable=True),
 )
 
 checkpoints = sa.Table(
@@ -225,6 +228,26 @@ model_aliases = sa.Table(
         sa.ForeignKey("model_versions.id", ondelete="CASCADE"),
         nullable=False,
     ),
+)
+
+#: Every move of a model alias (migration 7): ``version`` None is a removal; ``previous``
+#: the version the alias pointed at before (None: it was new). Who and when, for the model page.
+model_alias_events = sa.Table(
+    "model_alias_events",
+    metadata,
+    sa.Column("id", Int, primary_key=True, autoincrement=True),
+    sa.Column(
+        "model_id",
+        Int,
+        sa.ForeignKey("models.id", ondelete="CASCADE"),
+        nullable=False,
+        index=True,
+    ),
+    sa.Column("alias", Str(128), nullable=False),
+    sa.Column("version", Int, nullable=True),
+    sa.Column("previous", Int, nullable=True),
+    sa.Column("moved_by", Str(256), nullable=False),
+    sa.Column("moved_at", sa.DateTime, nullable=False),
 )
 
 #: Non-training jobs (``ckptstore job run``: batch inference, evaluation, export), migration 6:

@@ -38,22 +38,37 @@ def _number(value: Any) -> float | None:
         return None
 
 
+#: Values every report carries that count progress (Determined's ``batches``/``epochs``, the
+#: step): they are x axes, not metrics, so no chart draws them as curves.
+COUNTERS = ("batches", "epochs", "steps_completed")
+#: The x axes a trial's curves can be drawn against (``batches`` is ``steps_completed``).
+X_AXES = ("batches", "epochs")
+
+
 def metric_series(
-    registry: Registry, trial_id: int
+    registry: Registry, trial_id: int, x: str = "batches"
 ) -> dict[str, dict[str, list[tuple[float, float]]]]:
-    """``{metric: {group: [(steps, value), ...]}}`` for a trial; validation names lose any
-    ``val_`` prefix so training and validation curves of one metric share a chart."""
+    """``{metric: {group: [(x, value), ...]}}`` for a trial, counters left out; validation
+    names lose any ``val_`` prefix so training and validation curves of one metric share a
+    chart. ``x="epochs"`` plots against each report's ``epochs`` value (reports without one
+    are left out of that view)."""
     series: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for row in registry.get_metrics(trial_id):
         group = getattr(row, "group", "training")
-        for name, value in flat_metrics(getattr(row, "metrics", None)).items():
+        values = flat_metrics(getattr(row, "metrics", None))
+        at = (
+            _number(values.get("epochs"))
+            if x == "epochs"
+            else float(getattr(row, "steps_completed", 0))
+        )
+        if at is None:
+            continue
+        for name, value in values.items():
             number = _number(value)
-            if number is None:
+            if number is None or name in COUNTERS:
                 continue
             base = name[4:] if group == "validation" and name.startswith("val_") else name
-            series.setdefault(base, {}).setdefault(group, []).append(
-                (float(getattr(row, "steps_completed", 0)), number)
-            )
+            series.setdefault(base, {}).setdefault(group, []).append((at, number))
     return dict(sorted(series.items()))
 
 

@@ -26,6 +26,8 @@ class Series:
     name: str
     points: Sequence[tuple[float, float]]
     color: str | None = None
+    #: Drawn dashed (a second line of the same colour, e.g. validation beside training).
+    dashed: bool = False
 
     def finite_points(self) -> list[tuple[float, float]]:
         return sorted(
@@ -62,6 +64,17 @@ def format_tick(value: float) -> str:
     return f"{value:.4g}"
 
 
+_DASH = ' stroke-dasharray="6,3"'
+
+
+def _legend_entry(x: float, y: float, color: str, label: str, dash: str) -> str:
+    return (
+        f'<line x1="{x}" y1="{y - 4}" x2="{x + 18}" y2="{y - 4}" stroke="{color}" '
+        f'stroke-width="2.5"{dash}/><text x="{x + 24}" y="{y}" font-size="11" '
+        f'fill="#222">{escape(label)}</text>'
+    )
+
+
 def line_chart(
     title: str,
     series: Sequence[Series],
@@ -71,12 +84,14 @@ def line_chart(
     height: int = 280,
     log_y: bool = False,
     lines: bool = True,
+    legend: bool = True,
 ) -> str:
     """An ``<svg>`` element with one ``<polyline>`` per series that has points, axes with
     round ticks, a legend and a title. Series without finite points are listed as "no data".
 
     ``log_y`` draws the y axis in powers of ten (values <= 0 are dropped); ``lines=False`` draws
-    every point as a marker and no line (a scatter plot)."""
+    every point as a marker and no line (a scatter plot); ``legend=False`` leaves the legend
+    out (charts of hundreds of series) and names each line in its tooltip instead."""
     left, right, top, bottom = 64, 16, 48, 46
     plot_w, plot_h = width - left - right, height - top - bottom
     drawn = [(s, s.finite_points()) for s in series]
@@ -149,23 +164,22 @@ def line_chart(
     for index, (item, pts) in enumerate(drawn):
         color = item.color or PALETTE[index % len(PALETTE)]
         label = item.name if pts else f"{item.name} (no data)"
-        legend_y = top - 10
-        parts.append(
-            f'<line x1="{legend_x}" y1="{legend_y - 4}" x2="{legend_x + 18}" y2="{legend_y - 4}" '
-            f'stroke="{color}" stroke-width="2.5"/>'
-            f'<text x="{legend_x + 24}" y="{legend_y}" font-size="11" fill="#222">{escape(label)}</text>'
-        )
-        legend_x += 34 + 7 * len(label)
+        dash = _DASH if item.dashed else ""
+        if legend:
+            parts.append(_legend_entry(legend_x, top - 10, color, label, dash))
+            legend_x += 34 + 7 * len(label)
         if not pts:
             continue
         if lines:
             coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
+            tip = "" if legend else f"<title>{escape(item.name)}</title>"
             parts.append(
                 f'<polyline class="series" data-series="{escape(item.name)}" points="{coords}" '
-                f'fill="none" stroke="{color}" stroke-width="2"/>'
+                f'fill="none" stroke="{color}" stroke-width="{2 if legend else 1.2}"{dash}>{tip}'
+                "</polyline>"
             )
         x_name = "step" if lines else x_label
-        if len(pts) <= 60 or not lines:
+        if (len(pts) <= 60 and legend) or not lines:  # markers would bury hundreds of lines
             for x, y in pts:
                 value = 10**y if log_y else y
                 parts.append(

@@ -81,8 +81,11 @@ def trial_view(trial: Any) -> dict[str, Any]:
         "id": getattr(trial, "id", None),
         "experiment_id": getattr(trial, "experiment_id", None),
         "state": getattr(trial, "state", None),
+        # The state, or LOST for an ACTIVE trial whose process stopped its heartbeat.
+        "status": getattr(trial, "status", getattr(trial, "state", None)),
         "hparams": dict(getattr(trial, "hparams", None) or {}),
         "created_at": getattr(trial, "created_at", None),
+        "heartbeat_at": getattr(trial, "heartbeat_at", None),
     }
 
 

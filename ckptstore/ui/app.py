@@ -21,14 +21,14 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from ckptstore import errors
 from ckptstore.ui.context import UiContext
-from ckptstore.ui.pages import checkpoints, experiments, models, trials
+from ckptstore.ui.pages import checkpoints, experiments, models, runs, trials
 from ckptstore.ui.security import GuardMiddleware, WriteRefused
 from ckptstore.ui.settings import UiSettings
 
@@ -57,14 +57,10 @@ def _endpoint(handler: Callable[..., Any]) -> Callable[[Request], Any]:
     return endpoint
 
 
-def _home(ui: UiContext, request: Request) -> Response:
-    return RedirectResponse("/experiments", status_code=307)
-
-
 def routes() -> list[Any]:
     """Every route of the UI (the security tests walk this list)."""
     return [
-        Route("/", _endpoint(_home)),
+        Route("/", _endpoint(runs.home)),
         Route("/experiments", _endpoint(experiments.experiments_list)),
         Route("/experiments/{experiment_id:int}", _endpoint(experiments.experiment_page)),
         Route("/trials/{trial_id:int}", _endpoint(trials.trial_page)),

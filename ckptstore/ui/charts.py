@@ -16,13 +16,14 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ckptstore.reports.svg import Series, line_chart
+from ckptstore.reports.svg import PALETTE, Series, line_chart
 
 #: A curve with more points than this is thinned evenly (its last point always kept).
 MAX_POINTS = 1000
 _GROUP_COLORS = {"training": "#1f77b4", "validation": "#ff7f0e"}
 
 Points = list[tuple[float, float]]
+_X_LABELS = {"batches": "batches (steps_completed)", "epochs": "epochs"}
 
 
 @dataclasses.dataclass
@@ -33,6 +34,8 @@ class CurveOptions:
     metrics: Sequence[str] | None = None
     log_y: bool = False
     smoothing: float = 0.0
+    #: The x axis: ``batches`` (steps_completed) or ``epochs`` (counters are axes, not curves).
+    x: str = "batches"
 
 
 def smooth(points: Points, weight: float) -> Points:
@@ -77,7 +80,7 @@ def trial_curves(
         charts.append(
             (
                 name,
-                line_chart(title, lines, x_label="batches (steps_completed)", log_y=options.log_y),
+                line_chart(title, lines, x_label=_X_LABELS[options.x], log_y=options.log_y),
             )
         )
     return charts
@@ -98,12 +101,55 @@ def searcher_chart(points: Iterable[Mapping[str, Any]], metric: str) -> str:
     )
 
 
+#: Points per trial on the all-trials chart (each curve thinned evenly, the last kept).
+TRIAL_CURVE_POINTS = 50
+
+
+def all_trials_chart(curves: Mapping[int, Points], metric: str) -> str:
+    """The searcher metric of every trial over its steps, one thin line per trial (no legend:
+    each line names its trial in its tooltip)."""
+    lines = [
+        Series(f"trial {trial_id}", thin(points, TRIAL_CURVE_POINTS))
+        for trial_id, points in sorted(curves.items())
+    ]
+    return line_chart(
+        f"{metric} of every trial",
+        lines,
+        x_label="batches (steps_completed)",
+        legend=len(lines) <= 8,
+    )
+
+
+def compare_curves(
+    series_by_trial: Mapping[int, Mapping[str, Mapping[str, Points]]],
+) -> list[tuple[str, str]]:
+    """``[(metric, svg)]`` for chosen trials: one chart per metric any of them reported, a
+    line per trial and group (``t3 validation``), each trial in its own colour."""
+    names = sorted({name for series in series_by_trial.values() for name in series})
+    charts = []
+    for name in names:
+        lines = []
+        for index, (trial_id, series) in enumerate(sorted(series_by_trial.items())):
+            color = PALETTE[index % len(PALETTE)]
+            for group, points in sorted(series.get(name, {}).items()):
+                lines.append(
+                    Series(
+                        f"t{trial_id} {group}",
+                        thin(sorted(points)),
+                        color,
+                        dashed=group != "training",  # one colour per trial, validation dashed
+                    )
+                )
+        charts.append((name, line_chart(name, lines, x_label="batches (steps_completed)")))
+    return charts
+
+
 def hparam_charts(points: Sequence[Mapping[str, Any]], metric: str) -> list[tuple[str, str]]:
     """``[(hparam, svg)]``: best searcher metric against every numeric hyperparameter that
     varies (log x axis is not offered: values are drawn as they are)."""
     by_name: dict[str, Points] = {}
     for p in points:
-        for name, value in _flat(p.get("hparams") or {}).items():
+        for name, value in flat_hparams(p.get("hparams") or {}).items():
             x = _number(value)
             if x is not None:
                 by_name.setdefault(name, []).append((x, float(p["best"])))
@@ -127,7 +173,7 @@ def categorical_summaries(
     with at least two values: the searcher metric per category, best category first."""
     by_name: dict[str, dict[str, list[float]]] = {}
     for p in points:
-        for name, value in _flat(p.get("hparams") or {}).items():
+        for name, value in flat_hparams(p.get("hparams") or {}).items():
             if _number(value) is None and value is not None:
                 by_name.setdefault(name, {}).setdefault(str(value), []).append(float(p["best"]))
     out = []
@@ -148,11 +194,12 @@ def categorical_summaries(
     return out
 
 
-def _flat(hparams: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_hparams(hparams: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested hyperparameters as ``{"optimizer.lr": 0.1}``."""
     out: dict[str, Any] = {}
     for key, value in hparams.items():
         if isinstance(value, Mapping):
-            out.update(_flat(value, f"{prefix}{key}."))
+            out.update(flat_hparams(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out

@@ -61,6 +61,19 @@ def human_size(n: int | None) -> str:
     return f"{size:.1f} TiB"
 
 
+def human_age(seconds: float | None) -> str:
+    """``45 s``, ``12 min``, ``3.0 h``, ``2.0 d`` (empty for None)."""
+    if seconds is None:
+        return ""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return ""
@@ -107,6 +120,7 @@ class UiContext:
         )
         self.env.filters["fmt"] = _fmt
         self.env.filters["size"] = human_size
+        self.env.filters["age"] = human_age
         self.env.filters["safe_url"] = safe_url
         self.env.globals["json"] = lambda v: json.dumps(v, indent=2, sort_keys=True, default=str)
 

@@ -31,6 +31,7 @@ from ckptstore.checkpointing.index import LIVE_STATES as _LIVE_STATES
 from ckptstore.checkpointing.index import CheckpointRecord
 from ckptstore.masking import mask_value
 from ckptstore.registry import Registry, schema
+from ckptstore.registry.entities import trial_status
 
 _E = schema.experiments
 _T = schema.trials
@@ -105,6 +106,13 @@ def _shown(row: sa.Row[Any]) -> dict[str, Any]:
     return mask_value(dict(row._mapping))
 
 
+def _trial_shown(row: sa.Row[Any]) -> dict[str, Any]:
+    """A trials row as pages show it, with its ``status`` (LOST for a dead ACTIVE one)."""
+    shown = _shown(row)
+    shown["status"] = trial_status(row.state, schema.from_db_time(row.heartbeat_at))
+    return shown
+
+
 def _offset(page: int, size: int) -> int:
     return (max(page, 1) - 1) * size
 
@@ -128,14 +136,16 @@ def metric_value(column: Any, metric: str) -> Any:
 
 
 # ---- experiments -------------------------------------------------------------------------------
-def experiments_page(registry: Registry, page: int = 1, state: str | None = None) -> Page:
+def experiments_page(
+    registry: Registry, page: int = 1, state: str | None = None, size: int = PAGE_SIZE
+) -> Page:
     """Experiments, newest first, with trial counts by state and the best searcher metric."""
     try:
-        return _experiments_page(registry, page, state, guarded=False)
+        return _experiments_page(registry, page, state, size, guarded=False)
     except errors.RegistryError:
         # One experiment's metric rows may break the JSON operators (a "\u0000" written before
         # the registry refused it): again, each best value alone, an odd one shown as blank.
-        return _experiments_page(registry, page, state, guarded=True)
+        return _experiments_page(registry, page, state, size, guarded=True)
 
 
 def _best_value(conn: sa.Connection, query: Any, guarded: bool) -> Any:
@@ -149,7 +159,9 @@ def _best_value(conn: sa.Connection, query: Any, guarded: bool) -> Any:
         return None
 
 
-def _experiments_page(registry: Registry, page: int, state: str | None, *, guarded: bool) -> Page:
+def _experiments_page(
+    registry: Registry, page: int, state: str | None, size: int, *, guarded: bool
+) -> Page:
     where = [] if state is None else [_E.c.state == state]
 
     def fn(conn: sa.Connection) -> Page:
@@ -158,8 +170,8 @@ def _experiments_page(registry: Registry, page: int, state: str | None, *, guard
             sa.select(_E)
             .where(*where)
             .order_by(_E.c.id.desc())
-            .limit(PAGE_SIZE)
-            .offset(_offset(page, PAGE_SIZE))
+            .limit(size)
+            .offset(_offset(page, size))
         ).all()
         ids = [r.id for r in rows]
         counts: dict[int, dict[str, int]] = {i: {} for i in ids}
@@ -193,7 +205,7 @@ def _experiments_page(registry: Registry, page: int, state: str | None, *, guard
                     "created_at": schema.from_db_time(r.created_at),
                 }
             )
-        return Page(out, total, page, PAGE_SIZE)
+        return Page(out, total, page, size)
 
     return registry.read(fn, what="list experiments")
 
@@ -322,7 +334,7 @@ def experiment_trials(
             _latest(searcher).label("latest"),
             _checkpoint_count().label("checkpoints"),
         ).where(_T.c.id.in_(ids))
-        found = {r.id: _shown(r) for r in conn.execute(details)}
+        found = {r.id: _trial_shown(r) for r in conn.execute(details)}
         return Page([found[i] for i in ids if i in found], total, flt.page, PAGE_SIZE)
 
     return registry.read(fn, what="list an experiment's trials")
@@ -340,21 +352,52 @@ def _best(searcher: Searcher) -> Any:
 
 
 def experiment_points(
-    registry: Registry, experiment_id: int, searcher: Searcher
+    registry: Registry,
+    experiment_id: int,
+    searcher: Searcher,
+    curves: dict[int, list[tuple[float, float]]],
 ) -> list[dict[str, Any]]:
-    """``[{id, hparams, best}]`` of every trial with a searcher metric (for the charts)."""
-    stats = _trial_stats(experiment_id, searcher)
+    """``[{id, hparams, best}]`` of every trial with a searcher metric (for the charts), the
+    best taken from ``curves`` (:func:`experiment_curves`: the same validation values the SQL
+    best of the trials table reads), so the metric rows are scanned once per view."""
+    pick = min if searcher.smaller_is_better else max
+    query = (
+        sa.select(_T.c.id, _T.c.hparams)
+        .where(_T.c.experiment_id == experiment_id)
+        .order_by(_T.c.id)
+    )
 
     def fn(conn: sa.Connection) -> list[dict[str, Any]]:
-        query = (
-            sa.select(_T.c.id, _T.c.hparams, stats.c.best)
-            .join(stats, stats.c.trial_id == _T.c.id)
-            .where(stats.c.best.is_not(None))
-            .order_by(_T.c.id)
-        )
-        return [_shown(r) for r in conn.execute(query)]
+        return [
+            mask_value({"id": i, "hparams": h, "best": pick(v for _, v in curves[i])})
+            for i, h in conn.execute(query)
+            if curves.get(i)
+        ]
 
     return registry.read(fn, what="chart an experiment's trials")
+
+
+def experiment_curves(
+    registry: Registry, experiment_id: int, searcher: Searcher
+) -> dict[int, list[tuple[float, float]]]:
+    """``{trial id: [(steps, value), ...]}``: every validation value of the searcher metric of
+    every trial of the experiment (one query; only the number leaves the database)."""
+    value = report_value(_M.c.metrics, searcher.metric)
+    query = (
+        sa.select(_M.c.trial_id, _M.c.steps_completed, value.label("value"))
+        .select_from(_M.join(_T, _T.c.id == _M.c.trial_id))
+        .where(_T.c.experiment_id == experiment_id, _M.c.group == "validation")
+        .order_by(_M.c.trial_id, _M.c.steps_completed)
+    )
+
+    def fn(conn: sa.Connection) -> dict[int, list[tuple[float, float]]]:
+        curves: dict[int, list[tuple[float, float]]] = {}
+        for trial_id, steps, number in conn.execute(query):
+            if number is not None:
+                curves.setdefault(trial_id, []).append((float(steps), float(number)))
+        return curves
+
+    return registry.read(fn, what="read an experiment's searcher metric curves")
 
 
 def experiment_stamp(registry: Registry, experiment_id: int) -> str:
@@ -372,6 +415,57 @@ def experiment_stamp(registry: Registry, experiment_id: int) -> str:
 
 
 # ---- trials ------------------------------------------------------------------------------------
+def _newest_metrics(group: str) -> Any:
+    """The metrics dict of the trial's newest report in ``group`` (correlated to trials; one
+    index range of ix_metrics_trial_group_steps)."""
+    return (
+        sa.select(_M.c.metrics)
+        .where(_M.c.trial_id == _T.c.id, _M.c.group == group)
+        .order_by(_M.c.steps_completed.desc(), _M.c.id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
+def _last_checkpoint(column: Any) -> Any:
+    """``column`` of the trial's newest live checkpoint (correlated to trials)."""
+    return (
+        sa.select(column)
+        .where(_C.c.trial_id == _T.c.id, _C.c.state.in_(LIVE_STATES))
+        .order_by(_C.c.steps_completed.desc(), _C.c.created_at.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+
+
+def script_runs_page(registry: Registry, page: int = 1, state: str | None = None) -> Page:
+    """Trials that belong to no experiment (script runs: ``core.init`` with or without a trial
+    id), newest first, with their newest training and validation metrics and last live
+    checkpoint: two queries, the second over one page of trials."""
+    where = [_T.c.experiment_id.is_(None)]
+    if state:
+        where.append(_T.c.state == state)
+
+    def fn(conn: sa.Connection) -> Page:
+        total = conn.execute(sa.select(sa.func.count()).select_from(_T).where(*where)).scalar_one()
+        rows = conn.execute(
+            sa.select(
+                _T,
+                _newest_metrics("training").label("training"),
+                _newest_metrics("validation").label("validation"),
+                _last_checkpoint(_C.c.uuid).label("last_uuid"),
+                _last_checkpoint(_C.c.steps_completed).label("last_steps"),
+            )
+            .where(*where)
+            .order_by(_T.c.id.desc())
+            .limit(PAGE_SIZE)
+            .offset(_offset(page, PAGE_SIZE))
+        )
+        return Page([_trial_shown(r) for r in rows], total, page, PAGE_SIZE)
+
+    return registry.read(fn, what="list script runs")
+
+
 def trial_stamp(registry: Registry, trial_id: int) -> str:
     """A short string that changes whenever the trial's state, metrics or checkpoints do (the
     live pages poll it)."""
@@ -522,6 +616,25 @@ def checkpoints_page(
     return registry.read(fn, what="list checkpoints")
 
 
+def previous_checkpoint(registry: Registry, trial_id: int, steps: int, uuid: str) -> str | None:
+    """The UUID of the trial's live checkpoint just before ``uuid`` (fewer steps, or as many
+    and older): what a checkpoint's page compares it with."""
+    query = (
+        sa.select(_C.c.uuid)
+        .where(
+            _C.c.trial_id == trial_id,
+            _C.c.state.in_(LIVE_STATES),
+            _C.c.steps_completed <= steps,
+            _C.c.uuid != uuid,
+        )
+        .order_by(_C.c.steps_completed.desc(), _C.c.created_at.desc())
+        .limit(1)
+    )
+    return registry.read(
+        lambda conn: conn.execute(query).scalar(), what="find the previous checkpoint"
+    )
+
+
 def models_page(registry: Registry, page: int = 1) -> Page:
     """Registered models by name, with their number of versions and aliases."""
     n_versions = (
@@ -551,7 +664,15 @@ def model_versions_page(registry: Registry, name: str, page: int = 1) -> Page:
         rows = [
             _shown(r)
             for r in conn.execute(
-                sa.select(_V)
+                # Each version with its source: the checkpoint's trial, steps and metrics.
+                sa.select(
+                    _V,
+                    _C.c.trial_id,
+                    _C.c.experiment_id,
+                    _C.c.steps_completed,
+                    _C.c.metrics.label("checkpoint_metrics"),
+                )
+                .outerjoin(_C, _C.c.uuid == _V.c.checkpoint_uuid)
                 .where(*where)
                 .order_by(_V.c.version.desc())
                 .limit(PAGE_SIZE)

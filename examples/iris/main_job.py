@@ -110,7 +110,7 @@ def run(args: argparse.Namespace, workdir: str) -> None:
     if first["epochs_run"] >= args.epochs:
         raise StepFailed(f"training finished before the interruption: {first}")
     print(
-        f"      stopped after {first['epochs_run']} epochs, {first['steps_completed']} steps; "
+        f"      stopped in epoch {first['epochs_run']} at step {first['steps_completed']}; "
         f"checkpoint {first['checkpoint']}",
         flush=True,
     )
@@ -124,10 +124,13 @@ def run(args: argparse.Namespace, workdir: str) -> None:
     second = _summary(done.stdout, "resumed run")
     if not second["resumed"] or second["steps_completed"] <= first["steps_completed"]:
         raise StepFailed(f"the second run did not resume: {second}")
+    if second["first_epoch"] + second["epochs_run"] - 1 != args.epochs:
+        raise StepFailed(f"the resumed run did not train to epoch {args.epochs}: {second}")
     print(
-        f"      resumed and trained {second['epochs_run']} more epochs to "
-        f"{second['steps_completed']} steps; val_accuracy {second['val_accuracy']:.3f}; "
-        f"final checkpoint {second['checkpoint']}",
+        f"      resumed at step {first['steps_completed']} in epoch {second['first_epoch']} "
+        f"and trained {second['epochs_run']} more epochs (epochs {second['first_epoch']}-"
+        f"{args.epochs}) to {second['steps_completed']} steps; "
+        f"val_accuracy {second['val_accuracy']:.3f}; final checkpoint {second['checkpoint']}",
         flush=True,
     )
 

@@ -78,6 +78,21 @@ class StepDelay(keras.callbacks.Callback):
         time.sleep(self.seconds)
 
 
+class EpochsRun(keras.callbacks.Callback):
+    """Counts the epochs this process trains. ``fit()``'s History cannot: DeterminedCallback
+    restores it on resume (it is a stateful callback), so it spans every run of the trial."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_epoch: int | None = None
+        self.epochs = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.first_epoch is None:
+            self.first_epoch = epoch + 1  # 1-based, as Keras prints epochs
+        self.epochs += 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Train the Iris model with ckptstore.")
     parser.add_argument("--storage", default=None, help="checkpoint storage URL or folder")
@@ -109,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             continue_id=info.trial.trial_id,
             checkpoint_epochs=1,
         )
-        callbacks: list = [det_cb]
+        counter = EpochsRun()
+        callbacks: list = [det_cb, counter]
         if args.tensorboard:
             callbacks.append(det.keras.TensorBoard(core_context))
         if args.step_delay > 0:
@@ -128,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
             "trial_id": info.trial.trial_id,
             "checkpoint": det_cb.last_checkpoint,
             "resumed": det_cb.resumed,
-            "epochs_run": len(history.history.get("loss", [])),
+            # Epochs begun here: a resumed run first finishes the epoch a preemption cut.
+            "epochs_run": counter.epochs,
+            "first_epoch": counter.first_epoch,
+            "epochs_total": len(history.history.get("loss", [])),
             "steps_completed": det_cb.steps_completed,
             "preempted": core_context.preempt.acknowledged,
             "val_accuracy": val[-1],

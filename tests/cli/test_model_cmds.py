@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import getpass
+
 import pytest
 
 from ckptstore import errors
@@ -38,6 +40,10 @@ def test_model_lifecycle(env, tmp_path):
     assert env.run("model", "set-alias", "mnist", "2", "production").exit_code == 0
     described = env.json("model", "describe", "mnist")
     assert [v["aliases"] for v in described["versions"]] == [[], ["production"]]
+    moves = [(m["alias"], m["version"], m["previous"]) for m in described["alias_history"]]
+    assert moves == [("production", 2, 1), ("production", 1, None)]
+    assert {m["moved_by"] for m in described["alias_history"]} == {getpass.getuser()}
+    assert "alias moves" in env.run("model", "describe", "mnist").stdout
 
 
 def test_model_errors(env):

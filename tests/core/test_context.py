@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,8 @@ import pytest
 import ckptstore
 from ckptstore import errors
 from ckptstore.core import init
+from ckptstore.core._heartbeat import HEARTBEAT_ENV
+from ckptstore.core._info import TRIAL_STATE_BY_ENV
 from ckptstore.core._train import to_jsonable
 from ckptstore.registry import Registry
 
@@ -139,18 +143,44 @@ def test_preemption_by_signal_and_handlers_restored(where):
         assert reg.get_trial(8).state == "PAUSED"
 
 
-def test_trial_state_on_error_and_completion(where):
+def test_trial_state_on_error_and_completion(where, monkeypatch):
+    """Script runs set their own state by default (ACTIVE on entry, then COMPLETED, PAUSED or
+    ERROR); a process started by the experiment runner leaves it to the runner."""
     storage, registry = where
     with pytest.raises(RuntimeError):
-        with init(storage=storage, registry=registry, trial_id=9, set_trial_state=True):
+        with init(storage=storage, registry=registry, trial_id=9):
             raise RuntimeError("boom")
-    with init(storage=storage, registry=registry, trial_id=10, set_trial_state=True):
+    with Registry(registry) as reg:
+        assert reg.get_trial(9).state == "ERROR"
+    with init(storage=storage, registry=registry, trial_id=9) as ctx:  # resumed: live again
+        assert ctx.registry.get_trial(9).state == "ACTIVE"
+        assert ctx.registry.get_trial(9).heartbeat_age() < 60
+    with pytest.raises(SystemExit):
+        with init(storage=storage, registry=registry, trial_id=10):
+            sys.exit(0)  # a clean end
+    with init(storage=storage, registry=registry, trial_id=11, set_trial_state=False):
         pass
-    with init(storage=storage, registry=registry, trial_id=11):
+    monkeypatch.setenv(TRIAL_STATE_BY_ENV, "ckptstore experiment")
+    with init(storage=storage, registry=registry, trial_id=12):
         pass
     with Registry(registry) as reg:
-        states = [reg.get_trial(t).state for t in (9, 10, 11)]
-    assert states == ["ERROR", "COMPLETED", "ACTIVE"]
+        trials = [reg.get_trial(t) for t in (9, 10, 11, 12)]
+    assert [t.state for t in trials] == ["COMPLETED", "COMPLETED", "ACTIVE", "ACTIVE"]
+    assert [t.status for t in trials] == ["COMPLETED", "COMPLETED", "ACTIVE", "ACTIVE"]
+    assert all(t.heartbeat_at is not None for t in trials)  # runner trials beat too
+
+
+def test_heartbeat_is_recorded_while_the_context_is_open(where, monkeypatch):
+    storage, registry = where
+    monkeypatch.setenv(HEARTBEAT_ENV, "0.1")
+    with init(storage=storage, registry=registry, trial_id=13) as ctx:
+        first = ctx.registry.get_trial(13).heartbeat_at
+        deadline = time.monotonic() + 20
+        while ctx.registry.get_trial(13).heartbeat_at == first:
+            assert time.monotonic() < deadline, "no second heartbeat within 20 s"
+            time.sleep(0.05)
+        thread = ctx._heartbeat._thread
+    assert not thread.is_alive()  # stopped on exit, before the registry closed
 
 
 def test_background_upload_failure_is_raised_on_exit(where, tmp_path, s3_server):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import getpass
+
 import pytest
 
 from ckptstore import errors
@@ -105,6 +107,26 @@ def test_aliases_unique_per_model(seeded):
     with pytest.raises(errors.ModelNotFound):
         model.set_alias(9, "x")
     assert model.get_version("2").version == 2  # a numeric string means the number
+    # Every move is recorded, newest first: who (default: the OS user), from which version.
+    model.set_alias(1, "production", by="release bot")
+    moves = [
+        (m["alias"], m["version"], m["previous"], m["moved_by"]) for m in model.alias_history()
+    ]
+    user = getpass.getuser()
+    assert moves == [
+        ("production", 1, None, "release bot"),
+        ("production", None, 2, user),  # removed
+        ("staging", 2, None, user),
+        ("production", 2, 1, user),
+        ("production", 1, None, user),
+    ]
+    assert [m["alias"] for m in model.alias_history("staging")] == ["staging"]
+    assert len(model.alias_history(limit=2)) == 2
+    assert [m["moved_by"] for m in other.alias_history()] == [user]  # per model
+    assert model.alias_history()[0]["moved_at"].tzinfo is not None
+    model.delete()
+    again = seeded.create_model("m")
+    assert again.alias_history() == []  # a deleted model takes its history with it
 
 
 def test_labels_description_metadata_notes(seeded):

@@ -9,6 +9,7 @@ import pytest
 from ckptstore import errors
 from ckptstore.checkpointing.index import CheckpointIndex, CheckpointRecord
 from ckptstore.registry import Checkpoint, Registry
+from ckptstore.registry.entities import LOST, LOST_AFTER_SECONDS, trial_status
 
 
 @pytest.fixture
@@ -260,3 +261,13 @@ def test_lookup_metric_forms():
     assert lookup_metric({"val_loss": float("nan")}, "val_loss") is None
     assert lookup_metric({"val_loss": "0.1"}, "val_loss") is None
     assert lookup_metric({}, "val_loss") is None
+
+
+def test_trial_status_is_lost_only_for_an_active_trial_without_recent_heartbeats():
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    old = now - dt.timedelta(seconds=LOST_AFTER_SECONDS + 1)
+    recent = now - dt.timedelta(seconds=LOST_AFTER_SECONDS - 1)
+    assert trial_status("ACTIVE", old, now) == LOST
+    assert trial_status("ACTIVE", recent, now) == "ACTIVE"
+    assert trial_status("ACTIVE", None, now) == "ACTIVE"  # no heartbeat yet says nothing
+    assert trial_status("COMPLETED", old, now) == "COMPLETED"

@@ -4,14 +4,25 @@ and a Starlette TestClient over the app."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import uvicorn
+from playwright.sync_api import Browser, Page, sync_playwright
 from starlette.testclient import TestClient
 
 from ckptstore.ui.app import create_app
 from ckptstore.ui.settings import UiSettings
+from tests._helpers.ports import free_port
 from tests.cli.helpers import Env, make_env
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+REPO = Path(__file__).resolve().parents[2]
 
 #: (state, learning_rate, best val_loss) of the search's trials; the order of best values is
 #: deliberately not the order of ids, so sorting is visible.
@@ -94,3 +105,71 @@ def shared_ui_env(tmp_path_factory) -> UiEnv:
 def client(ui_env: UiEnv) -> Iterator[TestClient]:
     with TestClient(create_app(ui_env.settings())) as test_client:
         yield test_client
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(
+            f"Chromium is missing at {CHROMIUM}; scripts/install_test_servers.sh installs it"
+        )
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1100, "height": 760}, accept_downloads=True)
+    opened = context.new_page()
+    yield opened
+    context.close()
+
+
+class LiveServer:
+    """uvicorn serving the UI on a free 127.0.0.1 port from a thread of this process."""
+
+    def __init__(self, settings: UiSettings) -> None:
+        self.port = free_port()
+        config = uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the UI server did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def shots_folder(tmp_path: Path) -> Path:
+    folder = Path(os.environ.get("CKPTSTORE_UI_SCREENSHOTS") or tmp_path / "shots")
+    if not folder.is_absolute():
+        folder = REPO / folder
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def screenshot(page: Page, folder: Path, name: str, full_page: bool = False) -> None:
+    """A screenshot named ``ui-<name>.png``, reduced to a 64-colour palette so the PNG stays
+    small (the docs keep them under docs/images with CKPTSTORE_UI_SCREENSHOTS=docs/images)."""
+    from PIL import Image
+
+    path = folder / f"ui-{name}.png"
+    page.screenshot(path=str(path), full_page=full_page)
+    with Image.open(path) as image:
+        image.convert("RGB").quantize(colors=64).save(path, optimize=True)
+    assert path.stat().st_size > 1000

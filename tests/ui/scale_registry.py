@@ -52,8 +52,10 @@ def build_scale_registry(
     metric_rows_per_trial: int = 20,
     models: int = 20,
     seed: int = 0,
+    script_runs: int = 0,
 ) -> dict[str, int]:
-    """Fill the (new, empty) registry at ``url``; returns the row counts written."""
+    """Fill the (new, empty) registry at ``url``; returns the row counts written.
+    ``script_runs`` more trials belong to no experiment (what ``/`` lists)."""
     Registry(url).close()  # create / migrate the schema
     rng = random.Random(seed)
     engine = sa.create_engine(url)
@@ -63,19 +65,22 @@ def build_scale_registry(
     big = trials - small * per_small
     experiments, trial_rows, ckpt_rows, metric_rows = [], [], [], []
     trial_id = 0
-    for exp_id in range(1, small + 2):
-        n = big if exp_id == 1 else per_small
-        experiments.append(
-            {
-                "id": exp_id,
-                "name": f"search-{exp_id}",
-                "config": _config(f"search-{exp_id}", n),
-                "description": None,
-                "state": "COMPLETED" if exp_id > 1 else "ACTIVE",
-                "created_at": now,
-                "updated_at": now,
-            }
-        )
+    plan: list[tuple[int | None, int]] = [
+        (exp_id, big if exp_id == 1 else per_small) for exp_id in range(1, small + 2)
+    ]
+    for exp_id, n in plan + [(None, script_runs)]:
+        if exp_id is not None:
+            experiments.append(
+                {
+                    "id": exp_id,
+                    "name": f"search-{exp_id}",
+                    "config": _config(f"search-{exp_id}", n),
+                    "description": None,
+                    "state": "COMPLETED" if exp_id > 1 else "ACTIVE",
+                    "created_at": now,
+                    "updated_at": now,
+                }
+            )
         for _ in range(n):
             trial_id += 1
             lr = 10 ** rng.uniform(-4, -1)

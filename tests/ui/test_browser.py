@@ -9,104 +9,26 @@ server on 127.0.0.1.
 - a checkpoint downloaded from the page verifies against its manifest.
 
 Screenshots of the main pages are taken on the way (into ``$CKPTSTORE_UI_SCREENSHOTS`` when
-set, e.g. ``docs/ui`` for the README, else into the test's temporary folder).
+set, e.g. ``docs/images`` for the docs, else into the test's temporary folder).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
-import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-import uvicorn
 from click.testing import CliRunner
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from ckptstore.checkpointing import format as ckpt_format
 from ckptstore.cli.main import cli
 from ckptstore.registry import Registry
-from ckptstore.ui.app import create_app
 from ckptstore.ui.settings import UiSettings
-from tests._helpers.ports import free_port
-from tests.ui.conftest import TRIALS, UiEnv
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(
-            f"Chromium is missing at {CHROMIUM}; scripts/install_test_servers.sh installs it"
-        )
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1100, "height": 760}, accept_downloads=True)
-    opened = context.new_page()
-    yield opened
-    context.close()
-
-
-class LiveServer:
-    """uvicorn serving the UI on a free 127.0.0.1 port from a thread of this process."""
-
-    def __init__(self, settings: UiSettings) -> None:
-        self.port = free_port()
-        config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> LiveServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "the UI server did not start"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
-def _shots(tmp_path: Path) -> Path:
-    folder = Path(os.environ.get("CKPTSTORE_UI_SCREENSHOTS") or tmp_path / "shots")
-    if not folder.is_absolute():
-        folder = REPO / folder
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def _screenshot(page: Page, folder: Path, name: str, full_page: bool = False) -> None:
-    """A screenshot, reduced to a 64-colour palette so the PNG stays small."""
-    from PIL import Image
-
-    path = folder / f"{name}.png"
-    page.screenshot(path=str(path), full_page=full_page)
-    with Image.open(path) as image:
-        image.convert("RGB").quantize(colors=64).save(path, optimize=True)
-    assert path.stat().st_size > 1000
+from tests.ui.conftest import REPO, TRIALS, LiveServer, UiEnv, screenshot, shots_folder
 
 
 def _polyline_points(page: Page, series: str) -> int:
@@ -176,7 +98,7 @@ def test_running_trial_page_updates_without_reload(page, postgres_url_factory, t
                 60,
                 "another validation point",
             )
-            _screenshot(page, _shots(tmp_path), "trial", full_page=True)
+            screenshot(page, shots_folder(tmp_path), "trial", full_page=True)
             output = training.communicate(timeout=180)[0].decode(errors="replace")
             assert training.returncode == 0, output[-3000:]
         finally:
@@ -207,11 +129,11 @@ def _row_ids(page: Page) -> list[int]:
 
 
 def test_experiment_page_sorts_filters_and_model_alias_and_download(page, ui_env: UiEnv, tmp_path):
-    shots = _shots(tmp_path)
+    shots = shots_folder(tmp_path)
     best = {t: b for t, (_s, _lr, b) in zip(ui_env.trial_ids, TRIALS, strict=True)}
     with LiveServer(ui_env.settings()) as server:
         page.goto(f"{server.url}/experiments")
-        _screenshot(page, shots, "experiments")
+        screenshot(page, shots, "experiments")
         page.click(f"#experiments a[href='/experiments/{ui_env.experiment_id}']")
 
         # Sort by the best searcher metric, then reverse it, by clicking the column header.
@@ -233,7 +155,7 @@ def test_experiment_page_sorts_filters_and_model_alias_and_download(page, ui_env
         ]
         assert _row_ids(page) == sorted(expected, key=best.get, reverse=True)
         page.goto(f"{server.url}/experiments/{ui_env.experiment_id}")
-        _screenshot(page, shots, "experiment")
+        screenshot(page, shots, "experiment")
 
         # Set an alias in the model page; the CLI then shows it.
         page.goto(f"{server.url}/models/mnist-cnn")
@@ -243,7 +165,7 @@ def test_experiment_page_sorts_filters_and_model_alias_and_download(page, ui_env
         expect(page.locator("tr.version-row[data-version='2'] .aliases")).to_contain_text(
             "production"
         )
-        _screenshot(page, shots, "model")
+        screenshot(page, shots, "model")
         result = CliRunner().invoke(
             cli,
             [
@@ -267,7 +189,7 @@ def test_experiment_page_sorts_filters_and_model_alias_and_download(page, ui_env
         page.goto(f"{server.url}/checkpoints/{uuid}")
         page.click("#verify")
         expect(page.locator("#verify-result")).to_contain_text("Verified")
-        _screenshot(page, shots, "checkpoint")
+        screenshot(page, shots, "checkpoint")
         with page.expect_download() as info:
             page.click("#download")
         archive = tmp_path / "download.tar"

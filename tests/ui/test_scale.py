@@ -1,4 +1,4 @@
-"""The UI over a registry of 1,000 trials and 100,000 checkpoints (built with bulk SQL
+"""The UI over a registry of 1,000 trials in experiments and 100 script runs, 110,000 checkpoints (built with bulk SQL
 inserts): every page answers with one page of rows, and the SQL sort/filter agrees with the
 same rule computed in Python. Render times are measured by benchmarks/ui_pages.py, not here."""
 
@@ -23,8 +23,8 @@ pytestmark = pytest.mark.e2e  # builds a registry of 100,000 checkpoints
 def scale(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ui-scale")
     url = f"sqlite:///{folder / 'registry.db'}"
-    counts = build_scale_registry(url)
-    assert counts["trials"] == 1000 and counts["checkpoints"] == 100_000
+    counts = build_scale_registry(url, script_runs=100)
+    assert counts["trials"] == 1100 and counts["checkpoints"] == 110_000
     settings = UiSettings(
         registry_url=url, storage_url=str(folder / "store"), allowed_hosts=("testserver",)
     )
@@ -53,7 +53,9 @@ def test_every_page_answers_with_one_page_of_rows(scale):
     with Registry(url) as registry:
         uuid = registry.list_checkpoints(trial_id=1, states=("COMMITTED",))[0].uuid
     for path, rows in (
+        ("/", r'class="run-row"'),
         ("/experiments", r'href="/experiments/\d+"'),
+        ("/experiments/1?compare=1&compare=2&compare=3", r'class="trial-row"'),
         ("/experiments/1", r'class="trial-row"'),
         ("/experiments/1?sort=checkpoints&page=10", r'class="trial-row"'),
         ("/trials/1?all=1", r'class="ckpt-row"'),
@@ -65,7 +67,8 @@ def test_every_page_answers_with_one_page_of_rows(scale):
         assert 0 < len(re.findall(rows, response.text)) <= PAGE_SIZE, path
     for path in (f"/checkpoints/{uuid}", "/models/model-001", "/trials/1/live", "/trials/1/stamp"):
         assert client.get(path).status_code == 200, path
-    assert "of 2000 (100000 rows)" in client.get("/checkpoints").text
+    assert "of 2200 (110000 rows)" in client.get("/checkpoints").text
+    assert "of 2 (100 rows)" in client.get("/").text
     assert "of 18 (900 rows)" in client.get("/experiments/1").text
 
 

@@ -98,6 +98,7 @@ def run_trial() -> int:
                 experiment_id=experiment_id,
                 hparams=hparams,
                 checkpoint_gc=gc,
+                set_trial_state=False,  # set below, from the controller's result
             ) as core_context:
                 result = TrialController(
                     trial_class,

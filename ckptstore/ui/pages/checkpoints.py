@@ -27,6 +27,8 @@ from ckptstore.ui.archive import checkpoint_tar
 from ckptstore.ui.context import UiContext, safe_config, safe_url
 from ckptstore.ui.pages.params import CHECKPOINT_STATES, choice_param, int_param
 from ckptstore.ui.security import checked_form, form_text
+from ckptstore.ui.sharing import shared_with
+from ckptstore.ui.signature import signature_status
 
 LIVE = ("COMMITTED", "PARTIALLY_DELETED")
 
@@ -69,6 +71,8 @@ def checkpoint_page(
         request,
         "checkpoint.html",
         ckpt=ckpt,
+        lineage=_lineage(ui, ckpt, manifest),
+        signature=signature_status(ui.storage_for(ckpt), uuid) if manifest else None,
         storage=safe_url(ckpt.storage_url),
         metadata=safe_config(ckpt.metadata),
         metrics=shown_metrics(ckpt.metrics),
@@ -78,6 +82,28 @@ def checkpoint_page(
         models=models,
         verified=verified,
     )
+
+
+def _lineage(ui: UiContext, ckpt: Checkpoint, manifest: dict[str, Any] | None) -> dict[str, Any]:
+    """The checkpoint this run resumed from (metadata ``resumed_from``, linked only when it is
+    a well-formed UUID), the trial's previous checkpoint and the bytes shared with it."""
+    resumed_from = (ckpt.metadata or {}).get("resumed_from")
+    try:
+        ckpt_format.check_storage_id(resumed_from)
+    except (errors.CkptstoreError, TypeError):
+        resumed_from = None
+    previous, sharing = None, None
+    if ckpt.trial_id is not None:
+        previous = queries.previous_checkpoint(
+            ui.registry, ckpt.trial_id, ckpt.steps_completed, ckpt.uuid
+        )
+    if previous is not None and manifest is not None:
+        try:
+            before = _manifest(ui, ui.registry.get_checkpoint(previous))
+            sharing = shared_with(manifest, before)
+        except errors.CkptstoreError as exc:  # the previous one is damaged: say so, go on
+            sharing = str(exc)
+    return {"resumed_from": resumed_from, "previous": previous, "sharing": sharing}
 
 
 async def verify(ui: UiContext, request: Request, uuid: str) -> Response:

@@ -11,10 +11,14 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from ckptstore import errors
+from ckptstore.reports.views import shown_metrics
 from ckptstore.ui import queries
 from ckptstore.ui.context import UiContext, safe_config
 from ckptstore.ui.pages.params import int_param
 from ckptstore.ui.security import checked_form, form_text
+
+#: Alias moves shown on a model's page, newest first.
+ALIAS_HISTORY_ROWS = 50
 
 
 def models_list(ui: UiContext, request: Request) -> Response:
@@ -25,13 +29,22 @@ def models_list(ui: UiContext, request: Request) -> Response:
 def model_page(ui: UiContext, request: Request, name: str) -> Response:
     model = ui.registry.get_model(name)
     versions = queries.model_versions_page(ui.registry, name, int_param(request, "page", 1))
+    for row in versions.rows:
+        row["shown_metrics"] = shown_metrics(row.get("checkpoint_metrics"))
     return ui.render(
         request,
         "model.html",
         model=model,
         metadata=safe_config(model.metadata),
         versions=versions,
+        alias_history=safe_config(model.alias_history(limit=ALIAS_HISTORY_ROWS)),
     )
+
+
+def _who(request: Request) -> str:
+    """How an alias move made in the page is recorded: the UI and the browser's address."""
+    host = request.client.host if request.client else "unknown"
+    return f"ckptstore ui ({host})"
 
 
 def _version(form_value: str) -> int:
@@ -52,7 +65,9 @@ async def model_action(ui: UiContext, request: Request, action: str) -> Response
         model = ui.registry.get_model(name)
         if action == "alias":
             model.set_alias(
-                _version(form_text(form, "version")), form_text(form, "alias", limit=128)
+                _version(form_text(form, "version")),
+                form_text(form, "alias", limit=128),
+                by=_who(request),
             )
         elif action == "label":
             model.add_labels(form_text(form, "label", limit=256))

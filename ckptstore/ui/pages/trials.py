@@ -11,11 +11,11 @@ from starlette.responses import JSONResponse, Response
 
 from ckptstore import defaults, errors, masking
 from ckptstore.registry import Trial
-from ckptstore.reports.data import metric_series
+from ckptstore.reports.data import X_AXES, metric_series
 from ckptstore.reports.views import flat_metrics
 from ckptstore.ui import charts, kept, queries
 from ckptstore.ui.context import UiContext, safe_config, safe_url
-from ckptstore.ui.pages.params import CHECKPOINT_STATES, int_param
+from ckptstore.ui.pages.params import CHECKPOINT_STATES, choice_param, int_param
 
 #: Bytes of a trial's log shown on its page (the end of the newest log file).
 LOG_TAIL_BYTES = 64 * 1024
@@ -35,7 +35,10 @@ def _options(request: Request, available: list[str]) -> charts.CurveOptions:
             f"Query parameter 'smooth' must be a number in [0, 0.99]. Received: {raw!r}"
         )
     return charts.CurveOptions(
-        metrics=chosen or None, log_y=request.query_params.get("log") == "1", smoothing=smoothing
+        metrics=chosen or None,
+        log_y=request.query_params.get("log") == "1",
+        smoothing=smoothing,
+        x=choice_param(request, "x", X_AXES) or "batches",
     )
 
 
@@ -64,7 +67,8 @@ def _live_context(ui: UiContext, request: Request, trial: Trial) -> dict[str, An
     config = None
     if trial.experiment_id is not None:
         config = ui.registry.get_experiment(trial.experiment_id).config
-    series = metric_series(ui.registry, trial.id)
+    x = choice_param(request, "x", X_AXES) or "batches"
+    series = metric_series(ui.registry, trial.id, x=x)
     options = _options(request, list(series))
     show_all = request.query_params.get("all") == "1"
     page = queries.trial_checkpoints(
@@ -84,6 +88,9 @@ def _live_context(ui: UiContext, request: Request, trial: Trial) -> dict[str, An
         "checkpoints": page,
         "checkpoint_rows": _checkpoint_rows(ui, trial, config, page),
         "show_all": show_all,
+        "x_axes": X_AXES,
+        "live": trial.status == "ACTIVE",  # only a trial whose process is alive polls
+        "heartbeat_age": trial.heartbeat_age(),
     }
 
 
