@@ -387,8 +387,21 @@ class TFKerasTrialContext:
 
     def get_global_batch_size(self) -> int:
         """The ``global_batch_size`` hyperparameter: records per batch across all workers."""
-        value = self.get_hparam("global_batch_size")
-        return int_at_least("global_batch_size", value, 1, hint=" (a hyperparameter).")
+        # Determined raises InvalidExperimentException for both a missing and a bad value.
+        if "global_batch_size" not in self._hparams:
+            raise errors.InvalidExperimentException(
+                "A TFKerasTrial needs an integer `global_batch_size` hyperparameter; add e.g. "
+                "`global_batch_size: 32` under `hyperparameters` in the experiment config. "
+                f"Received: hyperparameters {sorted(self._hparams)!r}."
+            )
+        value = self._hparams["global_batch_size"]
+        return int_at_least(
+            "global_batch_size",
+            value,
+            1,
+            error=errors.InvalidExperimentException,
+            hint=" (a hyperparameter).",
+        )
 
     def get_per_slot_batch_size(self) -> int:
         """``global_batch_size`` divided by the number of workers (slots)."""

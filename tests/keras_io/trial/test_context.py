@@ -59,6 +59,13 @@ def test_env_keeps_assigned_cluster_fields_and_agrees_with_the_context():
 def test_bad_global_batch_size():
     with pytest.raises(errors.InvalidConfig, match="global_batch_size='8'"):
         TFKerasTrialContext({"global_batch_size": "8"}).get_global_batch_size()
+    # Determined's exception for both cases, reachable as det.errors.InvalidExperimentException.
+    import ckptstore as det
+
+    with pytest.raises(det.errors.InvalidExperimentException, match=r"Received: .*\['lr'\]"):
+        TFKerasTrialContext({"lr": 0.1}).get_global_batch_size()
+    with pytest.raises(det.errors.InvalidExperimentException, match="global_batch_size=0"):
+        TFKerasTrialContext({"global_batch_size": 0}).get_per_slot_batch_size()
 
 
 def test_wrap_dataset_shards_with_several_workers():
