@@ -161,7 +161,9 @@ def _training_json(model: KerasModel) -> str | None:
         meta = saving_utils.model_metadata(model, include_optimizer=True, require_config=False)
         training = meta.get("training_config")
         return json.dumps(training, default=json_utils.get_json_type) if training else None
-    except (NotImplementedError, TypeError, ValueError) as exc:
+    except (AttributeError, NotImplementedError, TypeError, ValueError) as exc:
+        # Best effort, as for model_config.json: a model whose compile arguments do not
+        # serialize still checkpoints and resumes; it only loads uncompiled.
         logger.info(
             "Compile arguments not serializable (%s); %s not written", exc, TRAINING_CONFIG_FILENAME
         )
