@@ -137,6 +137,23 @@ class InvalidConfig(CkptstoreError, ValueError):
     """An experiment config, hyperparameter or API argument is invalid."""
 
 
+class InvalidExperimentException(InvalidConfig):
+    """Determined's ``det.errors.InvalidExperimentException``: the experiment cannot train as
+    configured; raised where Determined raises it (a TFKerasTrial's ``global_batch_size``
+    hyperparameter missing or not a positive int).
+
+    A subclass of :class:`InvalidConfig`, so ``except InvalidConfig`` keeps catching it (in
+    Determined it derives from ``BaseException``; ``except Exception`` catches it here).
+
+    Example::
+
+        try:
+            context.get_global_batch_size()
+        except det.errors.InvalidExperimentException as exc:
+            print(exc)   # ... Received: hyperparameters without 'global_batch_size' ...
+    """
+
+
 class ExperimentNotCompleted(CkptstoreError):
     """An experiment run ended without completing: a trial failed, or it was interrupted."""
 

@@ -6,7 +6,7 @@ Run it with the Python of a side virtualenv that has the real wheel (never the p
     /tmp/detvenv/bin/python scripts/determined_api_snapshot.py > tests/compat/determined_0_38_1_api.json
 
 Modules that import without TensorFlow (``determined``, ``determined.core``,
-``determined.experimental``, ``determined.experimental.client``) are read with ``inspect``.
+``determined.experimental``, ``determined.experimental.client``, ``determined.errors``) are read with ``inspect``.
 ``determined.keras`` needs ``tf.keras`` (Keras 2), which is not installable next to Keras 3, so
 its source files are parsed with ``ast`` instead: the names its ``__init__.py`` imports, each
 class's methods, properties and constructor, following base classes defined in Determined.
@@ -43,6 +43,7 @@ INSPECTED = (
     "determined.core",
     "determined.experimental",
     "determined.experimental.client",
+    "determined.errors",
 )
 #: Modules read from source: module name -> file (relative to the determined package).
 PARSED = {

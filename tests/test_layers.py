@@ -102,7 +102,7 @@ MAX_BODY_LINES = 80
 #: their sizes when listed. Each may only shrink; one within the limit must leave the list (the
 #: test says so), so the list empties as the modules are split.
 OVERSIZED_MODULES = {
-    "ckptstore/experimental/_objects.py": 928,
+    "ckptstore/experimental/_objects.py": 916,
     "ckptstore/import_determined/weights.py": 816,
 }
 LONG_FUNCTIONS = {

@@ -82,8 +82,13 @@ _LAUNCHED_CLASS = re.compile(
 )
 
 
-def _fail(key: str, problem: str, fix: str) -> errors.InvalidConfig:
-    return errors.InvalidConfig(f"Invalid experiment config at `{key}`: {problem}. {fix}")
+def _fail(
+    key: str,
+    problem: str,
+    fix: str,
+    error: type[errors.InvalidConfig] = errors.InvalidConfig,
+) -> errors.InvalidConfig:
+    return error(f"Invalid experiment config at `{key}`: {problem}. {fix}")
 
 
 # ---- lengths ----------------------------------------------------------------------------------
@@ -495,6 +500,7 @@ def _check_batch_size(hparams: list[Hyperparameter]) -> None:
             "hyperparameters.global_batch_size",
             "missing; a TFKerasTrial needs it to batch data and count records",
             "Add e.g. `global_batch_size: 32` under `hyperparameters`.",
+            errors.InvalidExperimentException,  # Determined's error for this case
         )
     values = gbs.grid_values() if gbs.type in ("const", "categorical") else [gbs.minval]
     if gbs.type in ("double", "log") or not all(is_int(v) and v > 0 for v in values):
@@ -502,6 +508,7 @@ def _check_batch_size(hparams: list[Hyperparameter]) -> None:
             "hyperparameters.global_batch_size",
             f"must be a positive integer, received {values!r}",
             "Set e.g. `global_batch_size: 32`.",
+            errors.InvalidExperimentException,
         )
 
 

@@ -4,7 +4,6 @@
 Example::
 
     from ckptstore.experimental import client
-from ckptstore.experimental._native import test_one_batch
 
     client.get_checkpoint(uuid).download("/tmp/ckpt")
 """
@@ -12,6 +11,7 @@ from ckptstore.experimental._native import test_one_batch
 from __future__ import annotations
 
 from ckptstore.experimental import client
+from ckptstore.experimental._determined import Determined
 from ckptstore.experimental._native import test_one_batch
 from ckptstore.experimental.client import (
     Checkpoint,
@@ -32,6 +32,7 @@ TrialReference = Trial
 
 __all__ = [
     "Checkpoint",
+    "Determined",
     "Experiment",
     "ExperimentReference",
     "Model",

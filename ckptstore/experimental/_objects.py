@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ckptstore import errors
 from ckptstore.core._not_supported import not_supported, refuses
 from ckptstore.experimental._session import Session, check_path
+from ckptstore.experimental._training import CheckpointTrainingMetadata
 
 if TYPE_CHECKING:
     from ckptstore.registry import entities
@@ -247,19 +248,6 @@ def iter_metrics(
 
 
 # ---- checkpoints --------------------------------------------------------------------------------
-class CheckpointTrainingMetadata:
-    """``Checkpoint.training``: where a checkpoint came from and its metrics."""
-
-    def __init__(self, row: entities.Checkpoint) -> None:
-        self.trial_id = row.trial_id
-        self.experiment_id = row.experiment_id
-        self.experiment_config: dict[str, Any] = {}
-        self.hparams: dict[str, Any] = {}
-        self.training_metrics: dict[str, Any] = {}
-        self.validation_metrics: dict[str, Any] = dict(row.metrics or {})
-        self.searcher_metric: float | None = None
-
-
 class Checkpoint:
     """A checkpoint in the registry (Determined's ``client.Checkpoint``).
 

@@ -27,8 +27,8 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ckptstore import errors
 from ckptstore.core._not_supported import not_supported
+from ckptstore.experimental._determined import Determined
 from ckptstore.experimental._objects import (
     Checkpoint,
     CheckpointOrderBy,
@@ -48,8 +48,6 @@ from ckptstore.experimental._objects import (
     TrialSortBy,
     TrialState,
     ValidationMetrics,
-    iter_metrics,
-    sort_rows,
 )
 from ckptstore.experimental._session import Session, default_session, set_default_session
 
@@ -94,23 +92,24 @@ def logout() -> None:
     """Accepted and ignored (see :func:`login`)."""
 
 
-def _session() -> Session:
-    return default_session()
+def _sdk() -> Determined:
+    # The process-wide session, read at each call so configure() applies to later calls.
+    return Determined._over(default_session())
 
 
 def get_checkpoint(uuid: str) -> Checkpoint:
-    """The checkpoint with this UUID; :class:`~ckptstore.errors.CheckpointNotFound` if none."""
-    return Checkpoint(_session(), uuid)
+    """The checkpoint with this UUID (:meth:`Determined.get_checkpoint`)."""
+    return _sdk().get_checkpoint(uuid)
 
 
 def get_trial(trial_id: int) -> Trial:
-    """The trial; :class:`~ckptstore.errors.TrialNotFound` if none."""
-    return Trial(trial_id, _session())
+    """The trial (:meth:`Determined.get_trial`)."""
+    return _sdk().get_trial(trial_id)
 
 
 def get_experiment(experiment_id: int) -> Experiment:
-    """The experiment; :class:`~ckptstore.errors.ExperimentNotFound` if none."""
-    return Experiment(experiment_id, _session())
+    """The experiment (:meth:`Determined.get_experiment`)."""
+    return _sdk().get_experiment(experiment_id)
 
 
 def list_experiments(
@@ -123,47 +122,27 @@ def list_experiments(
     name: str | None = None,
     project_id: int | None = None,
 ) -> list[Experiment]:
-    """Experiments, filtered by ids, labels, states or name (users and projects do not exist
-    here and must be None)."""
-    if users is not None or project_id is not None:
-        raise errors.NotSupported(
-            "list_experiments(users=..., project_id=...) filters by master-side users and "
-            "projects, which ckptstore does not have; filter by name, labels or states instead."
-        )
-    found = []
-    for row in _session().registry().list_experiments():
-        if experiment_ids is not None and row.id not in experiment_ids:
-            continue
-        if name is not None and name not in (row.name or ""):
-            continue
-        exp = Experiment(row.id, _session())
-        if labels is not None and not set(labels) & set(exp.labels):
-            continue
-        if states is not None and exp.state not in states:
-            continue
-        found.append(exp)
-    if order_by is not None and order_by.value == OrderBy.DESCENDING.value:
-        found.reverse()
-    return found
+    """Experiments, filtered (:meth:`Determined.list_experiments`)."""
+    return _sdk().list_experiments(
+        sort_by, order_by, experiment_ids, labels, users, states, name, project_id
+    )
 
 
 def create_model(
     name: str, description: str | None = "", metadata: dict[str, Any] | None = None
 ) -> Model:
-    """Register a new model; :class:`~ckptstore.errors.ModelVersionConflict` if the name is
-    taken."""
-    _session().registry().create_model(name, description or "", metadata=metadata)
-    return Model(_session(), name)
+    """Register a new model (:meth:`Determined.create_model`)."""
+    return _sdk().create_model(name, description, metadata)
 
 
 def get_model(identifier: str | int) -> Model:
     """The registered model named ``identifier``."""
-    return Model(_session(), str(identifier))
+    return _sdk().get_model(identifier)
 
 
 def get_model_by_id(model_id: int) -> Model:
     """Models are identified by name here; ``model_id`` is the name (as ``Model.model_id``)."""
-    return get_model(model_id)
+    return _sdk().get_model_by_id(model_id)
 
 
 def list_models(
@@ -176,25 +155,9 @@ def list_models(
     workspace_ids: list[int] | None = None,
 ) -> list[Model]:
     """Registered models (not archived), filtered by name/description substrings."""
-    if workspace_names or workspace_ids:
-        raise errors.NotSupported(
-            "list_models(workspace_...) filters by master-side workspaces; filter by name."
-        )
-    keys = {
-        ModelSortBy.NAME: lambda m: m.name,
-        ModelSortBy.DESCRIPTION: lambda m: m.description,
-        ModelSortBy.CREATION_TIME: lambda m: m.created_at,
-        ModelSortBy.LAST_UPDATED_TIME: lambda m: m.updated_at,
-    }
-    rows = [
-        m
-        for m in _session().registry().list_models()
-        if (name is None or name in m.name)
-        and (description is None or description in m.description)
-        and (model_id is None or str(model_id) == m.name)
-    ]
-    rows = sort_rows(rows, sort_by, order_by, keys)
-    return [Model(_session(), m.name) for m in rows]
+    return _sdk().list_models(
+        sort_by, order_by, name, description, model_id, workspace_names, workspace_ids
+    )
 
 
 def get_models(
@@ -204,34 +167,30 @@ def get_models(
     description: str = "",
 ) -> list[Model]:
     """Determined's deprecated name for :func:`list_models`."""
-    return list_models(sort_by, order_by, name or None, description or None)
+    return _sdk().list_models(sort_by, order_by, name or None, description or None)
 
 
 def get_model_labels() -> list[str]:
     """Every label used by a registered model, most used first."""
-    counts: dict[str, int] = {}
-    for model in _session().registry().list_models(include_archived=True):
-        for label in model.labels:
-            counts[label] = counts.get(label, 0) + 1
-    return sorted(counts, key=lambda k: (-counts[k], k))
+    return _sdk().get_model_labels()
 
 
 def iter_trials_metrics(trial_ids: list[int], group: str) -> Iterator[TrialMetrics]:
     """Every ``group`` report of the trials, oldest first per trial."""
-    return iter_metrics(_session(), trial_ids, group)
+    return _sdk().iter_trials_metrics(trial_ids, group)
 
 
 def stream_trials_metrics(trial_ids: list[int], group: str) -> Iterator[TrialMetrics]:
     """Determined's deprecated name for :func:`iter_trials_metrics`."""
-    return iter_trials_metrics(trial_ids, group)
+    return _sdk().iter_trials_metrics(trial_ids, group)
 
 
 def stream_trials_training_metrics(trial_ids: list[int]) -> Iterator[TrialMetrics]:
-    return iter_trials_metrics(trial_ids, "training")
+    return _sdk().iter_trials_metrics(trial_ids, "training")
 
 
 def stream_trials_validation_metrics(trial_ids: list[int]) -> Iterator[TrialMetrics]:
-    return iter_trials_metrics(trial_ids, "validation")
+    return _sdk().iter_trials_metrics(trial_ids, "validation")
 
 
 create_experiment = not_supported(
@@ -258,6 +217,7 @@ __all__ = [
     "CheckpointOrderBy",
     "CheckpointSortBy",
     "CheckpointState",
+    "Determined",
     "DownloadMode",
     "Experiment",
     "ExperimentOrderBy",

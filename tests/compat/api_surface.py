@@ -65,14 +65,21 @@ OUT_OF_SCOPE: dict[str, str] = {
     "determined.core.ProfilerContext": "the profiler needs the master",
     "determined.keras.TFKerasTrialController": "harness internals (ckptstore's own controller runs TFKerasTrial)",
     "determined.keras.TFKerasTrainConfig": "harness internals",
-    "determined.experimental.Determined": "a master session object",
     "determined.experimental.Project": "master-side projects",
-    "determined.experimental.client.Determined": "a master session object",
     "determined.experimental.client.Oauth2ScimClient": "master-side user management",
     "determined.experimental.client.Project": "master-side projects",
     "determined.experimental.client.ResourcePool": "master-side resource pools",
     "determined.experimental.client.User": "master-side users",
     "determined.experimental.client.Workspace": "master-side workspaces",
+    "determined.errors.EnterpriseOnlyError": "master-side (Enterprise Edition) features",
+    "determined.errors.InternalException": "harness internals",
+    "determined.errors.MultipleDownloadsFailed": "master-proxied downloads",
+    "determined.errors.NoDirectStorageAccess": "master-proxied downloads",
+    "determined.errors.ProxiedDownloadFailed": "master-proxied downloads",
+    "determined.errors.SkipWorkloadException": "harness internals (workloads)",
+    "determined.errors.StopLoadingImplementation": "harness internals",
+    "determined.errors.WorkerError": "harness internals (worker processes)",
+    "determined.errors.WorkerFinishedGracefully": "harness internals (worker processes)",
 }
 #: Classes whose constructor is internal in Determined (users get them from core.init() or a
 #: client call), so only their members are compared.
@@ -431,6 +438,9 @@ def _module_of(name: str) -> str:
     return name.rsplit(".", 1)[0]
 
 
+#: Where the hand-written part of the page starts; ``--write`` keeps it.
+PROSE_HEADING = "\n## Round "
+
 _ROW = re.compile(r"^\| `(?P<name>[^`]+)` \|.*\| (?P<status>[a-z ]+) \| [^|]*\|$")
 
 
@@ -458,7 +468,10 @@ def main(argv: list[str] | None = None) -> int:
     text = render(rows)
     if args.write:
         DOC.parent.mkdir(parents=True, exist_ok=True)
-        DOC.write_text(text)
+        # Hand-written sections after the table ("## Round ..." headings) are kept.
+        old = DOC.read_text() if DOC.exists() else ""
+        kept = old.find(PROSE_HEADING)
+        DOC.write_text(text + ("\n" + old[kept:] if kept >= 0 else ""))
         print(f"wrote {DOC} ({len(rows)} rows)")
     else:
         sys.stdout.write(text)

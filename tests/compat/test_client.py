@@ -54,7 +54,11 @@ def written(local_and_s3_url: str, tmp_path) -> Iterator[dict]:
 def test_checkpoint_download_is_determineds_batch_inference_recipe(written):
     exp = client.get_experiment(written["experiment_id"])
     best = exp.top_checkpoint()  # by the config's searcher metric, smaller is better
-    assert best.training.validation_metrics["val_loss"] == 0.3
+    # Determined's shape (v1Metrics.to_json()): averages under avgMetrics.
+    assert best.training.validation_metrics == {
+        "avgMetrics": {"val_loss": 0.3},
+        "batchMetrics": None,
+    }
     assert best.state is client.CheckpointState.COMPLETED
     assert best.training.trial_id == written["trials"][1]
     path = client.get_checkpoint(best.uuid).download(str(written["tmp"] / "dl"))
@@ -95,10 +99,32 @@ def test_experiment_top_n_and_trials(written):
     exp = client.get_experiment(written["experiment_id"])
     assert [t.id for t in exp.list_trials()] == sorted(written["trials"])
     top = exp.top_n_checkpoints(3)
-    assert [c.training.validation_metrics["val_loss"] for c in top] == [0.3, 0.4, 0.6]
+    assert [c.training.validation_metrics["avgMetrics"]["val_loss"] for c in top] == [0.3, 0.4, 0.6]
     with Registry(written["registry"]) as registry:
         registry.set_experiment_state(exp.id, "COMPLETED")
     assert exp.wait(interval=0.01) is client.ExperimentState.COMPLETED
+
+
+def test_determined_sdk_object_is_the_client_over_its_own_registry(written, tmp_path):
+    from ckptstore.experimental import Determined
+
+    # Determined's older entry point: master/user are accepted and ignored.
+    d = Determined("http://master:8080", "determined")
+    best = d.get_experiment(written["experiment_id"]).top_checkpoint()
+    assert best.uuid == client.get_experiment(written["experiment_id"]).top_checkpoint().uuid
+    assert d.get_checkpoint(best.uuid).training.trial_id == written["trials"][1]
+    assert [
+        m.metrics["val_loss"] for m in d.iter_trials_metrics([written["trials"][1]], "validation")
+    ] == [0.8, 0.3]
+    d.create_model("digits", "d", None, ["prod"])
+    assert [m.name for m in d.list_models()] == ["digits"] and d.get_model_labels() == ["prod"]
+    with pytest.raises(errors.NotSupported, match="experiment create"):
+        d.create_experiment({}, ".")
+    # Its own registry (ckptstore's keyword), not the process-wide one.
+    other = Determined(registry=f"sqlite:///{tmp_path / 'other.db'}", storage=written["storage"])
+    assert other.list_experiments() == [] and other.list_models() == []
+    with pytest.raises(errors.CheckpointNotFound):
+        other.get_checkpoint(best.uuid)
 
 
 def test_model_registry_round_trip(written):

@@ -61,12 +61,20 @@ def predictions(model) -> np.ndarray:
     return np.asarray(model(x))
 
 
+# Determined 0.17's examples assigned cluster fields of context.env in the trial's __init__.
+MODEL_DEF_017 = MODEL_DEF.replace(
+    "self.context = context\n",
+    "self.context = context\n        self.context.env.container_gpus = []\n",
+)
+assert MODEL_DEF_017 != MODEL_DEF
+
+
 def with_code(folder: str, *, old_style: bool) -> None:
     """Add the trial's code and the file naming it: load_data.json, or for checkpoints of
     Determined <= 0.17.7 the metadata.json Checkpoint.download() wrote."""
     os.makedirs(os.path.join(folder, "code"), exist_ok=True)
     with open(os.path.join(folder, "code", "tiny_model_def.py"), "w") as f:
-        f.write(MODEL_DEF)
+        f.write(MODEL_DEF_017 if old_style else MODEL_DEF)
     config = {"entrypoint": "tiny_model_def:TinyTrial", "hyperparameters": {"units": 4}}
     if old_style:
         path = os.path.join(folder, "metadata.json")

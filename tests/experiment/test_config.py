@@ -120,6 +120,11 @@ def test_bad_config_names_the_key(changes, key):
     assert f"`{key}`" in str(info.value)
 
 
+def test_missing_global_batch_size_is_determineds_invalid_experiment():
+    with pytest.raises(errors.InvalidExperimentException, match="global_batch_size`: missing"):
+        parse_config(make(hyperparameters__global_batch_size=...))
+
+
 def test_single_searcher_rejects_ranges():
     with pytest.raises(errors.InvalidConfig, match=r"`hyperparameters.lr`.*single"):
         parse_config(make(searcher__name="single"))

@@ -64,6 +64,16 @@ class EpochCounter(det.keras.callbacks.Callback):
         self.batches, self.epochs = int(state["batches"]), int(state["epochs"])
 
 
+class Scale(keras.layers.Layer):
+    """A user's custom layer (hparam ``custom_layer``): loading its model needs this class."""
+
+    def build(self, input_shape):
+        self.factor = self.add_weight(name="factor", shape=(), initializer="ones")
+
+    def call(self, x):
+        return x * self.factor
+
+
 class LegacyOptTrial(det.keras.TFKerasTrial):
     #: Set by in-process tests: the core context's preempt and the batch to preempt after.
     preempt = None
@@ -74,8 +84,14 @@ class LegacyOptTrial(det.keras.TFKerasTrial):
         self.context = context
 
     def build_model(self):
+        custom = [Scale()] if self.context.get_hparams().get("custom_layer") else []
         model = keras.Sequential(
-            [keras.Input((4,)), keras.layers.Dense(6, activation="relu"), keras.layers.Dense(1)]
+            [
+                keras.Input((4,)),
+                *custom,
+                keras.layers.Dense(6, activation="relu"),
+                keras.layers.Dense(1),
+            ]
         )
         model = self.context.wrap_model(model)
         lr = self.context.get_hparam("lr")

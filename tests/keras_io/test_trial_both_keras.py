@@ -131,6 +131,55 @@ def test_trial_checkpoints_and_resumes_exactly(legacy_trial_env, optimizer, data
     assert [m.steps_completed for m in registry.get_metrics(2, "validation")] == [4, 8, 12]
 
 
+def test_trial_checkpoint_loads_compiled_with_its_optimizer_state(legacy_trial_env):
+    storage, registry = legacy_trial_env
+    hparams = {"optimizer": "legacy", "data": "arrays", "custom_layer": True}
+    trained, result, files = _run(legacy_trial_env, 1, hparams)
+    x = model_def.make_data(3)[0][:5]
+    loaded = ckptstore.load_checkpoint_model(
+        checkpoint_uuid=result.latest_checkpoint,
+        storage=storage,
+        registry=registry,
+        custom_objects={"Scale": model_def.Scale},
+    )
+    # compiled as trained, with the optimizer's slots and iterations restored (Keras 2 too)
+    assert loaded.optimizer is not None and type(loaded.optimizer) is type(trained.model.optimizer)
+    assert len(optimizer_variables(loaded)) == len(optimizer_variables(trained.model))
+    for want, got in zip(_state(trained.model).values(), _state(loaded).values(), strict=True):
+        np.testing.assert_array_equal(want, got)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), trained.model.predict(x, verbose=0))
+    assert ("training_config.json" in files) == (KERAS_MAJOR == 2)
+    if KERAS_MAJOR == 2:
+        _refuses_classes_from_other_modules(legacy_trial_env, result.latest_checkpoint)
+    # The class comes from the caller, never from a module the checkpoint names.
+    with pytest.raises(errors.ModelLoadError, match="custom_objects"):
+        ckptstore.load_checkpoint_model(
+            checkpoint_uuid=result.latest_checkpoint, storage=storage, registry=registry
+        )
+
+
+def _refuses_classes_from_other_modules(legacy_trial_env, uuid):
+    """A training_config.json naming a class of another module is refused before anything
+    imports that module (``this`` prints the Zen of Python when imported)."""
+    import json
+    import sys
+
+    from ckptstore.keras_io.saving import _keras2_format as keras2_format
+
+    storage, registry = legacy_trial_env
+    folder = os.path.join(os.path.dirname(storage), "tampered")
+    with ckptstore.core.init(storage=storage, registry=registry, trial_id=1) as ctx:
+        with ctx.checkpoint.restore_path(uuid) as path:
+            shutil.copytree(path, folder)  # local restore paths are the stored files
+    file = os.path.join(folder, "training_config.json")
+    training = json.load(open(file))
+    training["optimizer_config"].update(module="this", registered_name="Evil")
+    json.dump(training, open(file, "w"))
+    with pytest.raises(errors.UnsafeCheckpointContent, match=r"this\.Evil"):
+        keras2_format.load_model(folder, compile=True, custom_objects={"Scale": model_def.Scale})
+    assert "this" not in sys.modules
+
+
 def test_checkpoint_of_the_other_keras_is_refused(legacy_trial_env, tmp_path):
     storage, registry = legacy_trial_env
     _, result, _ = _run(

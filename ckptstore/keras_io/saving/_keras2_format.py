@@ -50,6 +50,11 @@ logger = logging.getLogger(__name__)
 WEIGHTS_PREFIX = "model_checkpoint"
 #: ``model.to_json()`` of the saved model.
 MODEL_CONFIG_FILENAME = "model_config.json"
+#: The model's ``compile()`` arguments (Keras 2's ``training_config``: optimizer, loss, metrics),
+#: so a loaded model comes back compiled with its optimizer state, as ``.keras`` files do.
+TRAINING_CONFIG_FILENAME = "training_config.json"
+#: Where classes named in a training config may come from without the caller's custom_objects.
+_KERAS_MODULES = ("keras", "tf_keras", "builtins")
 
 
 def has_weights(path: str) -> bool:
@@ -76,6 +81,8 @@ class Keras2Layout:
     #: Why the export worker cannot rebuild this model (None: it can); see
     #: :func:`worker_export_blocker`.
     export_blocker: str | None = None
+    #: The model's compile arguments as JSON (None: not compiled, or not serializable).
+    training_json: str | None = None
 
     @classmethod
     def of(cls, model: KerasModel) -> Keras2Layout:
@@ -91,6 +98,7 @@ class Keras2Layout:
             entries=[_Var(v) for v in model.variables],
             config_json=config_json,
             export_blocker=worker_export_blocker(model, config_json),
+            training_json=_training_json(model) if config_json is not None else None,
         )
 
     def close(self) -> None:
@@ -130,11 +138,36 @@ class Keras2Snapshot:
             all_model_checkpoint_paths=[WEIGHTS_PREFIX],
             save_relative_paths=True,
         )
-        if self.layout.config_json is not None:
-            with open(os.path.join(directory, MODEL_CONFIG_FILENAME), "w", encoding="utf-8") as f:
-                f.write(self.layout.config_json)
+        for name, text in (
+            (MODEL_CONFIG_FILENAME, self.layout.config_json),
+            (TRAINING_CONFIG_FILENAME, self.layout.training_json),
+        ):
+            if text is not None:
+                with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+                    f.write(text)
         self.serialized_tensors = None  # the values are on disk: let the tensors go
         return {}
+
+
+def _training_json(model: KerasModel) -> str | None:
+    """``model``'s compile arguments as Keras 2 writes them into HDF5/SavedModel files, or None
+    when it is not compiled or they do not serialize (a loaded model is then uncompiled)."""
+    from tf_keras.src.saving.legacy import saving_utils
+    from tf_keras.src.saving.legacy.saved_model import json_utils
+
+    if getattr(model, "optimizer", None) is None:
+        return None
+    try:
+        meta = saving_utils.model_metadata(model, include_optimizer=True, require_config=False)
+        training = meta.get("training_config")
+        return json.dumps(training, default=json_utils.get_json_type) if training else None
+    except (AttributeError, NotImplementedError, TypeError, ValueError) as exc:
+        # Best effort, as for model_config.json: a model whose compile arguments do not
+        # serialize still checkpoints and resumes; it only loads uncompiled.
+        logger.info(
+            "Compile arguments not serializable (%s); %s not written", exc, TRAINING_CONFIG_FILENAME
+        )
+        return None
 
 
 def _leaves(tensors: Any) -> list[Any]:
@@ -445,24 +478,26 @@ def load_model(
     custom_objects: Mapping[str, Any] | None,
     safe_mode: bool = True,
 ) -> KerasModel:
-    """A Keras 2 model from a Keras 2 checkpoint folder: the SavedModel when there is one (full
-    model), else ``model_config.json`` + ``model_checkpoint`` (weights, and the optimizer state
-    once the model is compiled and trained). A Python ``lambda`` in a ``Lambda`` layer is
-    refused (:class:`~ckptstore.errors.UnsafeCheckpointContent`) unless ``safe_mode=False``."""
+    """A Keras 2 model from a Keras 2 checkpoint folder.
+
+    ``model_config.json`` + ``model_checkpoint`` when the checkpoint has its compile arguments
+    (``training_config.json``): the model comes back compiled with its optimizer state, like a
+    ``.keras`` file on Keras 3. Else, or when the config names a layer class this process does
+    not know, the SavedModel when there is one (Keras revives custom layers from their traced
+    graphs, without their Python class, as Determined's SavedModel loads did; not compiled).
+    A Python ``lambda`` in a ``Lambda`` layer is refused
+    (:class:`~ckptstore.errors.UnsafeCheckpointContent`) unless ``safe_mode=False``."""
     from tf_keras.src.saving.serialization_lib import SafeModeScope
 
     from ckptstore.keras_io.backend import keras
 
     objects = dict(custom_objects) if custom_objects else None
     saved = os.path.join(path, "saved_model")
-    if os.path.isfile(os.path.join(saved, "saved_model.pb")):
-        try:
-            with SafeModeScope(safe_mode):
-                return keras.models.load_model(saved, compile=compile, custom_objects=objects)
-        except (ValueError, TypeError, OSError) as exc:
-            _raise_if_unsafe(saved, exc)
-            raise errors.ModelLoadError(f"Keras 2 could not load {saved}: {exc}") from exc
+    has_saved = os.path.isfile(os.path.join(saved, "saved_model.pb"))
     config = os.path.join(path, MODEL_CONFIG_FILENAME)
+    compiled = os.path.isfile(os.path.join(path, TRAINING_CONFIG_FILENAME))
+    if has_saved and not (compile and compiled and os.path.isfile(config)):
+        return _load_saved_model(saved, compile, objects, safe_mode)
     if not os.path.isfile(config):
         raise errors.ModelLoadError(
             f"Keras 2 checkpoint {path} has weights but no {MODEL_CONFIG_FILENAME} or "
@@ -476,12 +511,90 @@ def load_model(
             model = keras.models.model_from_json(text, custom_objects=objects)
     except (ValueError, TypeError) as exc:
         _raise_if_unsafe(path, exc)
+        if has_saved:
+            logger.warning(
+                "Keras 2 could not rebuild the model of %s from its config (%s); loading its "
+                "SavedModel instead (not compiled). Pass custom_objects= to get it compiled.",
+                path,
+                exc,
+            )
+            return _load_saved_model(saved, compile, objects, safe_mode)
         raise errors.ModelLoadError(
             f"Keras 2 could not rebuild the model of {path}: {exc}. Pass custom_objects= for "
             "custom layers."
         ) from exc
-    model.load_weights(os.path.join(path, WEIGHTS_PREFIX)).expect_partial()
+    if compile and _compile_as_saved(model, path, objects, safe_mode):
+        load_weights(model, path, with_optimizer=True)
+    else:
+        model.load_weights(os.path.join(path, WEIGHTS_PREFIX)).expect_partial()
     return model
+
+
+def _load_saved_model(
+    saved: str, compile: bool, objects: dict[str, Any] | None, safe_mode: bool
+) -> KerasModel:
+    from tf_keras.src.saving.serialization_lib import SafeModeScope
+
+    from ckptstore.keras_io.backend import keras
+
+    try:
+        with SafeModeScope(safe_mode):
+            return keras.models.load_model(saved, compile=compile, custom_objects=objects)
+    except (ValueError, TypeError, OSError) as exc:
+        _raise_if_unsafe(saved, exc)
+        raise errors.ModelLoadError(f"Keras 2 could not load {saved}: {exc}") from exc
+
+
+def _foreign_classes(node: Any, custom_objects: Mapping[str, Any]) -> list[str]:
+    """Classes a training config names from modules other than Keras's and not given by the
+    caller: resolving them would import a module the checkpoint names."""
+    found: list[str] = []
+    if isinstance(node, dict):
+        module = node.get("module")
+        name = node.get("registered_name") or node.get("class_name")
+        if isinstance(module, str) and module.split(".")[0] not in _KERAS_MODULES:
+            if name not in custom_objects:
+                found.append(f"{module}.{name}")
+        for value in node.values():
+            found += _foreign_classes(value, custom_objects)
+    elif isinstance(node, list):
+        for value in node:
+            found += _foreign_classes(value, custom_objects)
+    return found
+
+
+def _compile_as_saved(
+    model: KerasModel, path: str, objects: dict[str, Any] | None, safe_mode: bool
+) -> bool:
+    """Compile ``model`` with the checkpoint's training config and create its optimizer's
+    variables (so they are restored now, while ``path`` exists); False when it has none."""
+    from tf_keras.src.saving.legacy import saving_utils
+    from tf_keras.src.saving.serialization_lib import SafeModeScope
+
+    file = os.path.join(path, TRAINING_CONFIG_FILENAME)
+    if not os.path.isfile(file):
+        return False  # written before this file existed, or by Determined: uncompiled
+    with open(file, encoding="utf-8") as f:
+        training = json.load(f)
+    foreign = _foreign_classes(training, objects or {})
+    if foreign:
+        raise errors.UnsafeCheckpointContent(
+            f"{file} names classes outside Keras, and loading them would import their modules. "
+            "Pass them as custom_objects={'Name': TheClass}, or load with compile=False. "
+            f"Received: {foreign}."
+        )
+    try:
+        with SafeModeScope(safe_mode):
+            model.compile(**saving_utils.compile_args_from_training_config(training, objects))
+    except (ValueError, TypeError) as exc:
+        raise errors.ModelLoadError(
+            f"Keras 2 could not compile the model of {path} as it was saved: {exc}. Pass "
+            "custom_objects= for custom losses/metrics/optimizers, or compile=False."
+        ) from exc
+    build = getattr(model.optimizer, "build", None)
+    if callable(build) and not hasattr(model.optimizer, "_create_all_weights"):
+        build(model.trainable_variables)  # Keras 2.11+ optimizers create variables lazily
+    return True
 
 
 def _raise_if_unsafe(path: str, exc: Exception) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import pathlib
 import random
@@ -140,30 +139,100 @@ def _draw(hp: Any, rng: random.Random) -> Any:
     return rng.uniform(hp.minval, hp.maxval)
 
 
-@dataclasses.dataclass(frozen=True)
+#: ``context.env`` fields that ckptstore computes from the trial itself: reading them always
+#: agrees with the context (hparams, ids, resume point), so they cannot be assigned.
+_ENV_FROM_CONTEXT = (
+    "experiment_config",
+    "hparams",
+    "det_trial_id",
+    "det_experiment_id",
+    "trial_seed",
+    "steps_completed",
+    "latest_checkpoint",
+    "global_batch_size",
+    "per_slot_batch_size",
+)
+
+
 class TrialEnv:
     """``context.env``: what Determined's ``EnvContext`` told a trial about where it runs.
 
-    Fields a Keras trial reads keep Determined's names; the cluster-only ones (master URL,
-    agent, GPUs) are empty because there is no cluster.
+    One object per context, as in Determined, so what a trial assigns stays. Fields a Keras trial
+    reads keep Determined's names. The cluster-only ones (master URL, agent, GPUs, slots) start
+    empty because there is no cluster, and a trial may assign them as Determined allowed (0.17's
+    examples set ``context.env.container_gpus = []``); ckptstore reads none of them. The fields
+    ckptstore derives from the trial (:data:`_ENV_FROM_CONTEXT`) are read live from the context
+    and refuse assignment, so ``env.hparams`` and ``context.get_hparams()`` never disagree.
+
+    Example::
+
+        context = TFKerasTrialContext({"global_batch_size": 32})
+        context.env.container_gpus = []      # a Determined 0.17 trial's line: accepted
+        context.env.hparams["global_batch_size"]   # 32
     """
 
-    experiment_config: dict[str, Any]
-    hparams: dict[str, Any]
-    det_trial_id: str
-    det_experiment_id: str
-    trial_seed: int
-    steps_completed: int = 0
-    latest_checkpoint: str | None = None
-    trial_run_id: int = 1
-    on_cluster: bool = False
-    debug: bool = False
-    use_gpu: bool = False
-    master_url: str = ""
-    det_agent_id: str = ""
-    det_cluster_id: str = ""
-    container_gpus: tuple[str, ...] = ()
-    slot_ids: tuple[int, ...] = ()
+    def __init__(self, context: TFKerasTrialContext) -> None:
+        object.__setattr__(self, "_context", context)
+        self.trial_run_id = 1
+        self.on_cluster = False
+        self.debug = False
+        self.use_gpu = False
+        self.master_url = ""
+        self.det_agent_id = ""
+        self.det_cluster_id = ""
+        self.container_id = ""
+        self.container_gpus: list[str] = []
+        self.slot_ids: list[int] = []
+        self.managed_training = True
+        self.test_mode = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _ENV_FROM_CONTEXT:
+            raise errors.InvalidConfig(
+                f"context.env.{name} is computed from the trial (hyperparameters, ids, resume "
+                "point) and cannot be assigned; change the experiment config or the context "
+                f"instead. Received: context.env.{name} = {value!r}."
+            )
+        object.__setattr__(self, name, value)
+
+    @property
+    def experiment_config(self) -> dict[str, Any]:
+        return self._context.get_experiment_config()
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        return self._context.get_hparams()
+
+    @property
+    def det_trial_id(self) -> str:
+        trial_id = self._context.trial_id
+        return str(trial_id) if trial_id is not None else ""
+
+    @property
+    def det_experiment_id(self) -> str:
+        experiment_id = self._context.experiment_id
+        return str(experiment_id) if experiment_id is not None else ""
+
+    @property
+    def trial_seed(self) -> int:
+        return self._context.trial_seed
+
+    @property
+    def steps_completed(self) -> int:
+        return self._context.initial_batch
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        core = self._context._core
+        return getattr(core.info, "latest_checkpoint", None) if core is not None else None
+
+    @property
+    def global_batch_size(self) -> int:
+        return self._context.get_global_batch_size()
+
+    @property
+    def per_slot_batch_size(self) -> int:
+        return self._context.get_per_slot_batch_size()
 
 
 class TFKerasTrialContext:
@@ -223,6 +292,7 @@ class TFKerasTrialContext:
         self.compile_args: Any = None
         self.train_config: Any = None
         self.dataset_initialized = False
+        self._env = TrialEnv(self)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> TFKerasTrialContext:
@@ -288,19 +358,9 @@ class TFKerasTrialContext:
 
     @property
     def env(self) -> TrialEnv:
-        """Determined's ``context.env`` (experiment config, hparams, ids, seed, steps)."""
-        latest = None
-        if self._core is not None:
-            latest = getattr(self._core.info, "latest_checkpoint", None)
-        return TrialEnv(
-            experiment_config=self.get_experiment_config(),
-            hparams=self.get_hparams(),
-            det_trial_id=str(self.trial_id) if self.trial_id is not None else "",
-            det_experiment_id=str(self.experiment_id) if self.experiment_id is not None else "",
-            trial_seed=self.trial_seed,
-            steps_completed=self.initial_batch,
-            latest_checkpoint=latest,
-        )
+        """Determined's ``context.env`` (experiment config, hparams, ids, seed, steps): one
+        object per context, see :class:`TrialEnv`."""
+        return self._env
 
     def get_stop_requested(self) -> bool:
         """Whether the trial asked to stop early (:meth:`set_stop_requested`)."""
@@ -327,8 +387,21 @@ class TFKerasTrialContext:
 
     def get_global_batch_size(self) -> int:
         """The ``global_batch_size`` hyperparameter: records per batch across all workers."""
-        value = self.get_hparam("global_batch_size")
-        return int_at_least("global_batch_size", value, 1, hint=" (a hyperparameter).")
+        # Determined raises InvalidExperimentException for both a missing and a bad value.
+        if "global_batch_size" not in self._hparams:
+            raise errors.InvalidExperimentException(
+                "A TFKerasTrial needs an integer `global_batch_size` hyperparameter; add e.g. "
+                "`global_batch_size: 32` under `hyperparameters` in the experiment config. "
+                f"Received: hyperparameters {sorted(self._hparams)!r}."
+            )
+        value = self._hparams["global_batch_size"]
+        return int_at_least(
+            "global_batch_size",
+            value,
+            1,
+            error=errors.InvalidExperimentException,
+            hint=" (a hyperparameter).",
+        )
 
     def get_per_slot_batch_size(self) -> int:
         """``global_batch_size`` divided by the number of workers (slots)."""

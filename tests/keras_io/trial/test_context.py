@@ -43,9 +43,29 @@ def test_hparams_and_config():
         ctx.get_hparam("nope")
 
 
+def test_env_keeps_assigned_cluster_fields_and_agrees_with_the_context():
+    ctx = TFKerasTrialContext({"global_batch_size": 8}, trial_id=4, trial_seed=7)
+    ctx.env.container_gpus = []  # Determined 0.17 trial code did this
+    ctx.env.slot_ids = [0]
+    assert ctx.env is ctx.env and ctx.env.container_gpus == [] and ctx.env.slot_ids == [0]
+    ctx.initial_batch = 12
+    assert (ctx.env.det_trial_id, ctx.env.trial_seed, ctx.env.steps_completed) == ("4", 7, 12)
+    assert ctx.env.global_batch_size == 8 and ctx.env.hparams == ctx.get_hparams()
+    with pytest.raises(errors.InvalidConfig, match=r"env.hparams = \{'lr': 1\}"):
+        ctx.env.hparams = {"lr": 1}
+    assert ctx.get_hparams() == {"global_batch_size": 8}
+
+
 def test_bad_global_batch_size():
     with pytest.raises(errors.InvalidConfig, match="global_batch_size='8'"):
         TFKerasTrialContext({"global_batch_size": "8"}).get_global_batch_size()
+    # Determined's exception for both cases, reachable as det.errors.InvalidExperimentException.
+    import ckptstore as det
+
+    with pytest.raises(det.errors.InvalidExperimentException, match=r"Received: .*\['lr'\]"):
+        TFKerasTrialContext({"lr": 0.1}).get_global_batch_size()
+    with pytest.raises(det.errors.InvalidExperimentException, match="global_batch_size=0"):
+        TFKerasTrialContext({"global_batch_size": 0}).get_per_slot_batch_size()
 
 
 def test_wrap_dataset_shards_with_several_workers():
