@@ -203,3 +203,14 @@ def test_bad_data_loader_type(tiny_trial_env):
     ) as core_context:
         with pytest.raises(errors.InvalidConfig, match="returned a list.*tf.data.Dataset"):
             TrialController(BadData, core_context, config()).run()
+
+
+def test_keras3_refuses_graph_mode(tiny_trial_env, monkeypatch):
+    """A module that called tf.compat.v1.disable_eager_execution() cannot train on Keras 3: a
+    typed error names Keras 2 (which trains it: tests/keras_io/test_graph_mode_keras2.py). Graph
+    mode is reported on here, since the real switch cannot be turned back in this process."""
+    from ckptstore.keras_io import backend
+
+    monkeypatch.setattr(backend, "graph_mode", lambda: True)
+    with pytest.raises(errors.NotSupported, match="disable_eager_execution.*LEGACY_KERAS=1"):
+        run_trial(tiny_trial_env, 1, "arrays", config())
