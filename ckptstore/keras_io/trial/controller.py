@@ -8,7 +8,10 @@ stops training, when the searcher prunes it, and (checkpoint only) when it is pr
 ``adaptive_asha`` it also validates at every rung boundary
 (:meth:`~ckptstore.experiment.config.SearcherConfig.rung_lengths`) and asks the searcher there
 whether to go on, as Determined's master told its trials to, so a search prunes even when the
-config sets no ``min_validation_period``.
+config sets no ``min_validation_period``. After a validation it checkpoints as the config's
+``checkpoint_policy`` says: ``best`` (Determined's default) when the searcher metric beats the
+experiment's best so far, ``all`` always, ``none`` never. On resume, callbacks get
+``on_train_begin`` before ``load_state``, in Determined's order.
 
 A checkpoint holds ``model.keras`` (architecture, weights, full optimizer state),
 ``callback_state.json`` (callback states, RNG states, steps — see
@@ -26,7 +29,9 @@ so a resume continues at the next batch — after a workload, or after the batch
 preemption ended one — with the same weights and optimizer state as an uninterrupted run
 (``tests/keras_io/test_trial_both_keras.py`` checks both Keras versions). A checkpoint is read
 only by the Keras that wrote it: resuming a Keras 3 trial checkpoint under Keras 2 (or the
-reverse) raises :class:`~ckptstore.errors.ResumeError`.
+reverse) raises :class:`~ckptstore.errors.ResumeError`. A module that called
+``tf.compat.v1.disable_eager_execution()`` trains on Keras 2 in graph mode; Keras 3 refuses it
+(:class:`~ckptstore.errors.NotSupported`).
 
 Example::
 
