@@ -27,7 +27,11 @@ pytest_plugins = [
 
 # Keras 2 only modules run in the Keras 2 child run of tests/keras_io/test_keras2_suite.py (which
 # fails on any skip); a Keras 3 session leaves them out instead of listing them as skipped.
-KERAS2_ONLY = ["keras_io/test_export_keras2.py", "keras_io/test_tf_bundle_keras2.py"]
+KERAS2_ONLY = [
+    "keras_io/test_export_keras2.py",
+    "keras_io/test_tf_bundle_keras2.py",
+    "keras_io/test_graph_mode_keras2.py",
+]
 collect_ignore = (
     [] if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True") else KERAS2_ONLY
 )

@@ -424,6 +424,9 @@ class ExperimentConfig:
     experiment_seed: int = 0
     max_restarts: int = 0
     perform_initial_validation: bool = False
+    #: ``best`` (Determined's default), ``all`` or ``none``: checkpoints a TFKerasTrial takes
+    #: after validations (:class:`~ckptstore.keras_io.trial.controller.TrialController`).
+    checkpoint_policy: str = "best"
     ignored_keys: tuple[str, ...] = ()
     #: ``resources.slots_per_trial``: workers started per trial on this machine.
     slots_per_trial: int = 1
@@ -571,6 +574,9 @@ def parse_config(raw: Any) -> ExperimentConfig:
         script=not entrypoint.is_trial_class,
     )
     ignored = _ignored(raw, model)
+    if "checkpoint_policy" in raw and not entrypoint.is_trial_class:
+        # Determined applies it in its Trial harness only; a script decides its own saves.
+        ignored.append("checkpoint_policy (a script checkpoints when it calls upload/save)")
     resources = model.resources or schema.Resources()
     if entrypoint.is_trial_class:
         searcher = _trial_class_length(searcher)
@@ -597,6 +603,7 @@ def parse_config(raw: Any) -> ExperimentConfig:
         experiment_seed=(model.reproducibility or schema.Reproducibility()).experiment_seed,
         max_restarts=model.max_restarts,
         perform_initial_validation=model.perform_initial_validation,
+        checkpoint_policy=model.checkpoint_policy,
         ignored_keys=tuple(ignored),
         slots_per_trial=resources.slots_per_trial,
         slots=resources.slots,

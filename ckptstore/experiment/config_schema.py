@@ -317,7 +317,7 @@ class Experiment(_Section):
 
     ignored: ClassVar[frozenset[str]] = frozenset(
         {"environment", "bind_mounts", "optimizations", "profiling", "workspace", "project"}
-        | {"checkpoint_policy", "debug", "tensorboard_storage", "log_policies", "pbs", "slurm"}
+        | {"debug", "tensorboard_storage", "log_policies", "pbs", "slurm"}
         | {"retention_policy", "max_slots", "integrations", "internal", "security"}
     )
     #: Keys older Determined releases had and later removed: ignored, named in the warning.
@@ -350,7 +350,14 @@ class Experiment(_Section):
     profiling: Ignored
     workspace: Ignored
     project: Ignored
-    checkpoint_policy: Ignored
+    checkpoint_policy: Annotated[
+        Literal["best", "all", "none"],
+        Field(
+            description="TFKerasTrial: checkpoint after a validation that beats every earlier "
+            "one in the experiment (best, Determined's default), after every validation (all) "
+            "or only at min_checkpoint_period, the end and preemption (none)."
+        ),
+    ] = "best"
     debug: Ignored
     tensorboard_storage: Ignored
     log_policies: Ignored

@@ -80,6 +80,28 @@ def backend_name() -> str:
     return "tensorflow" if IS_KERAS2 else keras.backend.backend()
 
 
+def graph_mode() -> bool:
+    """True when the process turned eager execution off
+    (``tf.compat.v1.disable_eager_execution()``, as TF1-era model_defs did at import). Keras 2
+    then builds graph-mode (``training_v1``) models, whose ``train_on_batch`` / ``evaluate``
+    have no ``return_dict``; Keras 3 cannot train there at all."""
+    import tensorflow as tf
+
+    return not tf.compat.v1.executing_eagerly_outside_functions()
+
+
+def check_eager(what: str) -> None:
+    """:class:`~ckptstore.errors.NotSupported` when Keras 3 would have to train in graph mode."""
+    if IS_KERAS2 or not graph_mode():
+        return
+    raise errors.NotSupported(
+        f"{what} runs on Keras 3, which trains only with eager execution on, but this process "
+        "called tf.compat.v1.disable_eager_execution(). Received: tf.executing_eagerly()=False. "
+        f"Remove that call (TensorFlow 2 traces the training step itself), or set "
+        f"{LEGACY_ENV}=1 before TensorFlow is imported to train it on Keras 2 in graph mode."
+    )
+
+
 def keras_of(obj: Any) -> str | None:
     """``"keras"`` or ``"tf_keras"``: the Keras package ``obj``'s class comes from, else None."""
     for cls in type(obj).__mro__:

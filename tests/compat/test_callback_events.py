@@ -41,6 +41,11 @@ class RecordingCallback(det.keras.DeterminedCallback):
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         self.events.append((f"before_epoch_end:{epoch}", dict(logs or {})))
         super().on_epoch_end(epoch, logs)
+        self.events.append((f"after_epoch_end:{epoch}", None))
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self.events.append(("before_train_end", None))
+        super().on_train_end(logs)
 
     def save_model(self, model: keras.Model, path: str, distributed: Any) -> None:
         super().save_model(model, path, distributed)
@@ -119,23 +124,30 @@ def assert_in_order(events: Events, *expected: str) -> None:
 
 
 def test_statuses_progress_and_metrics(tmp_path):
+    """Determined's order: validation metrics reported at on_test_end (before on_epoch_end),
+    training metrics, progress, then the save inside on_epoch_end (this callback is the last
+    one: nothing after it changes the model), and no extra save at the end of training."""
     events, _ = fit(str(tmp_path))
     assert_in_order(
         events,
         "after_train_begin:0.0000",
         "set_status:training",
         "set_status:validating",
+        "report_metrics:validation:8",
         "before_epoch_end:0",
         "report_metrics:training:8",
-        "report_metrics:validation:8",
         "report_progress:0.5000",
         "set_status:checkpointing",
         "save_model",
+        "after_epoch_end:0",
         "set_status:training",
+        "report_metrics:validation:16",
         "before_epoch_end:1",
         "report_progress:1.0000",
         "set_status:checkpointing",
         "save_model",
+        "after_epoch_end:1",
+        "before_train_end",
         "set_status:finishing",
     )
     assert "load_model" not in names(events)
@@ -147,6 +159,34 @@ def test_statuses_progress_and_metrics(tmp_path):
     assert reports["report_metrics:training:16"]["epochs"] == 2
     assert reports["report_metrics:training:16"]["batches"] == 16
     assert not any(k.startswith("val_") for k in reports["report_metrics:training:8"])
+
+
+def test_a_later_callback_defers_the_save(tmp_path):
+    """A callback after this one with its own on_epoch_end (here one that changes the learning
+    rate) may change what the checkpoint must hold: the save then waits for the next epoch begin
+    (or train end), after Determined's point, and the checkpoint holds the changed rate."""
+    events: Events = []
+    context = core_context(str(tmp_path), events)
+
+    class HalveRate(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            self.model.optimizer.learning_rate.assign(self.model.optimizer.learning_rate / 2)
+            events.append((f"halved:{epoch}", None))
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(loss="mse", optimizer=keras.optimizers.SGD(0.01))
+    callback = RecordingCallback(
+        events, context, checkpoint=None, continue_id=1, export_saved_model="never"
+    )
+    x = np.ones((16, 8), "float32")
+    model.fit(x, x[:, :1], batch_size=8, epochs=2, callbacks=[callback, HalveRate()], verbose=0)
+    context.checkpoint.close()
+    assert_in_order(events, "after_epoch_end:0", "halved:0", "save_model", "halved:1", "save_model")
+    with CheckpointContext(str(tmp_path)).restore_path(callback.last_checkpoint) as path:
+        restored = keras.models.load_model(os.path.join(path, "model.keras"))
+    # 0.01 halved after epochs 0 and 1: the final checkpoint was taken after both changes
+    assert float(restored.optimizer.learning_rate.numpy()) == pytest.approx(0.0025)
 
 
 def test_batch_report_period(tmp_path):

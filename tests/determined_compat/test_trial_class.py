@@ -30,9 +30,18 @@ def test_mnist_trial_const_runs_unchanged(tmp_path, where_local_and_s3):
         assert trial.state == "COMPLETED"
         assert reg.get_experiment(1).state == "COMPLETED"
         # searcher.max_length 32 batches, min_validation_period 16 batches
-        steps = [row.steps_completed for row in reg.get_metrics(trial.id, "validation")]
-        assert steps == [16, 32]
+        validations = reg.get_metrics(trial.id, "validation")
+        assert [row.steps_completed for row in validations] == [16, 32]
         assert reg.latest_checkpoint(trial.id).steps_completed == 32
+        # No checkpoint_policy: Determined's `best` checkpoints after each validation that beats
+        # every earlier one (the first always does), plus the end of training.
+        best, improved = None, {32}
+        for row in validations:
+            if best is None or row.metrics["val_accuracy"] > best:
+                best = row.metrics["val_accuracy"]
+                improved.add(row.steps_completed)
+        saved = {c.steps_completed for c in reg.list_checkpoints(trial.id)}
+        assert saved == improved and 16 in saved
 
 
 def test_mnist_trial_resumes_after_sigterm(tmp_path, storage_url_factory):

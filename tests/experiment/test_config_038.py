@@ -109,6 +109,24 @@ def test_every_038_key_is_accepted_and_cluster_ones_named_once():
     }
 
 
+def test_checkpoint_policy_default_values_and_scripts():
+    """Determined's default is `best`; a TFKerasTrial reads it, a script is told it is ignored
+    (Determined applies it in its Trial harness only); anything else is refused."""
+    trial = {
+        "hyperparameters": {"global_batch_size": 8},
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 4}},
+        "entrypoint": "model_def:Trial",
+    }
+    assert parse_config(trial).checkpoint_policy == "best"
+    for policy in ("best", "all", "none"):
+        config = parse_config({**trial, "checkpoint_policy": policy})
+        assert config.checkpoint_policy == policy and config.ignored_keys == ()
+    script = parse_config({**trial, "entrypoint": "python3 train.py", "checkpoint_policy": "all"})
+    assert any(k.startswith("checkpoint_policy") for k in script.ignored_keys)
+    with pytest.raises(errors.InvalidConfig, match="checkpoint_policy.*'some'"):
+        parse_config({**trial, "checkpoint_policy": "some"})
+
+
 @pytest.mark.parametrize(
     "section, key, suggestion",
     [

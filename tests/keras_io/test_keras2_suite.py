@@ -9,6 +9,7 @@ storage and S3 like the Keras 3 one.
 Which modules: those written against ``tests/keras_io/keras_under_test.py`` (the public API through
 ``tf.keras``): ``test_both_keras.py``, ``test_trial_both_keras.py`` (a TFKerasTrial with a legacy
 optimizer: train, checkpoint, resume exactly, and through the experiment runner),
+``test_graph_mode_keras2.py`` (a module that disables eager execution, in graph mode),
 ``test_callback.py`` (checkpoint contents and schedule, metrics, resume errors, warm start, a
 failed S3 upload, stateful callbacks), ``test_tensorboard.py``, ``test_keras_callback_state.py``,
 ``test_loaders.py`` (every loader path and error, and ``examples/batch_inference.py`` on local
@@ -38,6 +39,8 @@ RESUME = "tests/keras_io/test_resume.py::"
 MODULES = [
     "tests/keras_io/test_both_keras.py",
     "tests/keras_io/test_trial_both_keras.py",
+    # a TFKerasTrial module that disables eager execution trains and resumes in graph mode
+    "tests/keras_io/test_graph_mode_keras2.py",
     "tests/keras_io/test_callback.py",
     "tests/keras_io/test_tensorboard.py",
     "tests/keras_io/test_keras_callback_state.py",
@@ -78,11 +81,12 @@ def test_keras_modules_pass_under_keras2():
     assert proc.returncode == 0, tail
     summary = proc.stdout.strip().splitlines()[-1]
     passed = re.search(r"(\d+) passed", summary)
-    # test_both_keras.py (8), test_trial_both_keras.py (7: TFKerasTrial), test_callback.py (16),
+    # test_both_keras.py (8), test_trial_both_keras.py (7: TFKerasTrial),
+    # test_graph_mode_keras2.py (1), test_callback.py (16),
     # test_tensorboard.py (2), test_keras_callback_state.py (3), test_loaders.py (9),
     # test_keras_context.py (5), test_resume.py (2), test_exact_resume.py (4),
     # test_export_keras2.py (7), test_tf_bundle_keras2.py (2)
-    assert passed and int(passed.group(1)) >= 65, tail
+    assert passed and int(passed.group(1)) >= 66, tail
     assert "skipped" not in summary and "xfail" not in summary, tail
     # the keras3_only tests (README, "Keras 2 (tf_keras)"): test_callback.py's snapshot archive
     # layout and test_loaders.py's bare .keras files; a new one updates this count and the README

@@ -212,7 +212,8 @@ def test_model_def_runs_through_the_experiment_runner(tmp_path, monkeypatch):
     model_dir.mkdir()
     shutil.copy(model_def.__file__, model_dir / "model_def.py")
     storage, registry = str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
-    raw = _config(min_checkpoint_period={"batches": 6})
+    # checkpoint_policy none: only the periodic and end checkpoints (`best` adds validations')
+    raw = _config(min_checkpoint_period={"batches": 6}, checkpoint_policy="none")
     raw["hyperparameters"]["data"] = "in_memory"
     exp_id = create_experiment(raw, model_dir, storage=storage, registry=registry)
     info = describe_experiment(exp_id, registry=registry)

@@ -194,6 +194,8 @@ class DeterminedCallback(backend.CallbackBase):
         self.resumed = False
         self._epoch = 0
         self._user_saved_dir: str | None = None
+        #: The status and a subclass's save_model already ran for the pending save.
+        self._save_begun = False
 
     # ---- public helpers -----------------------------------------------------------------------
     @property
@@ -235,6 +237,7 @@ class DeterminedCallback(backend.CallbackBase):
         self._saved_in_fit = False
         self._last_epoch_complete = True
         self._pending_save = None
+        self._save_begun = False
         self.resumed = False
         self._ensure_optimizer_built()
         if self._checkpoint is not None and not self._loaded:
@@ -304,11 +307,8 @@ class DeterminedCallback(backend.CallbackBase):
         # out) would add a second, partial validation for the same epoch.
         if self._is_chief and not self._saved_mid_epoch:
             train = {k: v for k, v in logs.items() if not k.startswith("val_")}
-            val = {k: v for k, v in logs.items() if k.startswith("val_")}
             if self._report_period == "epoch" and train:
                 self._report("training", epoch + 1, train)
-            if val:
-                self._report("validation", epoch + 1, val)
             if (self.params or {}).get("epochs"):
                 self._core.train.report_progress((epoch + 1) / self.params["epochs"])
         total_steps = (self.params or {}).get("steps")
@@ -329,17 +329,30 @@ class DeterminedCallback(backend.CallbackBase):
         if self._saved_mid_epoch:
             return  # the interrupted epoch was saved at its batch boundary
         if self._preempted or periodic or last_epoch:
-            # Saved at the next epoch begin (or train end), once every other callback's
-            # on_epoch_end has run: their state and any change they make (e.g. the learning rate
-            # ReduceLROnPlateau sets) belong to this checkpoint.
+            # Committed at the next epoch begin (or train end), once every other callback's
+            # on_epoch_end has run: their state (Keras's History gets this epoch's logs after
+            # this hook) and any change they make (e.g. the learning rate ReduceLROnPlateau
+            # sets) belong to this checkpoint.
             self._pending_save = {
                 "logs": logs,
                 "complete": complete,
                 "final": last_epoch and not self._preempted,
             }
+            if not self._model_may_change_after_me():
+                # Determined saves inside on_epoch_end: when nothing after this callback can
+                # change the model, its visible part (status, a subclass's save_model) runs here.
+                self._begin_save()
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._set_status("validating")
+
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
+        # Determined reports validation metrics here: they are final once evaluation ends. An
+        # epoch cut by a preemption and saved at its batch boundary is left to the run that
+        # finishes it (Keras still validates on the way out; see on_epoch_end).
+        if self._is_chief and logs and not self._saved_mid_epoch:
+            val = {k if k.startswith("val_") else f"val_{k}": v for k, v in logs.items()}
+            self._report("validation", self._epoch + 1, val)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         try:
@@ -436,13 +449,32 @@ class DeterminedCallback(backend.CallbackBase):
         self._save({}, complete=False, final=False)
         self._saved_mid_epoch = True
 
+    def _model_may_change_after_me(self) -> bool:
+        """Whether a callback after this one in ``fit()``'s list has its own ``on_epoch_end``
+        (Keras's History and progress bar aside: they only record logs)."""
+        if self not in self._callbacks:
+            return True
+        later = self._callbacks[self._callbacks.index(self) + 1 :]
+        base = keras.callbacks.Callback.on_epoch_end
+        passive = (keras.callbacks.History, keras.callbacks.ProgbarLogger)
+        return any(
+            type(cb).on_epoch_end is not base and not isinstance(cb, passive) for cb in later
+        )
+
+    def _begin_save(self) -> None:
+        """What Determined's users see of a save: the status, then a subclass's save_model."""
+        self._save_begun = True
+        self._set_status("checkpointing")
+        if self._overrides("save_model"):
+            self._run_user_save_model()
+
     def _save(self, logs: dict[str, Any], *, complete: bool, final: bool) -> None:
         self._saved_steps = self._steps_completed
         self._saved_in_fit = True
         self._last_save_final = final
-        self._set_status("checkpointing")
-        if self._overrides("save_model"):
-            self._run_user_save_model()
+        if not self._save_begun:
+            self._begin_save()
+        self._save_begun = False
         if not self._is_chief:
             return
         assert self._writer is not None and self._layout is not None

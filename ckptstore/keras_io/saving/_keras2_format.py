@@ -116,7 +116,7 @@ class Keras2Snapshot:
     @property
     def nbytes(self) -> int:
         total = 0
-        for tensors in self.serialized_tensors.values():
+        for tensors in (self.serialized_tensors or {}).values():
             for value in _leaves(tensors):
                 size = getattr(getattr(value, "dtype", None), "size", 0)
                 total += int(size) * int(getattr(value, "shape", []).num_elements() or 0)
@@ -129,9 +129,14 @@ class Keras2Snapshot:
         from tensorflow.python.checkpoint import functional_saver
 
         prefix = os.path.join(directory, WEIGHTS_PREFIX)
-        saver = functional_saver.MultiDeviceSaver(self.serialized_tensors, self.registered_savers)
-        with tf.device("/cpu:0"):
-            saver.save(tf.constant(prefix))
+        if self.serialized_tensors is None:  # graph mode: see take_snapshot
+            self.layout.model.save_weights(prefix, save_format="tf")
+        else:
+            saver = functional_saver.MultiDeviceSaver(
+                self.serialized_tensors, self.registered_savers
+            )
+            with tf.device("/cpu:0"):
+                saver.save(tf.constant(prefix))
         tf.__internal__.train.update_checkpoint_state(
             save_dir=directory,
             model_checkpoint_path=WEIGHTS_PREFIX,
@@ -188,8 +193,19 @@ def _force(value: Any) -> Any:
 
 
 def take_snapshot(layout: Keras2Layout) -> Keras2Snapshot:
-    """Serialise ``layout.model`` (weights + optimizer) into tensors now; see the module doc."""
+    """Serialise ``layout.model`` (weights + optimizer) into tensors now; see the module doc.
+
+    In graph mode (``tf.compat.v1.disable_eager_execution()``) the saver's ops would only be
+    built, never run, and nothing would reach the disk: the snapshot then holds no tensors and
+    :meth:`Keras2Snapshot.write_into` saves through Keras's own session-aware
+    ``save_weights`` at once (the trial controller writes in its own thread, so "now" holds).
+    """
     import tensorflow as tf
+
+    from ckptstore.keras_io import backend
+
+    if backend.graph_mode():
+        return Keras2Snapshot(layout=layout, serialized_tensors=None, registered_savers=None)
     from tensorflow.python.checkpoint import graph_view, save_util
     from tensorflow.python.trackable import base
 

@@ -8,7 +8,10 @@ stops training, when the searcher prunes it, and (checkpoint only) when it is pr
 ``adaptive_asha`` it also validates at every rung boundary
 (:meth:`~ckptstore.experiment.config.SearcherConfig.rung_lengths`) and asks the searcher there
 whether to go on, as Determined's master told its trials to, so a search prunes even when the
-config sets no ``min_validation_period``.
+config sets no ``min_validation_period``. After a validation it checkpoints as the config's
+``checkpoint_policy`` says: ``best`` (Determined's default) when the searcher metric beats the
+experiment's best so far, ``all`` always, ``none`` never. On resume, callbacks get
+``on_train_begin`` before ``load_state``, in Determined's order.
 
 A checkpoint holds ``model.keras`` (architecture, weights, full optimizer state),
 ``callback_state.json`` (callback states, RNG states, steps — see
@@ -26,7 +29,9 @@ so a resume continues at the next batch — after a workload, or after the batch
 preemption ended one — with the same weights and optimizer state as an uninterrupted run
 (``tests/keras_io/test_trial_both_keras.py`` checks both Keras versions). A checkpoint is read
 only by the Keras that wrote it: resuming a Keras 3 trial checkpoint under Keras 2 (or the
-reverse) raises :class:`~ckptstore.errors.ResumeError`.
+reverse) raises :class:`~ckptstore.errors.ResumeError`. A module that called
+``tf.compat.v1.disable_eager_execution()`` trains on Keras 2 in graph mode; Keras 3 refuses it
+(:class:`~ckptstore.errors.NotSupported`).
 
 Example::
 
@@ -153,10 +158,13 @@ class TrialController:
         self.last_checkpoint_at: int | None = None
         self.last_validation: dict[str, float] = {}
         self.latest_checkpoint: str | None = None
+        #: Callback states and RNG states read by ``_restore``, applied after ``on_train_begin``.
+        self._resumed_state: callback_state.TrainingState | None = None
 
     # ---- set-up ---------------------------------------------------------------------------------
     def _build(self) -> None:
         info = self.core.info
+        backend.check_eager("TFKerasTrial")
         keras.utils.set_random_seed(self.trial_seed)
         self.context = TFKerasTrialContext(
             dict(info.trial.hparams),
@@ -200,6 +208,11 @@ class TrialController:
         )
         self.val_data = self.trial.build_validation_data_loader()
         data_mod.evaluate_kwargs(self.val_data, self.batch_size)  # type check now, not later
+        train = self.core.train
+        if getattr(train, "searcher_metric", "") is None:
+            # core.init does not read the experiment config; checkpoint_policy=best ranks by it
+            train.searcher_metric = self.config.searcher.metric
+            train.smaller_is_better = self.config.searcher.smaller_is_better
         self.user_callbacks = list(self.trial.keras_callbacks() or [])
         for cb in self.user_callbacks:  # det.keras.callbacks.TensorBoard syncs to our storage
             bind = getattr(cb, "bind_core_context", None)
@@ -299,17 +312,27 @@ class TrialController:
         self.last_validation_at = sequencer.get("last_validation_at")
         self.last_checkpoint_at = self.batches_trained
         self.last_validation = dict(sequencer.get("last_validation") or {})
-        for key, cb in callback_state.stateful_callbacks(self.user_callbacks).items():
-            if key in state.callbacks:
-                cb.load_state(state.callbacks[key])
         if state.extra_variables:
             callback_state.restore_extra_variables(self.model, state.extra_variables)
-        callback_state.restore_rng(state.rng)
-        keras2_format.restore_layer_rng(self.model, state.rng)
+        self._resumed_state = state
         self.latest_checkpoint = uuid
         logger.info(
             "Resumed trial %s from checkpoint %s at batch %d", trial_id, uuid, self.batches_trained
         )
+
+    def _load_callback_states(self) -> None:
+        """Callbacks' ``load_state`` and the RNG states of a resumed trial. Determined calls
+        ``on_train_begin`` first and ``load_state`` after it, so a callback's ``on_train_begin``
+        (Keras's EarlyStopping resets ``wait`` and ``best`` there) cannot undo the restored
+        state, and RNG draws in ``on_train_begin`` do not shift the restored streams."""
+        state, self._resumed_state = self._resumed_state, None
+        if state is None:
+            return
+        for key, cb in callback_state.stateful_callbacks(self.user_callbacks).items():
+            if key in state.callbacks:
+                cb.load_state(state.callbacks[key])
+        callback_state.restore_rng(state.rng)
+        keras2_format.restore_layer_rng(self.model, state.rng)
 
     def _check_layout(self, path: str, uuid: str) -> None:
         """ResumeError unless ``path`` holds the model in the running Keras's layout."""
@@ -445,9 +468,7 @@ class TrialController:
             step = self.batches_trained % bpe if bpe else self.batches_trained
             self.callbacks.on_train_batch_begin(step)
             x, y, sw = self.train_data.next_batch()
-            batch_logs = self.model.train_on_batch(
-                x, y, sample_weight=sw, class_weight=fit["class_weight"], return_dict=True
-            )
+            batch_logs = self._train_on_batch(x, y, sw, fit["class_weight"])
             self.batches_trained += 1
             logs.append(batch_logs)
             self.callbacks.on_train_batch_end(step, batch_logs)
@@ -468,16 +489,35 @@ class TrialController:
         self.core.train.report_training_metrics(self.batches_trained, metrics)
         return metrics
 
+    def _train_on_batch(self, x: Any, y: Any, sw: Any, class_weight: Any) -> dict[str, Any]:
+        if not backend.graph_mode():
+            return self.model.train_on_batch(
+                x, y, sample_weight=sw, class_weight=class_weight, return_dict=True
+            )
+        return self._named(
+            self.model.train_on_batch(x, y, sample_weight=sw, class_weight=class_weight)
+        )
+
+    def _named(self, logs: Any) -> dict[str, Any]:
+        """Keras 2's graph-mode Model (a module that called
+        ``tf.compat.v1.disable_eager_execution()``) has no ``return_dict``: it returns a value or
+        a list in ``metrics_names`` order."""
+        if isinstance(logs, dict):
+            return logs
+        return dict(zip(self.model.metrics_names, np.atleast_1d(logs).tolist(), strict=True))
+
     def _validate(self) -> dict[str, float]:
         fit = self.context.fit_config
         kwargs = data_mod.evaluate_kwargs(self.val_data, self.batch_size)
+        options = {"return_dict": True} if not backend.graph_mode() else {}
         logs = self.model.evaluate(
             **kwargs,
             steps=fit["validation_steps"],
             callbacks=self.callbacks,
             verbose=1 if fit["verbose"] else 0,
-            return_dict=True,
+            **options,
         )
+        logs = self._named(logs)
         metrics = {f"val_{k}": float(_to_float(v)) for k, v in logs.items()}
         self.last_validation = metrics
         self.last_validation_at = self.batches_trained
@@ -501,6 +541,33 @@ class TrialController:
             )
         return value
 
+    def _experiment_best(self) -> float | None:
+        """The experiment's best searcher metric so far (None: no validation yet, or a core
+        context without Determined's ``get_experiment_best_validation``)."""
+        get = getattr(self.core.train, "get_experiment_best_validation", None)
+        return get() if callable(get) else None
+
+    def _validate_then_checkpoint(self) -> float:
+        """Validate, then checkpoint as ``checkpoint_policy`` says (Determined's workload
+        sequencer): ``best`` when the searcher metric beats the experiment's best *before* this
+        validation was reported, ``all`` always, ``none`` never (periodic, end-of-training and
+        preemption checkpoints are taken under every policy)."""
+        policy = self.config.checkpoint_policy
+        before = self._experiment_best() if policy == "best" else None
+        value = self._searcher_value(self._validate())
+        if self.batches_trained == 0 or self.last_checkpoint_at == self.batches_trained:
+            return value  # Determined: a checkpoint at step 0 or the current one is not redone
+        if policy == "all" or (policy == "best" and self._beats(value, before)):
+            self._checkpoint()
+        return value
+
+    def _beats(self, value: float, before: float | None) -> bool:
+        if not math.isfinite(value):  # a diverged validation is never the best one
+            return False
+        if before is None:
+            return True
+        return value < before if self.config.searcher.smaller_is_better else value > before
+
     def run(self) -> TrialResult:
         """Train to ``searcher.max_length`` (or until stopped, pruned or preempted)."""
         self._build()
@@ -513,13 +580,14 @@ class TrialController:
         status = "completed"
         self.model.stop_training = False
         self.callbacks.on_train_begin()
+        self._load_callback_states()
         try:
             if (
                 self.config.perform_initial_validation
                 and self.batches_trained == 0
                 and self.last_validation_at is None
             ):
-                self._searcher_value(self._validate())
+                self._validate_then_checkpoint()
             while self.batches_trained < self.max_batches:
                 n = self._next_boundary() - self.batches_trained
                 self._train_workload(n)
@@ -527,7 +595,7 @@ class TrialController:
                 rung = self.rungs.get(self.batches_trained)
                 periodic = self.val_period and self.batches_trained % self.val_period == 0
                 if at_end or periodic or rung is not None:
-                    value = self._searcher_value(self._validate())
+                    value = self._validate_then_checkpoint()
                     if self.prune_hook is not None and rung is not None and not at_end:
                         if self.prune_hook(rung, value):
                             status = "pruned"

@@ -71,7 +71,8 @@ DATA_TYPES = [
 @pytest.mark.parametrize("data_type", DATA_TYPES)
 def test_each_data_type_trains(tiny_trial_env, data_type):
     _, registry = tiny_trial_env
-    controller, result = run_trial(tiny_trial_env, 1, data_type, config())
+    # checkpoint_policy none: only the end checkpoint (test_checkpoint_policy covers the others)
+    controller, result = run_trial(tiny_trial_env, 1, data_type, config(checkpoint_policy="none"))
     assert result.status == "completed" and result.batches_trained == 10
     assert set(result.last_validation) == {"val_loss", "val_accuracy"}
     counter = TinyTrial.last_counter
@@ -107,11 +108,51 @@ def test_preempted_trial_resumes_exactly(tiny_trial_env, data_type):
     resumed, result = run_trial(tiny_trial_env, 2, data_type, cfg)
     assert result.status == "completed" and result.batches_trained == 12
     assert TinyTrial.last_counter.batches == 12  # callback state survived
+    # Determined's order: on_train_begin first, then load_state (a reset cannot undo the state)
+    assert TinyTrial.last_counter.hooks == ["on_train_begin", "load_state"]
     assert TinyTrial.last_counter.workloads[0] == (6, 2)  # continued at the next batch
     assert int(resumed.model.optimizer.iterations.numpy()) == 12
     for a, b in zip(model_state(straight.model), model_state(resumed.model), strict=True):
         np.testing.assert_array_equal(a, b)
     assert [m.steps_completed for m in registry.get_metrics(2, "validation")] == [4, 8, 12]
+
+
+@pytest.mark.parametrize("policy", ["best", "all", "none", None])
+def test_checkpoint_policy(tiny_trial_env, policy):
+    """Determined's rule: after a validation, ``best`` checkpoints when the searcher metric beats
+    every earlier validation of the experiment, ``all`` always, ``none`` never; the end of
+    training is checkpointed under each. No ``checkpoint_policy`` means ``best``."""
+    _, registry = tiny_trial_env
+    extra = {} if policy is None else {"checkpoint_policy": policy}
+    cfg = config(max_batches=8, val=2, unit=2, **extra)
+    experiment = registry.create_experiment(config=cfg)
+    registry.create_trial(experiment_id=experiment, trial_id=1)
+    # Another trial of the experiment already holds a validation: `best` must beat it.
+    registry.create_trial(experiment_id=experiment, trial_id=2)
+    registry.report_metrics(2, "validation", 1, {"val_accuracy": 0.7})
+    with ckptstore.core.init(
+        storage=tiny_trial_env[0],
+        registry=registry,
+        trial_id=1,
+        experiment_id=experiment,
+        hparams={"global_batch_size": 16, "data_type": "arrays"},
+        preempt_signals=False,
+    ) as core_context:
+        TrialController(TinyTrial, core_context, cfg, trial_seed=3).run()
+    validations = [
+        (m.steps_completed, m.metrics["val_accuracy"])
+        for m in registry.get_metrics(1, "validation")
+    ]
+    assert [step for step, _ in validations] == [2, 4, 6, 8]
+    best, improved = 0.7, {8}
+    for step, value in validations:
+        if value > best:
+            best = value
+            improved.add(step)
+    # seed 3 gives 0.67, 0.70, 0.72, 0.72: `best` is neither `all` nor `none` here
+    assert improved == {4, 6, 8}
+    expected = {"best": improved, None: improved, "all": {2, 4, 6, 8}, "none": {8}}[policy]
+    assert {c.steps_completed for c in registry.list_checkpoints(1)} == expected
 
 
 def test_stop_training_from_a_callback_ends_with_validation_and_checkpoint(tiny_trial_env):
@@ -162,3 +203,14 @@ def test_bad_data_loader_type(tiny_trial_env):
     ) as core_context:
         with pytest.raises(errors.InvalidConfig, match="returned a list.*tf.data.Dataset"):
             TrialController(BadData, core_context, config()).run()
+
+
+def test_keras3_refuses_graph_mode(tiny_trial_env, monkeypatch):
+    """A module that called tf.compat.v1.disable_eager_execution() cannot train on Keras 3: a
+    typed error names Keras 2 (which trains it: tests/keras_io/test_graph_mode_keras2.py). Graph
+    mode is reported on here, since the real switch cannot be turned back in this process."""
+    from ckptstore.keras_io import backend
+
+    monkeypatch.setattr(backend, "graph_mode", lambda: True)
+    with pytest.raises(errors.NotSupported, match="disable_eager_execution.*LEGACY_KERAS=1"):
+        run_trial(tiny_trial_env, 1, "arrays", config())

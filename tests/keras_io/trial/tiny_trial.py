@@ -44,6 +44,10 @@ class BatchCounter(callbacks.Callback):
         self.workloads = []
         self.checkpoints = 0
         self.preempt, self.preempt_at = preempt, preempt_at
+        self.hooks = []  # on_train_begin / load_state, in the order the controller calls them
+
+    def on_train_begin(self, logs=None):
+        self.hooks.append("on_train_begin")
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches += 1
@@ -63,6 +67,7 @@ class BatchCounter(callbacks.Callback):
         return {"batches": self.batches}
 
     def load_state(self, state):
+        self.hooks.append("load_state")
         self.batches = state["batches"]
 
 
