@@ -4,25 +4,34 @@ what this machine does not hold yet.
 
 Layout, under ``<CKPTSTORE_HOME>/cache/`` (``CKPTSTORE_CACHE_DIR`` moves it)::
 
-    blobs/<sha256[:2]>/<sha256>   a format-2 chunk, named by its SHA-256 (shared by every
-                                  checkpoint and storage that uses it)
-    files/<key[:2]>/<key>         a whole file (format 1, or a format-2 file stored whole);
-                                  key = SHA-256 of (storage URL, uuid, path, size, crc32c)
-    index.db                      SQLite: one row per entry (size, last use) and recent loads
+    files/<key[:2]>/<key>   one verified file of a checkpoint, whole
+    index.db                SQLite: each entry's size and last use; for a deduplicated
+                            (format-2) file, where each of its chunks lies in it; recent loads
+
+A format-2 file is keyed by its list of chunks (SHA-256 of the chunks' SHA-256 and sizes, so
+by its content: checkpoints and storages share it); a whole (format-1) file by (storage URL,
+uuid, path, size, crc32c). A load takes a file it needs whole from the cache when it can (a
+hard link and one CRC-32C pass: loading the same checkpoint again), else the chunks it needs
+from any cached file holding them (the next checkpoint of a trial: only changed chunks come
+from storage), and keeps each file it assembled or downloaded (a hard link, no copy).
 
 Choices made where the issue is silent:
 
-- **Never trusted blindly.** A chunk is used only if its bytes hash to its name; a whole file
-  only if its size and crc32c match the manifest. A damaged entry (a disk error, or a
-  hard-linked copy the user edited in place, see below) is dropped and fetched again.
+- **Never trusted blindly.** A chunk read from a cached file is used only if its bytes hash to
+  its SHA-256; a file taken whole only if its size and CRC-32C match the manifest (the check
+  a download from storage gets). A damaged entry (a disk error, or a hard-linked copy the
+  user edited in place, see below) is dropped and fetched again.
+- **Files, not chunks.** Keeping chunks as separate entries would cost a copy of every byte
+  into the cache on a first load and a copy out of it (plus a SHA-256 pass) on every later
+  one; keeping the files costs neither (links) and still serves every chunk.
 - **Whole files are keyed by where they come from, not by their crc32c alone.** CRC-32C has 32
   bits: two different ``model.keras`` of the same size collide with probability ~n²/2³³
   (1% at ~9,000 same-size files), and a collision would pass verification. A committed
   checkpoint's files never change, so (storage, uuid, path, size, crc32c) names one content.
-  Sharing across checkpoints is what format 2's SHA-256 chunks are for.
+  Format-2 files are keyed by their SHA-256 chunk list instead, so they are shared.
 - **Hard links.** A download into a folder hard-links whole files from the cache (a copy when
-  the folder is on another file system), and a whole file fetched from storage is linked into
-  the cache. A user who then edits that file *in place* edits the cache entry too: the next
+  the folder is on another file system), and a file fetched from storage is linked into the
+  cache. A user who then edits that file *in place* edits the cache entry too: the next
   read sees the crc32c differ, drops the entry and fetches the file again, so correctness
   never depends on the user leaving the file alone (only the saving does).
 - **Several processes at once.** Entries are written to a temporary name in their folder and
@@ -57,6 +66,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import re
@@ -64,7 +74,7 @@ import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,6 +99,7 @@ DEFAULT_FRACTION = 0.10
 RECENT_LOADS = 100
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+_INDEX = "index.db"
 _OFF = {"off", "0", "false", "no"}
 _ON = {"on", "1", "true", "yes"}
 
@@ -124,6 +135,11 @@ def env_choice() -> bool | None:
     )
 
 
+def _key_of(name: str) -> str:
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"files/{digest[:2]}/{digest}"
+
+
 def default_root() -> Path:
     """``CKPTSTORE_CACHE_DIR``, else ``<CKPTSTORE_HOME>/cache``."""
     return Path(os.environ.get(DIR_ENV) or defaults.home() / "cache").expanduser()
@@ -144,22 +160,30 @@ class CacheInfo:
 
 @dataclass
 class LoadStats:
-    """Bytes one load took from storage and from the cache, and the entries it used or added
+    """Bytes one load took from storage and from the cache, the entries it used or added
+    and where the chunks of the format-2 files it added lie in them
     (thread-safe: chunks are fetched on several threads)."""
 
     from_storage: int = 0
     from_cache: int = 0
-    used: dict[str, int] = field(default_factory=dict)
+    used: set[str] = field(default_factory=set)
+    layouts: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def add(self, key: str, size: int, *, hit: bool) -> None:
+    def count(self, size: int, *, hit: bool) -> None:
         with self._lock:
             if hit:
                 self.from_cache += size
             else:
                 self.from_storage += size
-            if key:
-                self.used[key] = size
+
+    def use(self, key: str, chunks: Sequence[Mapping[str, Any]] = ()) -> None:
+        """Entry ``key`` was used or added (``chunks``: its chunk list, for a format-2 file)."""
+        with self._lock:
+            self.used.add(key)
+            if chunks:
+                starts = itertools.accumulate((c["size"] for c in chunks), initial=0)
+                self.layouts[key] = [(c["sha256"], o) for c, o in zip(chunks, starts, strict=False)]
 
 
 class RestoreCache:
@@ -186,33 +210,21 @@ class RestoreCache:
 
     # ---- entries -------------------------------------------------------------------------------
     @staticmethod
-    def blob_key(sha256: str) -> str:
-        return f"blobs/{sha256[:2]}/{sha256}"
+    def content_key(chunks: Sequence[Mapping[str, Any]]) -> str:
+        """The key of a format-2 file: its chunks' SHA-256 and sizes (its content)."""
+        listed = "".join(f"{c['sha256']}:{c['size']}," for c in chunks)
+        return _key_of(f"chunks\0{listed}")
 
     @staticmethod
     def file_key(storage_url: str, uuid: str, rel: str, entry: Mapping[str, Any]) -> str:
-        name = "\0".join([storage_url, uuid, rel, str(entry["size"]), entry["crc32c"]])
-        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
-        return f"files/{digest[:2]}/{digest}"
+        """The key of a whole (format-1) file: where it comes from, its size and crc32c."""
+        return _key_of("\0".join([storage_url, uuid, rel, str(entry["size"]), entry["crc32c"]]))
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))
 
-    def read_blob(self, sha256: str, size: int) -> bytes | None:
-        """The chunk's bytes if cached and intact; a damaged entry is dropped (None)."""
-        path = self._path(self.blob_key(sha256))
-        try:
-            with open(path, "rb") as f:
-                data = f.read(size + 1)
-        except OSError:
-            return None
-        if len(data) == size and hashlib.sha256(data).hexdigest() == sha256:
-            return data
-        self._drop(path, f"chunk {sha256}")
-        return None
-
     def link_file(self, key: str, target: str, entry: Mapping[str, Any]) -> bool:
-        """Put the cached whole file ``key`` at ``target`` (hard link, else copy) if it matches
+        """Put the cached file ``key`` at ``target`` (hard link, else copy) if it matches
         ``entry``'s size and crc32c; a damaged entry is dropped. True if it was placed."""
         path = self._path(key)
         part = tmp_name(target)
@@ -226,54 +238,87 @@ class RestoreCache:
             os.replace(part, target)
             return True
         os.unlink(part)
-        self._drop(path, f"file {key}")
+        self.drop(key)
         return False
 
-    def put_bytes(self, key: str, data: bytes) -> None:
-        """Store ``data`` as entry ``key`` (renamed into place; best effort: a full disk or a
-        read-only cache costs the saving, never the load)."""
-        path = self._path(key)
-        with self._best_effort(key):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            part = tmp_name(path)
-            with open(part, "wb") as f:
-                f.write(data)
-            os.replace(part, path)
+    def chunk_places(self, shas: Iterable[str]) -> dict[str, list[tuple[str, int]]]:
+        """``{sha256: [(key, offset), ...]}``: the cached files holding each chunk (one query
+        per 500 chunks; a place may be gone by the time it is read: then it is a miss)."""
+        wanted = sorted(set(shas))
+        places: dict[str, list[tuple[str, int]]] = {}
+        if not wanted or not (self.root / _INDEX).exists():
+            return places
+        with self._db() as db:
+            for i in range(0, len(wanted), 500):
+                part = wanted[i : i + 500]
+                marks = ",".join("?" * len(part))
+                for sha, key, offset in db.execute(
+                    f"SELECT sha, key, offset FROM chunks WHERE sha IN ({marks})", part
+                ):
+                    places.setdefault(sha, []).append((key, offset))
+        return places
+
+    def read_chunk(
+        self, sha256: str, size: int, places: Sequence[tuple[str, int]]
+    ) -> tuple[str, bytes] | None:
+        """``(key, bytes)`` of the chunk from the first cached file holding it intact; a file
+        whose bytes there do not hash to ``sha256`` is dropped. None if none holds it."""
+        for key, offset in places:
+            try:
+                with open(self._path(key), "rb") as f:
+                    data = os.pread(f.fileno(), size, offset)
+            except OSError:
+                continue
+            if len(data) == size and hashlib.sha256(data).hexdigest() == sha256:
+                return key, data
+            self.drop(key)
+        return None
 
     def put_file(self, key: str, source: str) -> None:
-        """Store the file at ``source`` as entry ``key`` (hard link, else copy)."""
+        """Keep the file at ``source`` as entry ``key`` (hard link, else copy; renamed into
+        place). Best effort: a full disk or a read-only cache costs the saving, never the
+        load."""
         path = self._path(key)
-        with self._best_effort(key):
+        try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             part = tmp_name(path)
             _link_or_copy(source, part)
             os.replace(part, path)
-
-    @contextlib.contextmanager
-    def _best_effort(self, key: str) -> Iterator[None]:
-        try:
-            yield
         except OSError as exc:
             logger.warning("Restore cache %s: could not keep %s (%s)", self.root, key, exc)
 
-    def _drop(self, path: str, what: str) -> None:
+    def drop(self, key: str) -> None:
+        """Delete a damaged entry (file and rows) so the load fetches it again."""
         logger.warning(
-            "Restore cache %s: %s is damaged; dropped, fetching it again", self.root, what
+            "Restore cache %s: entry %s is damaged; dropped, fetching it again", self.root, key
         )
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(key))
+            db.execute("DELETE FROM entries WHERE key = ?", (key,))
+            db.execute("DELETE FROM chunks WHERE key = ?", (key,))
+            db.execute("COMMIT")
 
     # ---- the index -----------------------------------------------------------------------------
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
         os.makedirs(self.root, exist_ok=True)
-        db = sqlite3.connect(self.root / "index.db", timeout=60, isolation_level=None)
+        db = sqlite3.connect(self.root / _INDEX, timeout=60, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
+            # A cache: a crash may lose the last loads' rows (the files heal it), not a fsync
+            # per load.
+            db.execute("PRAGMA synchronous=NORMAL")
             db.execute(
                 "CREATE TABLE IF NOT EXISTS entries"
                 " (key TEXT PRIMARY KEY, size INTEGER NOT NULL, used REAL NOT NULL)"
             )
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS chunks (sha TEXT NOT NULL, key TEXT NOT NULL,"
+                " offset INTEGER NOT NULL, PRIMARY KEY (sha, key))"
+            )
+            db.execute("CREATE INDEX IF NOT EXISTS chunks_key ON chunks (key)")
             db.execute(
                 "CREATE TABLE IF NOT EXISTS loads (id INTEGER PRIMARY KEY AUTOINCREMENT,"
                 " at REAL NOT NULL, from_storage INTEGER NOT NULL, from_cache INTEGER NOT NULL)"
@@ -298,13 +343,20 @@ class RestoreCache:
         with self._db() as db:
             db.execute("BEGIN IMMEDIATE")
             try:
-                for key, size in stats.used.items():
-                    if os.path.isfile(self._path(key)):
-                        db.execute(
-                            "INSERT INTO entries VALUES (?, ?, ?) ON CONFLICT(key)"
-                            " DO UPDATE SET used = excluded.used, size = excluded.size",
-                            (key, size, now),
-                        )
+                for key in sorted(stats.used):
+                    try:  # the file is the truth: no row for a file gone meanwhile
+                        size = os.path.getsize(self._path(key))
+                    except OSError:
+                        continue
+                    db.execute(
+                        "INSERT INTO entries VALUES (?, ?, ?) ON CONFLICT(key)"
+                        " DO UPDATE SET used = excluded.used, size = excluded.size",
+                        (key, size, now),
+                    )
+                    db.executemany(
+                        "INSERT OR IGNORE INTO chunks VALUES (?, ?, ?)",
+                        [(sha, key, off) for sha, off in stats.layouts.get(key, ())],
+                    )
                 db.execute(
                     "INSERT INTO loads (at, from_storage, from_cache) VALUES (?, ?, ?)",
                     (now, stats.from_storage, stats.from_cache),
@@ -333,6 +385,7 @@ class RestoreCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._path(key))
             db.execute("DELETE FROM entries WHERE key = ?", (key,))
+            db.execute("DELETE FROM chunks WHERE key = ?", (key,))
             total -= size
         logger.debug(
             "Restore cache %s: evicted down to %d bytes (limit %d)", self.root, total, limit
@@ -356,9 +409,9 @@ class RestoreCache:
         with self._db() as db:
             db.execute("BEGIN IMMEDIATE")
             size = db.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0]
-            for sub in ("blobs", "files"):
-                shutil.rmtree(self.root / sub, ignore_errors=True)
+            shutil.rmtree(self.root / "files", ignore_errors=True)
             db.execute("DELETE FROM entries")
+            db.execute("DELETE FROM chunks")
             db.execute("DELETE FROM loads")
             db.execute("COMMIT")
         return int(size)

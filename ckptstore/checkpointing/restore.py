@@ -66,35 +66,31 @@ def download_checkpoint(
 ) -> DownloadReport:
     """Write the files of ``manifest`` that ``select`` picks into ``out_dir``.
 
-    ``cache``: see :func:`.cache.resolve` (default: on for remote storage). Whole files found
-    in the cache are hard-linked (or copied) into ``out_dir`` after their crc32c is checked;
-    chunks found there are used after their SHA-256 is checked; everything else is fetched
-    from storage and kept in the cache. ``verify`` checks what storage sent (sizes, crc32c,
-    chunk SHA-256); what the cache holds is checked whatever ``verify`` says."""
+    ``cache``: see :func:`.cache.resolve` (default: on for remote storage). A file the cache
+    holds whole is hard-linked (or copied) into ``out_dir`` once its crc32c matches; a
+    deduplicated file's chunks are read from cached files holding them once their SHA-256
+    matches; everything else comes from storage, and each file is kept in the cache. ``verify``
+    checks what storage sent (sizes, crc32c, chunk SHA-256); what the cache holds is checked
+    whatever ``verify`` says."""
     restore = cache_mod.resolve(cache, storage)
     stats = cache_mod.LoadStats()
     files = {rel: e for rel, e in manifest["files"].items() if select(rel)}
     os.makedirs(out_dir, exist_ok=True)
-    linked = _link_cached(restore, storage, uuid, files, out_dir, stats, progress)
+    keys = _keys(restore, storage, uuid, files)
+    linked = _link_cached(restore, keys, files, out_dir, stats, progress)
     whole = {rel for rel, e in files.items() if "blobs" not in e and rel not in linked}
     if whole:
         storage.download(uuid, out_dir, selector=lambda rel: rel in whole, progress=progress)
     fetched = {rel for rel in whole if not rel.endswith("/")}
+    stats.count(sum(files[rel]["size"] for rel in fetched), hit=False)
+    assembled = {rel for rel, e in files.items() if "blobs" in e and rel not in linked}
+    _assemble(restore, storage, uuid, manifest, out_dir, assembled, verify, stats, progress)
     if verify:
-        fmt.verify_files(out_dir, manifest, lambda rel: rel in fetched)
-    for rel in fetched:
-        key = restore.file_key(storage.url, uuid, rel, files[rel]) if restore else ""
-        if restore is not None:
-            restore.put_file(key, os.path.join(out_dir, *rel.split("/")))
-        stats.add(key, files[rel]["size"], hit=False)
-
-    def read(chunk: Mapping[str, Any], where: str) -> bytes:
-        return _read_chunk(restore, storage, chunk, where, verify, stats, progress)
-
-    blobs.assemble(storage, uuid, manifest, out_dir, lambda rel: rel in files, read=read)
-    if verify:  # the whole crc32c of every reassembled file
-        fmt.verify_files(out_dir, manifest, lambda rel: rel in files and "blobs" in files[rel])
+        fmt.verify_files(out_dir, manifest, lambda rel: rel in fetched or rel in assembled)
     if restore is not None:
+        for rel in fetched | assembled:
+            restore.put_file(keys[rel], os.path.join(out_dir, *rel.split("/")))
+            stats.use(keys[rel], files[rel].get("blobs", ()))
         restore.record(stats)
     report = DownloadReport(
         {r: e["size"] for r, e in files.items() if not r.endswith("/")},
@@ -113,53 +109,85 @@ def download_checkpoint(
     return report
 
 
-def _link_cached(
+def _keys(
     restore: cache_mod.RestoreCache | None,
     storage: Storage,
     uuid: str,
+    files: Mapping[str, Mapping[str, Any]],
+) -> dict[str, str]:
+    """The cache key of every selected file (none without a cache)."""
+    if restore is None:
+        return {}
+    return {
+        rel: restore.content_key(e["blobs"])
+        if "blobs" in e
+        else restore.file_key(storage.url, uuid, rel, e)
+        for rel, e in files.items()
+        if not rel.endswith("/")
+    }
+
+
+def _link_cached(
+    restore: cache_mod.RestoreCache | None,
+    keys: Mapping[str, str],
     files: Mapping[str, Mapping[str, Any]],
     out_dir: str,
     stats: cache_mod.LoadStats,
     progress: ProgressCallback | None,
 ) -> set[str]:
-    """Place the whole files the cache holds intact; returns their relpaths."""
+    """Place the files the cache holds whole and intact; returns their relpaths."""
     linked: set[str] = set()
     if restore is None:
         return linked
-    for rel, entry in files.items():
-        if "blobs" in entry or rel.endswith("/"):
-            continue
-        key = restore.file_key(storage.url, uuid, rel, entry)
+    for rel, key in keys.items():
+        entry = files[rel]
         if restore.link_file(key, os.path.join(out_dir, *rel.split("/")), entry):
             linked.add(rel)
-            stats.add(key, entry["size"], hit=True)
+            stats.count(entry["size"], hit=True)
+            stats.use(key)
             if progress is not None:
                 progress(entry["size"])
     return linked
 
 
-def _read_chunk(
+def _assemble(
     restore: cache_mod.RestoreCache | None,
     storage: Storage,
-    chunk: Mapping[str, Any],
-    where: str,
+    uuid: str,
+    manifest: Mapping[str, Any],
+    out_dir: str,
+    wanted: set[str],
     verify: bool,
     stats: cache_mod.LoadStats,
     progress: ProgressCallback | None,
-) -> bytes:
-    sha, size = chunk["sha256"], chunk["size"]
-    key = restore.blob_key(sha) if restore is not None else ""
-    data = restore.read_blob(sha, size) if restore is not None else None
-    hit = data is not None
-    if data is None:
-        # A chunk kept in the cache is always checked first: its name claims its SHA-256.
-        data = blobs.read_blob(storage, chunk, verify=verify or restore is not None, where=where)
-        if restore is not None:
-            restore.put_bytes(key, data)
-    stats.add(key, size, hit=hit)
-    if progress is not None:
-        progress(size)
-    return data
+) -> None:
+    """Reassemble the deduplicated files in ``wanted``: each chunk from a cached file that
+    holds it (SHA-256 checked) or from storage."""
+    if not wanted:
+        return
+    places = (
+        restore.chunk_places(c["sha256"] for rel in wanted for c in manifest["files"][rel]["blobs"])
+        if restore is not None
+        else {}
+    )
+
+    def read(chunk: Mapping[str, Any], where: str) -> bytes:
+        sha, size = chunk["sha256"], chunk["size"]
+        found = restore.read_chunk(sha, size, places[sha]) if restore and sha in places else None
+        if found is not None:
+            stats.use(found[0])  # a use of the cached file it came from
+            data = found[1]
+        else:
+            # Kept in the cache under a content key: always checked, whatever ``verify`` says.
+            data = blobs.read_blob(
+                storage, chunk, verify=verify or restore is not None, where=where
+            )
+        stats.count(size, hit=found is not None)
+        if progress is not None:
+            progress(size)
+        return data
+
+    blobs.assemble(storage, uuid, manifest, out_dir, wanted.__contains__, read=read)
 
 
 __all__ = ["DownloadReport", "download_checkpoint"]

@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext, blobs
+from ckptstore.checkpointing import CheckpointContext
 from ckptstore.checkpointing import cache as cache_mod
+from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.cache import LoadStats, RestoreCache
 from ckptstore.cli.main import cli
 from tests._helpers.trees import make_tree, read_tree
@@ -79,32 +80,36 @@ def test_a_damaged_entry_or_an_edited_hard_link_is_detected_and_fetched_again(
     storage_url_factory, tmp_path, caplog
 ):
     url = storage_url_factory("s3")
-    files = trees(2)[0]
+    n, n1 = trees(2)
+    backbone = bytearray(n["model/backbone.bin"])
+    backbone[5 * CHUNK] ^= 1  # N+1 changes one chunk of the backbone: assembled from N's file
+    n1["model/backbone.bin"] = bytes(backbone)
     with CheckpointContext(url, dedup=True, dedup_chunk_bytes=CHUNK) as ctx:
-        dedup = ctx.upload(make_tree(str(tmp_path / "a"), files))
+        uuids = [ctx.upload(make_tree(str(tmp_path / f"s{i}"), t)) for i, t in enumerate((n, n1))]
         ctx.dedup = False
-        whole = ctx.upload(str(tmp_path / "a"))
-        ctx.download(dedup, tmp_path / "d1")
+        whole = ctx.upload(str(tmp_path / "s0"))  # format 1: its files cached whole
+        ctx.download(uuids[0], tmp_path / "n")
         ctx.download(whole, tmp_path / "w1")
         assert ctx.cache is not None  # on by default for remote storage
-        # Flip a byte of one cached chunk, and edit a downloaded (hard-linked) file in place.
-        chunk = ctx.cache.root / ctx.cache.blob_key(
-            blobs.chunk_file(str(tmp_path / "a" / "model" / "backbone.bin"), CHUNK)[2]["sha256"]
+        # Flip a byte of N's cached backbone; edit a downloaded (hard-linked) file in place.
+        entry = ctx.cache.root / ctx.cache.content_key(
+            fmt.read_manifest(ctx.storage, uuids[0])["files"]["model/backbone.bin"]["blobs"]
         )
-        data = bytearray(chunk.read_bytes())
-        data[7] ^= 1
-        chunk.write_bytes(bytes(data))
+        data = bytearray(entry.read_bytes())
+        data[2 * CHUNK + 7] ^= 1
+        entry.write_bytes(bytes(data))
         with open(tmp_path / "w1" / "model" / "head.bin", "r+b") as f:
             f.write(b"user edit")
         with caplog.at_level(logging.WARNING, logger="ckptstore.checkpointing.cache"):
-            ctx.download(dedup, tmp_path / "d2")
-            assert ctx.last_download.from_storage == CHUNK
+            ctx.download(uuids[1], tmp_path / "n1")
+            assert ctx.last_download.from_storage >= 2 * CHUNK
             ctx.download(whole, tmp_path / "w2")
             assert ctx.last_download.from_storage == HEAD
         assert caplog.text.count("is damaged; dropped") == 2
-        for out in ("d2", "w2"):
+        assert not entry.exists()
+        for out, files in (("n1", n1), ("w2", n)):
             assert {k: v for k, v in read_tree(str(tmp_path / out)).items() if k in files} == files
-        ctx.download(dedup, tmp_path / "d3")  # the refetched entry was kept
+        ctx.download(uuids[1], tmp_path / "again")  # what was fetched again was kept
         assert ctx.last_download.from_storage == 0
 
 
@@ -135,8 +140,7 @@ def test_four_processes_loading_one_checkpoint_at_once(storage_url_factory, tmp_
     info = RestoreCache().info()
     on_disk = sum(
         os.path.getsize(os.path.join(d, f))
-        for sub in ("blobs", "files")
-        for d, _, names in os.walk(os.path.join(info.root, sub))
+        for d, _, names in os.walk(os.path.join(info.root, "files"))
         for f in names
     )
     assert info.size == on_disk  # every entry counted once, however many processes wrote it
@@ -155,7 +159,7 @@ def test_eviction_keeps_the_cache_under_its_limit(storage_url_factory, tmp_path)
         assert ctx.last_download.from_cache > 0
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(
     loads=st.lists(
         st.lists(st.tuples(st.integers(0, 7), st.integers(1, 400)), min_size=1, max_size=5),
@@ -168,13 +172,16 @@ def test_lru_accounting(tmp_path_factory, loads, limit):
     """After every load the index counts exactly the files on disk, within the limit, and
     what was evicted is older than what was kept."""
     cache = RestoreCache(tmp_path_factory.mktemp("lru"), limit=limit)
+    source = cache.root / "source"
     last_use: dict[str, int] = {}
     for step, load in enumerate(loads):
         stats = LoadStats()
         for key_id, size in load:
             key = f"files/00/{key_id:064x}"
-            cache.put_bytes(key, b"x" * size)
-            stats.add(key, size, hit=False)
+            source.unlink(missing_ok=True)  # a new file: the cache hard-links the last one
+            source.write_bytes(b"x" * size)
+            cache.put_file(key, str(source))
+            stats.use(key)
             last_use[key] = step
         cache.record(stats)
         on_disk = {
