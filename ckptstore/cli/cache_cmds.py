@@ -17,7 +17,13 @@ from ckptstore.cli.output import emit_json, emit_record, human_size, json_option
 
 @click.group("cache")
 def cache() -> None:
-    """The local restore cache: chunks and files of checkpoints already loaded here."""
+    """The local restore cache: files of checkpoints already loaded on this machine.
+
+    \b
+    Example:
+      ckptstore cache info
+      CKPTSTORE_CACHE_SIZE=20GB ckptstore checkpoint download 0b7c...
+    """
 
 
 @cache.command("info")
@@ -33,7 +39,7 @@ def info_cmd(as_json: bool) -> None:
 
     info = dataclasses.asdict(RestoreCache().info())
     choice = env_choice()
-    info["enabled"] = "remote storage" if choice is None else choice
+    info["enabled"] = "auto (on for remote storage)" if choice is None else choice
     if as_json:
         emit_json(info)
         return

@@ -216,3 +216,6 @@ def test_opt_out_and_bad_settings(storage_url_factory, tmp_path, monkeypatch):
             cache_mod.parse_size(bad)
     result = CliRunner().invoke(cli, ["cache", "clear"])
     assert result.exit_code == 0 and "Cleared" in result.output
+    monkeypatch.setenv(cache_mod.SIZE_ENV, "a lot")
+    with pytest.raises(errors.InvalidConfig, match="CKPTSTORE_CACHE_SIZE.*'a lot'"):
+        RestoreCache()
