@@ -86,7 +86,7 @@ def download_checkpoint(
     assembled = {rel for rel, e in files.items() if "blobs" in e and rel not in linked}
     _assemble(restore, storage, uuid, manifest, out_dir, assembled, verify, stats, progress)
     if verify:
-        fmt.verify_files(out_dir, manifest, lambda rel: rel in fetched or rel in assembled)
+        fmt.verify_files(out_dir, manifest, lambda rel: rel in whole or rel in assembled)
     if restore is not None:
         for rel in fetched | assembled:
             restore.put_file(keys[rel], os.path.join(out_dir, *rel.split("/")))
