@@ -23,6 +23,7 @@ path measured in the same run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -35,6 +36,23 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MiB = 2**20
 WIDTH = 1024  # a Dense(1024, 1024) layer is 4 MiB of float32
+#: (title, frozen backbone?) of the two scenarios (also used by benchmarks/restore.py).
+SCENARIOS = (("(a) frozen backbone, trained head", True), ("(b) full training", False))
+
+
+@contextlib.contextmanager
+def moto_s3(prefix: str):  # type: ignore[no-untyped-def]
+    """A temporary work folder and the moto S3 emulator (its endpoint in ``os.environ``)."""
+    from tests.servers.emulators import start_server
+
+    work = tempfile.mkdtemp(prefix=prefix)
+    server = start_server("s3", os.path.join(work, "s3"))
+    try:
+        os.environ.update(server.env)
+        yield server, work
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def build(backbone_mb: float, frozen: bool):  # type: ignore[no-untyped-def]
@@ -207,20 +225,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    from tests.servers.emulators import create_bucket, start_server
+    from tests.servers.emulators import create_bucket
 
-    work = tempfile.mkdtemp(prefix="incremental-")
-    server = start_server("s3", os.path.join(work, "s3"))
-    try:
-        os.environ.update(server.env)
+    with moto_s3("incremental-") as (server, work):
         print(
             f"backbone {args.backbone_mb:g} MB, {args.epochs} checkpoints per method, "
             f"chunks of {args.chunk_kb} KiB"
         )
-        for name, frozen in (
-            ("(a) frozen backbone, trained head", True),
-            ("(b) full training", False),
-        ):
+        for name, frozen in SCENARIOS:
             rows: dict[str, dict[str, float]] = {}
             tag = "a" if frozen else "b"
             for store in args.storage.split(","):
@@ -238,9 +250,6 @@ def main(argv: list[str] | None = None) -> None:
                 rows[f"Keras {kind}"] = run_keras(kind, os.path.join(work, tag), args, frozen)
             report(name, rows)
             sys.stdout.flush()
-    finally:
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

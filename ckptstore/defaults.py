@@ -3,6 +3,7 @@
 - ``CKPTSTORE_HOME`` (default ``$XDG_DATA_HOME/ckptstore`` or ``~/.local/share/ckptstore``)
 - storage: ``CKPTSTORE_STORAGE`` or ``<home>/checkpoints`` (local files)
 - registry: ``CKPTSTORE_REGISTRY`` or ``sqlite:///<home>/registry.db``
+- restore cache: ``CKPTSTORE_CACHE_DIR`` or ``<home>/cache`` (:mod:`ckptstore.checkpointing.cache`)
 
 Example::
 

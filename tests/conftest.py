@@ -48,6 +48,16 @@ class Where(NamedTuple):
         return {"storage": self.storage, "registry": self.registry, "preempt_signals": False}
 
 
+@pytest.fixture(autouse=True)
+def _own_restore_cache(tmp_path_factory, monkeypatch) -> None:
+    """Each test gets its own restore cache folder (created on first use; children inherit
+    it), so no test passes because another one left a good copy of a chunk it damages."""
+    import uuid
+
+    base = tmp_path_factory.getbasetemp()
+    monkeypatch.setenv("CKPTSTORE_CACHE_DIR", str(base / f"restore-cache-{uuid.uuid4().hex[:12]}"))
+
+
 @pytest.fixture
 def where(tmp_path, monkeypatch) -> Where:
     """Local storage and a fresh SQLite registry in ``tmp_path``, with no trial of an outer

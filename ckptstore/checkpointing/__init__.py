@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+from ckptstore.checkpointing.cache import RestoreCache
 from ckptstore.checkpointing.context import CheckpointContext
 from ckptstore.checkpointing.distributed import DummyDistributed, ProcessGroup
 from ckptstore.checkpointing.download_mode import DownloadMode
@@ -36,6 +37,7 @@ from ckptstore.checkpointing.index import (
     CheckpointIndex,
     CheckpointRecord,
 )
+from ckptstore.checkpointing.restore import DownloadReport
 from ckptstore.checkpointing.retention import (
     AnyOf,
     BestN,
@@ -47,6 +49,7 @@ from ckptstore.checkpointing.retention import (
 
 __all__ = [
     "DownloadMode",
+    "DownloadReport",
     "AnyOf",
     "BestN",
     "COMMITTED",
@@ -65,6 +68,7 @@ __all__ = [
     "METADATA_NAME",
     "PARTIALLY_DELETED",
     "PENDING",
+    "RestoreCache",
     "build_manifest",
     "is_committed",
     "list_committed",

@@ -291,6 +291,10 @@ def upload(
 
 
 # ---- reading -----------------------------------------------------------------------------------
+#: ``read(chunk, where) -> bytes``: a chunk's verified bytes; ``where`` names it in errors.
+ChunkReader = Callable[[Mapping[str, Any], str], bytes]
+
+
 def _damaged(message: str, sha: str) -> errors.ChecksumMismatch:
     exc = errors.ChecksumMismatch(message)
     exc.blob = sha  # type: ignore[attr-defined]  # lets callers name every checkpoint using it
@@ -327,6 +331,7 @@ def assemble(
     *,
     verify: bool = True,
     workers: int | None = None,
+    read: ChunkReader | None = None,
 ) -> dict[str, int]:
     """Write every selected deduplicated file of ``manifest`` into ``local_dir`` as an
     ordinary file, verifying each blob. Returns ``{relpath: size}``.
@@ -337,7 +342,9 @@ def assemble(
     thread holds one chunk at a time, so memory stays within ``workers`` chunks. The first
     damaged or missing chunk (in file order) is raised as :class:`~ckptstore.errors.
     ChecksumMismatch` naming it, and chunks not read yet are not read. The whole file's
-    crc32c is left to the caller (:func:`~ckptstore.checkpointing.format.verify_files`)."""
+    crc32c is left to the caller (:func:`~ckptstore.checkpointing.format.verify_files`).
+    ``read(chunk, where)`` returns a chunk's verified bytes (default: :func:`read_blob` from
+    ``storage``; the restore cache passes its own)."""
     written: dict[str, int] = {}
     todo: list[tuple[str, str, Mapping[str, Any], int]] = []
     #: part file -> final name. Chunks land in a part file renamed only once all arrived, so
@@ -359,7 +366,11 @@ def assemble(
             offset += chunk["size"]
         written[rel] = entry["size"]
     try:
-        _fetch_chunks(storage, uuid, todo, verify=verify, workers=workers)
+        if read is None:
+            read = lambda chunk, where: read_blob(storage, chunk, verify=verify, where=where)  # noqa: E731
+        if workers is None:
+            workers = getattr(storage, "concurrency", None) or UPLOAD_WORKERS
+        _fetch_chunks(uuid, todo, read, workers)
     except BaseException:
         for part in parts:
             with contextlib.suppress(OSError):
@@ -371,12 +382,10 @@ def assemble(
 
 
 def _fetch_chunks(
-    storage: Storage,
     uuid: str,
     todo: list[tuple[str, str, Mapping[str, Any], int]],
-    *,
-    verify: bool,
-    workers: int | None,
+    read: ChunkReader,
+    workers: int,
 ) -> None:
     """Read ``(rel, path, chunk, offset)`` items in parallel, each written at its offset."""
     if not todo:
@@ -384,7 +393,7 @@ def _fetch_chunks(
 
     def one(item: tuple[str, str, Mapping[str, Any], int]) -> None:
         rel, target, chunk, offset = item
-        data = read_blob(storage, chunk, verify=verify, where=f"{uuid}/{rel}")
+        data = read(chunk, f"{uuid}/{rel}")
         fd = os.open(target, os.O_WRONLY)
         try:
             view = memoryview(data)
@@ -393,8 +402,6 @@ def _fetch_chunks(
         finally:
             os.close(fd)
 
-    if workers is None:
-        workers = getattr(storage, "concurrency", None) or UPLOAD_WORKERS
     pool = ThreadPoolExecutor(max(1, min(workers, len(todo))))
     try:
         for future in [pool.submit(one, item) for item in todo]:

@@ -15,7 +15,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ckptstore import errors
-from ckptstore.checkpointing import blobs, commit, sharded
+from ckptstore.checkpointing import blobs, commit, restore, sharded
+from ckptstore.checkpointing import cache as cache_mod
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.blobs import DEFAULT_CHUNK_BYTES, check_chunk_bytes
 from ckptstore.checkpointing.collector import DEFAULT_GRACE_SECONDS, collect
@@ -63,6 +64,9 @@ class CheckpointContext:
             local file system. False turns it off for this context.
         dedup_chunk_bytes: the largest chunk (default 4 MiB); writers cut at tensor
             boundaries below it.
+        cache: the local restore cache downloads use (:mod:`.cache`): None (default) = on
+            for remote storage unless ``CKPTSTORE_CACHE=off``; True/False; or a
+            :class:`~ckptstore.checkpointing.cache.RestoreCache`.
 
     With an index, the chief reconciles the trial's PENDING rows with storage at start-up
     (see :meth:`reconcile`), so a checkpoint committed by a run killed before it updated the
@@ -99,6 +103,7 @@ class CheckpointContext:
         owns_storage: bool | None = None,
         dedup: bool | None = None,
         dedup_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        cache: cache_mod.CacheOption = None,
     ) -> None:
         # A storage opened here is closed here; a caller that opened it may hand it over
         # (owns_storage=True) so there is exactly one owner.
@@ -127,6 +132,9 @@ class CheckpointContext:
             dedup = dedup_option(storage)
         self.dedup = self.storage.remote if dedup is None else bool(dedup)
         self.dedup_chunk_bytes = check_chunk_bytes(dedup_chunk_bytes)
+        self.cache = cache_mod.resolve(cache, self.storage)
+        #: What the last :meth:`download` of this context fetched (storage vs cache bytes).
+        self.last_download: restore.DownloadReport | None = None
         #: Blobs our last deduplicated commit named: the next one does not ask storage about them.
         self._known_blobs = blobs.KnownBlobs()
         self.gc_grace_seconds = number_at_least("gc_grace_seconds", gc_grace_seconds, 0)
@@ -448,23 +456,27 @@ class CheckpointContext:
         download_mode: DownloadMode | str = DownloadMode.LocalWorkersShareDownload,
         *,
         selector: Any = None,
+        cache: cache_mod.CacheOption = None,
     ) -> None:
         """Download committed checkpoint ``storage_id`` (or the files ``selector`` picks: a
         callable on relative paths, a glob or a list of globs) into ``ckpt_dir``, verifying
         sizes and checksums unless ``verify=False``. ``download_mode`` is Determined's argument;
-        both modes give the same files (see :mod:`~ckptstore.checkpointing.download_mode`)."""
+        both modes give the same files (see :mod:`~ckptstore.checkpointing.download_mode`).
+        Files already in the restore cache are linked from it (``cache``: this call's choice,
+        default the context's; :attr:`last_download` says what came from where)."""
         check_download_mode(download_mode)
         self._check_open()
         manifest = self._manifest(storage_id)
         select = fmt.compile_selector(selector)
-        ckpt_dir = os.fspath(ckpt_dir)
-        whole = {r for r, e in manifest["files"].items() if "blobs" not in e}
-        self.storage.download(
-            storage_id, ckpt_dir, selector=lambda rel: rel in whole and bool(select(rel))
+        self.last_download = restore.download_checkpoint(
+            self.storage,
+            storage_id,
+            manifest,
+            os.fspath(ckpt_dir),
+            lambda rel: bool(select(rel)),
+            verify=self.verify,
+            cache=(self.cache or False) if cache is None else cache,
         )
-        blobs.assemble(self.storage, storage_id, manifest, ckpt_dir, select, verify=self.verify)
-        if self.verify:
-            fmt.verify_files(ckpt_dir, manifest, select)
 
     @contextlib.contextmanager
     def restore_path(

@@ -126,20 +126,36 @@ def describe_cmd(state: CliState, uuid: str, as_json: bool) -> None:
 @checkpoint.command("download")
 @click.argument("uuid")
 @download_options("./UUID")
+@json_option
 @pass_state
 def download_cmd(
-    state: CliState, uuid: str, out_dir: str | None, selectors: tuple[str, ...]
+    state: CliState,
+    uuid: str,
+    out_dir: str | None,
+    selectors: tuple[str, ...],
+    no_cache: bool,
+    as_json: bool,
 ) -> None:
-    """Download a checkpoint and verify every file's size and crc32c.
+    """Download a checkpoint and verify every file's size and crc32c. Bytes the local restore
+    cache holds are taken from it (verified); --json says how many came from where.
 
     \b
     Example:
       ckptstore checkpoint download 0b7c... -o ./ckpt --selector 'model.keras'
     """
     out_dir = out_dir or os.path.join(os.getcwd(), uuid)
-    checked = download_checkpoint(state, uuid, out_dir, list(selectors) or None)
-    total = sum(checked.values())
-    click.echo(f"Downloaded {len(checked)} files ({human_size(total)}) of {uuid} to {out_dir}")
+    report = download_checkpoint(
+        state, uuid, out_dir, list(selectors) or None, cache=False if no_cache else None
+    )
+    if as_json:
+        emit_json({"uuid": uuid, "output": out_dir, **report.as_dict()})
+        return
+    total = sum(report.files.values())
+    click.echo(
+        f"Downloaded {len(report.files)} files ({human_size(total)}) of {uuid} to {out_dir}"
+        f" ({human_size(report.from_storage)} from storage, "
+        f"{human_size(report.from_cache)} from the restore cache)"
+    )
 
 
 @checkpoint.command("verify")
@@ -156,7 +172,8 @@ def verify_cmd(state: CliState, uuid: str, as_json: bool) -> None:
       ckptstore checkpoint verify 0b7c...
     """
     with tempfile.TemporaryDirectory(prefix="ckptstore-verify-") as tmp:
-        checked = download_checkpoint(state, uuid, tmp, label="Verifying")
+        # The point is to check what storage holds: nothing comes from the local cache.
+        checked = download_checkpoint(state, uuid, tmp, label="Verifying", cache=False).files
     result = {"uuid": uuid, "ok": True, "files": len(checked), "bytes": sum(checked.values())}
     if as_json:
         emit_json(result)

@@ -3,8 +3,8 @@ and ``model download``; plus the ``-o``/``--selector`` options both download ver
 
 Example::
 
-    checked = download_checkpoint(state, uuid, "./ckpt", ["*.keras"])
-    print(f"{len(checked)} files, {sum(checked.values())} bytes")
+    report = download_checkpoint(state, uuid, "./ckpt", ["*.keras"])
+    print(f"{len(report.files)} files, {report.from_storage} bytes from storage")
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ckptstore.cli.progress import transfer_progress
 from ckptstore.cli.state import CliState
 
 if TYPE_CHECKING:
+    from ckptstore.checkpointing.restore import DownloadReport
     from ckptstore.storage_backends import Storage
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -37,29 +38,19 @@ def read_committed_manifest(storage: Storage, uuid: str) -> dict[str, Any]:
     return ckpt_format.read_manifest(storage, uuid)
 
 
-def assemble_blobs(
-    storage: Storage, uuid: str, manifest: dict[str, Any], out_dir: str, wanted: Any
-) -> None:
-    """Write the deduplicated files of ``manifest`` (format 2) as ordinary files; a damaged
-    blob is reported with every checkpoint in the prefix that uses it."""
-    from ckptstore.checkpointing import blob_gc, blobs
-
-    try:
-        blobs.assemble(storage, uuid, manifest, out_dir, lambda rel: rel in wanted)
-    except errors.ChecksumMismatch as exc:
-        sha = getattr(exc, "blob", None)
-        if sha is None:
-            raise
-        using = blob_gc.users(storage, sha)
-        raise errors.ChecksumMismatch(
-            f"{exc} Checkpoints using this blob ({len(using)}): {', '.join(using)}."
-        ) from None
-
-
 def download_checkpoint(
-    state: CliState, uuid: str, out_dir: str, selector: Any = None, *, label: str = "Downloading"
-) -> dict[str, int]:
-    """Download (with a progress bar on a terminal) and verify checkpoint ``uuid``."""
+    state: CliState,
+    uuid: str,
+    out_dir: str,
+    selector: Any = None,
+    *,
+    label: str = "Downloading",
+    cache: bool | None = None,
+) -> DownloadReport:
+    """Download (with a progress bar on a terminal) and verify checkpoint ``uuid``, through
+    the restore cache unless ``cache=False``; a damaged blob is reported with every
+    checkpoint in the prefix that uses it."""
+    from ckptstore.checkpointing import blob_gc, restore
     from ckptstore.checkpointing import format as ckpt_format
 
     try:
@@ -76,19 +67,33 @@ def download_checkpoint(
         if select(rel) or rel == ckpt_format.METADATA_NAME
     }
     total = sum(int(e["size"]) for e in wanted.values())
-    os.makedirs(out_dir, exist_ok=True)
-    whole = {rel for rel, entry in wanted.items() if "blobs" not in entry}
     with transfer_progress(f"{label} {uuid[:8]}", total) as progress:
-        storage.download(uuid, out_dir, selector=lambda rel: rel in whole, progress=progress)
-    assemble_blobs(storage, uuid, manifest, out_dir, wanted)
-    checked = ckpt_format.verify_files(out_dir, manifest, lambda rel: rel in wanted)
+        try:
+            report = restore.download_checkpoint(
+                storage,
+                uuid,
+                manifest,
+                out_dir,
+                wanted.__contains__,
+                cache=cache,
+                progress=progress,
+            )
+        except errors.ChecksumMismatch as exc:
+            sha = getattr(exc, "blob", None)
+            if sha is None:
+                raise
+            using = blob_gc.users(storage, sha)
+            raise errors.ChecksumMismatch(
+                f"{exc} Checkpoints using this blob ({len(using)}): {', '.join(using)}."
+            ) from None
     with open(os.path.join(out_dir, ckpt_format.MANIFEST_NAME), "wb") as f:
         f.write(ckpt_format.manifest_bytes(manifest))
-    return checked
+    return report
 
 
 def download_options(default_folder: str) -> Callable[[F], F]:
-    """``-o/--output`` (into ``out_dir``) and ``--selector`` (into ``selectors``) for a verb.
+    """``-o/--output`` (into ``out_dir``), ``--selector`` (into ``selectors``) and
+    ``--no-cache`` (into ``no_cache``: skip the restore cache) for a verb.
 
     ``default_folder`` names the folder used without ``-o`` in the help text, e.g. ``"./UUID"``.
     """
@@ -107,7 +112,13 @@ def download_options(default_folder: str) -> Callable[[F], F]:
         help="Only files matching (repeatable).",
     )
 
+    no_cache = click.option(
+        "--no-cache",
+        is_flag=True,
+        help="Fetch every byte from storage (skip the local restore cache; CKPTSTORE_CACHE=off).",
+    )
+
     def decorate(command: F) -> F:
-        return output(selector(command))
+        return output(selector(no_cache(command)))
 
     return decorate

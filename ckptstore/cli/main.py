@@ -68,6 +68,10 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
         "ckptstore.cli.job_cmds:job",
         "Non-training jobs (batch inference, evaluation): run, list, describe, logs.",
     ),
+    "cache": (
+        "ckptstore.cli.cache_cmds:cache",
+        "The local restore cache of loaded checkpoints: info, clear.",
+    ),
     "import-determined": (
         "ckptstore.cli.import_cmd:import_determined",
         "Register checkpoints written by Determined.",

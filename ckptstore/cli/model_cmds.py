@@ -193,7 +193,7 @@ def set_alias_cmd(state: CliState, name: str, version: int, alias: str) -> None:
 @download_options("./NAME-vN")
 @pass_state
 def download_cmd(
-    state: CliState, ref: str, out_dir: str | None, selectors: tuple[str, ...]
+    state: CliState, ref: str, out_dir: str | None, selectors: tuple[str, ...], no_cache: bool
 ) -> None:
     """Download the checkpoint behind a model version (latest, :VERSION or @ALIAS).
 
@@ -206,7 +206,13 @@ def download_cmd(
     version = state.registry().get_model(name).get_version(which)
     view = version_view(version)
     out_dir = out_dir or os.path.join(os.getcwd(), f"{name}-v{view['version']}")
-    checked = download_checkpoint(state, view["checkpoint_uuid"], out_dir, list(selectors) or None)
+    checked = download_checkpoint(
+        state,
+        view["checkpoint_uuid"],
+        out_dir,
+        list(selectors) or None,
+        cache=False if no_cache else None,
+    ).files
     click.echo(
         f"Downloaded {name}:{view['version']} (checkpoint {view['checkpoint_uuid']}, "
         f"{len(checked)} files, {human_size(sum(checked.values()))}) to {out_dir}"

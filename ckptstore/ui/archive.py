@@ -27,8 +27,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ckptstore.checkpointing import blobs
 from ckptstore.checkpointing import format as ckpt_format
+from ckptstore.checkpointing import restore
 from ckptstore.storage_backends.base import Storage
 
 logger = logging.getLogger(__name__)
@@ -86,11 +86,8 @@ def _write_tar(
                     tar.addfile(info)
                     continue
                 one = lambda r, rel=rel: r == rel  # noqa: E731 - the file this step fetches
-                if "blobs" in manifest["files"][rel]:  # a deduplicated file (format 2)
-                    blobs.assemble(storage, uuid, manifest, tmp, one)
-                else:
-                    storage.download(uuid, tmp, selector=one)
-                ckpt_format.verify_files(tmp, manifest, one)
+                # One file at a time, so the archive streams while later files are fetched.
+                restore.download_checkpoint(storage, uuid, manifest, tmp, one)
                 path = os.path.join(tmp, *rel.split("/"))
                 tar.add(path, arcname=f"{uuid}/{rel}", recursive=False)
                 os.remove(path)

@@ -39,7 +39,7 @@ def test_every_verb_has_help_with_an_example():
         ("trial", "describe"), ("trial", "report"), ("model", "create"), ("model", "list"),
         ("model", "describe"), ("model", "register-version"), ("model", "set-alias"),
         ("model", "download"), ("gc",), ("reindex",), ("storage", "validate"),
-        ("experiment", "report"), ("import-determined",),
+        ("experiment", "report"), ("import-determined",), ("cache", "info"), ("cache", "clear"),
     }  # fmt: skip
     assert expected <= set(paths)
     runner = CliRunner()

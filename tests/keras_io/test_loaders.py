@@ -8,7 +8,9 @@ where the checkpoints are in DeterminedCallback's Keras 2 layout (``model_checkp
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -104,6 +106,29 @@ def test_latest_best_and_uuid(where_allowed):
         checkpoint_uuid=uuids[0], storage=storage, registry=registry, compile=False
     )
     np.testing.assert_allclose(by_uuid.predict(X, verbose=0), expected[0], rtol=1e-6)
+
+
+def test_loading_again_from_s3_takes_the_bytes_from_the_restore_cache(
+    storage_url_factory, tmp_path, caplog
+):
+    storage, registry = storage_url_factory("s3"), f"sqlite:///{tmp_path / 'r.db'}"
+    model = linear_model(7)
+    uuid = save_checkpoint(storage, registry, 1, model, steps=1)
+    fetched = []
+    for cache in (None, None, False):  # the default (on for S3), again, then opted out
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="ckptstore.checkpointing.restore"):
+            loaded = ckptstore.load_checkpoint_model(
+                checkpoint_uuid=uuid, storage=storage, registry=registry, cache=cache
+            )
+        np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+        found = re.search(r"(\d+) bytes from storage .*, (\d+) from the restore cache", caplog.text)
+        assert found is not None, caplog.text
+        fetched.append((int(found[1]), int(found[2])))
+    (first, cached), (again, hit), (opted_out, none) = fetched
+    assert first > 0 and cached == 0
+    assert again == 0 and hit == first
+    assert opted_out == first and none == 0
 
 
 def test_a_row_naming_another_storage_is_loaded_only_when_allowed(where_allowed, monkeypatch):

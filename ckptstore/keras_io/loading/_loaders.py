@@ -352,6 +352,7 @@ def load_checkpoint_model(
     compile: bool = True,
     custom_objects: Mapping[str, Any] | None = None,
     safe_mode: bool = True,
+    cache: bool | None = None,
 ) -> KerasModel | SavedModelPredictor:
     """Download, verify and load the model of a checkpoint.
 
@@ -369,6 +370,9 @@ def load_checkpoint_model(
         best_by: a validation metric name; picks the trial's best checkpoint by it.
         smaller_is_better: direction of ``best_by``.
         compile, custom_objects, safe_mode: as for ``keras.saving.load_model``.
+        cache: take bytes this machine already loaded from the local restore cache
+            (``ckptstore.checkpointing.cache``). None (default): on for remote storage unless
+            ``CKPTSTORE_CACHE=off``; False fetches everything from storage.
 
     Raises:
         TrialNotFound, CheckpointNotFound, ChecksumMismatch, ModelLoadError,
@@ -392,7 +396,12 @@ def load_checkpoint_model(
                 recorded_url,
             )
         return _download_and_load(
-            store, uuid, compile=compile, custom_objects=custom_objects, safe_mode=safe_mode
+            store,
+            uuid,
+            compile=compile,
+            custom_objects=custom_objects,
+            safe_mode=safe_mode,
+            cache=cache,
         )
 
 
@@ -403,11 +412,12 @@ def _download_and_load(
     compile: bool,
     custom_objects: Mapping[str, Any] | None,
     safe_mode: bool,
+    cache: bool | None = None,
 ) -> KerasModel | SavedModelPredictor:
     """Download checkpoint ``uuid`` (checksums verified) to a temporary folder and load it."""
     from ckptstore.checkpointing import CheckpointContext
 
-    ckpt = CheckpointContext(store, verify=True)
+    ckpt = CheckpointContext(store, verify=True, cache=cache)
     tmp = tempfile.mkdtemp(prefix=f"ckptstore-load-{uuid[:8]}-")
     try:
         logger.info("Downloading checkpoint %s from %s", uuid, store.url)

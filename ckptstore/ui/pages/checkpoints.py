@@ -18,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
 from ckptstore import errors
-from ckptstore.checkpointing import blobs
 from ckptstore.checkpointing import format as ckpt_format
+from ckptstore.checkpointing import restore
 from ckptstore.registry import Checkpoint
 from ckptstore.reports.views import shown_metrics
 from ckptstore.ui import queries
@@ -116,10 +116,10 @@ async def verify(ui: UiContext, request: Request, uuid: str) -> Response:
         manifest = _manifest(ui, ckpt)
         with tempfile.TemporaryDirectory(prefix="ckptstore-ui-verify-") as tmp:
             try:
-                storage = ui.storage_for(ckpt)
-                storage.download(uuid, tmp)
-                blobs.assemble(storage, uuid, manifest, tmp, lambda rel: True)
-                checked = ckpt_format.verify_files(tmp, manifest)
+                # Checks what storage holds, so nothing comes from the local restore cache.
+                checked = restore.download_checkpoint(
+                    ui.storage_for(ckpt), uuid, manifest, tmp, cache=False
+                ).files
             except errors.ChecksumMismatch as exc:
                 return {"ok": False, "message": str(exc)}
         return {

@@ -1,0 +1,464 @@
+"""The local restore cache: verified files of checkpoints already loaded on this machine, so
+loading a checkpoint again, or the next one of the same trial, fetches only what this machine
+does not hold yet (for deduplicated checkpoints, the chunks it does not hold).
+
+Layout, under ``<CKPTSTORE_HOME>/cache/`` (``CKPTSTORE_CACHE_DIR`` moves it)::
+
+    files/<key[:2]>/<key>   one verified file of a checkpoint, whole
+    index.db                SQLite: each entry's size and last use; for a deduplicated
+                            (format-2) file, where each of its chunks lies in it; recent loads
+
+A format-2 file is keyed by its list of chunks (SHA-256 of the chunks' SHA-256 and sizes, so
+by its content: checkpoints and storages share it); a whole (format-1) file by (storage URL,
+uuid, path, size, crc32c). A load takes a file it needs whole from the cache when it can (a
+hard link and one CRC-32C pass: loading the same checkpoint again), else the chunks it needs
+from any cached file holding them (the next checkpoint of a trial: only changed chunks come
+from storage), and keeps each file it assembled or downloaded (a hard link, no copy).
+
+Choices made where the issue is silent:
+
+- **Never trusted blindly.** A chunk read from a cached file is used only if its bytes hash to
+  its SHA-256; a file taken whole only if its size and CRC-32C match the manifest (the check
+  a download from storage gets). A damaged entry (a disk error, or a hard-linked copy the
+  user edited in place, see below) is dropped and fetched again.
+- **Files, not chunks.** Chunks as separate entries (tried first) cost a copy of every byte
+  into the cache on a first load (1.2x a plain download on moto) and a copy out of it plus a
+  SHA-256 pass on every reload (0.26-0.82x a plain download); keeping the files costs neither
+  (links) and still serves every chunk.
+- **Whole files are keyed by where they come from, not by their crc32c alone.** CRC-32C has 32
+  bits: two different ``model.keras`` of the same size collide with probability ~n²/2³³
+  (1% at ~9,000 same-size files), and a collision would pass verification. A committed
+  checkpoint's files never change, so (storage, uuid, path, size, crc32c) names one content.
+  Format-2 files are keyed by their SHA-256 chunk list instead, so they are shared.
+- **Hard links.** A download into a folder hard-links whole files from the cache (a copy when
+  the folder is on another file system), and a file fetched from storage is linked into the
+  cache. A user who then edits that file *in place* edits the cache entry too: the next
+  read sees the crc32c differ, drops the entry and fetches the file again, so correctness
+  never depends on the user leaving the file alone (only the saving does).
+- **Several processes at once.** Entries are written to a temporary name in their folder and
+  renamed into place (never a torn file under an entry's name; two processes writing the same
+  entry write the same bytes). The index is SQLite (WAL, one short write transaction per
+  load), not file mtimes: the size of the cache is a ``SUM`` instead of a walk of every file,
+  and eviction and the recording of a load are serialized by SQLite's write lock, so an entry
+  is counted once (``INSERT .. ON CONFLICT``) and a row is (re)written only for a file that
+  exists at that moment. A crash can leave a file without a row (adopted by its next use) or a
+  row without a file (a miss, then rewritten): the cache heals itself; ``ckptstore cache
+  clear`` starts over.
+- **Size.** ``CKPTSTORE_CACHE_SIZE`` (``"20GB"``, ``"512MiB"``, a number of bytes) or the
+  ``limit`` option; by default 10% of the free space of the cache's file system (counting the
+  cache itself as free), recomputed at each load. After each load the least recently used
+  entries are deleted until the cache is within its limit; an entry larger than the limit is
+  not kept. The size counts every byte the cache names, also when a file is hard-linked into
+  one of your folders (then the disk holds it once).
+- **When.** On by default for remote storage (``Storage.remote``: S3, GCS, Azure); a local or
+  shared-file-system storage is read in place or from the same disk, where a cache would only
+  double the bytes on disk. ``cache=True`` or ``CKPTSTORE_CACHE=on`` turns it on for every
+  storage (e.g. a slow network file system), ``cache=False`` or ``CKPTSTORE_CACHE=off`` off.
+  The cache is local: storage GC never looks at it, and it never changes what GC does.
+
+Example::
+
+    from ckptstore.checkpointing.cache import RestoreCache
+
+    cache = RestoreCache(limit="2GB")
+    print(cache.info())            # CacheInfo(root=..., size=..., entries=..., hit_rate=...)
+    cache.clear()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import logging
+import os
+import re
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ckptstore import defaults, errors
+from ckptstore.checkpointing.checksums import crc32c_file
+from ckptstore.storage_backends.object_store import tmp_name
+
+if TYPE_CHECKING:
+    from ckptstore.storage_backends.base import Storage
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV = "CKPTSTORE_CACHE"
+SIZE_ENV = "CKPTSTORE_CACHE_SIZE"
+DIR_ENV = "CKPTSTORE_CACHE_DIR"
+#: Default limit: this fraction of the free space of the cache's file system (plus its own
+#: size). A tenth leaves a shared machine's disk to its users while holding the few
+#: checkpoints a job moves between (one Keras checkpoint is usually far below 10% of a disk).
+DEFAULT_FRACTION = 0.10
+#: Loads kept for the hit rate ``cache info`` shows.
+RECENT_LOADS = 100
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
+_INDEX = "index.db"
+_OFF = {"off", "0", "false", "no"}
+_ON = {"on", "1", "true", "yes"}
+
+
+def parse_size(text: str | int, *, name: str = SIZE_ENV) -> int:
+    """Bytes in ``text``: an int, ``"20GB"`` (10^9), ``"512MiB"`` (2^20), ``"1.5T"``."""
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    match = _SIZE_RE.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise errors.InvalidConfig(
+            f"{name} must be a size such as '20GB', '512MiB' or a number of bytes. "
+            f"Received: {text!r}"
+        )
+    number, unit, binary = match.groups()
+    scale = 1024 ** "_kmgt".index(unit.lower()) if binary and unit else _UNITS[unit.lower()]
+    return int(float(number) * scale)
+
+
+def env_choice() -> bool | None:
+    """``CKPTSTORE_CACHE``: ``off`` -> False, ``on`` -> True (also for local storage), unset
+    or ``auto`` -> None (on for remote storage); an unknown value is refused."""
+    value = os.environ.get(CACHE_ENV, "").strip().lower()
+    if value in _OFF:
+        return False
+    if value in _ON:
+        return True
+    if value in ("", "auto"):
+        return None
+    raise errors.InvalidConfig(
+        f"{CACHE_ENV} must be 'on', 'off' or 'auto' (the restore cache; auto = on for remote "
+        f"storage). Received: {os.environ[CACHE_ENV]!r}"
+    )
+
+
+def _key_of(name: str) -> str:
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"files/{digest[:2]}/{digest}"
+
+
+def default_root() -> Path:
+    """``CKPTSTORE_CACHE_DIR``, else ``<CKPTSTORE_HOME>/cache``."""
+    return Path(os.environ.get(DIR_ENV) or defaults.home() / "cache").expanduser()
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """What ``ckptstore cache info`` shows: ``hit_rate`` is the share of the bytes of the last
+    :data:`RECENT_LOADS` loads that came from the cache (None before any load)."""
+
+    root: str
+    size: int
+    entries: int
+    limit: int
+    loads: int
+    hit_rate: float | None
+
+
+@dataclass
+class LoadStats:
+    """Bytes one load took from storage and from the cache, the entries it used or added
+    and where the chunks of the format-2 files it added lie in them
+    (thread-safe: chunks are fetched on several threads)."""
+
+    from_storage: int = 0
+    from_cache: int = 0
+    used: set[str] = field(default_factory=set)
+    layouts: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count(self, size: int, *, hit: bool) -> None:
+        with self._lock:
+            if hit:
+                self.from_cache += size
+            else:
+                self.from_storage += size
+
+    def use(self, key: str, chunks: Sequence[Mapping[str, Any]] = ()) -> None:
+        """Entry ``key`` was used or added (``chunks``: its chunk list, for a format-2 file)."""
+        with self._lock:
+            self.used.add(key)
+            if chunks:
+                starts = itertools.accumulate((c["size"] for c in chunks), initial=0)
+                self.layouts[key] = [(c["sha256"], o) for c, o in zip(chunks, starts, strict=False)]
+
+
+class RestoreCache:
+    """The cache of verified chunks and whole files under ``root`` (module docstring).
+
+    Args:
+        root: the folder (default :func:`default_root`).
+        limit: the most bytes kept: an int or a size string (default ``CKPTSTORE_CACHE_SIZE``,
+            else :data:`DEFAULT_FRACTION` of the free disk).
+
+    Example::
+
+        ctx = CheckpointContext("s3://bucket/ckpts", cache=RestoreCache(limit="20GB"))
+    """
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, limit: int | str | None = None):
+        self.root = Path(root).expanduser() if root is not None else default_root()
+        if limit is None and os.environ.get(SIZE_ENV):
+            self._limit: int | None = parse_size(os.environ[SIZE_ENV], name=SIZE_ENV)
+        else:
+            self._limit = None if limit is None else parse_size(limit, name="limit")
+
+    def __repr__(self) -> str:
+        return f"RestoreCache(root={str(self.root)!r}, limit={self._limit!r})"
+
+    # ---- entries -------------------------------------------------------------------------------
+    @staticmethod
+    def content_key(chunks: Sequence[Mapping[str, Any]]) -> str:
+        """The key of a format-2 file: its chunks' SHA-256 and sizes (its content)."""
+        listed = "".join(f"{c['sha256']}:{c['size']}," for c in chunks)
+        return _key_of(f"chunks\0{listed}")
+
+    @staticmethod
+    def file_key(storage_url: str, uuid: str, rel: str, entry: Mapping[str, Any]) -> str:
+        """The key of a whole (format-1) file: where it comes from, its size and crc32c."""
+        return _key_of("\0".join([storage_url, uuid, rel, str(entry["size"]), entry["crc32c"]]))
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *key.split("/"))
+
+    def link_file(self, key: str, target: str, entry: Mapping[str, Any]) -> bool:
+        """Put the cached file ``key`` at ``target`` (hard link, else copy) if it matches
+        ``entry``'s size and crc32c; a damaged entry is dropped. True if it was placed."""
+        path = self._path(key)
+        part = tmp_name(target)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            _link_or_copy(path, part)
+        except FileNotFoundError:
+            return False
+        # Checked on the link, not the entry's name: an eviction meanwhile cannot swap it.
+        if os.path.getsize(part) == entry["size"] and crc32c_file(part) == entry["crc32c"]:
+            os.replace(part, target)
+            return True
+        os.unlink(part)
+        self.drop(key)
+        return False
+
+    def chunk_places(self, shas: Iterable[str]) -> dict[str, list[tuple[str, int]]]:
+        """``{sha256: [(key, offset), ...]}``: the cached files holding each chunk (one query
+        per 500 chunks; a place may be gone by the time it is read: then it is a miss)."""
+        wanted = sorted(set(shas))
+        places: dict[str, list[tuple[str, int]]] = {}
+        if not wanted or not (self.root / _INDEX).exists():
+            return places
+        with self._db() as db:
+            for i in range(0, len(wanted), 500):
+                part = wanted[i : i + 500]
+                marks = ",".join("?" * len(part))
+                for sha, key, offset in db.execute(
+                    f"SELECT sha, key, offset FROM chunks WHERE sha IN ({marks})", part
+                ):
+                    places.setdefault(sha, []).append((key, offset))
+        return places
+
+    def read_chunk(
+        self, sha256: str, size: int, places: Sequence[tuple[str, int]]
+    ) -> tuple[str, bytes] | None:
+        """``(key, bytes)`` of the chunk from the first cached file holding it intact; a file
+        whose bytes there do not hash to ``sha256`` is dropped. None if none holds it."""
+        for key, offset in places:
+            try:
+                with open(self._path(key), "rb") as f:
+                    data = os.pread(f.fileno(), size, offset)
+            except OSError:
+                continue
+            if len(data) == size and hashlib.sha256(data).hexdigest() == sha256:
+                return key, data
+            self.drop(key)
+        return None
+
+    def put_file(self, key: str, source: str) -> None:
+        """Keep the file at ``source`` as entry ``key`` (hard link, else copy; renamed into
+        place). Best effort: a full disk or a read-only cache costs the saving, never the
+        load."""
+        path = self._path(key)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            part = tmp_name(path)
+            _link_or_copy(source, part)
+            os.replace(part, path)
+        except OSError as exc:
+            logger.warning("Restore cache %s: could not keep %s (%s)", self.root, key, exc)
+
+    def drop(self, key: str) -> None:
+        """Delete a damaged entry (file and rows) so the load fetches it again."""
+        logger.warning(
+            "Restore cache %s: entry %s is damaged; dropped, fetching it again", self.root, key
+        )
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(key))
+            db.execute("DELETE FROM entries WHERE key = ?", (key,))
+            db.execute("DELETE FROM chunks WHERE key = ?", (key,))
+            db.execute("COMMIT")
+
+    # ---- the index -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[sqlite3.Connection]:
+        os.makedirs(self.root, exist_ok=True)
+        db = sqlite3.connect(self.root / _INDEX, timeout=60, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            # A cache: a crash may lose the last loads' rows (the files heal it), not a fsync
+            # per load.
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS entries"
+                " (key TEXT PRIMARY KEY, size INTEGER NOT NULL, used REAL NOT NULL)"
+            )
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS chunks (sha TEXT NOT NULL, key TEXT NOT NULL,"
+                " offset INTEGER NOT NULL, PRIMARY KEY (sha, key))"
+            )
+            db.execute("CREATE INDEX IF NOT EXISTS chunks_key ON chunks (key)")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS loads (id INTEGER PRIMARY KEY AUTOINCREMENT,"
+                " at REAL NOT NULL, from_storage INTEGER NOT NULL, from_cache INTEGER NOT NULL)"
+            )
+            yield db
+        finally:
+            db.close()
+
+    def limit(self, cached: int = 0) -> int:
+        """The limit in bytes (``cached``: the cache's own size, counted as free space)."""
+        if self._limit is not None:
+            return self._limit
+        os.makedirs(self.root, exist_ok=True)
+        return int((shutil.disk_usage(self.root).free + cached) * DEFAULT_FRACTION)
+
+    def record(self, stats: LoadStats) -> None:
+        """Record one load: its entries become the most recently used (a row only for a file
+        that exists now), the load joins the hit rate, and least recently used entries are
+        evicted until the cache fits its limit. One write transaction, so concurrent loads
+        and evictions are serialized and nothing is counted twice."""
+        now = time.time()
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for key in sorted(stats.used):
+                    try:  # the file is the truth: no row for a file gone meanwhile
+                        size = os.path.getsize(self._path(key))
+                    except OSError:
+                        continue
+                    db.execute(
+                        "INSERT INTO entries VALUES (?, ?, ?) ON CONFLICT(key)"
+                        " DO UPDATE SET used = excluded.used, size = excluded.size",
+                        (key, size, now),
+                    )
+                    db.executemany(
+                        "INSERT OR IGNORE INTO chunks VALUES (?, ?, ?)",
+                        [(sha, key, off) for sha, off in stats.layouts.get(key, ())],
+                    )
+                db.execute(
+                    "INSERT INTO loads (at, from_storage, from_cache) VALUES (?, ?, ?)",
+                    (now, stats.from_storage, stats.from_cache),
+                )
+                db.execute(
+                    "DELETE FROM loads WHERE id <= (SELECT MAX(id) FROM loads) - ?",
+                    (RECENT_LOADS,),
+                )
+                self._evict(db)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    def _evict(self, db: sqlite3.Connection) -> None:
+        total = db.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0]
+        limit = self.limit(total)
+        if total <= limit:
+            return
+        rows = db.execute("SELECT key, size FROM entries ORDER BY used, key").fetchall()
+        for key, size in rows:
+            if total <= limit:
+                break
+            # Unlinked inside the transaction: a load recording this key after the commit
+            # sees no file and writes no row.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(key))
+            db.execute("DELETE FROM entries WHERE key = ?", (key,))
+            db.execute("DELETE FROM chunks WHERE key = ?", (key,))
+            total -= size
+        logger.debug(
+            "Restore cache %s: evicted down to %d bytes (limit %d)", self.root, total, limit
+        )
+
+    def info(self) -> CacheInfo:
+        """Size, entries, limit and hit rate of the recent loads."""
+        with self._db() as db:
+            size, entries = db.execute(
+                "SELECT COALESCE(SUM(size), 0), COUNT(*) FROM entries"
+            ).fetchone()
+            loads, storage, cached = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(from_storage), 0), COALESCE(SUM(from_cache), 0)"
+                " FROM loads"
+            ).fetchone()
+        rate = cached / (storage + cached) if storage + cached else None
+        return CacheInfo(str(self.root), size, entries, self.limit(size), loads, rate)
+
+    def clear(self) -> int:
+        """Delete every entry and the load history; returns the bytes freed (as indexed)."""
+        with self._db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            size = db.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0]
+            shutil.rmtree(self.root / "files", ignore_errors=True)
+            db.execute("DELETE FROM entries")
+            db.execute("DELETE FROM chunks")
+            db.execute("DELETE FROM loads")
+            db.execute("COMMIT")
+        return int(size)
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except FileNotFoundError:
+        raise
+    except OSError:  # another file system, or links not supported: a copy
+        shutil.copyfile(source, target)
+
+
+CacheOption = bool | RestoreCache | None
+
+
+def resolve(cache: CacheOption, storage: Storage) -> RestoreCache | None:
+    """The cache a load uses: ``cache`` itself, none for ``False``, the default cache for
+    ``True``; ``None`` means ``CKPTSTORE_CACHE`` (``on``/``off``), by default on for remote
+    storage only."""
+    if isinstance(cache, RestoreCache):
+        return cache
+    if cache is None:
+        choice = env_choice()
+        return RestoreCache() if (storage.remote if choice is None else choice) else None
+    if isinstance(cache, bool):
+        return RestoreCache() if cache else None
+    raise errors.InvalidConfig(
+        "cache must be True, False, None (the default: on for remote storage) or a "
+        f"ckptstore.checkpointing.cache.RestoreCache. Received: {cache!r}"
+    )
+
+
+__all__ = [
+    "CACHE_ENV",
+    "SIZE_ENV",
+    "CacheInfo",
+    "CacheOption",
+    "LoadStats",
+    "RestoreCache",
+    "default_root",
+    "env_choice",
+    "parse_size",
+    "resolve",
+]

@@ -1,0 +1,193 @@
+"""The one download path: a committed checkpoint's files into a local folder, taken from the
+restore cache (:mod:`.cache`) where it holds them and from storage otherwise, verified either
+way. Every reader goes through :func:`download_checkpoint`: ``CheckpointContext.download`` and
+``restore_path`` (so ``load_checkpoint_model``, ``core.init`` resume, ``job run``, TFKerasTrial
+restore and the SDK's ``Checkpoint.download``), ``ckptstore checkpoint/model download`` and the
+UI's archive download.
+
+Example::
+
+    from ckptstore.checkpointing import format as fmt, restore
+
+    manifest = fmt.read_manifest(storage, uuid)
+    report = restore.download_checkpoint(storage, uuid, manifest, "/tmp/ckpt")
+    print(report.from_storage, report.from_cache)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ckptstore.checkpointing import blobs
+from ckptstore.checkpointing import cache as cache_mod
+from ckptstore.checkpointing import format as fmt
+
+if TYPE_CHECKING:
+    from ckptstore.storage_backends.base import ProgressCallback, Storage
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DownloadReport:
+    """What a download wrote: ``files`` ``{relpath: size}``, and how many bytes came from
+    storage and from the restore cache (their sum is the files' size, less chunks a file
+    repeats)."""
+
+    files: dict[str, int]
+    from_storage: int
+    from_cache: int
+    cached: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "files": len(self.files),
+            "bytes": sum(self.files.values()),
+            "bytes_from_storage": self.from_storage,
+            "bytes_from_cache": self.from_cache,
+            "cache": self.cached,
+        }
+
+
+def download_checkpoint(
+    storage: Storage,
+    uuid: str,
+    manifest: Mapping[str, Any],
+    out_dir: str,
+    select: Callable[[str], bool] = lambda rel: True,
+    *,
+    verify: bool = True,
+    cache: cache_mod.CacheOption = None,
+    progress: ProgressCallback | None = None,
+) -> DownloadReport:
+    """Write the files of ``manifest`` that ``select`` picks into ``out_dir``.
+
+    ``cache``: see :func:`.cache.resolve` (default: on for remote storage). A file the cache
+    holds whole is hard-linked (or copied) into ``out_dir`` once its crc32c matches; a
+    deduplicated file's chunks are read from cached files holding them once their SHA-256
+    matches; everything else comes from storage, and each file is kept in the cache. ``verify``
+    checks what storage sent (sizes, crc32c, chunk SHA-256); what the cache holds is checked
+    whatever ``verify`` says."""
+    restore = cache_mod.resolve(cache, storage)
+    stats = cache_mod.LoadStats()
+    files = {rel: e for rel, e in manifest["files"].items() if select(rel)}
+    os.makedirs(out_dir, exist_ok=True)
+    keys = _keys(restore, storage, uuid, files)
+    linked = _link_cached(restore, keys, files, out_dir, stats, progress)
+    whole = {rel for rel, e in files.items() if "blobs" not in e and rel not in linked}
+    if whole:
+        storage.download(uuid, out_dir, selector=lambda rel: rel in whole, progress=progress)
+    fetched = {rel for rel in whole if not rel.endswith("/")}
+    stats.count(sum(files[rel]["size"] for rel in fetched), hit=False)
+    assembled = {rel for rel, e in files.items() if "blobs" in e and rel not in linked}
+    _assemble(restore, storage, uuid, manifest, out_dir, assembled, verify, stats, progress)
+    if verify:
+        fmt.verify_files(out_dir, manifest, lambda rel: rel in whole or rel in assembled)
+    if restore is not None:
+        for rel in fetched | assembled:
+            restore.put_file(keys[rel], os.path.join(out_dir, *rel.split("/")))
+            stats.use(keys[rel], files[rel].get("blobs", ()))
+        restore.record(stats)
+    report = DownloadReport(
+        {r: e["size"] for r, e in files.items() if not r.endswith("/")},
+        stats.from_storage,
+        stats.from_cache,
+        restore is not None,
+    )
+    logger.debug(
+        "Checkpoint %s: %d bytes from storage %s, %d from the restore cache%s",
+        uuid,
+        report.from_storage,
+        storage.url,
+        report.from_cache,
+        "" if restore else " (off)",
+    )
+    return report
+
+
+def _keys(
+    restore: cache_mod.RestoreCache | None,
+    storage: Storage,
+    uuid: str,
+    files: Mapping[str, Mapping[str, Any]],
+) -> dict[str, str]:
+    """The cache key of every selected file (none without a cache)."""
+    if restore is None:
+        return {}
+    return {
+        rel: restore.content_key(e["blobs"])
+        if "blobs" in e
+        else restore.file_key(storage.url, uuid, rel, e)
+        for rel, e in files.items()
+        if not rel.endswith("/")
+    }
+
+
+def _link_cached(
+    restore: cache_mod.RestoreCache | None,
+    keys: Mapping[str, str],
+    files: Mapping[str, Mapping[str, Any]],
+    out_dir: str,
+    stats: cache_mod.LoadStats,
+    progress: ProgressCallback | None,
+) -> set[str]:
+    """Place the files the cache holds whole and intact; returns their relpaths."""
+    linked: set[str] = set()
+    if restore is None:
+        return linked
+    for rel, key in keys.items():
+        entry = files[rel]
+        if restore.link_file(key, os.path.join(out_dir, *rel.split("/")), entry):
+            linked.add(rel)
+            stats.count(entry["size"], hit=True)
+            stats.use(key)
+            if progress is not None:
+                progress(entry["size"])
+    return linked
+
+
+def _assemble(
+    restore: cache_mod.RestoreCache | None,
+    storage: Storage,
+    uuid: str,
+    manifest: Mapping[str, Any],
+    out_dir: str,
+    wanted: set[str],
+    verify: bool,
+    stats: cache_mod.LoadStats,
+    progress: ProgressCallback | None,
+) -> None:
+    """Reassemble the deduplicated files in ``wanted``: each chunk from a cached file that
+    holds it (SHA-256 checked) or from storage."""
+    if not wanted:
+        return
+    places = (
+        restore.chunk_places(c["sha256"] for rel in wanted for c in manifest["files"][rel]["blobs"])
+        if restore is not None
+        else {}
+    )
+
+    def read(chunk: Mapping[str, Any], where: str) -> bytes:
+        sha, size = chunk["sha256"], chunk["size"]
+        found = restore.read_chunk(sha, size, places[sha]) if restore and sha in places else None
+        if found is not None:
+            stats.use(found[0])  # a use of the cached file it came from
+            data = found[1]
+        else:
+            # Kept in the cache under a content key: always checked, whatever ``verify`` says.
+            data = blobs.read_blob(
+                storage, chunk, verify=verify or restore is not None, where=where
+            )
+        stats.count(size, hit=found is not None)
+        if progress is not None:
+            progress(size)
+        return data
+
+    blobs.assemble(storage, uuid, manifest, out_dir, wanted.__contains__, read=read)
+
+
+__all__ = ["DownloadReport", "download_checkpoint"]
