@@ -107,6 +107,12 @@ class UnsafeCheckpointContent(CheckpointError):
     caller did not allow it."""
 
 
+class UntrustedCode(UnsafeCheckpointContent, InvalidCheckpoint):
+    """A checkpoint's model config names a module or class the caller did not allow
+    (:mod:`ckptstore.keras_io.saving._code_refs`), or its Determined ``code/`` folder would be
+    imported without ``trust_code=True``: nothing was imported (CLI exit 5)."""
+
+
 # --- registry ----------------------------------------------------------------------------------
 class RegistryError(CkptstoreError):
     """The registry database could not be opened, migrated or written."""

@@ -229,17 +229,30 @@ def delete_cmd(state: CliState, uuids: tuple[str, ...], globs: tuple[str, ...], 
     is_flag=True,
     help="Allow Lambda layers (runs code stored in the checkpoint; only for checkpoints you trust).",
 )
+@click.option(
+    "--module",
+    "modules",
+    multiple=True,
+    help="A module defining the model's custom layers that may be imported (repeatable); "
+    "the checkpoint's config alone never makes ckptstore import anything.",
+)
 @json_option
 @pass_state
 def export_cmd(
-    state: CliState, uuid: str, no_verify: bool, unsafe_deserialization: bool, as_json: bool
+    state: CliState,
+    uuid: str,
+    no_verify: bool,
+    unsafe_deserialization: bool,
+    modules: tuple[str, ...],
+    as_json: bool,
 ) -> None:
     """Add an inference SavedModel (saved_model/) to a committed checkpoint.
 
     Loads the checkpoint's model.keras, runs model.export(), checks that the SavedModel's
     `serve` predicts what the Keras model does, and adds the files to the same checkpoint
     (same UUID; its manifest is rewritten last, so an interrupted export leaves the checkpoint
-    as it was). Custom layers must be importable (PYTHONPATH).
+    as it was). Custom layers must be importable (PYTHONPATH) and allowed with --module
+    (exit 5, nothing imported, when the model names a module that is not).
 
     \b
     Example:
@@ -255,6 +268,8 @@ def export_cmd(
         command.append("--no-verify")
     if unsafe_deserialization:
         command.append("--unsafe-deserialization")
+    for module in modules:
+        command += ["--module", module]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p or os.getcwd() for p in sys.path))
     proc = subprocess.run(command, stdout=subprocess.PIPE, env=env, text=True, check=False)

@@ -38,7 +38,7 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ckptstore import errors
@@ -444,16 +444,27 @@ def load_model(
     compile: bool,
     custom_objects: Mapping[str, Any] | None,
     safe_mode: bool = True,
+    modules: Sequence[str] = (),
 ) -> KerasModel:
     """A Keras 2 model from a Keras 2 checkpoint folder: the SavedModel when there is one (full
     model), else ``model_config.json`` + ``model_checkpoint`` (weights, and the optimizer state
     once the model is compiled and trained). A Python ``lambda`` in a ``Lambda`` layer is
-    refused (:class:`~ckptstore.errors.UnsafeCheckpointContent`) unless ``safe_mode=False``."""
+    refused (:class:`~ckptstore.errors.UnsafeCheckpointContent`) unless ``safe_mode=False``,
+    and so is a config naming code the caller did not allow (``modules=``, ``custom_objects=``;
+    :class:`~ckptstore.errors.UntrustedCode`): Keras 2 imports any module a config names."""
     from tf_keras.src.saving.serialization_lib import SafeModeScope
 
     from ckptstore.keras_io.backend import keras
+    from ckptstore.keras_io.saving._code_refs import check_code_refs, import_allowed
 
     objects = dict(custom_objects) if custom_objects else None
+    config = os.path.join(path, MODEL_CONFIG_FILENAME)
+    if os.path.isfile(config):  # the same model as the SavedModel's metadata: checked first
+        with open(config, "rb") as f:
+            allowed = check_code_refs(
+                f.read(), what=config, modules=modules, custom_objects=custom_objects
+            )
+        import_allowed(allowed, config)
     saved = os.path.join(path, "saved_model")
     if os.path.isfile(os.path.join(saved, "saved_model.pb")):
         try:
@@ -462,7 +473,6 @@ def load_model(
         except (ValueError, TypeError, OSError) as exc:
             _raise_if_unsafe(saved, exc)
             raise errors.ModelLoadError(f"Keras 2 could not load {saved}: {exc}") from exc
-    config = os.path.join(path, MODEL_CONFIG_FILENAME)
     if not os.path.isfile(config):
         raise errors.ModelLoadError(
             f"Keras 2 checkpoint {path} has weights but no {MODEL_CONFIG_FILENAME} or "
