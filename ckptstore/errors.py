@@ -77,6 +77,11 @@ class InvalidCheckpoint(CheckpointError):
     """A checkpoint's MANIFEST.json or metadata.json is missing, malformed or unsafe."""
 
 
+class SignatureError(InvalidCheckpoint):
+    """A verify key is configured and the checkpoint is unsigned, signed by another key, or
+    altered after signing (:mod:`ckptstore.checkpointing.signing`); nothing read it (exit 5)."""
+
+
 class UnsafeCheckpointPath(InvalidStoragePath, InvalidCheckpoint):
     """A file name in a checkpoint breaks the one rule for checkpoint contents
     (:func:`ckptstore.storage_backends.paths.check_key`): raised by writers before anything is

@@ -24,7 +24,7 @@ from ckptstore.core import init
 from ckptstore.keras_io.loading import load_model_from_folder
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
-from tests.checkpointing._helpers import write_manifest
+from tests.checkpointing._helpers import ec_key_pair, forge, write_manifest
 from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, keras3_only, tiny_model
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
@@ -416,3 +416,29 @@ def test_a_checkpoint_naming_a_module_never_imports_it(where_allowed, planted):
         checkpoint_uuid=evil, registry=registry, modules=[name], compile=False
     )
     assert marker.exists() and model.predict(x, verbose=0).shape == (2, 1)
+
+
+def test_a_verify_key_refuses_altered_checkpoints_before_keras(where_allowed, monkeypatch):
+    pytest.importorskip("model_signing")
+    from ckptstore.checkpointing import signing
+    from ckptstore.keras_io.loading import _loaders
+
+    storage, registry = where_allowed
+    key, pub = ec_key_pair(Path(storage).parent)
+    model = linear_model()
+    monkeypatch.setenv(signing.SIGNING_KEY_ENV, key)
+    signed = save_checkpoint(storage, registry, 11, model, steps=1)
+    monkeypatch.delenv(signing.SIGNING_KEY_ENV)
+    unsigned = save_checkpoint(storage, registry, 11, model, steps=2)
+    monkeypatch.setenv(signing.VERIFY_KEY_ENV, pub)
+    loaded = ckptstore.load_checkpoint_model(checkpoint_uuid=signed, registry=registry)
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+
+    seen = []
+    monkeypatch.setattr(_loaders, "load_model_from_folder", lambda *a, **k: seen.append(a))
+    with pytest.raises(errors.SignatureError, match="not signed"):
+        ckptstore.load_checkpoint_model(checkpoint_uuid=unsigned, registry=registry)
+    forge(open_storage(storage), signed, lambda f: f.pop(signing.SIGNATURE_NAME))
+    with pytest.raises(errors.SignatureError, match="not signed"):
+        ckptstore.load_checkpoint_model(checkpoint_uuid=signed, registry=registry)
+    assert seen == []  # Keras never saw either model
