@@ -430,9 +430,11 @@ def test_a_verify_key_refuses_altered_checkpoints_before_keras(where_allowed, mo
     signed = save_checkpoint(storage, registry, 11, model, steps=1)
     monkeypatch.delenv(signing.SIGNING_KEY_ENV)
     unsigned = save_checkpoint(storage, registry, 11, model, steps=2)
-    monkeypatch.setenv(signing.VERIFY_KEY_ENV, pub)
-    loaded = ckptstore.load_checkpoint_model(checkpoint_uuid=signed, registry=registry)
+    loaded = ckptstore.load_checkpoint_model(
+        checkpoint_uuid=signed, registry=registry, verify_key=pub
+    )
     np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+    monkeypatch.setenv(signing.VERIFY_KEY_ENV, pub)  # the environment's key, from here on
 
     seen = []
     monkeypatch.setattr(_loaders, "load_model_from_folder", lambda *a, **k: seen.append(a))

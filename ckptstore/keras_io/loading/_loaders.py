@@ -388,6 +388,7 @@ def load_checkpoint_model(
     custom_objects: Mapping[str, Any] | None = None,
     safe_mode: bool = True,
     modules: Sequence[str] = (),
+    verify_key: str | os.PathLike[str] | None = None,
 ) -> KerasModel | SavedModelPredictor:
     """Download, verify and load the model of a checkpoint.
 
@@ -407,10 +408,14 @@ def load_checkpoint_model(
         compile, custom_objects, safe_mode: as for ``keras.saving.load_model``.
         modules: modules defining custom layers that may be imported (an allow-list); the
             checkpoint's own config never chooses what is imported.
+        verify_key: a PEM file with the trusted EC public key (default
+            ``CKPTSTORE_VERIFY_KEY``): an unsigned or altered checkpoint is refused before
+            Keras reads it (:mod:`ckptstore.checkpointing.signing`).
 
     Raises:
         TrialNotFound, CheckpointNotFound, ChecksumMismatch, ModelLoadError,
-        UnsafeCheckpointContent, UntrustedCode, InvalidConfig (from :mod:`ckptstore.errors`).
+        UnsafeCheckpointContent, UntrustedCode, SignatureError, InvalidConfig (from
+        :mod:`ckptstore.errors`).
 
     Example::
 
@@ -436,6 +441,7 @@ def load_checkpoint_model(
             custom_objects=custom_objects,
             safe_mode=safe_mode,
             modules=modules,
+            verify_key=verify_key,
         )
 
 
@@ -447,11 +453,12 @@ def _download_and_load(
     custom_objects: Mapping[str, Any] | None,
     safe_mode: bool,
     modules: Sequence[str] = (),
+    verify_key: str | os.PathLike[str] | None = None,
 ) -> KerasModel | SavedModelPredictor:
     """Download checkpoint ``uuid`` (checksums verified) to a temporary folder and load it."""
     from ckptstore.checkpointing import CheckpointContext
 
-    ckpt = CheckpointContext(store, verify=True)
+    ckpt = CheckpointContext(store, verify=True, verify_key=verify_key)
     tmp = tempfile.mkdtemp(prefix=f"ckptstore-load-{uuid[:8]}-")
     try:
         logger.info("Downloading checkpoint %s from %s", uuid, store.url)
