@@ -61,7 +61,9 @@ def named_code(config: Any) -> list[CodeRef]:
         node = stack.pop()
         if isinstance(node, dict):
             module = node.get("module")
-            if isinstance(module, str) and module not in ("", "__main__"):
+            # A class or function reference has both keys; a Lambda's config names the module
+            # of its function's globals only, which Keras looks up in sys.modules, never imports.
+            if "class_name" in node and isinstance(module, str) and module not in ("", "__main__"):
                 if module.split(".", 1)[0] not in KERAS_PACKAGES:
                     registered = node.get("registered_name")
                     found.add(
