@@ -125,8 +125,10 @@ def test_weights_only_layouts_without_code_say_to_pass_the_model(trained, tmp_pa
         det.keras.load_model_from_checkpoint_path(folder)
     folder = str(tmp_path / "trial")
     tk.save_tfkeras_trial_checkpoint(trained, folder)  # load_data.json names model_def:Trial
-    with pytest.raises(errors.ModelLoadError, match="model=model"):
+    with pytest.raises(errors.UntrustedCode, match="model=model"):  # its code/ is not run
         det.keras.load_model_from_checkpoint_path(folder)
+    with pytest.raises(errors.ModelLoadError, match="model=model"):  # trusted: no such class
+        det.keras.load_model_from_checkpoint_path(folder, trust_code=True)
 
 
 def test_ckptstore_checkpoint_and_tags(tmp_path):
