@@ -37,13 +37,15 @@ _LAZY_MODULES = {
     "import_determined",
     "experimental",
 }
-_LAZY_ATTRS = {
+_LAZY_ATTRS: dict[str, tuple[str, str | None]] = {
     "load_checkpoint_model": ("ckptstore.keras_io.loading._loaders", "load_checkpoint_model"),
     "get_trial_info": ("ckptstore.core", "get_trial_info"),
     "get_cluster_info": ("ckptstore.core", "get_trial_info"),
     "ClusterInfo": ("ckptstore.core", "ClusterInfo"),
     "TrialInfo": ("ckptstore.core", "TrialInfo"),
     "InvalidHP": ("ckptstore.errors", "InvalidHP"),
+    # `from ckptstore import signing`: checkpoint signatures (the format rule lives in checkpointing)
+    "signing": ("ckptstore.checkpointing.signing", None),
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,7 +59,8 @@ def __getattr__(name: str) -> Any:
         return module
     if name in _LAZY_ATTRS:
         module_name, attr = _LAZY_ATTRS[name]
-        value = getattr(importlib.import_module(module_name), attr)
+        module = importlib.import_module(module_name)
+        value = module if attr is None else getattr(module, attr)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'ckptstore' has no attribute {name!r}")

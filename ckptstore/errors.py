@@ -77,6 +77,11 @@ class InvalidCheckpoint(CheckpointError):
     """A checkpoint's MANIFEST.json or metadata.json is missing, malformed or unsafe."""
 
 
+class SignatureError(InvalidCheckpoint):
+    """A verify key is configured and the checkpoint is unsigned, signed by another key, or
+    altered after signing (:mod:`ckptstore.checkpointing.signing`); nothing read it (exit 5)."""
+
+
 class UnsafeCheckpointPath(InvalidStoragePath, InvalidCheckpoint):
     """A file name in a checkpoint breaks the one rule for checkpoint contents
     (:func:`ckptstore.storage_backends.paths.check_key`): raised by writers before anything is
@@ -105,6 +110,12 @@ class BackgroundUploadError(CheckpointError):
 class UnsafeCheckpointContent(CheckpointError):
     """The checkpoint holds content that would execute code (pickle, Lambda layers) and the
     caller did not allow it."""
+
+
+class UntrustedCode(UnsafeCheckpointContent, InvalidCheckpoint):
+    """A checkpoint's model config names a module or class the caller did not allow
+    (:mod:`ckptstore.keras_io.saving._code_refs`), or its Determined ``code/`` folder would be
+    imported without ``trust_code=True``: nothing was imported (CLI exit 5)."""
 
 
 # --- registry ----------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ckptstore import errors
-from ckptstore.checkpointing import blobs, commit, restore, sharded
+from ckptstore.checkpointing import blobs, commit, restore, sharded, signing
 from ckptstore.checkpointing import cache as cache_mod
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.blobs import DEFAULT_CHUNK_BYTES, check_chunk_bytes
@@ -104,6 +104,8 @@ class CheckpointContext:
         dedup: bool | None = None,
         dedup_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         cache: cache_mod.CacheOption = None,
+        signing_key: str | os.PathLike[str] | None = None,
+        verify_key: str | os.PathLike[str] | None = None,
     ) -> None:
         # A storage opened here is closed here; a caller that opened it may hand it over
         # (owns_storage=True) so there is exactly one owner.
@@ -123,6 +125,12 @@ class CheckpointContext:
             dict(gc_policy) if isinstance(gc_policy, Mapping) else gc_policy
         )
         self.verify = bool(verify)
+        #: EC private key (PEM file) signing every commit, and the trusted public key every
+        #: download/restore is verified against (:mod:`.signing`); default: the environment.
+        self.signing_key = signing.key_from(signing_key, signing.SIGNING_KEY_ENV)
+        self.verify_key = signing.key_from(verify_key, signing.VERIFY_KEY_ENV)
+        if self.signing_key or self.verify_key:
+            signing.load_model_signing()  # here, not at the first commit (a one-off ~1 s import)
         #: Store files as content-addressed chunks (format 2, :mod:`.blobs`): unchanged chunks
         #: are not uploaded again. None (the default) = on for remote storage (object stores,
         #: where every byte is uploaded and billed), off on a local file system (there the
@@ -407,6 +415,10 @@ class CheckpointContext:
         checksums: dict[str, str] | None,
         cuts: dict[str, list[int]] | None,
     ) -> None:
+        if self.signing_key is not None:
+            # Here, on the upload thread for background saves: over the logical files, so a
+            # deduplicated checkpoint's download verifies; the signature is one more file.
+            signing.sign_folder(local_dir, self.signing_key)
         commit.commit_dir(
             self.storage,
             uuid,
@@ -468,15 +480,22 @@ class CheckpointContext:
         self._check_open()
         manifest = self._manifest(storage_id)
         select = fmt.compile_selector(selector)
+        if self.verify_key is not None and selector is not None:
+            picked = select  # the signature comes along with any selection
+            select = lambda rel: rel == signing.SIGNATURE_NAME or picked(rel)  # noqa: E731
+        ckpt_dir = os.fspath(ckpt_dir)
         self.last_download = restore.download_checkpoint(
             self.storage,
             storage_id,
             manifest,
-            os.fspath(ckpt_dir),
+            ckpt_dir,
             lambda rel: bool(select(rel)),
             verify=self.verify,
             cache=(self.cache or False) if cache is None else cache,
         )
+        if self.verify_key is not None:
+            # Before anyone parses a file: a load raises here, never inside Keras.
+            signing.verify_folder(ckpt_dir, self.verify_key, partial=selector is not None)
 
     @contextlib.contextmanager
     def restore_path(
@@ -505,6 +524,8 @@ class CheckpointContext:
                 check_links_inside(local, local, self.storage.local_path("") or local)
                 if self.verify:
                     fmt.verify_files(local, manifest, selector)
+                if self.verify_key is not None:
+                    signing.verify_folder(local, self.verify_key, partial=selector is not None)
                 yield pathlib.Path(local)
                 return
             path = tempfile.mkdtemp(prefix=f"ckptstore-restore-{storage_id}-")

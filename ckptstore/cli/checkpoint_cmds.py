@@ -158,29 +158,97 @@ def download_cmd(
     )
 
 
+_KEY_HELP = "PEM file of the {what} EC key (default: ${env})."
+
+
 @checkpoint.command("verify")
 @click.argument("uuid")
+@click.option(
+    "--key",
+    "public_key",
+    type=click.Path(dir_okay=False),
+    help=_KEY_HELP.format(what="trusted public", env="CKPTSTORE_VERIFY_KEY")
+    + " With a key, the checkpoint's signature (model.sig) is checked too.",
+)
 @json_option
 @pass_state
-def verify_cmd(state: CliState, uuid: str, as_json: bool) -> None:
+def verify_cmd(state: CliState, uuid: str, public_key: str | None, as_json: bool) -> None:
     """Download a checkpoint to a temporary folder and check it against its manifest.
 
+    With a verify key (--key or $CKPTSTORE_VERIFY_KEY) its model-signing signature must also
+    match: unsigned, signed by another key or altered is exit 5.
     Exits 0 when every file matches, 5 when one is missing or damaged.
 
     \b
     Example:
-      ckptstore checkpoint verify 0b7c...
+      ckptstore checkpoint verify 0b7c... --key signing-pub.pem
     """
+    from ckptstore.checkpointing import signing
+
+    key = signing.key_from(public_key, signing.VERIFY_KEY_ENV)
     with tempfile.TemporaryDirectory(prefix="ckptstore-verify-") as tmp:
         # The point is to check what storage holds: nothing comes from the local cache.
         checked = download_checkpoint(state, uuid, tmp, label="Verifying", cache=False).files
+        if key is not None:
+            signing.verify_folder(tmp, key)
     result = {"uuid": uuid, "ok": True, "files": len(checked), "bytes": sum(checked.values())}
+    if key is not None:  # the result of an unsigned check keeps its keys
+        result["signature"] = "verified"
     if as_json:
         emit_json(result)
     else:
+        signed = ", signature verified" if key is not None else ""
         click.echo(
-            f"OK: {uuid}: {len(checked)} files, {human_size(result['bytes'])} match the manifest"
+            f"OK: {uuid}: {len(checked)} files, {human_size(result['bytes'])} match the "
+            f"manifest{signed}"
         )
+
+
+@checkpoint.command("sign")
+@click.argument("uuid")
+@click.option(
+    "--key",
+    "private_key",
+    type=click.Path(dir_okay=False),
+    help=_KEY_HELP.format(what="private", env="CKPTSTORE_SIGNING_KEY"),
+)
+@json_option
+@pass_state
+def sign_cmd(state: CliState, uuid: str, private_key: str | None, as_json: bool) -> None:
+    """Sign a committed checkpoint (adds model.sig, OpenSSF model-signing's format).
+
+    Downloads and verifies the checkpoint, signs its files and adds the signature to the same
+    checkpoint. A downloaded copy then verifies with `model_signing verify key`.
+
+    \b
+    Example:
+      ckptstore checkpoint sign 0b7c... --key signing-key.pem
+    """
+    from ckptstore.checkpointing import amend, signing
+
+    key = signing.key_from(private_key, signing.SIGNING_KEY_ENV)
+    if key is None:
+        raise errors.InvalidConfig(
+            "No signing key: pass --key KEY.pem or set CKPTSTORE_SIGNING_KEY. Received: none."
+        )
+    record = state.registry().get_checkpoint(uuid)
+    with tempfile.TemporaryDirectory(prefix="ckptstore-sign-") as tmp:
+        folder, staging = os.path.join(tmp, "ckpt"), os.path.join(tmp, "add")
+        download_checkpoint(state, uuid, folder, label="Signing")
+        if os.path.exists(os.path.join(folder, signing.SIGNATURE_NAME)):
+            raise errors.CheckpointConflict(
+                f"Checkpoint {uuid} is already signed; to sign it again delete the old "
+                f"signature first: ckptstore checkpoint delete {uuid} --glob "
+                f"{signing.SIGNATURE_NAME}. Received: {uuid}."
+            )
+        signature = signing.sign_folder(folder, key)
+        os.makedirs(staging)
+        os.replace(signature, os.path.join(staging, signing.SIGNATURE_NAME))
+        amend.add_files(state.storage_for(record), uuid, staging, index=state.registry())
+    if as_json:
+        emit_json({"uuid": uuid, "signature": signing.SIGNATURE_NAME})
+    else:
+        click.echo(f"Signed {uuid} ({signing.SIGNATURE_NAME})")
 
 
 @checkpoint.command("delete")
@@ -246,17 +314,30 @@ def delete_cmd(state: CliState, uuids: tuple[str, ...], globs: tuple[str, ...], 
     is_flag=True,
     help="Allow Lambda layers (runs code stored in the checkpoint; only for checkpoints you trust).",
 )
+@click.option(
+    "--module",
+    "modules",
+    multiple=True,
+    help="A module defining the model's custom layers that may be imported (repeatable); "
+    "the checkpoint's config alone never makes ckptstore import anything.",
+)
 @json_option
 @pass_state
 def export_cmd(
-    state: CliState, uuid: str, no_verify: bool, unsafe_deserialization: bool, as_json: bool
+    state: CliState,
+    uuid: str,
+    no_verify: bool,
+    unsafe_deserialization: bool,
+    modules: tuple[str, ...],
+    as_json: bool,
 ) -> None:
     """Add an inference SavedModel (saved_model/) to a committed checkpoint.
 
     Loads the checkpoint's model.keras, runs model.export(), checks that the SavedModel's
     `serve` predicts what the Keras model does, and adds the files to the same checkpoint
     (same UUID; its manifest is rewritten last, so an interrupted export leaves the checkpoint
-    as it was). Custom layers must be importable (PYTHONPATH).
+    as it was). Custom layers must be importable (PYTHONPATH) and allowed with --module
+    (exit 5, nothing imported, when the model names a module that is not).
 
     \b
     Example:
@@ -272,6 +353,8 @@ def export_cmd(
         command.append("--no-verify")
     if unsafe_deserialization:
         command.append("--unsafe-deserialization")
+    for module in modules:
+        command += ["--module", module]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p or os.getcwd() for p in sys.path))
     proc = subprocess.run(command, stdout=subprocess.PIPE, env=env, text=True, check=False)

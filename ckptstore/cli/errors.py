@@ -28,7 +28,7 @@ Exit codes:
   2  bad input (usage, invalid config, URL or argument)
   3  not found (checkpoint, trial, experiment, model, storage object)
   4  storage failure (unreachable, auth, permission, retries exhausted)
-  5  checkpoint corrupt (checksum mismatch, bad manifest)
+  5  checkpoint corrupt or untrusted (checksum mismatch, bad manifest, refused code)
 """
 
 # Order matters: the first matching class wins (subclasses before their bases).
@@ -40,6 +40,7 @@ _TABLE: tuple[tuple[type[BaseException], int], ...] = (
     (errors.ModelNotFound, EXIT_NOT_FOUND),
     (errors.StorageNotFound, EXIT_NOT_FOUND),
     (errors.UnsafeManifestEntry, EXIT_CORRUPT),
+    (errors.UntrustedCode, EXIT_CORRUPT),
     (errors.InvalidStoragePath, EXIT_BAD_INPUT),
     (errors.InvalidStorageConfig, EXIT_BAD_INPUT),
     (errors.InvalidConfig, EXIT_BAD_INPUT),

@@ -368,6 +368,8 @@ def init(
     preempt_mode: PreemptMode | str = PreemptMode.WorkersAskChief,
     tensorboard_mode: TensorboardMode | str = TensorboardMode.AUTO,
     checkpoint_dedup: bool | None = None,
+    signing_key: str | os.PathLike[str] | None = None,
+    verify_key: str | os.PathLike[str] | None = None,
 ) -> Iterator[Context]:
     """Open the core context of a trial; a context manager yielding :class:`Context`.
 
@@ -409,6 +411,11 @@ def init(
             GCS, Azure, remote fsspec) and off on a local file system (where the whole-file
             commit is a zero-copy rename). False turns it off; see the README's "Incremental
             (deduplicated) checkpoints".
+        signing_key: a PEM file with an EC private key: every checkpoint is signed at commit,
+            on the upload thread, in OpenSSF ``model-signing``'s format (``model.sig``; see
+            :mod:`ckptstore.checkpointing.signing`). Default: ``CKPTSTORE_SIGNING_KEY``.
+        verify_key: a PEM file with the trusted EC public key: restoring an unsigned or
+            altered checkpoint is refused. Default: ``CKPTSTORE_VERIFY_KEY``.
 
     On exit, waits for background uploads (a failure is raised), restores signal handlers and
     closes the distributed channel, checkpoint context and (if opened here) the registry.
@@ -449,6 +456,7 @@ def init(
             dict(hparams) if hparams is not None else None,
             gc_policy=gc_policy,
             dedup=dedup,
+            keys={"signing_key": signing_key, "verify_key": verify_key},
             preempt_signals=preempt_signals,
             preempt_mode=preempt_mode,
             tensorboard_mode=tensorboard_mode,
@@ -522,6 +530,7 @@ def _open_context(
     *,
     gc_policy: GCPolicy | None,
     dedup: bool | None,
+    keys: Mapping[str, str | os.PathLike[str] | None],
     preempt_signals: bool,
     preempt_mode: PreemptMode | str,
     tensorboard_mode: TensorboardMode | str,
@@ -558,6 +567,7 @@ def _open_context(
         distributed=distributed,
         gc_policy=gc_policy,
         dedup=dedup,
+        **keys,
     )
     ckpt.resumed_from = latest
     stopper = opened.preempt = PreemptContext(

@@ -95,14 +95,24 @@ def trial_spec(folder: str) -> tuple[str, dict[str, Any], dict[str, Any]] | None
     return None
 
 
-def build_trial_model(folder: str) -> Any | None:
+def build_trial_model(folder: str, *, trust_code: bool = False) -> Any | None:
     """The model ``build_model()`` of the checkpoint's own trial class returns (imported from
-    ``<folder>/code``), or None when the checkpoint has no code or names no trial class."""
+    ``<folder>/code``), or None when the checkpoint has no code or names no trial class.
+    Importing that code runs it, so it happens only with ``trust_code=True``
+    (:class:`~ckptstore.errors.UntrustedCode` otherwise, nothing imported)."""
     spec = trial_spec(folder)
     code_dir = os.path.join(folder, "code")
     if spec is None or not os.path.isdir(code_dir):
         return None
     entrypoint, hparams, config = spec
+    if not trust_code:
+        raise errors.UntrustedCode(
+            f"The Determined checkpoint {folder} builds its model with its own code "
+            f"({entrypoint!r} in code/); importing it runs it, so ckptstore did not. If you "
+            "trust where the checkpoint came from, pass trust_code=True; or build the model "
+            "with your code and pass it: load_model_from_checkpoint_path(path, model=model). "
+            f"Received: trust_code={trust_code}."
+        )
     module_name, _, attr = entrypoint.partition(":")
     from ckptstore.keras_io.trial import TFKerasTrialContext
     from ckptstore.keras_io.trial.worker import import_trial_class
@@ -154,6 +164,8 @@ def load_model_from_checkpoint_path(
     custom_objects: Mapping[str, Any] | None = None,
     safe_mode: bool = True,
     trust_pickle: bool = False,
+    trust_code: bool = False,
+    modules: Sequence[str] = (),
 ) -> Any:
     """A Keras model from a local checkpoint folder of any layout (see the module docstring).
 
@@ -166,6 +178,10 @@ def load_model_from_checkpoint_path(
         compile, custom_objects, safe_mode: for ``.keras`` files, as in
             ``keras.saving.load_model``.
         trust_pickle: read the pickled files of Determined checkpoints (epoch, continue_id).
+        trust_code: build a Determined checkpoint's model with the trial class in its
+            ``code/`` folder (imports and runs that code; refused with UntrustedCode without).
+        modules: modules defining custom layers that may be imported (an allow-list); a
+            checkpoint's model config never chooses what is imported.
 
     Raises:
         ModelLoadError: no model files, an unknown layer, a model that does not fit the
@@ -188,10 +204,14 @@ def load_model_from_checkpoint_path(
                 "which holds its model. Received: model=" + type(model).__name__ + "."
             )
         return loaders.load_model_from_folder(
-            folder, compile=compile, custom_objects=custom_objects, safe_mode=safe_mode
+            folder,
+            compile=compile,
+            custom_objects=custom_objects,
+            safe_mode=safe_mode,
+            modules=modules,
         )
     if model is None:
-        model = build_trial_model(folder)
+        model = build_trial_model(folder, trust_code=trust_code)
     if model is None and layout == layouts.TFKERAS_H5:
         # A whole Keras 2 HDF5 model: Keras 3 reads the architecture itself.
         return load_h5_model(os.path.join(folder, H5_MODEL_NAME), custom_objects)

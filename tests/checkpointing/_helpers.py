@@ -97,3 +97,35 @@ def stored_folder(storage_url: str, uuid: str, dest) -> str:  # type: ignore[no-
     with CheckpointContext(storage_url) as reader:
         reader.download(uuid, str(dest))
     return str(dest)
+
+
+def forge(storage: Any, uuid: str, change: Any) -> None:
+    """Rewrite checkpoint ``uuid``'s manifest with ``change(files)`` applied: an attacker who
+    can write the storage keeps sizes and checksums consistent."""
+    manifest = fmt.read_manifest(storage, uuid)
+    change(manifest["files"])
+    write_manifest(storage, uuid, manifest)
+
+
+def ec_key_pair(folder: Any, name: str = "key") -> tuple[str, str]:
+    """``(private, public)`` PEM files of a new P-256 key (what model-signing signs with)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    key, pub = os.path.join(folder, f"{name}.pem"), os.path.join(folder, f"{name}-pub.pem")
+    with open(key, "wb") as f:
+        f.write(
+            private.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+    with open(pub, "wb") as f:
+        f.write(
+            private.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+    return key, pub

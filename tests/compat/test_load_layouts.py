@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import textwrap
 
 import numpy as np
@@ -109,7 +110,12 @@ def test_tfkeras_trial_layout_builds_the_model_from_its_code(old_style, trained,
     if old_style:
         os.remove(os.path.join(folder, "load_data.json"))
     with_code(folder, old_style=old_style)
-    model = det.keras.load_model_from_checkpoint_path(folder)
+    # The checkpoint's code runs only when the caller trusts it: refused, nothing imported.
+    sys.modules.pop("tiny_model_def", None)
+    with pytest.raises(errors.UntrustedCode, match="trust_code=True"):
+        det.keras.load_model_from_checkpoint_path(folder)
+    assert "tiny_model_def" not in sys.modules
+    model = det.keras.load_model_from_checkpoint_path(folder, trust_code=True)
     np.testing.assert_allclose(predictions(model), predictions(trained), rtol=1e-5, atol=1e-6)
 
 
@@ -127,8 +133,10 @@ def test_weights_only_layouts_without_code_say_to_pass_the_model(trained, tmp_pa
         det.keras.load_model_from_checkpoint_path(folder)
     folder = str(tmp_path / "trial")
     tk.save_tfkeras_trial_checkpoint(trained, folder)  # load_data.json names model_def:Trial
-    with pytest.raises(errors.ModelLoadError, match="model=model"):
+    with pytest.raises(errors.UntrustedCode, match="model=model"):  # its code/ is not run
         det.keras.load_model_from_checkpoint_path(folder)
+    with pytest.raises(errors.ModelLoadError, match="model=model"):  # trusted: no such class
+        det.keras.load_model_from_checkpoint_path(folder, trust_code=True)
 
 
 def test_ckptstore_checkpoint_and_tags(tmp_path):

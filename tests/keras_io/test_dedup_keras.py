@@ -174,3 +174,45 @@ def test_callback_state_rng_parts_are_byte_identical_between_saves():
     big = {p for p in pieces1 & pieces2 if len(p) > 4096}
     assert len(big) >= 2  # Python's and NumPy's generator states
     assert sum(map(len, big)) > 0.8 * len(two)
+
+
+def test_signed_by_determined_callback_off_the_training_thread(tmp_path, monkeypatch):
+    """A signing key signs every checkpoint DeterminedCallback commits (on the writer thread,
+    over the logical files of a deduplicated checkpoint): the model loads with the verify key,
+    and model_signing's own verifier accepts the downloaded folder."""
+    import threading
+
+    model_signing = pytest.importorskip("model_signing")
+    from ckptstore.checkpointing import signing
+    from tests.checkpointing._helpers import ec_key_pair
+
+    key, pub = ec_key_pair(tmp_path)
+    threads = []
+    real = signing.sign_folder
+
+    def record(folder, private_key):
+        threads.append(threading.current_thread().name)
+        return real(folder, private_key)
+
+    monkeypatch.setattr(signing, "sign_folder", record)
+    url, registry = str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
+    model = fine_tuned_model()
+    with det.core.init(
+        storage=url, registry=registry, trial_id=1, preempt_signals=False, signing_key=key
+    ) as ctx:
+        ctx.checkpoint.dedup = True
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        model.fit(X, Y, batch_size=8, epochs=1, verbose=0, callbacks=[cb])
+        uuid = cb.last_checkpoint
+    assert threads and threading.main_thread().name not in threads
+    assert "blobs" in fmt.read_manifest(ctx.checkpoint.storage, uuid)["files"]["model.keras"]
+    loaded = det.load_checkpoint_model(
+        checkpoint_uuid=uuid, storage=url, registry=registry, verify_key=pub
+    )
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+    with CheckpointContext(url) as reader:
+        reader.download(uuid, str(tmp_path / "dl"))
+    folder = tmp_path / "dl"
+    model_signing.verifying.Config().use_elliptic_key_verifier(public_key=pub).verify(
+        folder, folder / signing.SIGNATURE_NAME
+    )

@@ -142,7 +142,11 @@ def test_cli_export_adds_a_verified_saved_model_to_an_existing_checkpoint(tmp_pa
         uuid = cb.last_checkpoint
     assert not has_saved_model(open_storage(env.storage_url), uuid)
 
-    result = env.run("checkpoint", "export", uuid, "--json")
+    refused = env.run("checkpoint", "export", uuid)  # Doubler's module: not on the config's word
+    assert refused.exit_code == 5 and "--module tests.keras_io.test_export" in refused.output
+    result = env.run(
+        "checkpoint", "export", uuid, "--module", "tests.keras_io.test_export", "--json"
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["verified"] and report["max_abs_diff"] < 1e-4
@@ -152,7 +156,7 @@ def test_cli_export_adds_a_verified_saved_model_to_an_existing_checkpoint(tmp_pa
     predicted = serve(os.path.join(env.storage_url, uuid, "saved_model"), X)
     np.testing.assert_allclose(predicted, model.predict(X, verbose=0), rtol=1e-5, atol=1e-6)
 
-    again = env.run("checkpoint", "export", uuid)
+    again = env.run("checkpoint", "export", uuid, "--module", "tests.keras_io.test_export")
     assert again.exit_code != 0 and "already has a saved_model/" in again.output
     missing = env.run("checkpoint", "export", "00000000-0000-4000-8000-000000000000")
     assert missing.exit_code == 3, missing.output

@@ -193,14 +193,18 @@ def test_export_checkpoint_adds_a_saved_model_to_a_keras2_checkpoint(tmp_path, s
 
     with pytest.raises(errors.StorageNotAllowed):  # a row's URL alone does not choose storage
         export_checkpoint(uuid, registry=registry)
-    result = export_checkpoint(uuid, registry=registry, storage=url)  # this process: Keras 2
+    with pytest.raises(errors.UntrustedCode, match="test_export_keras2"):  # not on its word
+        export_checkpoint(uuid, registry=registry, storage=url)
+    result = export_checkpoint(  # this process: Keras 2
+        uuid, registry=registry, storage=url, modules=[Scale.__module__]
+    )
     assert result.verified and result.max_abs_diff < 1e-4
     assert result.path.endswith(f"{uuid}/saved_model")
     with CheckpointContext(url) as reader:
         reader.download(uuid, str(tmp_path / "dl"))  # the amended manifest covers saved_model/
     assert_serves_like(str(tmp_path / "dl" / "saved_model"), model)
     with pytest.raises(errors.CheckpointConflict, match="already has a saved_model/"):
-        export_checkpoint(uuid, registry=registry, storage=url)
+        export_checkpoint(uuid, registry=registry, storage=url, modules=[Scale.__module__])
 
 
 def test_cli_export_of_a_keras2_checkpoint_from_a_keras3_process(tmp_path):
@@ -226,7 +230,8 @@ def test_cli_export_of_a_keras2_checkpoint_from_a_keras3_process(tmp_path):
         command = [sys.executable, "-m", "ckptstore.keras_io.exporting", "checkpoint", checkpoint]
         proc = subprocess.run(
             # the caller's storage, as `ckptstore checkpoint export` passes it
-            [*command, "--registry", registry, "--storage", str(tmp_path / "ckpts")],
+            [*command, "--registry", registry, "--storage", str(tmp_path / "ckpts")]
+            + ["--module", Scale.__module__],
             env=env,
             capture_output=True,
             text=True,

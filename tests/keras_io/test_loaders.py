@@ -26,7 +26,7 @@ from ckptstore.core import init
 from ckptstore.keras_io.loading import load_model_from_folder
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
-from tests.checkpointing._helpers import write_manifest
+from tests.checkpointing._helpers import ec_key_pair, forge, write_manifest
 from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, keras3_only, tiny_model
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
@@ -261,7 +261,8 @@ def test_unknown_custom_objects_then_custom_objects(where_allowed):
     saved = dict(registered)
     registered.clear()
     try:
-        with pytest.raises(errors.ModelLoadError, match="custom_objects"):
+        # Its module is not imported on the checkpoint's word: the caller hands the class over.
+        with pytest.raises(errors.UntrustedCode, match="ckptstore_test_loaders>Doubler"):
             ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry)
         loaded = ckptstore.load_checkpoint_model(
             checkpoint_uuid=uuid,
@@ -333,3 +334,138 @@ def test_batch_inference_example(where_allowed, tmp_path, storage_url_factory):
     )  # fmt: skip
     assert missing.returncode == 2
     assert "CheckpointNotFound" in missing.stderr
+
+
+# ---- a checkpoint never chooses what code is imported (issue 27, finding 1) ----------------------
+class Halver(keras.layers.Layer):
+    """Not registered: a config names it by its module, which a loader must not import."""
+
+    def call(self, x):
+        return x * 0.5
+
+
+#: A module planted on sys.path: importing it writes a marker file (what an attacker's does).
+PLANTED = """
+import pathlib
+from tests.keras_io.keras_under_test import keras
+
+pathlib.Path({marker!r}).write_text("imported")
+
+
+@keras.utils.register_keras_serializable(package="planted")
+class Halver(keras.layers.Layer):
+    def call(self, x):
+        return x * 0.5
+"""
+
+
+def _rename_code(config: dict, module: str, registered: str) -> dict:
+    """``config`` with Halver's module and registered name replaced (an attacker's edit)."""
+    stack = [config]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("module") == Halver.__module__:
+                node.update(module=module, registered_name=registered)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return config
+
+
+def save_naming(storage, registry, module: str, registered: str) -> str:
+    """A committed checkpoint whose model config names ``module`` for its Halver layer."""
+    import json
+    import zipfile
+
+    model = keras.Sequential([keras.Input((3,)), Halver(), keras.layers.Dense(1)])
+    with init(storage=storage, registry=registry, trial_id=9, preempt_signals=False) as ctx:
+        with ctx.checkpoint.store_path({"steps_completed": 1}) as (path, uuid):
+            if KERAS_MAJOR == 3:
+                plain = os.path.join(path, "plain.keras")
+                model.save(plain)
+                with (
+                    zipfile.ZipFile(plain) as src,
+                    zipfile.ZipFile(os.path.join(path, "model.keras"), "w") as dst,
+                ):
+                    for item in src.infolist():
+                        data = src.read(item)
+                        if item.filename == "config.json":
+                            data = json.dumps(_rename_code(json.loads(data), module, registered))
+                        dst.writestr(item, data)
+                os.remove(plain)
+            else:
+                model.save_weights(os.path.join(path, "model_checkpoint"))
+                config = _rename_code(json.loads(model.to_json()), module, registered)
+                Path(path, "model_config.json").write_text(json.dumps(config))
+    return uuid
+
+
+@pytest.fixture
+def planted(tmp_path, monkeypatch):
+    """The planted module's name, importable (sys.path and the children's PYTHONPATH), and
+    its marker file."""
+    name = f"planted_{os.getpid()}"
+    marker = tmp_path / "imported.txt"
+    (tmp_path / f"{name}.py").write_text(PLANTED.format(marker=str(marker)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delitem(sys.modules, "this", raising=False)
+    return name, marker
+
+
+def test_a_checkpoint_naming_a_module_never_imports_it(where_allowed, planted):
+    from ckptstore.keras_io.exporting import export_checkpoint
+    from tests.cli.helpers import Env
+
+    storage, registry = where_allowed
+    name, marker = planted
+    zen = save_naming(storage, registry, "this", "Halver")  # `import this` prints the Zen
+    evil = save_naming(storage, registry, name, "planted>Halver")
+    for uuid, module in ((zen, "this"), (evil, name)):
+        with pytest.raises(errors.UntrustedCode, match=f"--module {module}"):
+            ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry)
+        with pytest.raises(errors.UntrustedCode, match=f"modules=\\['{module}'\\]"):
+            export_checkpoint(uuid, registry=registry, storage=storage)
+    result = Env(storage, registry, "").run("checkpoint", "export", evil)
+    assert result.exit_code == 5 and "UntrustedCode" in result.output, result.output
+    assert "this" not in sys.modules and name not in sys.modules and not marker.exists()
+
+    # What the caller hands over loads: the class itself, or the module it allows.
+    x = np.ones((2, 3), dtype="float32")
+    model = ckptstore.load_checkpoint_model(
+        checkpoint_uuid=zen, registry=registry, custom_objects={"Halver": Halver}, compile=False
+    )
+    assert "this" not in sys.modules and model.predict(x, verbose=0).shape == (2, 1)
+    model = ckptstore.load_checkpoint_model(
+        checkpoint_uuid=evil, registry=registry, modules=[name], compile=False
+    )
+    assert marker.exists() and model.predict(x, verbose=0).shape == (2, 1)
+
+
+def test_a_verify_key_refuses_altered_checkpoints_before_keras(where_allowed, monkeypatch):
+    pytest.importorskip("model_signing")
+    from ckptstore.checkpointing import signing
+    from ckptstore.keras_io.loading import _loaders
+
+    storage, registry = where_allowed
+    key, pub = ec_key_pair(Path(storage).parent)
+    model = linear_model()
+    monkeypatch.setenv(signing.SIGNING_KEY_ENV, key)
+    signed = save_checkpoint(storage, registry, 11, model, steps=1)
+    monkeypatch.delenv(signing.SIGNING_KEY_ENV)
+    unsigned = save_checkpoint(storage, registry, 11, model, steps=2)
+    loaded = ckptstore.load_checkpoint_model(
+        checkpoint_uuid=signed, registry=registry, verify_key=pub
+    )
+    np.testing.assert_allclose(loaded.predict(X, verbose=0), model.predict(X, verbose=0))
+    monkeypatch.setenv(signing.VERIFY_KEY_ENV, pub)  # the environment's key, from here on
+
+    seen = []
+    monkeypatch.setattr(_loaders, "load_model_from_folder", lambda *a, **k: seen.append(a))
+    with pytest.raises(errors.SignatureError, match="not signed"):
+        ckptstore.load_checkpoint_model(checkpoint_uuid=unsigned, registry=registry)
+    forge(open_storage(storage), signed, lambda f: f.pop(signing.SIGNATURE_NAME))
+    with pytest.raises(errors.SignatureError, match="not signed"):
+        ckptstore.load_checkpoint_model(checkpoint_uuid=signed, registry=registry)
+    assert seen == []  # Keras never saw either model

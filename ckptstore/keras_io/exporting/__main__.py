@@ -24,6 +24,7 @@ def _main(argv: list[str] | None = None) -> int:
     one.add_argument("--registry")
     one.add_argument("--no-verify", action="store_true")
     one.add_argument("--unsafe-deserialization", action="store_true")
+    one.add_argument("--module", action="append", help="allow importing this module")
     args = parser.parse_args(argv)
     if args.command == "checkpoint":
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

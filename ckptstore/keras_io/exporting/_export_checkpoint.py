@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
@@ -19,7 +19,6 @@ from ckptstore.keras_io.exporting._savedmodel import (
     _SUBCLASSED_HINT,
     ExportResult,
     _keras2_subclassed,
-    custom_modules,
     export_keras2_folder,
     export_model_file,
 )
@@ -42,6 +41,7 @@ def export_checkpoint(
     verify: bool = True,
     safe_mode: bool = True,
     custom_objects: Mapping[str, Any] | None = None,
+    modules: Sequence[str] = (),
 ) -> ExportResult:
     """Add an inference SavedModel (``saved_model/``) to committed checkpoint
     ``checkpoint_uuid``, in this process. Downloads and verifies its ``model.keras``, exports and verifies the SavedModel (``serve``
@@ -58,10 +58,14 @@ def export_checkpoint(
         storage, registry: as for :func:`ckptstore.load_checkpoint_model`.
         verify: compare ``serve`` with the Keras model's predictions.
         safe_mode, custom_objects: as for ``keras.saving.load_model``.
+        modules: modules defining the model's custom layers that may be imported (an
+            allow-list, with their sub-modules); the checkpoint's own config never chooses
+            what is imported (:mod:`ckptstore.keras_io.saving._code_refs`).
 
     Raises:
         CheckpointNotFound, CheckpointConflict (it already has a SavedModel), ExportError,
-        ChecksumMismatch (from :mod:`ckptstore.errors`).
+        ChecksumMismatch, UntrustedCode (the config names code not allowed; nothing imported)
+        (from :mod:`ckptstore.errors`).
 
     Example::
 
@@ -92,13 +96,13 @@ def export_checkpoint(
                         verify=verify,
                         safe_mode=safe_mode,
                         custom_objects=custom_objects,
+                        modules=modules,
                     )
                 else:
-                    model_path = os.path.join(path, MODEL_FILENAME)
                     result = export_model_file(
-                        model_path,
+                        os.path.join(path, MODEL_FILENAME),
                         out,
-                        modules=_archive_modules(model_path),
+                        modules=modules,
                         verify=verify,
                         safe_mode=safe_mode,
                         custom_objects=custom_objects,
@@ -168,6 +172,7 @@ def _export_keras2_checkpoint(
     verify: bool,
     safe_mode: bool,
     custom_objects: Mapping[str, Any] | None,
+    modules: Sequence[str],
 ) -> ExportResult:
     """Export a downloaded Keras 2 checkpoint folder: in this process when it runs Keras 2,
     else in a Keras 2 :class:`ExportWorker` (a Keras 3 process cannot rebuild tf_keras
@@ -178,7 +183,6 @@ def _export_keras2_checkpoint(
         config_json = f.read()
     if _keras2_subclassed(config_json):
         raise errors.ModelLoadError(_SUBCLASSED_HINT.format(what=f"Keras 2 checkpoint {path}"))
-    modules = custom_modules(config_json)
     if _keras2_here():
         return export_keras2_folder(
             path,
@@ -197,23 +201,11 @@ def _export_keras2_checkpoint(
         )
     worker = ExportWorker(nice=0, keras2=True)
     try:
-        return worker.export_keras2(path, out, modules=modules, verify=verify, safe_mode=safe_mode)
+        return worker.export_keras2(
+            path, out, modules=list(modules), verify=verify, safe_mode=safe_mode
+        )
     finally:
         worker.close()
-
-
-def _archive_modules(model_path: str) -> list[str]:
-    """The custom-layer modules named in a ``.keras`` file's ``config.json``."""
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(model_path) as archive:
-            return custom_modules(archive.read("config.json").decode())
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
-        raise errors.ExportError(
-            f"{model_path} is not a readable .keras file ({exc}); the checkpoint is damaged or "
-            "was not written by Keras 3."
-        ) from exc
 
 
 @contextlib.contextmanager
@@ -245,6 +237,7 @@ def checkpoint_main(args: Any) -> int:
             registry=args.registry,
             verify=not args.no_verify,
             safe_mode=not args.unsafe_deserialization,
+            modules=args.module or (),
         )
     except errors.CkptstoreError as exc:
         print(json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)

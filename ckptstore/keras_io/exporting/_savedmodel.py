@@ -11,17 +11,17 @@ from the serving signature.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ckptstore import errors
 from ckptstore.keras_io._types import KerasModel
+from ckptstore.keras_io.saving._code_refs import check_code_refs, import_allowed
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def export_model_file(
     out_dir: str,
     *,
     verify: bool = True,
-    modules: list[str] | tuple[str, ...] = (),
+    modules: Sequence[str] = (),
     safe_mode: bool = True,
     custom_objects: Mapping[str, Any] | None = None,
 ) -> ExportResult:
@@ -77,7 +77,7 @@ def export_model_file(
     import keras
 
     started = time.perf_counter()
-    _import_modules(modules, model_path)
+    _import_modules(_archive_config(model_path), modules, custom_objects, model_path)
     try:
         model = keras.saving.load_model(
             model_path, compile=False, safe_mode=safe_mode, custom_objects=custom_objects
@@ -127,18 +127,36 @@ def _save_and_verify(
     )
 
 
-def _import_modules(modules: list[str] | tuple[str, ...], what: str) -> None:
-    """Import the modules defining the model's custom layers (they register them)."""
-    for name in modules:
-        if name == "__main__":
-            continue
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            raise errors.ExportError(
-                f"Cannot import {name!r}, which defines layers of the model in {what}: "
-                f"{exc}. Make the module importable (PYTHONPATH) where the export runs."
-            ) from exc
+def _import_modules(
+    config: str | bytes,
+    modules: Sequence[str],
+    custom_objects: Mapping[str, Any] | None,
+    what: str,
+) -> list[str]:
+    """Check the code the model config names against the caller's ``modules`` allow-list and
+    ``custom_objects`` (:func:`~ckptstore.keras_io.saving._code_refs.check_code_refs`: raises
+    UntrustedCode, nothing imported), then import the allowed modules (they register the
+    custom layers)."""
+    allowed = check_code_refs(config, what=what, modules=modules, custom_objects=custom_objects)
+    try:
+        import_allowed(allowed, what)
+    except errors.ModelLoadError as exc:
+        raise errors.ExportError(str(exc)) from exc
+    return allowed
+
+
+def _archive_config(model_path: str) -> bytes:
+    """A ``.keras`` file's ``config.json``."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(model_path) as archive:
+            return archive.read("config.json")
+    except (OSError, KeyError, zipfile.BadZipFile) as exc:
+        raise errors.ExportError(
+            f"{model_path} is not a readable .keras file ({exc}); the checkpoint is damaged or "
+            "was not written by Keras 3."
+        ) from exc
 
 
 def export_keras2_folder(
@@ -146,7 +164,7 @@ def export_keras2_folder(
     out_dir: str,
     *,
     verify: bool = True,
-    modules: list[str] | tuple[str, ...] = (),
+    modules: Sequence[str] = (),
     safe_mode: bool = True,
     custom_objects: Mapping[str, Any] | None = None,
 ) -> ExportResult:
@@ -181,11 +199,11 @@ def export_keras2_folder(
         config_json = f.read()
     if _keras2_subclassed(config_json):
         raise errors.ExportError(_SUBCLASSED_HINT.format(what=folder))
-    _import_modules(modules, config_path)
+    allowed = _import_modules(config_json, modules, custom_objects, config_path)
     from tf_keras.src.saving import serialization_lib
 
     # Keras 2 finds only registered classes by name: hand it the modules' unregistered ones.
-    objects = {**_module_classes(config_json), **dict(custom_objects or {})}
+    objects = {**_module_classes(config_json, allowed), **dict(custom_objects or {})}
     try:
         with serialization_lib.SafeModeScope(safe_mode):
             model = keras.models.model_from_json(config_json, custom_objects=objects or None)
@@ -235,9 +253,10 @@ def _keras2_subclassed(config_json: str) -> bool:
     return not isinstance(config, dict) or "layers" not in config
 
 
-def _module_classes(config_json: str) -> dict[str, Any]:
+def _module_classes(config_json: str, allowed: Sequence[str]) -> dict[str, Any]:
     """``{name: class}`` of the custom classes and functions a Keras 2 model config names with
-    their (already imported) module: Keras 2, unlike Keras 3, does not look them up there."""
+    their allow-listed (already imported) module: Keras 2, unlike Keras 3, does not look them
+    up there."""
     found: dict[str, Any] = {}
 
     def walk(node: Any) -> None:
@@ -246,7 +265,7 @@ def _module_classes(config_json: str) -> dict[str, Any]:
             if (
                 isinstance(module, str)
                 and isinstance(name, str)
-                and not module.startswith(("keras", "tf_keras", "builtins"))
+                and module in allowed
                 and module in sys.modules
             ):
                 value = getattr(sys.modules[module], name, None)

@@ -166,6 +166,8 @@ class ExportWorker:
                 )
         answer = json.loads(line)
         if not answer.get("ok"):
+            if answer.get("type") == errors.UntrustedCode.__name__:
+                raise errors.UntrustedCode(str(answer.get("error")))
             raise errors.ExportError(str(answer.get("error")))
         result = ExportResult(**answer["result"])
         self.results.append(result)
@@ -227,6 +229,8 @@ def worker_main(nice: int) -> int:
                     safe_mode=False,
                 )
             answer: dict[str, Any] = {"ok": True, "result": result.to_json()}
+        except errors.UntrustedCode as exc:  # kept typed: a refusal, not a failed export
+            answer = {"ok": False, "error": str(exc), "type": type(exc).__name__}
         except errors.ExportError as exc:
             answer = {"ok": False, "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises

@@ -27,6 +27,7 @@ import numpy as np
 
 from ckptstore import errors
 from ckptstore.keras_io._types import KerasModel
+from ckptstore.validators import is_int, is_number
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +87,101 @@ class TrainingState:
                 f"{STATE_FILENAME} is not valid JSON ({exc}); the checkpoint is damaged. "
                 "Resume from another checkpoint."
             ) from exc
-        if not isinstance(raw, dict):
-            raise errors.InvalidCheckpoint(f"{STATE_FILENAME} must hold a JSON object.")
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
+        return cls(**{k: v for k, v in _checked(raw).items() if k in known})
+
+
+#: The largest ``callback_state.json`` read (callbacks' arrays live in their own ``.npz``).
+MAX_STATE_BYTES = 64 * 2**20
+#: Counters fit a signed 64-bit column (the registry's) and TensorFlow's int64 step variables.
+_MAX_COUNT = 2**63 - 1
+#: Value types of the optional fields (``None`` allowed where the default is None).
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "epoch_complete": (bool,),
+    "callbacks": (dict,),
+    "rng": (dict,),
+    "extra_variables": (dict,),
+    "data": (dict, type(None)),
+    "metrics_variables": (list, type(None)),
+}  # continue_id: any JSON (DeterminedCallback takes any JSON-able value; only compared with ==)
+
+
+def _bad_state(what: str, value: Any) -> errors.InvalidCheckpoint:
+    shown = repr(value)
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return errors.InvalidCheckpoint(
+        f"{STATE_FILENAME} is malformed: {what}; nothing of it was applied. The checkpoint is "
+        f"damaged or was not written by ckptstore: resume from another checkpoint (or pass "
+        f"checkpoint=None). Received: {shown}."
+    )
+
+
+def _checked(raw: Any) -> dict[str, Any]:
+    """``raw`` (a decoded ``callback_state.json``) if every value has the type and range the
+    resume code applies it with; else InvalidCheckpoint naming the first bad value. Checked
+    whole before any value is used, so a bad file never leaves a half-restored run."""
+    if not isinstance(raw, dict):
+        raise _bad_state("it must hold a JSON object", raw)
+    for name in ("epoch", "steps_completed", "version"):
+        if name not in raw:
+            raise _bad_state(f"the key {name!r} is missing", sorted(raw)[:10])
+        value = raw[name]
+        minimum = 1 if name == "version" else 0
+        maximum = STATE_VERSION if name == "version" else _MAX_COUNT
+        if not is_int(value) or not minimum <= value <= maximum:
+            raise _bad_state(f"{name} must be an integer from {minimum} to {maximum}", value)
+    for name, types in _FIELD_TYPES.items():
+        if name in raw and not isinstance(raw[name], types):
+            wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise _bad_state(f"{name} must be {wanted}", raw[name])
+    _check_rng(raw.get("rng") or {})
+    return raw
+
+
+def _int_list(value: Any, length: int | None = None) -> bool:
+    return (
+        isinstance(value, list)
+        and (length is None or len(value) == length)
+        and all(is_int(v) and -_MAX_COUNT - 1 <= v <= 2**64 - 1 for v in value)
+    )
+
+
+def _check_rng(rng: dict[str, Any]) -> None:
+    """The shapes :func:`restore_rng` hands to ``random.setstate`` / ``np.random.set_state``
+    / TensorFlow and Keras generators (each would fail half-way, or worse, accept nonsense)."""
+    python, numpy_state = rng.get("python"), rng.get("numpy")
+    if python is not None and not (
+        isinstance(python, list)
+        and len(python) == 3
+        and is_int(python[0])
+        and _int_list(python[1], 625)
+        and (python[2] is None or is_number(python[2]))
+    ):
+        raise _bad_state("rng.python must be [version, 625 integers, gauss]", python)
+    if numpy_state is not None and not (
+        isinstance(numpy_state, list)
+        and len(numpy_state) == 5
+        and numpy_state[0] == "MT19937"
+        and _int_list(numpy_state[1], 624)
+        and all(is_int(v) for v in numpy_state[2:4])
+        and is_number(numpy_state[4])
+    ):
+        raise _bad_state(
+            "rng.numpy must be ['MT19937', 624 integers, pos, has_gauss, x]", numpy_state
+        )
+    tf_state = rng.get("tensorflow")
+    if tf_state is not None and not (
+        isinstance(tf_state, dict)
+        # Philox keeps 3 integers, ThreeFry 2
+        and (_int_list(tf_state.get("state"), 3) or _int_list(tf_state.get("state"), 2))
+        and is_int(tf_state.get("algorithm"))
+    ):
+        raise _bad_state(
+            "rng.tensorflow must be {'state': [2 or 3 integers], 'algorithm': int}", tf_state
+        )
+    seed = rng.get("keras_global_seed")
+    if seed is not None and not _int_list(seed, 2):  # a SeedGenerator's state: 2 integers
+        raise _bad_state("rng.keras_global_seed must be a list of 2 integers", seed)
 
 
 def _dumps_with_cuts(doc: dict[str, Any]) -> tuple[str, list[int]]:
@@ -149,7 +241,9 @@ def read_state(ckpt_dir: str) -> TrainingState | None:
     if not os.path.exists(path):
         return None
     with open(path, "rb") as f:
-        data = f.read()
+        data = f.read(MAX_STATE_BYTES + 1)
+    if len(data) > MAX_STATE_BYTES:
+        raise _bad_state(f"it is larger than {MAX_STATE_BYTES} bytes", os.path.getsize(path))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -25,12 +25,13 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving._code_refs import check_code_refs, import_allowed
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME, SAVED_MODEL_DIRNAME
 
 if TYPE_CHECKING:
@@ -90,12 +91,36 @@ def _check_archive(keras_file: str) -> None:
         )
 
 
+def _check_code(
+    keras_file: str, custom_objects: Mapping[str, Any] | None, modules: Sequence[str]
+) -> None:
+    """Refuse a ``.keras`` file whose ``config.json`` names code the caller did not allow
+    (before Keras reads it: older Keras 3 imports any module a config names), then import the
+    allowed modules it names."""
+    import zipfile
+
+    with zipfile.ZipFile(keras_file) as archive:
+        try:
+            config = archive.read("config.json")
+        except KeyError:
+            return  # not a model archive: Keras says so in its own words
+    allowed = check_code_refs(
+        config, what=keras_file, modules=modules, custom_objects=custom_objects
+    )
+    import_allowed(allowed, keras_file)
+
+
 def _load_keras_file(
-    keras_file: str, compile: bool, custom_objects: Mapping[str, Any] | None, safe_mode: bool
+    keras_file: str,
+    compile: bool,
+    custom_objects: Mapping[str, Any] | None,
+    safe_mode: bool,
+    modules: Sequence[str] = (),
 ) -> Any:
     import keras
 
     _check_archive(keras_file)
+    _check_code(keras_file, custom_objects, modules)
     try:
         return keras.saving.load_model(
             keras_file,
@@ -208,6 +233,7 @@ def load_model_from_folder(
     compile: bool = True,
     custom_objects: Mapping[str, Any] | None = None,
     safe_mode: bool = True,
+    modules: Sequence[str] = (),
 ) -> KerasModel | SavedModelPredictor:
     """A Keras model from a local checkpoint folder (or a ``.keras`` file).
 
@@ -220,6 +246,11 @@ def load_model_from_folder(
         ModelLoadError: no model files, unknown custom objects (pass ``custom_objects``), or an
             unreadable file.
         UnsafeCheckpointContent: a Lambda layer under ``safe_mode=True``.
+        UntrustedCode: the model config names a module the caller did not allow with
+            ``modules=`` (nor hand over with ``custom_objects=``); nothing was imported.
+
+    ``modules``: modules defining custom layers that may be imported (an allow-list, with their
+    sub-modules); a checkpoint's own config never chooses what is imported.
 
     Example::
 
@@ -238,14 +269,18 @@ def load_model_from_folder(
         if backend.IS_KERAS2:
             logger.info("Loading Keras 2 model from %s", path)
             return keras2_format.load_model(
-                path, compile=compile, custom_objects=custom_objects, safe_mode=safe_mode
+                path,
+                compile=compile,
+                custom_objects=custom_objects,
+                safe_mode=safe_mode,
+                modules=modules,
             )
         # Keras 3 cannot rebuild a Keras 2 model from its config: the SavedModel serves
         # predictions; ckptstore.keras.load_determined_checkpoint loads the weights into a
         # Keras 3 model built in code.
     if keras_file is not None:
         logger.info("Loading Keras model from %s", keras_file)
-        return _load_keras_file(keras_file, compile, custom_objects, safe_mode)
+        return _load_keras_file(keras_file, compile, custom_objects, safe_mode, modules)
     saved_model = _find_saved_model(path)
     if saved_model is not None:
         logger.info(
@@ -353,6 +388,8 @@ def load_checkpoint_model(
     custom_objects: Mapping[str, Any] | None = None,
     safe_mode: bool = True,
     cache: bool | None = None,
+    modules: Sequence[str] = (),
+    verify_key: str | os.PathLike[str] | None = None,
 ) -> KerasModel | SavedModelPredictor:
     """Download, verify and load the model of a checkpoint.
 
@@ -373,10 +410,16 @@ def load_checkpoint_model(
         cache: take bytes this machine already loaded from the local restore cache
             (``ckptstore.checkpointing.cache``). None (default): on for remote storage unless
             ``CKPTSTORE_CACHE=off``; False fetches everything from storage.
+        modules: modules defining custom layers that may be imported (an allow-list); the
+            checkpoint's own config never chooses what is imported.
+        verify_key: a PEM file with the trusted EC public key (default
+            ``CKPTSTORE_VERIFY_KEY``): an unsigned or altered checkpoint is refused before
+            Keras reads it (:mod:`ckptstore.checkpointing.signing`).
 
     Raises:
         TrialNotFound, CheckpointNotFound, ChecksumMismatch, ModelLoadError,
-        UnsafeCheckpointContent, InvalidConfig (from :mod:`ckptstore.errors`).
+        UnsafeCheckpointContent, UntrustedCode, SignatureError, InvalidConfig (from
+        :mod:`ckptstore.errors`).
 
     Example::
 
@@ -402,6 +445,8 @@ def load_checkpoint_model(
             custom_objects=custom_objects,
             safe_mode=safe_mode,
             cache=cache,
+            modules=modules,
+            verify_key=verify_key,
         )
 
 
@@ -413,17 +458,23 @@ def _download_and_load(
     custom_objects: Mapping[str, Any] | None,
     safe_mode: bool,
     cache: bool | None = None,
+    modules: Sequence[str] = (),
+    verify_key: str | os.PathLike[str] | None = None,
 ) -> KerasModel | SavedModelPredictor:
     """Download checkpoint ``uuid`` (checksums verified) to a temporary folder and load it."""
     from ckptstore.checkpointing import CheckpointContext
 
-    ckpt = CheckpointContext(store, verify=True, cache=cache)
+    ckpt = CheckpointContext(store, verify=True, cache=cache, verify_key=verify_key)
     tmp = tempfile.mkdtemp(prefix=f"ckptstore-load-{uuid[:8]}-")
     try:
         logger.info("Downloading checkpoint %s from %s", uuid, store.url)
         ckpt.download(uuid, tmp)
         model = load_model_from_folder(
-            tmp, compile=compile, custom_objects=custom_objects, safe_mode=safe_mode
+            tmp,
+            compile=compile,
+            custom_objects=custom_objects,
+            safe_mode=safe_mode,
+            modules=modules,
         )
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -38,7 +38,7 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ckptstore import errors
@@ -53,8 +53,6 @@ MODEL_CONFIG_FILENAME = "model_config.json"
 #: The model's ``compile()`` arguments (Keras 2's ``training_config``: optimizer, loss, metrics),
 #: so a loaded model comes back compiled with its optimizer state, as ``.keras`` files do.
 TRAINING_CONFIG_FILENAME = "training_config.json"
-#: Where classes named in a training config may come from without the caller's custom_objects.
-_KERAS_MODULES = ("keras", "tf_keras", "builtins")
 
 
 def has_weights(path: str) -> bool:
@@ -493,6 +491,7 @@ def load_model(
     compile: bool,
     custom_objects: Mapping[str, Any] | None,
     safe_mode: bool = True,
+    modules: Sequence[str] = (),
 ) -> KerasModel:
     """A Keras 2 model from a Keras 2 checkpoint folder.
 
@@ -502,15 +501,24 @@ def load_model(
     not know, the SavedModel when there is one (Keras revives custom layers from their traced
     graphs, without their Python class, as Determined's SavedModel loads did; not compiled).
     A Python ``lambda`` in a ``Lambda`` layer is refused
-    (:class:`~ckptstore.errors.UnsafeCheckpointContent`) unless ``safe_mode=False``."""
+    (:class:`~ckptstore.errors.UnsafeCheckpointContent`) unless ``safe_mode=False``, and so is
+    a config naming code the caller did not allow (``modules=``, ``custom_objects=``;
+    :class:`~ckptstore.errors.UntrustedCode`): Keras 2 imports any module a config names."""
     from tf_keras.src.saving.serialization_lib import SafeModeScope
 
     from ckptstore.keras_io.backend import keras
+    from ckptstore.keras_io.saving._code_refs import check_code_refs, import_allowed
 
     objects = dict(custom_objects) if custom_objects else None
+    config = os.path.join(path, MODEL_CONFIG_FILENAME)
+    if os.path.isfile(config):  # the same model as the SavedModel's metadata: checked first
+        with open(config, "rb") as f:
+            allowed = check_code_refs(
+                f.read(), what=config, modules=modules, custom_objects=custom_objects
+            )
+        import_allowed(allowed, config)
     saved = os.path.join(path, "saved_model")
     has_saved = os.path.isfile(os.path.join(saved, "saved_model.pb"))
-    config = os.path.join(path, MODEL_CONFIG_FILENAME)
     compiled = os.path.isfile(os.path.join(path, TRAINING_CONFIG_FILENAME))
     if has_saved and not (compile and compiled and os.path.isfile(config)):
         return _load_saved_model(saved, compile, objects, safe_mode)
@@ -539,7 +547,7 @@ def load_model(
             f"Keras 2 could not rebuild the model of {path}: {exc}. Pass custom_objects= for "
             "custom layers."
         ) from exc
-    if compile and _compile_as_saved(model, path, objects, safe_mode):
+    if compile and _compile_as_saved(model, path, objects, safe_mode, modules):
         load_weights(model, path, with_optimizer=True)
     else:
         model.load_weights(os.path.join(path, WEIGHTS_PREFIX)).expect_partial()
@@ -561,26 +569,12 @@ def _load_saved_model(
         raise errors.ModelLoadError(f"Keras 2 could not load {saved}: {exc}") from exc
 
 
-def _foreign_classes(node: Any, custom_objects: Mapping[str, Any]) -> list[str]:
-    """Classes a training config names from modules other than Keras's and not given by the
-    caller: resolving them would import a module the checkpoint names."""
-    found: list[str] = []
-    if isinstance(node, dict):
-        module = node.get("module")
-        name = node.get("registered_name") or node.get("class_name")
-        if isinstance(module, str) and module.split(".")[0] not in _KERAS_MODULES:
-            if name not in custom_objects:
-                found.append(f"{module}.{name}")
-        for value in node.values():
-            found += _foreign_classes(value, custom_objects)
-    elif isinstance(node, list):
-        for value in node:
-            found += _foreign_classes(value, custom_objects)
-    return found
-
-
 def _compile_as_saved(
-    model: KerasModel, path: str, objects: dict[str, Any] | None, safe_mode: bool
+    model: KerasModel,
+    path: str,
+    objects: dict[str, Any] | None,
+    safe_mode: bool,
+    modules: Sequence[str] = (),
 ) -> bool:
     """Compile ``model`` with the checkpoint's training config and create its optimizer's
     variables (so they are restored now, while ``path`` exists); False when it has none."""
@@ -590,15 +584,13 @@ def _compile_as_saved(
     file = os.path.join(path, TRAINING_CONFIG_FILENAME)
     if not os.path.isfile(file):
         return False  # written before this file existed, or by Determined: uncompiled
-    with open(file, encoding="utf-8") as f:
-        training = json.load(f)
-    foreign = _foreign_classes(training, objects or {})
-    if foreign:
-        raise errors.UnsafeCheckpointContent(
-            f"{file} names classes outside Keras, and loading them would import their modules. "
-            "Pass them as custom_objects={'Name': TheClass}, or load with compile=False. "
-            f"Received: {foreign}."
-        )
+    from ckptstore.keras_io.saving._code_refs import check_code_refs, import_allowed
+
+    with open(file, "rb") as f:
+        raw = f.read()
+    # The losses, metrics and optimizer it names pass the same rule as the model config.
+    import_allowed(check_code_refs(raw, what=file, modules=modules, custom_objects=objects), file)
+    training = json.loads(raw)
     try:
         with SafeModeScope(safe_mode):
             model.compile(**saving_utils.compile_args_from_training_config(training, objects))

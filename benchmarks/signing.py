@@ -1,0 +1,139 @@
+"""Checkpoint signing (issue 27): what signing costs as a share of a save, and verification as a
+share of a restore, for a Keras model of ``--mb`` MB of (random) weights.
+
+One run, ``--rounds`` rounds, medians printed:
+
+- save: ``core.init(signing_key=...)`` + ``store_path`` + ``model.save("model.keras")`` until the
+  checkpoint is committed (signing included), and the same save unsigned;
+- the time ``signing.sign_folder`` took inside the signed save (timed where it runs);
+- restore: ``load_checkpoint_model(checkpoint_uuid=...)`` (download, checksums, Keras load) with
+  ``CKPTSTORE_VERIFY_KEY`` set, and the same without; the time ``signing.verify_folder`` took.
+
+Local storage (the whole-file commit is a rename: the save is mostly Keras writing the file).
+
+    .venv/bin/python benchmarks/signing.py --mb 400 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+WIDTH = 1024  # a Dense(1024, 1024) layer is 4 MiB of float32
+
+
+def build(mb: float) -> Any:
+    import keras
+
+    inputs = keras.Input((WIDTH,))
+    x = inputs
+    for i in range(max(1, round(mb * 2**20 / (WIDTH * WIDTH * 4)))):
+        x = keras.layers.Dense(WIDTH, name=f"dense_{i}")(x)
+    return keras.Model(inputs, x)
+
+
+def timed(module: Any, name: str, spent: list[float]) -> Callable[[], None]:
+    """Wrap ``module.name`` so each call's seconds go to ``spent``; returns the undo."""
+    real = getattr(module, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - started)
+
+    setattr(module, name, wrapper)
+    return lambda: setattr(module, name, real)
+
+
+def save(model: Any, storage: str, registry: str, key: str | None) -> tuple[str, float]:
+    import ckptstore
+
+    started = time.perf_counter()
+    with ckptstore.core.init(
+        storage=storage, registry=registry, trial_id=1, preempt_signals=False, signing_key=key
+    ) as ctx:
+        with ctx.checkpoint.store_path({"steps_completed": 1}) as (path, uuid):
+            model.save(os.path.join(path, "model.keras"))
+    return uuid, time.perf_counter() - started
+
+
+def restore(uuid: str, storage: str, registry: str, pub: str | None) -> float:
+    import ckptstore
+    from ckptstore.checkpointing import signing
+
+    if pub:
+        os.environ[signing.VERIFY_KEY_ENV] = pub
+    started = time.perf_counter()
+    try:
+        ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, storage=storage, registry=registry)
+    finally:
+        os.environ.pop(signing.VERIFY_KEY_ENV, None)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mb", type=float, default=400)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+
+    from ckptstore.checkpointing import context as context_module
+    from ckptstore.checkpointing import signing
+    from tests.checkpointing._helpers import ec_key_pair
+
+    model = build(args.mb)
+    size = sum(w.size * w.dtype.itemsize for w in model.get_weights()) / 2**20
+    results: dict[str, list[float]] = {k: [] for k in ("save", "save_signed", "restore", "rv")}
+    sign_spent: list[float] = []
+    verify_spent: list[float] = []
+    undo = [
+        timed(context_module.signing, "sign_folder", sign_spent),
+        timed(context_module.signing, "verify_folder", verify_spent),
+    ]
+    with tempfile.TemporaryDirectory(prefix="ckptstore-bench-sign-") as tmp:
+        key, pub = ec_key_pair(tmp)
+        storage, registry = os.path.join(tmp, "store"), f"sqlite:///{tmp}/reg.db"
+        started = time.perf_counter()
+        signing.load_model_signing()  # a one-off import, paid when the context opens
+        imported = time.perf_counter() - started
+        for _ in range(args.rounds):
+            plain, seconds = save(model, storage, registry, None)
+            results["save"].append(seconds)
+            signed, seconds = save(model, storage, registry, key)
+            results["save_signed"].append(seconds)
+            results["restore"].append(restore(plain, storage, registry, None))
+            results["rv"].append(restore(signed, storage, registry, pub))
+    for restore_undo in undo:
+        restore_undo()
+    med = {k: statistics.median(v) for k, v in results.items()}
+    sign, verify = statistics.median(sign_spent), statistics.median(verify_spent)
+    print(f"one-off import of model_signing when a context with a key opens: {imported:.2f} s")
+    print(
+        f"model: {size:.0f} MiB of weights, {args.rounds} rounds, medians; hash "
+        f"{signing.HASH_ALGORITHM}, key EC P-256; local storage"
+    )
+    print(
+        f"save unsigned {med['save']:.2f} s | signed {med['save_signed']:.2f} s "
+        f"(x{med['save_signed'] / med['save']:.3f}) | signing {sign:.2f} s = "
+        f"{100 * sign / med['save_signed']:.1f}% of the signed save"
+    )
+    print(
+        f"restore unverified {med['restore']:.2f} s | verified {med['rv']:.2f} s "
+        f"(x{med['rv'] / med['restore']:.3f}) | verification {verify:.2f} s = "
+        f"{100 * verify / med['rv']:.1f}% of the verified restore"
+    )
+
+
+if __name__ == "__main__":
+    main()

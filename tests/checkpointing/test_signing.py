@@ -1,0 +1,149 @@
+"""Signed checkpoints (issue 27): signed at commit in OpenSSF model-signing's format, verified on
+download/restore when a verify key is configured, interoperable with ``model_signing`` itself,
+and ``ckptstore checkpoint sign|verify``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckptstore import errors
+from ckptstore.checkpointing import CheckpointContext, signing
+from ckptstore.checkpointing.checksums import crc32c_bytes
+from ckptstore.core import init
+from tests.checkpointing._helpers import ec_key_pair, forge
+from tests.cli.helpers import make_env
+
+model_signing = pytest.importorskip("model_signing")
+
+FILES = {"a.bin": os.urandom(3000), "b.bin": os.urandom(3000), "sub/c.json": b"{}"}
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    """``(private, public, other_public)`` PEM files: a P-256 key pair and a stranger's key."""
+    folder = tmp_path_factory.mktemp("keys")
+    key, pub = ec_key_pair(folder)
+    return key, pub, ec_key_pair(folder, "other")[1]
+
+
+def commit(where, signing_key=None, dedup=False) -> str:
+    """A checkpoint of FILES written through core.init (signed with ``signing_key``)."""
+    with init(
+        storage=where.storage,
+        registry=where.registry,
+        trial_id=1,
+        preempt_signals=False,
+        checkpoint_dedup=dedup,
+        signing_key=signing_key,
+    ) as ctx:
+        with ctx.checkpoint.store_path({"steps_completed": 1}) as (path, uuid):
+            for rel, data in FILES.items():
+                Path(path, rel).parent.mkdir(parents=True, exist_ok=True)
+                Path(path, rel).write_bytes(data)
+    return uuid
+
+
+def test_signed_at_commit_downloads_verify_with_model_signing_unmodified(where, keys, tmp_path):
+    key, pub, other = keys
+    uuid = commit(where, signing_key=key)
+    out = tmp_path / "dl"
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        reader.download(uuid, out)
+    assert (out / signing.SIGNATURE_NAME).is_file()
+    # model_signing's own verifier (what `model_signing verify key` runs) accepts the folder
+    model_signing.verifying.Config().use_elliptic_key_verifier(public_key=pub).verify(
+        out, out / signing.SIGNATURE_NAME
+    )
+    with pytest.raises(errors.SignatureError, match="does not verify"):
+        signing.verify_folder(out, other)  # a stranger's key
+    with CheckpointContext(where.storage, verify_key=other) as reader:
+        with pytest.raises(errors.SignatureError):  # in place on local storage too
+            with reader.restore_path(uuid):
+                pass
+
+
+def test_tampered_swapped_and_unsigned_are_refused(where, keys, tmp_path):
+    key, pub, _ = keys
+    storage_dedup = commit(where, signing_key=key, dedup=True)
+    whole = commit(where, signing_key=key)
+    unsigned = commit(where)
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        # a deduplicated checkpoint's chunk list swapped for another file's (sizes, checksums
+        # and blob hashes all consistent): only the signature tells
+        forge(reader.storage, storage_dedup, lambda f: f.update({"b.bin": dict(f["a.bin"])}))
+        with pytest.raises(errors.SignatureError, match="b.bin"):
+            reader.download(storage_dedup, tmp_path / "swapped")
+        # a whole file replaced, its manifest entry updated to match
+        local = Path(where.storage, whole, "a.bin")
+        os.chmod(local, 0o644)
+        local.write_bytes(b"x" * 3000)
+        forge(reader.storage, whole, lambda f: f["a.bin"].update(crc32c=crc32c_bytes(b"x" * 3000)))
+        with pytest.raises(errors.SignatureError, match="a.bin"):
+            reader.download(whole, tmp_path / "tampered")
+        # the signature removed
+        forge(reader.storage, whole, lambda f: f.pop(signing.SIGNATURE_NAME))
+        with pytest.raises(errors.SignatureError, match="not signed"):
+            reader.download(whole, tmp_path / "removed")
+        with pytest.raises(errors.SignatureError, match="not signed"):
+            reader.download(unsigned, tmp_path / "unsigned")
+        # a selection verifies what it downloaded
+        reader.download(storage_dedup, tmp_path / "part", selector="a.bin")
+    with CheckpointContext(where.storage) as reader:  # no verify key: nothing checked
+        reader.download(unsigned, tmp_path / "plain")
+
+
+def test_folder_signed_by_model_signing_verifies_here(where, keys, tmp_path):
+    key, pub, _ = keys
+    folder = tmp_path / "model"
+    for rel, data in FILES.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    hashing = model_signing.hashing.Config().set_ignored_paths(
+        paths=list(signing.UNSIGNED_NAMES), ignore_git_paths=False
+    )
+    model_signing.signing.Config().use_elliptic_key_signer(private_key=key).set_hashing_config(
+        hashing
+    ).sign(folder, folder / signing.SIGNATURE_NAME)
+    with CheckpointContext(where.storage, verify_key=pub) as ctx:
+        uuid = ctx.upload(folder)
+        ctx.download(uuid, tmp_path / "dl")
+
+
+def test_cli_sign_and_verify(tmp_path, keys, monkeypatch):
+    key, pub, other = keys
+    env = make_env(tmp_path)
+    with init(storage=env.storage_url, registry=env.registry_url, trial_id=1) as ctx:
+        with ctx.checkpoint.store_path({"steps_completed": 1}) as (path, uuid):
+            Path(path, "w.bin").write_bytes(FILES["a.bin"])
+    refused = env.run("checkpoint", "verify", uuid, "--key", pub)
+    assert refused.exit_code == 5 and "not signed" in refused.output, refused.output
+    assert env.run("checkpoint", "verify", uuid).exit_code == 0  # no key: checksums only
+    signed = env.run("checkpoint", "sign", uuid, "--key", key)
+    assert signed.exit_code == 0, signed.output
+    monkeypatch.setenv(signing.VERIFY_KEY_ENV, pub)
+    ok = env.run("checkpoint", "verify", uuid, "--json")
+    assert ok.exit_code == 0 and json.loads(ok.stdout)["signature"] == "verified", ok.output
+    # a folder `ckptstore checkpoint download` wrote verifies with the model_signing command
+    out = tmp_path / "dl"
+    assert env.run("checkpoint", "download", uuid, "-o", str(out)).exit_code == 0
+    command = Path(sys.executable).with_name("model_signing")
+    proc = subprocess.run(
+        [str(command), "verify", "key", str(out), "--signature", str(out / "model.sig")]
+        + ["--public_key", pub],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "Verification succeeded" in proc.stdout, proc.stderr
+    stranger = env.run("checkpoint", "verify", uuid, "--key", other)
+    assert stranger.exit_code == 5 and "SignatureError" in stranger.output
+    again = env.run("checkpoint", "sign", uuid, "--key", key)
+    assert again.exit_code != 0 and "already signed" in again.output
+    missing = env.run("checkpoint", "sign", uuid, "--key", str(tmp_path / "nope.pem"))
+    assert missing.exit_code == 2 and "nope.pem" in missing.output
