@@ -1,40 +1,55 @@
-"""The slot for a checkpoint's signature status on its page.
+"""A checkpoint's signature status on its page (:mod:`ckptstore.checkpointing.signing`).
 
-Signing lives in ``ckptstore.signing`` (another part of the project). Until that module exists
-and offers ``checkpoint_signature_status(storage, uuid) -> {"state", "message"}``, the page
-shows nothing about signatures rather than a status nobody checked.
+What a page view can afford: it reads the checkpoint's manifest and, when there is one, its
+``model.sig`` (a few KB), never the checkpoint's files. So the states are
+
+- ``UNSIGNED``: the manifest lists no ``model.sig``;
+- ``SIGNED``: there is one, and no verify key is configured for the UI (``CKPTSTORE_VERIFY_KEY``);
+- ``VERIFIED``: the signature checks out against that key (the files it vouches for are
+  checked against their digests on every verified download: ``ckptstore checkpoint verify``);
+- ``INVALID``: it does not (another key, or an altered signature file).
 
 Example::
 
-    status = signature_status(storage, uuid)   # None: nothing to show
+    status = signature_status(storage, uuid, manifest)   # {"state": ..., "message": ...}
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
+import os
+import tempfile
+from collections.abc import Mapping
 from typing import Any
 
+from ckptstore import errors
+from ckptstore.checkpointing import signing
 from ckptstore.storage_backends.base import Storage
 
-logger = logging.getLogger(__name__)
 
-#: The function of ``ckptstore.signing`` the page asks (see the module docstring).
-STATUS_FUNCTION = "checkpoint_signature_status"
-
-
-def signature_status(storage: Storage, uuid: str) -> dict[str, Any] | None:
-    """``{"state": ..., "message": ...}`` from ``ckptstore.signing``, or None when signing is
-    not available (the page then has no signature row)."""
+def signature_status(storage: Storage, uuid: str, manifest: Mapping[str, Any]) -> dict[str, str]:
+    """``{"state": ..., "message": ...}`` for checkpoint ``uuid`` (see the module doc)."""
+    if signing.SIGNATURE_NAME not in (manifest.get("files") or {}):
+        return {"state": "UNSIGNED", "message": f"no {signing.SIGNATURE_NAME} in the checkpoint"}
     try:
-        signing = importlib.import_module("ckptstore.signing")
-    except ImportError:
-        return None
-    status = getattr(signing, STATUS_FUNCTION, None)
-    if status is None:
-        return None
-    try:
-        return dict(status(storage, uuid))
-    except Exception as exc:  # noqa: BLE001 - the page says the check failed, and why
-        logger.warning("Signature status of %s could not be read: %s", uuid, exc)
-        return {"state": "UNKNOWN", "message": f"the signature could not be checked: {exc}"}
+        key = signing.key_from(None, signing.VERIFY_KEY_ENV)
+    except errors.CkptstoreError as exc:  # a key file that is gone: say so on the page
+        return {"state": "SIGNED", "message": f"not checked: {exc}"}
+    if key is None:
+        return {
+            "state": "SIGNED",
+            "message": f"not checked here: set {signing.VERIFY_KEY_ENV} for the UI, or run "
+            f"`ckptstore checkpoint verify {uuid} --key KEY.pem`",
+        }
+    with tempfile.TemporaryDirectory(prefix="ckptstore-ui-sig-") as tmp:
+        path = os.path.join(tmp, signing.SIGNATURE_NAME)
+        try:
+            with open(path, "wb") as f:
+                f.write(storage.read_bytes(f"{uuid}/{signing.SIGNATURE_NAME}"))
+            signing.signed_digests(path, key)
+        except errors.CkptstoreError as exc:
+            return {"state": "INVALID", "message": str(exc)}
+    return {
+        "state": "VERIFIED",
+        "message": f"signed by the key in {signing.VERIFY_KEY_ENV}; the files are checked "
+        "against it on every verified download",
+    }

@@ -147,3 +147,29 @@ def test_cli_sign_and_verify(tmp_path, keys, monkeypatch):
     assert again.exit_code != 0 and "already signed" in again.output
     missing = env.run("checkpoint", "sign", uuid, "--key", str(tmp_path / "nope.pem"))
     assert missing.exit_code == 2 and "nope.pem" in missing.output
+
+
+def test_the_ui_states_a_checkpoints_signature_from_its_manifest_and_model_sig(
+    where, keys, monkeypatch
+):
+    """The checkpoint page's status: read from the manifest and model.sig only (a page view
+    never downloads the checkpoint), checked against the UI's verify key when it has one."""
+    from ckptstore.ui.signature import signature_status
+
+    key, pub, other = keys
+    signed, unsigned = commit(where, signing_key=key), commit(where)
+    monkeypatch.delenv(signing.VERIFY_KEY_ENV, raising=False)
+    with CheckpointContext(where.storage) as ctx:
+
+        def state(uuid: str) -> str:
+            manifest = json.loads(ctx.storage.read_bytes(f"{uuid}/MANIFEST.json"))
+            return signature_status(ctx.storage, uuid, manifest)["state"]
+
+        assert state(unsigned) == "UNSIGNED"
+        assert state(signed) == "SIGNED"  # nothing to check it against
+        monkeypatch.setenv(signing.VERIFY_KEY_ENV, str(pub))
+        assert (state(signed), state(unsigned)) == ("VERIFIED", "UNSIGNED")
+        monkeypatch.setenv(signing.VERIFY_KEY_ENV, str(other))
+        assert state(signed) == "INVALID"
+        monkeypatch.setenv(signing.VERIFY_KEY_ENV, "/no/such/key.pem")
+        assert state(signed) == "SIGNED"  # a missing key file is said, not a 500

@@ -72,7 +72,7 @@ def checkpoint_page(
         "checkpoint.html",
         ckpt=ckpt,
         lineage=_lineage(ui, ckpt, manifest),
-        signature=signature_status(ui.storage_for(ckpt), uuid) if manifest else None,
+        signature=signature_status(ui.storage_for(ckpt), uuid, manifest) if manifest else None,
         storage=safe_url(ckpt.storage_url),
         metadata=safe_config(ckpt.metadata),
         metrics=shown_metrics(ckpt.metrics),
