@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from typing import Any
 
 import click
+import griffe
 from mkdocs.structure.files import File, Files
 
 CONFIG_PAGE = "reference/config.md"
@@ -147,3 +149,48 @@ def errors_page() -> str:
         doc = " ".join((inspect.getdoc(cls) or "").split("\n\n")[0].split())
         out.append(f"| `{name}` | `{base}` | {code} | {_cell(doc)} |")
     return "\n".join(out) + "\n"
+
+
+# ---- docstrings -------------------------------------------------------------------------------
+_ROLE = re.compile(r":(?:py:)?(?:class|mod|meth|func|data|attr|exc|obj|const):`~?([^`]+)`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def sphinx_to_markdown(text: str) -> str:
+    """The project's docstrings use reST markup (``x``, :class:`X`, ``Example::`` blocks);
+    mkdocstrings renders Markdown. Roles become code spans, literals single backticks, and a
+    paragraph ending in ``::`` introduces a fenced code block of its indented lines."""
+    text = _ROLE.sub(lambda m: f"`{m.group(1).rsplit('.', 1)[-1] if '~' in m.group(0) else m.group(1)}`", text)
+    text = _LITERAL.sub(r"`\1`", text)
+    lines = text.split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if not line.rstrip().endswith("::"):
+            out.append(line)
+            i += 1
+            continue
+        head = line.rstrip()[:-2].rstrip()
+        out.append(head + (":" if head and not head.endswith(":") else ""))
+        base = len(line) - len(line.lstrip())
+        i += 1
+        block: list[str] = []
+        while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > base):
+            block.append(lines[i])
+            i += 1
+        while block and not block[-1].strip():
+            block.pop()
+        body = [b for b in block if b.strip()]
+        indent = min((len(b) - len(b.lstrip()) for b in body), default=0)
+        pad = " " * base
+        out += ["", pad + "```python", *[pad + b[indent:] if b.strip() else "" for b in block], pad + "```", ""]
+    return "\n".join(out)
+
+
+class SphinxToMarkdown(griffe.Extension):
+    """Griffe extension (mkdocs.yml, mkdocstrings ``extensions``): reST docstrings to Markdown."""
+
+    def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
+        if obj.docstring is not None:
+            obj.docstring.value = sphinx_to_markdown(obj.docstring.value)

@@ -87,6 +87,7 @@ def test_page_examples_run(page: Path, tmp_path: Path, request: pytest.FixtureRe
         timeout=540,
     )
     output = done.stdout + done.stderr
+    print(done.stdout[-3000:])  # what the page printed (pytest -rP shows it)
     assert done.returncode == 0, output[-6000:]
     expected = sum(b.kind in ("python", "bash") for b in blocks_of(page))
     assert f"ran {expected}" in done.stdout, output[-3000:]
