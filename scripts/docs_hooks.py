@@ -160,7 +160,9 @@ def sphinx_to_markdown(text: str) -> str:
     """The project's docstrings use reST markup (``x``, :class:`X`, ``Example::`` blocks);
     mkdocstrings renders Markdown. Roles become code spans, literals single backticks, and a
     paragraph ending in ``::`` introduces a fenced code block of its indented lines."""
-    text = _ROLE.sub(lambda m: f"`{m.group(1).rsplit('.', 1)[-1] if '~' in m.group(0) else m.group(1)}`", text)
+    text = _ROLE.sub(
+        lambda m: f"`{m.group(1).rsplit('.', 1)[-1] if '~' in m.group(0) else m.group(1)}`", text
+    )
     text = _LITERAL.sub(r"`\1`", text)
     lines = text.split("\n")
     out: list[str] = []
@@ -176,7 +178,9 @@ def sphinx_to_markdown(text: str) -> str:
         base = len(line) - len(line.lstrip())
         i += 1
         block: list[str] = []
-        while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > base):
+        while i < len(lines) and (
+            not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > base
+        ):
             block.append(lines[i])
             i += 1
         while block and not block[-1].strip():
@@ -184,7 +188,13 @@ def sphinx_to_markdown(text: str) -> str:
         body = [b for b in block if b.strip()]
         indent = min((len(b) - len(b.lstrip()) for b in body), default=0)
         pad = " " * base
-        out += ["", pad + "```python", *[pad + b[indent:] if b.strip() else "" for b in block], pad + "```", ""]
+        out += [
+            "",
+            pad + "```python",
+            *[pad + b[indent:] if b.strip() else "" for b in block],
+            pad + "```",
+            "",
+        ]
     return "\n".join(out)
 
 

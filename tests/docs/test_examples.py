@@ -9,6 +9,8 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -57,35 +59,54 @@ def test_every_example_runs_or_says_why() -> None:
     assert kinds.get("python", 0) + kinds.get("bash", 0) >= 20, kinds
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize("page", _params())
-def test_page_examples_run(page: Path, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    for scheme, bucket in sorted(_buckets(page)):
-        server = request.getfixturevalue(SERVERS[scheme])
-        try:
-            create_bucket(server, bucket)
-        except Exception as exc:  # noqa: BLE001 - another page made it already
-            if "exist" not in str(exc).lower() and "owned" not in str(exc).lower():
-                raise
-    work = tmp_path / "work"
-    work.mkdir()
+def _run_page(page: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
+    """One page's examples in a fresh folder, with its own CKPTSTORE_HOME."""
+    work = tmp / "work"
+    work.mkdir(parents=True)
     (work / "examples").symlink_to(ROOT / "examples")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_")}
     env.update(
-        CKPTSTORE_HOME=str(tmp_path / "home"),
+        CKPTSTORE_HOME=str(tmp / "home"),
         PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
         PYTHONUNBUFFERED="1",
     )
-    rel = str(page.relative_to(ROOT / "docs"))
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.docs.run_page", rel],
+    return subprocess.run(
+        [sys.executable, "-m", "tests.docs.run_page", str(page.relative_to(ROOT / "docs"))],
         cwd=work,
         env=env,
         capture_output=True,
         text=True,
-        timeout=540,
+        timeout=600,
     )
+
+
+@pytest.fixture(scope="session")
+def page_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[Path, Future[subprocess.CompletedProcess[str]]]]:
+    """Starts the selected pages' runs, two at a time: most of a page's time is one process
+    importing TensorFlow, so a second page uses the other core instead of waiting."""
+    selected = [
+        item.callspec.params["page"]
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_page_examples_run"
+    ]
+    for scheme, bucket in sorted(set().union(*(_buckets(p) for p in selected))):
+        create_bucket(request.getfixturevalue(SERVERS[scheme]), bucket)
+    pool = ThreadPoolExecutor(max_workers=2)
+    runs = {
+        page: pool.submit(_run_page, page, tmp_path_factory.mktemp("docs-page"))
+        for page in selected
+    }
+    yield runs
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("page", _params())
+def test_page_examples_run(page: Path, page_runs) -> None:
+    done = page_runs[page].result()
     output = done.stdout + done.stderr
     print(done.stdout[-3000:])  # what the page printed (pytest -rP shows it)
     assert done.returncode == 0, output[-6000:]
