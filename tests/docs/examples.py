@@ -7,7 +7,9 @@ Conventions a page follows (visible to its readers, so nothing is skipped silent
 - A ```python block without a title runs; all of a page's blocks run in order, in one process,
   sharing one namespace (a tutorial builds on its earlier steps).
 - A ```bash block runs with ``bash -euo pipefail`` in the same folder when every command in it
-  starts with ``ckptstore``, ``python`` or ``python3``.
+  starts with ``ckptstore``, ``python``, ``python3`` or ``export``.
+- A page whose examples use ``$DATABASE_URL`` gets a fresh database on the test PostgreSQL server
+  there; ``s3://``, ``gs://`` and ``az://`` buckets they name are created on the emulators.
 - A python or bash block whose first line is ``# not run: <why>`` is shown and counted, not run
   (a cluster address, a real cloud account). A bash block that calls anything else must say so,
   or the test fails.
@@ -26,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 NOT_RUN = "# not run:"
-RUNNABLE_COMMANDS = frozenset({"ckptstore", "python", "python3"})
+RUNNABLE_COMMANDS = frozenset({"ckptstore", "python", "python3", "export"})
 
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)(?P<attrs>[^\n]*)$")
 _TITLE = re.compile(r'title="(?P<title>[^"]+)"')

@@ -31,12 +31,16 @@ def _buckets(path: Path) -> set[tuple[str, str]]:
     return {m.groups() for b in _runnable(path) for m in _BUCKET.finditer(b.code)}
 
 
+def _needs_postgres(path: Path) -> bool:
+    return any("DATABASE_URL" in b.code for b in _runnable(path))
+
+
 def _params() -> list[object]:
     params = []
     for path in pages():
         if not any(b.kind in ("python", "bash") for b in blocks_of(path)):
             continue
-        marks = [pytest.mark.servers] if _buckets(path) else []
+        marks = [pytest.mark.servers] if _buckets(path) or _needs_postgres(path) else []
         params.append(pytest.param(path, marks=marks, id=str(path.relative_to(ROOT / "docs"))))
     return params
 
@@ -59,7 +63,7 @@ def test_every_example_runs_or_says_why() -> None:
     assert kinds.get("python", 0) + kinds.get("bash", 0) >= 20, kinds
 
 
-def _run_page(page: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
+def _run_page(page: Path, tmp: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """One page's examples in a fresh folder, with its own CKPTSTORE_HOME."""
     work = tmp / "work"
     work.mkdir(parents=True)
@@ -70,6 +74,7 @@ def _run_page(page: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
         PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
         PYTHONUNBUFFERED="1",
+        **extra_env,
     )
     return subprocess.run(
         [sys.executable, "-m", "tests.docs.run_page", str(page.relative_to(ROOT / "docs"))],
@@ -94,9 +99,13 @@ def page_runs(
     ]
     for scheme, bucket in sorted(set().union(*(_buckets(p) for p in selected))):
         create_bucket(request.getfixturevalue(SERVERS[scheme]), bucket)
+    extra_env = {page: {} for page in selected}
+    for page in filter(_needs_postgres, selected):
+        server = request.getfixturevalue("postgres_server")
+        extra_env[page]["DATABASE_URL"] = server.create_database()
     pool = ThreadPoolExecutor(max_workers=2)
     runs = {
-        page: pool.submit(_run_page, page, tmp_path_factory.mktemp("docs-page"))
+        page: pool.submit(_run_page, page, tmp_path_factory.mktemp("docs-page"), extra_env[page])
         for page in selected
     }
     yield runs
