@@ -46,7 +46,8 @@ class CheckpointContext:
         index: an object implementing
             :class:`~ckptstore.checkpointing.index.CheckpointIndex` (the registry). Without it,
             everything works from storage alone.
-        trial_id, experiment_id: written into each checkpoint's metadata; scope of GC.
+        trial_id: written into each checkpoint's metadata; scope of GC.
+        experiment_id: written into each checkpoint's metadata; scope of GC.
         distributed: a :class:`ProcessGroup` (default: one process).
         gc_policy: a :class:`~ckptstore.checkpointing.retention.GCPolicy` or a dict of Determined's
             keys (``save_trial_latest``, ...); run after every commit. None keeps everything.

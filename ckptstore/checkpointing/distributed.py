@@ -72,9 +72,10 @@ class ProcessGroup:
     Args:
         rank: this process's rank, ``0 <= rank < size``; rank 0 is the chief.
         size: the number of processes.
-        local_rank, local_size: rank and count on this machine (default: ``rank``, ``size``).
-        cross_rank, cross_size: this machine's index and the number of machines
-            (default: 0 and 1).
+        local_rank: rank on this machine (default: ``rank``).
+        local_size: the number of processes on this machine (default: ``size``).
+        cross_rank: this machine's index (default: 0).
+        cross_size: the number of machines (default: 1).
         chief_ip: the address rank 0 listens on and the others connect to.
         port: the chief's port (default ``CKPTSTORE_DIST_PORT`` or 29411).
         timeout: seconds to wait for all peers to connect. Collectives then wait as long as

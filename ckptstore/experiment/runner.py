@@ -597,8 +597,9 @@ def resume_experiment(
         registry: a ``Registry`` or URL; default ``CKPTSTORE_REGISTRY`` or the SQLite default.
         model_dir: the folder with the entrypoint's code on this machine; default: the folder
             given at ``create``.
-        engine, address: as for :func:`create_experiment` (a driver lost mid-run: resume with
+        engine: as for :func:`create_experiment` (a driver lost mid-run: resume with
             ``engine="ray"`` continues its trials once their heartbeat is stale).
+        address: as for :func:`create_experiment`.
 
     Example::
 

@@ -175,8 +175,9 @@ def load_model_from_checkpoint_path(
         tags: SavedModel tags, as in Determined; ckptstore's SavedModels have ``["serve"]``.
         model: for Determined layouts, the model to load the weights into (built and compiled
             by your code) instead of the one the checkpoint's ``code/`` builds.
-        compile, custom_objects, safe_mode: for ``.keras`` files, as in
-            ``keras.saving.load_model``.
+        compile: for ``.keras`` files, as in ``keras.saving.load_model``.
+        custom_objects: for ``.keras`` files, as in ``keras.saving.load_model``.
+        safe_mode: for ``.keras`` files, as in ``keras.saving.load_model``.
         trust_pickle: read the pickled files of Determined checkpoints (epoch, continue_id).
         trust_code: build a Determined checkpoint's model with the trial class in its
             ``code/`` folder (imports and runs that code; refused with UntrustedCode without).

@@ -616,8 +616,10 @@ def init(
     Args:
         hparams: hyperparameters; default ``CKPTSTORE_HPARAMS``, else the config's
             ``hyperparameters``, else ``{}``.
-        storage, registry, trial_id, experiment_id: as for ``ckptstore.core.init`` (env vars
-            ``CKPTSTORE_STORAGE``, ``CKPTSTORE_REGISTRY``, ``CKPTSTORE_TRIAL_ID``, ...).
+        storage: as for ``ckptstore.core.init`` (env ``CKPTSTORE_STORAGE``).
+        registry: as for ``ckptstore.core.init`` (env ``CKPTSTORE_REGISTRY``).
+        trial_id: as for ``ckptstore.core.init`` (env ``CKPTSTORE_TRIAL_ID``).
+        experiment_id: as for ``ckptstore.core.init``.
         distributed: a DistributedContext; default ``DistributedContext.from_tf_config()``
             (which also picks the strategy, exposed as ``context.strategy``).
         config: an experiment-config-like dict: ``data`` (-> ``context.config_data``; default

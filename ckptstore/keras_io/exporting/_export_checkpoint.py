@@ -55,17 +55,21 @@ def export_checkpoint(
 
     Args:
         checkpoint_uuid: the checkpoint (registry row, else looked for in storage).
-        storage, registry: as for :func:`ckptstore.load_checkpoint_model`.
+        storage: as for :func:`ckptstore.load_checkpoint_model`.
+        registry: as for :func:`ckptstore.load_checkpoint_model`.
         verify: compare ``serve`` with the Keras model's predictions.
-        safe_mode, custom_objects: as for ``keras.saving.load_model``.
+        safe_mode: as for ``keras.saving.load_model``.
+        custom_objects: as for ``keras.saving.load_model``.
         modules: modules defining the model's custom layers that may be imported (an
             allow-list, with their sub-modules); the checkpoint's own config never chooses
             what is imported (:mod:`ckptstore.keras_io.saving._code_refs`).
 
     Raises:
-        CheckpointNotFound, CheckpointConflict (it already has a SavedModel), ExportError,
-        ChecksumMismatch, UntrustedCode (the config names code not allowed; nothing imported)
-        (from :mod:`ckptstore.errors`).
+        CheckpointNotFound: no such checkpoint.
+        CheckpointConflict: it already has a SavedModel.
+        ExportError: the export or its check failed.
+        ChecksumMismatch: a downloaded file differs from the manifest.
+        UntrustedCode: the config names code not allowed (nothing was imported).
 
     Example::
 

@@ -406,7 +406,9 @@ def load_checkpoint_model(
             A trial or UUID the registry does not know is looked for in storage.
         best_by: a validation metric name; picks the trial's best checkpoint by it.
         smaller_is_better: direction of ``best_by``.
-        compile, custom_objects, safe_mode: as for ``keras.saving.load_model``.
+        compile: as for ``keras.saving.load_model``.
+        custom_objects: as for ``keras.saving.load_model``.
+        safe_mode: as for ``keras.saving.load_model`` (refuses Lambda layers).
         cache: take bytes this machine already loaded from the local restore cache
             (``ckptstore.checkpointing.cache``). None (default): on for remote storage unless
             ``CKPTSTORE_CACHE=off``; False fetches everything from storage.
@@ -417,9 +419,14 @@ def load_checkpoint_model(
             Keras reads it (:mod:`ckptstore.checkpointing.signing`).
 
     Raises:
-        TrialNotFound, CheckpointNotFound, ChecksumMismatch, ModelLoadError,
-        UnsafeCheckpointContent, UntrustedCode, SignatureError, InvalidConfig (from
-        :mod:`ckptstore.errors`).
+        TrialNotFound: the registry has no such trial.
+        CheckpointNotFound: no such checkpoint, or the trial has none.
+        ChecksumMismatch: a downloaded file differs from the manifest.
+        ModelLoadError: the files hold no loadable model.
+        UnsafeCheckpointContent: a Lambda layer with ``safe_mode=True``.
+        UntrustedCode: the config names code the caller did not allow (nothing imported).
+        SignatureError: a verify key is set and the checkpoint is unsigned or altered.
+        InvalidConfig: neither or both of ``trial_id`` and ``checkpoint_uuid``.
 
     Example::
 

@@ -1,0 +1,123 @@
+"""Every code example in the documentation runs (conventions: tests/docs/examples.py).
+
+A renamed function, command or option breaks a page's example here, not the reader.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.docs.examples import ROOT, Block, blocks_of, pages, unrunnable_bash
+from tests.servers.emulators import create_bucket
+
+#: The emulator fixture each URL scheme in a runnable example needs.
+SERVERS = {"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}
+_BUCKET = re.compile(r"\b(s3|gs|az)://([a-z0-9][a-z0-9.-]+)")
+
+
+def _runnable(path: Path) -> list[Block]:
+    return [b for b in blocks_of(path) if b.kind in ("python", "bash", "file")]
+
+
+def _buckets(path: Path) -> set[tuple[str, str]]:
+    return {m.groups() for b in _runnable(path) for m in _BUCKET.finditer(b.code)}
+
+
+def _needs_postgres(path: Path) -> bool:
+    return any("DATABASE_URL" in b.code for b in _runnable(path))
+
+
+def _params() -> list[object]:
+    params = []
+    for path in pages():
+        if not any(b.kind in ("python", "bash") for b in blocks_of(path)):
+            continue
+        marks = [pytest.mark.servers] if _buckets(path) or _needs_postgres(path) else []
+        params.append(pytest.param(path, marks=marks, id=str(path.relative_to(ROOT / "docs"))))
+    return params
+
+
+def test_every_example_runs_or_says_why() -> None:
+    """A bash block calling something the test cannot run must carry ``# not run: <why>``."""
+    kinds: dict[str, int] = {}
+    unmarked = []
+    for path in pages():
+        for block in blocks_of(path):
+            kinds[block.kind] = kinds.get(block.kind, 0) + 1
+            if block.kind == "bash" and unrunnable_bash(block):
+                unmarked.append(f"{block.page}:{block.line}: {unrunnable_bash(block)}")
+            if block.kind == "not-run":
+                assert block.not_run_reason, f"{block.page}:{block.line}: say why it is not run"
+    assert not unmarked, "mark these '# not run: <why>' or make them runnable:\n" + "\n".join(
+        unmarked
+    )
+    print(f"docs examples: {kinds}")
+    assert kinds.get("python", 0) + kinds.get("bash", 0) >= 20, kinds
+
+
+def _run_page(page: Path, tmp: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """One page's examples in a fresh folder, with its own CKPTSTORE_HOME."""
+    work = tmp / "work"
+    work.mkdir(parents=True)
+    (work / "examples").symlink_to(ROOT / "examples")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_")}
+    env.update(
+        CKPTSTORE_HOME=str(tmp / "home"),
+        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        PYTHONUNBUFFERED="1",
+        **extra_env,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "tests.docs.run_page", str(page.relative_to(ROOT / "docs"))],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="session")
+def page_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[Path, Future[subprocess.CompletedProcess[str]]]]:
+    """Starts the selected pages' runs, two at a time: most of a page's time is one process
+    importing TensorFlow, so a second page uses the other core instead of waiting."""
+    selected = [
+        item.callspec.params["page"]
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_page_examples_run"
+    ]
+    for scheme, bucket in sorted(set().union(*(_buckets(p) for p in selected))):
+        create_bucket(request.getfixturevalue(SERVERS[scheme]), bucket)
+    extra_env = {page: {} for page in selected}
+    for page in filter(_needs_postgres, selected):
+        server = request.getfixturevalue("postgres_server")
+        extra_env[page]["DATABASE_URL"] = server.create_database()
+    pool = ThreadPoolExecutor(max_workers=2)
+    runs = {
+        page: pool.submit(_run_page, page, tmp_path_factory.mktemp("docs-page"), extra_env[page])
+        for page in selected
+    }
+    yield runs
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("page", _params())
+def test_page_examples_run(page: Path, page_runs) -> None:
+    done = page_runs[page].result()
+    output = done.stdout + done.stderr
+    print(done.stdout[-3000:])  # what the page printed (pytest -rP shows it)
+    assert done.returncode == 0, output[-6000:]
+    expected = sum(b.kind in ("python", "bash") for b in blocks_of(page))
+    assert f"ran {expected}" in done.stdout, output[-3000:]
