@@ -38,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -424,7 +425,9 @@ def run_on_ray(run: ExperimentRun, address: str | None) -> RunOutcome:
     finally:
         if started_ray:
             ray.shutdown()
-    return run.conclude(stopped=stop.stopping.is_set())
+    outcome = run.conclude(stopped=stop.stopping.is_set())
+    where = f" --address {address}" if address else ""
+    return dataclasses.replace(outcome, resume_options=f" --engine ray{where}")
 
 
 def _tuner(run: ExperimentRun, slots: int, searcher: Any, stop_flag: Any) -> Any:

@@ -197,6 +197,8 @@ class RunOutcome:
     experiment_id: int
     state: str
     failed: list[TrialFailure]
+    #: Options the resume command needs to continue on the same engine (``--engine ray``).
+    resume_options: str = ""
 
     @property
     def ok(self) -> bool:
@@ -209,7 +211,7 @@ class RunOutcome:
         if not self.failed:
             return (
                 f"Experiment {exp} was interrupted and is {self.state}; continue it with "
-                f"`ckptstore experiment resume {exp}`."
+                f"`ckptstore experiment resume {exp}{self.resume_options}`."
             )
         lines = [f"Experiment {exp} ended {self.state} with {len(self.failed)} failed trial(s)."]
         for failure in self.failed:

@@ -162,7 +162,8 @@ def test_flags_sigterm_pauses_then_resume_on_ray_continues(
         driver.send_signal(signal.SIGTERM)
         assert driver.wait(timeout=120) == 1, log.read_text()[-4000:]
         output = log.read_text()
-        assert "PAUSED" in output and "experiment resume 1" in output, output[-4000:]
+        resume = f"experiment resume 1 --engine ray --address {ray_cluster.address}"
+        assert "PAUSED" in output and resume in output, output[-4000:]
         (trial,) = reg.list_trials(1)
         assert reg.get_trial(trial.id).state == "PAUSED"
         assert reg.get_experiment(1).state == "PAUSED"
