@@ -165,6 +165,11 @@ class InvalidExperimentException(InvalidConfig):
     """
 
 
+class UnreachableFromCluster(InvalidConfig):
+    """A registry or storage that lives on this machine (a SQLite file, a local folder) was
+    given for trials that run on other machines (Ray nodes on other hosts)."""
+
+
 class ExperimentNotCompleted(CkptstoreError):
     """An experiment run ended without completing: a trial failed, or it was interrupted."""
 

@@ -10,7 +10,12 @@ A value is hidden (replaced by :data:`MASK`) when it is
   query strings (``?password=...&sig=...``), headers and the repr of a dict;
 - the password of a URL in user-info form (``postgresql://me:PASSWORD@db/ckpts``);
 - a credential in the shapes the cloud SDKs log (``Credential=AKIA.../``, ``Signature=<hex>``,
-  ``AccountKey=...``).
+  ``AccountKey=...``);
+- every value under a config's ``environment_variables`` key (Determined's
+  ``environment.environment_variables``, a list of ``NAME=value`` or a list per accelerator),
+  whatever its name: trials receive them as their environment, and a name such as
+  ``DATABASE_URL`` or ``HF_HUB`` says nothing about whether its value is a secret. The names
+  stay visible (``NAME=***``).
 
 Names ending in ``_id``, ``_path``, ``_file``, ``_env``, ``_count``, ... name, locate or
 measure a secret without holding it (``AWS_ACCESS_KEY_ID``, ``private_key_path``) and stay
@@ -35,6 +40,7 @@ from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
 __all__ = [
+    "ENVIRONMENT_KEY",
     "MASK",
     "MaskingFilter",
     "install_log_filter",
@@ -157,13 +163,33 @@ def _empty(value: object) -> bool:
     return value is None or (isinstance(value, str) and not value)
 
 
+#: The config key whose every value is hidden (see the module docstring).
+ENVIRONMENT_KEY = "environment_variables"
+
+
+def _mask_environment(value: object) -> object:
+    """``NAME=value`` entries (in lists, or lists under accelerator names) as ``NAME=***``."""
+    if isinstance(value, Mapping):
+        return {k: _mask_environment(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_mask_environment(v) for v in value)
+    if isinstance(value, str):
+        env = _ENV_ASSIGNMENT.fullmatch(value)
+        return f"{env.group('name')}={MASK}" if env else MASK
+    return value if _empty(value) else MASK
+
+
 def mask_value(value: T) -> T:
     """``value`` (a config, metadata, hparams, a ``--json`` record) with the secrets of
-    :func:`mask_text` and every value under a secret-named key hidden; a new object, the
-    argument is not changed."""
+    :func:`mask_text`, every value under a secret-named key and every environment variable
+    of an ``environment_variables`` key hidden; a new object, the argument is not changed."""
     if isinstance(value, Mapping):
         return {  # type: ignore[return-value]
-            k: MASK if is_secret_name(k) and not _empty(v) else mask_value(v)
+            k: _mask_environment(v)
+            if k == ENVIRONMENT_KEY
+            else MASK
+            if is_secret_name(k) and not _empty(v)
+            else mask_value(v)
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):

@@ -20,6 +20,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 pytest_plugins = [
     "tests.servers.storage_fixtures",
     "tests.servers.postgres_fixtures",
+    "tests.servers.ray_cluster",  # ray_cluster: one two-node loopback cluster per session
     "tests._helpers.ci_skips",  # with CI=true a skip fails
     "tests._helpers.markers",  # unit / servers / e2e on every test
     "pytester",  # tests/test_conftest_rules.py runs small test files

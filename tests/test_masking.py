@@ -112,7 +112,11 @@ def test_mask_value_hides_secret_keys_env_strings_and_urls():
     }
     masked = masking.mask_value(config)
     assert SECRET not in repr(masked)
-    assert masked["environment"]["environment_variables"] == ["AWS_SECRET_ACCESS_KEY=***", "SEED=1"]
+    # every environment variable's value: a name does not say whether its value is secret
+    assert masked["environment"]["environment_variables"] == [
+        "AWS_SECRET_ACCESS_KEY=***",
+        "SEED=***",
+    ]
     assert masked["hparams"] == ({"api_key": "***", "lr": 0.1},)
     assert masked["empty_password"] == "" and masked["token_count"] == 3
     assert SECRET in repr(config)  # the argument is left as it was

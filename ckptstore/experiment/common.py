@@ -29,6 +29,19 @@ OPTUNA_TRIAL_ENV = "CKPTSTORE_OPTUNA_TRIAL"
 RUNNER_KEY = "_ckptstore"
 
 
+def runner_set_env() -> frozenset[str]:
+    """The variables the runner sets in every trial process (from the experiment and the
+    trial): ``environment.environment_variables`` may not name them."""
+    from ckptstore.core import _searcher
+
+    return frozenset(
+        {trial_info.TRIAL_ID_ENV, trial_info.EXPERIMENT_ID_ENV, trial_info.HPARAMS_ENV}
+        | {trial_info.DATA_CONFIG_ENV, trial_info.STORAGE_ENV, trial_info.REGISTRY_ENV}
+        | {trial_info.JOB_ID_ENV, MODEL_DIR_ENV, OPTUNA_TRIAL_ENV, SLOTS_ENV}
+        | {_searcher.SEARCHER_ENV, _searcher.ORACLE_ENV}
+    )
+
+
 def experiment_config(registry: Registry, experiment_id: int) -> dict[str, Any]:
     """The user's config of an experiment, without the runner's own key."""
     raw = dict(registry.get_experiment(experiment_id).config or {})
@@ -98,6 +111,7 @@ def trial_env(
     settings (:meth:`~ckptstore.experiment.runner.ExperimentRun.experiment_env`), the trial's
     id, hparams and Optuna trial. The local runner and the Ray engine launch trials with it."""
     settings: dict[str, str | None] = dict(experiment_env)
+    settings[trial_info.JOB_ID_ENV] = None  # a trial is no job, whatever its node's shell had
     settings[trial_info.TRIAL_ID_ENV] = str(trial_id)
     settings[trial_info.HPARAMS_ENV] = json.dumps(hparams)
     settings[OPTUNA_TRIAL_ENV] = None if optuna_id is None else str(optuna_id)

@@ -434,6 +434,9 @@ class ExperimentConfig:
     slots: int = 1
     #: The GC keys given in ``checkpoint_storage`` (Determined's names).
     retention: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: ``environment.environment_variables`` as NAME -> value (the ``cpu`` list of the
+    #: per-accelerator form): set in every trial process, under ckptstore's own keys.
+    environment_variables: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def constant_hparams(self) -> dict[str, Any]:
         """Nested hyperparameters when every one is constant (the ``single`` searcher)."""
@@ -519,11 +522,36 @@ def _ignored(raw: dict[str, Any], model: schema.Experiment) -> list[str]:
     """The keys accepted for compatibility that change nothing here, in one list to warn about."""
     ignored = [k for k in raw if k in schema.Experiment.ignored]
     ignored += [f"{k} (removed from Determined)" for k in raw if k in schema.Experiment.removed]
-    for section, key in ((model.searcher, "searcher"), (model.resources, "resources")):
+    sections = (
+        (model.searcher, "searcher"),
+        (model.resources, "resources"),
+        (model.environment, "environment"),
+    )
+    for section, key in sections:
         if section is not None:
             given = section.model_fields_set & type(section).ignored
             ignored += [f"{key}.{k}" for k in raw[key] if k in given]
     return ignored
+
+
+def _environment_variables(environment: schema.Environment | None) -> dict[str, str]:
+    """``NAME=value`` entries as a dict (a later entry wins, as in a shell); Determined's
+    per-accelerator mapping gives its ``cpu`` list (ckptstore's trials ask for CPUs)."""
+    from ckptstore.experiment.common import runner_set_env
+
+    given = environment.environment_variables if environment is not None else None
+    if isinstance(given, schema.EnvironmentVariablesByAccelerator):
+        given = given.cpu
+    variables = dict(entry.split("=", 1) for entry in given or ())
+    taken = sorted(set(variables) & runner_set_env())
+    if taken:  # the runner's value would win: refuse rather than ignore the user's silently
+        raise _fail(
+            "environment.environment_variables",
+            f"{', '.join(taken)} is set by ckptstore for every trial, received {taken}",
+            "Give storage and registry with --storage/--registry (or checkpoint_storage), "
+            "and the data config under `data:`.",
+        )
+    return variables
 
 
 def check_size(raw: Any, where: str = "<config>") -> None:
@@ -608,6 +636,7 @@ def parse_config(raw: Any) -> ExperimentConfig:
         slots_per_trial=resources.slots_per_trial,
         slots=resources.slots,
         retention=retention,
+        environment_variables=_environment_variables(model.environment),
     )
 
 

@@ -24,6 +24,7 @@ import re
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -220,7 +221,7 @@ HPSpec = TypeAliasType(
     ],
 )
 #: Tags of the unions above: they appear in pydantic's error locations, never in a key path.
-_TAG = re.compile(r"^(length|hp|storage):")
+_TAG = re.compile(r"^(length|hp|storage|env):")
 
 
 # ---- sections -----------------------------------------------------------------------------------
@@ -284,6 +285,63 @@ class Resources(_Section):
     agent_label: Ignored
 
 
+_ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
+
+
+def _env_assignment(value: str) -> str:
+    if not _ENV_ASSIGNMENT.fullmatch(value):
+        raise PydanticCustomError(
+            "env_assignment",
+            "expected NAME=value with NAME made of letters, digits and _",
+            {"fix": "Write each variable like `- WANDB_MODE=offline`."},
+        )
+    return value
+
+
+#: ``NAME=value`` (Determined's form of an environment variable; the value may be empty).
+EnvAssignment = Annotated[
+    str,
+    AfterValidator(_env_assignment),
+    Field(json_schema_extra={"pattern": _ENV_ASSIGNMENT.pattern}, examples=["WANDB_MODE=off"]),
+]
+
+
+class EnvironmentVariablesByAccelerator(_Section):
+    """Determined's per-accelerator form of ``environment.environment_variables``; ckptstore's
+    trials ask for CPU slots, so the ``cpu`` list applies."""
+
+    cpu: list[EnvAssignment] | None = None
+    cuda: list[EnvAssignment] | None = None
+    rocm: list[EnvAssignment] | None = None
+
+
+EnvironmentVariables = Annotated[
+    Annotated[list[EnvAssignment], Tag("env:list")]
+    | Annotated[EnvironmentVariablesByAccelerator, Tag("env:map")],
+    Discriminator(lambda v: "env:map" if isinstance(v, dict) else "env:list"),
+]
+
+
+class Environment(_Section):
+    """``environment``: ``environment_variables`` reach every trial process; the container keys
+    are the cluster's."""
+
+    ignored: ClassVar[frozenset[str]] = frozenset(
+        {"image", "pod_spec", "registry_auth", "force_pull_image", "ports", "proxy_ports"}
+        | {"add_capabilities", "drop_capabilities"}
+    )
+
+    environment_variables: EnvironmentVariables | None = None
+    image: Ignored
+    pod_spec: Ignored
+    registry_auth: Ignored
+    force_pull_image: Ignored
+    ports: Ignored
+    proxy_ports: Ignored
+    add_capabilities: Ignored
+    drop_capabilities: Ignored
+
+
 class Reproducibility(_Section):
     """``reproducibility``: the seed trials derive theirs from."""
 
@@ -316,7 +374,7 @@ class Experiment(_Section):
     on a cluster). Where this differs from Determined's default it says so."""
 
     ignored: ClassVar[frozenset[str]] = frozenset(
-        {"environment", "bind_mounts", "optimizations", "profiling", "workspace", "project"}
+        {"bind_mounts", "optimizations", "profiling", "workspace", "project"}
         | {"debug", "tensorboard_storage", "log_policies", "pbs", "slurm"}
         | {"retention_policy", "max_slots", "integrations", "internal", "security"}
     )
@@ -344,7 +402,7 @@ class Experiment(_Section):
     ] = 0
     perform_initial_validation: bool = False
     resources: Resources | None = None
-    environment: Ignored
+    environment: Environment | None = None
     bind_mounts: Ignored
     optimizations: Ignored
     profiling: Ignored

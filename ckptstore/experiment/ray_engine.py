@@ -9,8 +9,17 @@ the same experiment as the local runner, with Ray placing the trials on the clus
   propose locally and ``adaptive_asha`` prunes at the same rungs (the trial process asks the
   same Optuna pruner). The driver keeps Optuna's heartbeat for every trial it placed.
 - Each Tune trial runs the trial's own process (``python -m ckptstore.keras_io.trial.worker``
-  or the script entrypoint) on the node Ray picked, with the storage URL and registry in its
-  environment, so checkpoints, metrics and GC go through ckptstore exactly as in a local run.
+  or the script entrypoint) on the node Ray picked. Everything the trial needs travels with
+  it in the Tune trial's arguments (:meth:`ExperimentRun.experiment_env`: registry URL,
+  storage spec, experiment id, data config, searcher settings, model folder and the config's
+  ``environment.environment_variables``), whatever the driver's or the node's environment, so
+  checkpoints, metrics and GC go through ckptstore exactly as in a local run. Nodes on other
+  hosts than the driver's (:mod:`.reach`) need a registry and storage they can open: a SQLite
+  file or a local folder is refused before any trial starts.
+- SIGTERM or Ctrl-C to the driver: no new trial starts, every running trial process gets
+  SIGTERM (through a small Ray actor its Tune trial polls), checkpoints and exits as it does
+  locally, and the experiment is left PAUSED; ``ckptstore experiment resume ID --engine ray``
+  continues it. A second signal ends the driver at once.
 - A node lost mid-trial: the Tune trial fails and Tune runs it again (up to ``max_restarts``,
   Tune's ``FailureConfig.max_failures``) on a node that is alive; the trial process resumes
   from the trial's latest committed ckptstore checkpoint (same registry trial, same
@@ -29,10 +38,14 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -41,6 +54,7 @@ from ckptstore import errors
 from ckptstore.experiment.common import die_with_parent, trial_env
 from ckptstore.experiment.config import ExperimentConfig
 from ckptstore.experiment.optuna_queue import FINISHED, Claim, TrialQueue
+from ckptstore.experiment.reach import check_reachable
 from ckptstore.launch.process import child_command
 from ckptstore.launch.tensorflow import SLOTS_ENV
 
@@ -57,6 +71,8 @@ REAP_S = 2.0
 ENGINES = ("local", "ray")
 #: Memory (bytes) the Tune trial that launches a multi-slot trial's Ray Train workers asks for.
 LAUNCHER_MEMORY = 64 * 1024 * 1024
+#: How often a Tune trial asks whether the driver was told to stop (seconds).
+STOP_POLL_S = 1.0
 
 
 def _import_ray() -> Any:
@@ -94,15 +110,24 @@ def _searcher_class() -> type:
     from ray.tune.search import Searcher
 
     class QueueSearcher(Searcher):
-        def __init__(self, queue: TrialQueue, metric_of: MetricOf, script: bool) -> None:
+        def __init__(
+            self,
+            queue: TrialQueue,
+            metric_of: MetricOf,
+            script: bool,
+            stopping: threading.Event,
+        ) -> None:
             super().__init__()
             self.queue = queue
             self.metric_of = metric_of
             self.script = script  # a script's exit 0 completes its trial (as locally)
+            self.stopping = stopping  # set by SIGTERM/SIGINT to the driver
             self.claims: dict[str, Claim] = {}
             self._next_reap = 0.0
 
         def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+            if self.stopping.is_set():
+                return Searcher.FINISHED  # Tune waits for the running trials to pause
             if time.monotonic() >= self._next_reap:
                 self._next_reap = time.monotonic() + REAP_S
                 self.queue.reap()
@@ -132,7 +157,12 @@ def _searcher_class() -> type:
             claim = self.claims.pop(trial_id, None)
             if claim is not None:
                 _settle(
-                    self.queue, claim, error=error, script=self.script, metric_of=self.metric_of
+                    self.queue,
+                    claim,
+                    error=error,
+                    script=self.script,
+                    metric_of=self.metric_of,
+                    stopping=self.stopping.is_set(),
                 )
 
         def hand_back(self) -> None:
@@ -146,7 +176,7 @@ def _searcher_class() -> type:
         # threads do not pickle.
         def __getstate__(self) -> dict[str, Any]:
             state = dict(self.__dict__)
-            for key in ("queue", "metric_of", "claims"):
+            for key in ("queue", "metric_of", "claims", "stopping"):
                 state.pop(key, None)
             return state
 
@@ -160,16 +190,23 @@ def _searcher_class() -> type:
 
 
 def _settle(
-    queue: TrialQueue, claim: Claim, *, error: bool, script: bool, metric_of: MetricOf
+    queue: TrialQueue,
+    claim: Claim,
+    *,
+    error: bool,
+    script: bool,
+    metric_of: MetricOf,
+    stopping: bool = False,
 ) -> None:
     """Record how a Tune trial ended, as the local runner does: a script's exit 0 completes
-    it, an error fails it, a preempted trial goes back to the queue, a finished one is told to
-    the study with its final searcher metric."""
+    it (pauses it when the driver was told to stop: it checkpointed on SIGTERM), an error
+    fails it, a preempted trial goes back to the queue, a finished one is told to the study
+    with its final searcher metric."""
     registry = queue.registry
     state = registry.get_trial(claim.trial_id).state
-    if not error and script and state == "ACTIVE":
-        registry.set_trial_state(claim.trial_id, "COMPLETED")
-        state = "COMPLETED"
+    if not error and state == "ACTIVE" and (script or stopping):
+        state = "PAUSED" if stopping else "COMPLETED"
+        registry.set_trial_state(claim.trial_id, state)
     if error:  # Tune gave up after max_failures
         registry.set_trial_state(claim.trial_id, "ERROR")
         queue.tell(claim, None)
@@ -186,44 +223,109 @@ def _settle(
 
 
 # ---- what runs on the cluster -------------------------------------------------------------------
-def _run_trial_process(cmd: list[str], env: dict[str, str], cwd: str) -> None:
-    """Run the trial's process here and wait; a non-zero exit fails the Tune trial (retried)."""
-    rc = subprocess.call(
+def _stop_flag_class() -> Any:
+    """The driver's "stop" switch, as a Ray actor every Tune trial can ask (a class made here,
+    so this module imports without Ray). It lives on the head node, which the cluster cannot
+    lose without ending the run anyway, and takes no CPU from the trials."""
+    import ray
+
+    @ray.remote(num_cpus=0, resources={"node:__internal_head__": 0.001})
+    class StopFlag:
+        def __init__(self) -> None:
+            self._set = False
+
+        def set(self) -> None:
+            self._set = True
+
+        def is_set(self) -> bool:
+            return self._set
+
+    return StopFlag
+
+
+def _stop_requested(stop: Any) -> bool:
+    import ray
+
+    try:
+        return bool(ray.get(stop.is_set.remote(), timeout=30))
+    except Exception as exc:  # noqa: BLE001 - an unreachable flag must not fail the trial
+        logger.warning("Could not ask the driver's stop flag (%s); the trial goes on", exc)
+        return False
+
+
+def _run_trial_process(cmd: list[str], env: dict[str, str], cwd: str, stop: Any) -> None:
+    """Run the trial's process here and wait; a non-zero exit fails the Tune trial (retried).
+    When the driver is told to stop, the process gets SIGTERM (core's preemption signal: it
+    checkpoints and exits) and whatever it exits with, the Tune trial ends without a retry."""
+    if _stop_requested(stop):
+        return  # placed while the driver was stopping: the trial stays queued
+    proc = subprocess.Popen(
         cmd, cwd=cwd, env=env, preexec_fn=die_with_parent if sys.platform == "linux" else None
     )
-    if rc != 0:
+    stopped = False
+    while True:
+        try:
+            rc = proc.wait(timeout=STOP_POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if not stopped and _stop_requested(stop):
+            logger.info("The driver stops: asking trial process %d to checkpoint", proc.pid)
+            proc.send_signal(signal.SIGTERM)
+            stopped = True
+    if rc != 0 and not stopped:
         raise RuntimeError(f"trial process {cmd!r} exited with status {rc}")
 
 
-def _train_worker(config: dict[str, Any]) -> None:
-    """One Ray Train worker: the trial process with the TF_CONFIG Ray set for this worker."""
-    env = dict(config["env"])
-    if "TF_CONFIG" in os.environ:
-        env["TF_CONFIG"] = os.environ["TF_CONFIG"]
-    # This worker is one of the trial's slots: Determined's launcher (`python3 -m
-    # determined.launch.tensorflow -- ...`) must run the script once here, not N times.
-    env[SLOTS_ENV] = "1"
-    _run_trial_process(config["cmd"], env, config["cwd"])
+#: Ray Train's TensorFlow backend sets this in its workers' environment (it picks Keras 2 for
+#: them); the trial's Keras is the user's choice (environment.environment_variables), as locally.
+RAY_TRAIN_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 
 
-def _tune_trial(config: dict[str, Any], spec: dict[str, Any]) -> None:
-    """One Tune trial: the trial's process, or ``slots`` Ray Train TensorFlow workers."""
-    env = trial_env(
-        dict(os.environ),
+def _node_env(
+    spec: dict[str, Any], config: dict[str, Any], drop: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """The trial process's environment on this node: the node's own (PATH, its Python's
+    folders) without ``drop``, then everything the driver sent (never inherited from the
+    driver)."""
+    base = {k: v for k, v in os.environ.items() if k not in drop}
+    return trial_env(
+        base,
         spec["experiment_env"],
         config["trial_id"],
         config["hparams"],
         config["optuna_id"],
     )
+
+
+def _train_worker(loop_config: dict[str, Any]) -> None:
+    """One Ray Train worker: the trial process with the TF_CONFIG Ray set for this worker."""
+    import ray
+
+    # The trial's settings (registry password, environment_variables) come through the object
+    # store: Ray Train writes train_loop_config itself to its results folder.
+    spec, config = ray.get(loop_config["trial"])
+    env = _node_env(spec, config, drop=(RAY_TRAIN_KERAS_ENV,))
+    if "TF_CONFIG" in os.environ:
+        env["TF_CONFIG"] = os.environ["TF_CONFIG"]
+    # This worker is one of the trial's slots: Determined's launcher (`python3 -m
+    # determined.launch.tensorflow -- ...`) must run the script once here, not N times.
+    env[SLOTS_ENV] = "1"
+    _run_trial_process(spec["cmd"], env, spec["cwd"], spec["stop"])
+
+
+def _tune_trial(config: dict[str, Any], spec: dict[str, Any]) -> None:
+    """One Tune trial: the trial's process, or ``slots`` Ray Train TensorFlow workers."""
     if spec["slots"] == 1:
-        _run_trial_process(spec["cmd"], env, spec["cwd"])
+        _run_trial_process(spec["cmd"], _node_env(spec, config), spec["cwd"], spec["stop"])
         return
+    import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.tensorflow import TensorflowTrainer
 
     trainer = TensorflowTrainer(
         _train_worker,
-        train_loop_config={"cmd": spec["cmd"], "env": env, "cwd": spec["cwd"]},
+        train_loop_config={"trial": ray.put((spec, config))},
         scaling_config=ScalingConfig(num_workers=spec["slots"], resources_per_worker={"CPU": 1}),
         run_config=RunConfig(
             name=f"ckptstore-trial-{config['trial_id']}",
@@ -237,16 +339,105 @@ def _tune_trial(config: dict[str, Any], spec: dict[str, Any]) -> None:
 
 
 # ---- the driver ---------------------------------------------------------------------------------
+def other_hosts(ray: Any) -> set[str]:
+    """Hostnames of the cluster's live nodes other than this machine's (see :mod:`.reach`)."""
+    here = socket.gethostname()
+    names = {n.get("NodeManagerHostname") or "" for n in ray.nodes() if n.get("Alive")}
+    return {name for name in names if name != here}
+
+
+class _DriverStop:
+    """SIGTERM/SIGINT to the driver: ``stopping`` is set, and a thread (Ray calls do not belong
+    in a signal handler) sets the cluster-wide stop flag the Tune trials poll. A second signal
+    meets the previous handlers again (Ctrl-C twice ends the driver at once)."""
+
+    def __init__(self, flag: Any) -> None:
+        self.flag = flag
+        self.stopping = threading.Event()
+        self._wake = threading.Event()
+        self._old: dict[int, Any] = {}
+        self._thread = threading.Thread(target=self._tell, name="ckptstore-ray-stop", daemon=True)
+
+    def __enter__(self) -> _DriverStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._on_signal)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._restore()
+        self._wake.set()
+        self._thread.join(timeout=35)
+
+    def _restore(self) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+        self._old.clear()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        logger.warning("Received signal %d: trials checkpoint and pause", signum)
+        self.stopping.set()
+        self._wake.set()
+        self._restore()
+
+    def _tell(self) -> None:
+        import ray
+
+        self._wake.wait()
+        if self.stopping.is_set():
+            ray.get(self.flag.set.remote(), timeout=30)
+
+
 def run_on_ray(run: ExperimentRun, address: str | None) -> RunOutcome:
     """Run (or continue) ``run``'s experiment on the Ray cluster at ``address`` (``None``:
     ``RAY_ADDRESS``, else a local Ray started for this run)."""
-    from ckptstore import defaults
-
     ray = _import_ray()
-    from ray import tune
-
     config = run.config
     slots = check_config(config)
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(address=address, log_to_driver=True, include_dashboard=False)
+    try:
+        try:
+            check_reachable(run.registry_url, run.storage, other_hosts=other_hosts(ray))
+        except errors.UnreachableFromCluster:
+            run.registry.set_experiment_state(run.experiment_id, "PAUSED")
+            raise
+        run.queue.ensure_slots()
+        logger.info(
+            "Experiment %d on Ray (%s): %d slot(s) per trial",
+            run.experiment_id,
+            address or os.environ.get("RAY_ADDRESS") or "local",
+            slots,
+        )
+        with _DriverStop(_stop_flag_class().remote()) as stop:
+            searcher = _searcher_class()(
+                run.queue,
+                run.final_metric,
+                script=not config.entrypoint.is_trial_class,
+                stopping=stop.stopping,
+            )
+            try:
+                _tuner(run, slots, searcher, stop.flag).fit()
+            finally:
+                searcher.hand_back()
+    finally:
+        if started_ray:
+            ray.shutdown()
+    outcome = run.conclude(stopped=stop.stopping.is_set())
+    where = f" --address {address}" if address else ""
+    return dataclasses.replace(outcome, resume_options=f" --engine ray{where}")
+
+
+def _tuner(run: ExperimentRun, slots: int, searcher: Any, stop_flag: Any) -> Any:
+    """The Tune run of the experiment's trials; each gets everything it needs in its
+    arguments (``spec``, through the object store, so no secret lands in Tune's files)."""
+    from ray import tune
+
+    from ckptstore import defaults
+
+    config = run.config
     if config.entrypoint.is_trial_class:
         cmd = [sys.executable, "-m", "ckptstore.keras_io.trial.worker"]
     else:
@@ -258,19 +449,16 @@ def run_on_ray(run: ExperimentRun, address: str | None) -> RunOutcome:
         "cwd": str(run.model_dir),
         "slots": slots,
         "results": results,
+        "stop": stop_flag,
     }
-    run.queue.ensure_slots()
-    searcher = _searcher_class()(
-        run.queue, run.final_metric, script=not config.entrypoint.is_trial_class
-    )
-    started_ray = not ray.is_initialized()
-    if started_ray:
-        ray.init(address=address, log_to_driver=True, include_dashboard=False)
+    # Tune's own SIGINT handler would end the run without pausing the trials; _DriverStop's
+    # handles SIGINT and SIGTERM alike.
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     # One worker of a multi-slot trial per CPU; the Tune trial that launches them takes no CPU
     # (Tune refuses an empty request, so it asks for a little memory instead).
     resources = {"CPU": 1} if slots == 1 else {"CPU": 0, "memory": LAUNCHER_MEMORY}
     trainable = tune.with_resources(tune.with_parameters(_tune_trial, spec=spec), resources)
-    tuner = tune.Tuner(
+    return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
             search_alg=searcher,
@@ -284,19 +472,6 @@ def run_on_ray(run: ExperimentRun, address: str | None) -> RunOutcome:
             verbose=0,
         ),
     )
-    logger.info(
-        "Experiment %d on Ray (%s): %d slot(s) per trial",
-        run.experiment_id,
-        address or os.environ.get("RAY_ADDRESS") or "local",
-        slots,
-    )
-    try:
-        tuner.fit()
-    finally:
-        searcher.hand_back()
-        if started_ray:
-            ray.shutdown()
-    return run.conclude(stopped=False)
 
 
-__all__ = ["ENGINES", "check_config", "run_on_ray"]
+__all__ = ["ENGINES", "check_config", "other_hosts", "run_on_ray"]

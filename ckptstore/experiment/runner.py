@@ -197,6 +197,8 @@ class RunOutcome:
     experiment_id: int
     state: str
     failed: list[TrialFailure]
+    #: Options the resume command needs to continue on the same engine (``--engine ray``).
+    resume_options: str = ""
 
     @property
     def ok(self) -> bool:
@@ -209,7 +211,7 @@ class RunOutcome:
         if not self.failed:
             return (
                 f"Experiment {exp} was interrupted and is {self.state}; continue it with "
-                f"`ckptstore experiment resume {exp}`."
+                f"`ckptstore experiment resume {exp}{self.resume_options}`."
             )
         lines = [f"Experiment {exp} ended {self.state} with {len(self.failed)} failed trial(s)."]
         for failure in self.failed:
@@ -303,11 +305,15 @@ class ExperimentRun:
         return _final_metric(self.registry, trial_id, self.config.searcher.metric)
 
     def experiment_env(self) -> dict[str, str]:
-        """The environment keys this experiment's trial processes get on top of the one they
-        start in, without the per-trial keys (the Ray engine ships it to each node, where
-        :func:`~ckptstore.experiment.common.trial_env` adds the node's environment and the
-        trial's keys)."""
+        """Everything this experiment's trial processes need, as environment keys set on top
+        of the environment they start in, without the per-trial keys: the config's
+        ``environment.environment_variables``, then (winning over them) the experiment id,
+        model folder, data config, storage, registry, worker count and searcher settings.
+        All of it is sent explicitly, never left to be inherited: the Ray engine ships it to
+        each node (whose own environment may hold none of it), where
+        :func:`~ckptstore.experiment.common.trial_env` adds the trial's keys."""
         return {
+            **self.config.environment_variables,
             trial_info.EXPERIMENT_ID_ENV: str(self.experiment_id),
             MODEL_DIR_ENV: str(self.model_dir),
             **run_settings(

@@ -148,10 +148,42 @@ def test_cluster_only_keys_are_ignored():
     )
     assert config.slots_per_trial == 2
     assert config.ignored_keys == (
-        "environment",
         "resources.resource_pool",
+        "environment.image",
         "resources.slots_per_trial (a TFKerasTrial trains on one worker here)",
     )
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (
+            ["A=1", "URL=postgres://h/db?x=1", "EMPTY=", "A=2"],
+            {"A": "2", "URL": "postgres://h/db?x=1", "EMPTY": ""},
+        ),
+        ({"cpu": ["A=1"], "cuda": ["A=9", "GPU=1"]}, {"A": "1"}),  # trials ask for CPUs
+        ({"cuda": ["GPU=1"]}, {}),
+    ],
+)
+def test_environment_variables_in_both_determined_forms(given, expected):
+    config = parse_config(make(environment={"environment_variables": given, "image": "x"}))
+    assert config.environment_variables == expected
+    assert config.ignored_keys == ("environment.image",)
+
+
+@pytest.mark.parametrize(
+    ("given", "match"),
+    [
+        (["A"], r"`environment.environment_variables.0`: expected NAME=value.*received 'A'"),
+        ({"cpu": ["1A=x"]}, r"`environment.environment_variables.cpu.0`: expected NAME=value"),
+        ({"tpu": []}, r"`environment.environment_variables.tpu`: unknown key"),
+        ("A=1", r"`environment.environment_variables`: input should be a valid list"),
+        (["CKPTSTORE_STORAGE=/x"], r"CKPTSTORE_STORAGE is set by ckptstore for every trial"),
+    ],
+)
+def test_bad_environment_variables_name_the_entry_and_the_fix(given, match):
+    with pytest.raises(errors.InvalidConfig, match=match):
+        parse_config(make(environment={"environment_variables": given}))
 
 
 def test_gc_settings_from_storage_dict():

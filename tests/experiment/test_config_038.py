@@ -33,7 +33,7 @@ entrypoint: >-
 
 def test_adaptive_038_loads_and_has_determined_rungs():
     config = parse_config(yaml.safe_load(ADAPTIVE_038))
-    assert config.ignored_keys == ("environment",)
+    assert config.ignored_keys == ("environment.image",)
     # 512 trials, divisor 4 -> min(5, floor(log4 512) + 1) = 5 rungs.
     assert config.searcher.rung_lengths() == [25, 100, 400, 1600, 6400]
 
@@ -98,8 +98,9 @@ def test_every_038_key_is_accepted_and_cluster_ones_named_once():
     config = parse_config(raw)
     assert config.searcher.max_length == Length("batches", 500)
     assert config.max_restarts == 2
+    assert config.environment_variables == {"A": "1"}  # they reach the trials (issue 29)
     assert set(config.ignored_keys) == {
-        "environment",
+        "environment.image",
         "bind_mounts",
         "profiling",
         "optimizations",

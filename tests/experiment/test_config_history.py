@@ -100,12 +100,12 @@ def test_removed_keys_are_ignored_with_one_warning(caplog):
     }
     config = parse_config(raw)
     assert config.ignored_keys == (
-        "environment",
         "data_layer (removed from Determined)",
         "batches_per_step (removed from Determined)",
         "searcher.step_budget",
         "searcher.target_trial_steps",
         "resources.agent_label",
+        "environment.image",
     )
     with caplog.at_level(logging.WARNING, logger="ckptstore.experiment.runner"):
         warn_ignored_keys(config)

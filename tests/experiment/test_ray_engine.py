@@ -28,10 +28,7 @@ from ckptstore.experiment.searcher import TRIAL_ATTR, optuna_storage_url, study_
 from ckptstore.registry import Registry
 from tests.determined_compat.conftest import copy_corpus
 from tests.experiment.waiting import wait_for
-from tests.servers.ray_cluster import (
-    CLUSTER_ENV,
-    ray_cluster,  # noqa: F401 - the fixture
-)
+from tests.servers.ray_cluster import CLUSTER_ENV, cmdline
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mnist_tfkeras_trial"
 REPO = EXAMPLE.parents[1]
@@ -122,13 +119,13 @@ def _epochs(entrypoint: str, epochs: int) -> str:
     return re.sub(r"--epochs \d+", f"--epochs {epochs}", entrypoint)
 
 
-def _on_nodes(ray_cluster, needle: bytes) -> dict[str, set[int]]:  # noqa: F811
+def _on_nodes(ray_cluster, needle: bytes) -> dict[str, set[int]]:
     """{node: pids whose command line holds ``needle``} for the nodes that run some."""
-    found = {n: {p for p in ray_cluster.processes(n) if needle in _cmdline(p)} for n in "hw"}
+    found = {n: {p for p in ray_cluster.processes(n) if needle in cmdline(p)} for n in "hw"}
     return {n: pids for n, pids in found.items() if pids}
 
 
-def test_iris_distributed_yaml_on_two_nodes_every_worker_restores(ray_cluster, tmp_path):  # noqa: F811
+def test_iris_distributed_yaml_on_two_nodes_every_worker_restores(ray_cluster, tmp_path):
     """Determined's iris ``distributed.yaml`` (``python3 -m determined.launch.tensorflow --
     python3 train.py``, ``resources.slots_per_trial: 2``) on the Ray engine: two Ray Train
     TensorFlow workers, one on each node, under MultiWorkerMirroredStrategy; the chief writes
@@ -218,14 +215,7 @@ def test_iris_distributed_yaml_on_two_nodes_every_worker_restores(ray_cluster, t
         reg.close()
 
 
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def test_iris_adaptive_asha_prunes_at_the_rung_on_ray(ray_cluster, tmp_path):  # noqa: F811
+def test_iris_adaptive_asha_prunes_at_the_rung_on_ray(ray_cluster, tmp_path):
     """Determined's iris ``adaptive.yaml`` (``adaptive_asha``, 4 trials, max_length 60 batches,
     divisor 2: one rung at 30) on the Ray engine, two trials at a time (one per node): the
     trial processes ask the experiment's Optuna pruner as locally, so the trials with the
@@ -264,7 +254,7 @@ def test_iris_adaptive_asha_prunes_at_the_rung_on_ray(ray_cluster, tmp_path):  #
     assert states == {t: "PRUNED" if t in stopped else "COMPLETE" for t in trained}, states
 
 
-def test_search_on_two_nodes_survives_a_lost_node(ray_cluster, tmp_path):  # noqa: F811
+def test_search_on_two_nodes_survives_a_lost_node(ray_cluster, tmp_path):
     registry = f"sqlite:///{tmp_path / 'reg.db'}"
     cmd, env = _cli(tmp_path, registry)
     cfg = _config(tmp_path, max_trials=3, max_concurrent_trials=2)
@@ -329,7 +319,7 @@ def test_search_on_two_nodes_survives_a_lost_node(ray_cluster, tmp_path):  # noq
         reg.close()
 
 
-def test_lost_driver_is_continued_by_resume_on_ray(ray_cluster, tmp_path):  # noqa: F811
+def test_lost_driver_is_continued_by_resume_on_ray(ray_cluster, tmp_path):
     registry = f"sqlite:///{tmp_path / 'reg.db'}"
     cmd, env = _cli(tmp_path, registry)
     cfg = _config(tmp_path, max_trials=1, max_concurrent_trials=1)

@@ -241,6 +241,23 @@ def test_script_entrypoint_gets_its_trial_through_the_environment(tmp_path, wher
     assert best["hparams"]["units"] == 4 and info["best_metric"] == 1
 
 
+def test_environment_variables_reach_local_trial_processes(tmp_path, where):
+    """``environment.environment_variables`` (Determined's list) is set in each trial process
+    the local runner starts (the Ray engine's case is in test_ray_settings.py)."""
+    storage, registry = where
+    model_dir = Path(__file__).resolve().parent / "ray_model"
+    raw = {
+        "entrypoint": f"{sys.executable} train.py",
+        "searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 5}},
+        "environment": {"environment_variables": ["CKR_PROBE=local-probe", "CKR_SLEEP=0"]},
+    }
+    exp_id = create_experiment(raw, model_dir, storage=storage, registry=registry)
+    with Registry(registry) as reg:
+        (trial,) = reg.list_trials(exp_id)
+        (ckpt,) = reg.list_checkpoints(trial_id=trial.id)
+    assert trial.state == "COMPLETED" and ckpt.metadata["probe"] == "local-probe"
+
+
 def test_bad_config_is_rejected_before_anything_runs(tmp_path, where):
     storage, registry = where
     bad = write_config(tmp_path, "bad.yaml", "const.yaml", searcher={"name": "bayesian"})

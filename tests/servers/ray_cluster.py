@@ -1,6 +1,12 @@
 """A two-node Ray cluster on loopback for the Ray engine tests: the head on 127.0.0.2 and a
 second node on 127.0.0.3 (Ray swaps 127.0.0.1 for the machine's interface address), one CPU
-and a small object store each, each node with its own temp dir. Tear-down SIGKILLs every
+and a small object store each, each node with its own temp dir. One cluster per test session
+(``ray_cluster``, loaded by tests/conftest.py; a node a test killed is started again for the
+next test). The nodes start with a clean environment (:func:`node_env`: PATH, HOME, the
+repository on PYTHONPATH and Ray's own switches, no ``CKPTSTORE_*``, no ``AWS_*``), as nodes
+started from a plain shell on other machines would: whatever a trial needs must come from
+the driver. :meth:`RayCluster.start_node` with ``hostname`` starts a node in its own UTS
+namespace, so Ray (and the engine) see it on another host. Tear-down SIGKILLs every
 process the fixture's nodes started (found by their temp dir in their command line or in the
 :data:`NODE_ENV` variable every process inherits from its ``ray start``, and as their
 descendants: ``ray start --head`` also leaves a client server behind, re-parented to init, that
@@ -103,36 +109,74 @@ class RayCluster:
         """SIGKILL a node's raylet and everything under it (a lost machine)."""
         _kill(self.processes(name))
 
-    def start_node(self, name: str = "w", ip: str = NODE_IP) -> None:
+    def start_node(self, name: str = "w", ip: str = NODE_IP, hostname: str | None = None) -> None:
+        """Join a node to the cluster; with ``hostname``, in its own UTS namespace under that
+        name (``unshare --uts``), which is how Ray tells machines apart (its node table's
+        ``NodeManagerHostname``)."""
         _ray_start(
             ["--address", self.address, "--node-ip-address", ip],
             self.node_dir(name),
             self.env,
+            hostname=hostname,
         )
 
+    def alive(self, name: str) -> bool:
+        """Whether the node's raylet runs."""
+        return any(b"raylet" in cmdline(pid) for pid in self.processes(name))
 
-def _ray_start(args: list[str], temp_dir: str, env: dict[str, str]) -> None:
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _ray_start(
+    args: list[str], temp_dir: str, env: dict[str, str], hostname: str | None = None
+) -> None:
     ray = str(Path(sys.executable).with_name("ray"))
     cmd = [ray, "start", *args, "--num-cpus", "1", "--object-store-memory"]
     cmd += [str(OBJECT_STORE_BYTES), "--temp-dir", temp_dir, "--disable-usage-stats"]
+    if hostname is not None:
+        # A new UTS namespace (a user namespace too when not root) named like another machine;
+        # the node's daemons inherit it.
+        unshare = ["unshare", "--uts"] if os.geteuid() == 0 else ["unshare", "-Ur", "--uts"]
+        script = f"hostname {hostname} && exec {subprocess.list2cmdline(cmd)}"
+        cmd = [*unshare, "sh", "-c", script]
     env = {**env, NODE_ENV: temp_dir}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
+def node_env() -> dict[str, str]:
+    """What ``env -i PATH=... HOME=... ray start`` gives a node, plus this checkout first on
+    PYTHONPATH (so the nodes run the code under test) and Ray's switches."""
+    keep = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "TMPDIR") if k in os.environ}
+    keep["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    return {**keep, "RAY_USAGE_STATS_ENABLED": "0", "TF_CPP_MIN_LOG_LEVEL": "3", **CLUSTER_ENV}
+
+
+@pytest.fixture
+def ray_cluster(_ray_session_cluster: RayCluster) -> RayCluster:
+    """The session's two-node cluster, with its second node started again if a test killed it."""
+    if not _ray_session_cluster.alive("w"):
+        _kill(_ray_session_cluster.processes("w"))
+        _ray_session_cluster.start_node("w", NODE_IP)
+    return _ray_session_cluster
+
+
+@pytest.fixture(scope="session")
+def _ray_session_cluster():
     ray = Path(sys.executable).with_name("ray")
     if not ray.exists():
         pytest.skip("Ray is not installed (pip install 'ckptstore[ray]')")
     # Short: Ray's unix sockets live under the temp dir (paths are limited to 107 bytes).
     base = Path(tempfile.mkdtemp(prefix="ckr", dir="/tmp"))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    )
-    env.update(RAY_USAGE_STATS_ENABLED="0", TF_CPP_MIN_LOG_LEVEL="3", **CLUSTER_ENV)
+    env = node_env()
     cluster = None
     try:
         # Other Ray clusters may start on this machine meanwhile and take the free port picked

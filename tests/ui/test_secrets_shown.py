@@ -121,3 +121,20 @@ def test_a_planted_secret_never_shows(
     assert json.loads(shown["trial describe --json"])["id"] == trial  # real output, not an error
     for what, text in shown.items():
         assert secret not in text, (what, planted)
+
+
+def test_environment_variables_show_names_only(shared_ui_env, shared_client):
+    """Every value of ``environment.environment_variables`` is hidden (issue 29), also under a
+    name that does not look secret: the trials receive them as their environment."""
+    value = "db.internal;svc;plainvalue123"  # no URL password or secret name to go by
+    config = {
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 1}},
+        "environment": {"environment_variables": [f"DATABASE_URL={value}", "SEED=7"]},
+    }
+    with shared_ui_env.env.registry() as registry:
+        exp = registry.create_experiment("env vars", config=config)
+        report = render_report(collect_experiment_report(registry, exp))
+    page = shared_client.get(f"/experiments/{exp}").text
+    for text in (page, report):
+        assert "plainvalue123" not in text and "SEED=7" not in text
+    assert "DATABASE_URL=***" in page and "SEED=***" in page
