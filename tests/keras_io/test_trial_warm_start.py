@@ -1,0 +1,106 @@
+"""Determined's warm start through ``ckptstore experiment create`` (issue 28 item 7):
+``searcher.source_checkpoint_uuid`` naming a checkpoint folder Determined's TFKerasTrial wrote into
+the storage (no ``import-determined`` first), and ``source_trial_id`` naming a ckptstore trial.
+
+The model trains one batch at learning rate 0, so its checkpoint holds exactly the weights it
+started from, and Adam's iteration count tells whether the optimizer state came along."""
+
+import textwrap
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+import ckptstore
+from ckptstore.cli.main import cli
+from ckptstore.experiment import describe_experiment
+from ckptstore.registry import Registry
+from tests.import_determined.determined_fixtures import make_values, write_tfkeras_trial_checkpoint
+
+pytestmark = pytest.mark.e2e  # trains in trial processes started by the CLI
+
+DET_UUID = "6f1c2a3b-0d4e-4f5a-8b6c-7d8e9f0a1b2c"
+ITERATIONS = 100
+
+MODEL_DEF = textwrap.dedent(
+    """
+    import numpy as np
+    import keras
+    from ckptstore.keras import InMemorySequence, TFKerasTrial
+
+    class Trial(TFKerasTrial):
+        def __init__(self, context):
+            self.context = context
+
+        def build_model(self):
+            model = keras.Sequential(
+                [keras.Input((3,)), keras.layers.Dense(4, name="dense"),
+                 keras.layers.Dense(2, name="dense_1")]
+            )
+            model.compile(optimizer=keras.optimizers.Adam(learning_rate=0.0), loss="mse")
+            return model
+
+        def _data(self):
+            x = np.random.default_rng(0).normal(size=(8, 3)).astype("float32")
+            return InMemorySequence(data=x, labels=x[:, :2], batch_size=4)
+
+        def build_training_data_loader(self):
+            return self._data()
+
+        def build_validation_data_loader(self):
+            return self._data()
+    """
+)
+
+
+def _create(where, tmp_path, searcher_extra):
+    config = {
+        "hyperparameters": {"global_batch_size": 4},
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 1}},
+        "entrypoint": "model_def:Trial",
+    }
+    config["searcher"].update(searcher_extra)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    args = ["--storage", where.storage, "--registry", where.registry, "experiment", "create"]
+    result = CliRunner().invoke(cli, [*args, str(path), str(tmp_path / "model")])
+    assert result.exit_code == 0, result.output
+    info = describe_experiment(int(result.output.strip().split()[-1]), registry=where.registry)
+    assert info["state"] == "COMPLETED", info
+    return info["trials"][0]
+
+
+def _state(where, trial_id):
+    """Weights and Adam's iteration count of the trial's checkpoint (read back as Keras does)."""
+    with Registry(where.registry) as reg:
+        uuid = reg.latest_checkpoint(trial_id).uuid
+    model = ckptstore.load_checkpoint_model(
+        checkpoint_uuid=uuid, storage=where.storage, registry=where.registry
+    )
+    return model.get_weights(), int(model.optimizer.iterations.numpy())
+
+
+def test_source_checkpoint_uuid_of_a_determined_folder_then_source_trial_id(
+    where, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("CKPTSTORE_LOG_LEVEL", "WARNING")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model_def.py").write_text(MODEL_DEF)
+    values = make_values(seed=3)
+    # Determined's shared_fs layout: <host_path>/<uuid>/, the TFKerasTrial files, no MANIFEST.json
+    write_tfkeras_trial_checkpoint(f"{where.storage}/{DET_UUID}", values, iterations=ITERATIONS)
+
+    first = _create(where, tmp_path, {"source_checkpoint_uuid": DET_UUID})
+    weights, iterations = _state(where, first["id"])
+    for got, want in zip(weights, values["weights"], strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert iterations == ITERATIONS + 1  # Determined's warm start keeps the optimizer state
+    assert first["batches_trained"] == 1  # ...and starts the schedule afresh
+
+    # A ckptstore checkpoint warm-starts too (weights only, a fresh optimizer).
+    second = _create(where, tmp_path, {"source_trial_id": first["id"]})
+    weights, iterations = _state(where, second["id"])
+    for got, want in zip(weights, values["weights"], strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert iterations == 1
