@@ -3,7 +3,8 @@
 the storage (no ``import-determined`` first), and ``source_trial_id`` naming a ckptstore trial.
 
 The model trains one batch at learning rate 0, so its checkpoint holds exactly the weights it
-started from, and Adam's iteration count tells whether the optimizer state came along."""
+started from, and Adam's iteration count tells whether the optimizer state came along. The
+in-process case also runs on Keras 2 (``tests/keras_io/test_keras2_suite.py``)."""
 
 import textwrap
 
@@ -26,8 +27,10 @@ ITERATIONS = 100
 MODEL_DEF = textwrap.dedent(
     """
     import numpy as np
-    import keras
+    import tensorflow as tf
     from ckptstore.keras import InMemorySequence, TFKerasTrial
+
+    keras = tf.keras  # Keras 3, or tf_keras under TF_USE_LEGACY_KERAS=1
 
     class Trial(TFKerasTrial):
         def __init__(self, context):
@@ -89,7 +92,10 @@ def test_source_checkpoint_uuid_of_a_determined_folder_then_source_trial_id(
     (tmp_path / "model" / "model_def.py").write_text(MODEL_DEF)
     values = make_values(seed=3)
     # Determined's shared_fs layout: <host_path>/<uuid>/, the TFKerasTrial files, no MANIFEST.json
-    write_tfkeras_trial_checkpoint(f"{where.storage}/{DET_UUID}", values, iterations=ITERATIONS)
+    marker = tmp_path / "unpickled"  # its rng_state.pkl creates this file when unpickled
+    write_tfkeras_trial_checkpoint(
+        f"{where.storage}/{DET_UUID}", values, iterations=ITERATIONS, marker=str(marker)
+    )
 
     first = _create(where, tmp_path, {"source_checkpoint_uuid": DET_UUID})
     weights, iterations = _state(where, first["id"])
@@ -97,6 +103,7 @@ def test_source_checkpoint_uuid_of_a_determined_folder_then_source_trial_id(
         np.testing.assert_array_equal(got, want)
     assert iterations == ITERATIONS + 1  # Determined's warm start keeps the optimizer state
     assert first["batches_trained"] == 1  # ...and starts the schedule afresh
+    assert not marker.exists()  # Determined's pickles were not read
 
     # A ckptstore checkpoint warm-starts too (weights only, a fresh optimizer).
     second = _create(where, tmp_path, {"source_trial_id": first["id"]})
@@ -104,3 +111,34 @@ def test_source_checkpoint_uuid_of_a_determined_folder_then_source_trial_id(
     for got, want in zip(weights, values["weights"], strict=True):
         np.testing.assert_array_equal(got, want)
     assert iterations == 1
+
+
+def test_trial_whose_latest_checkpoint_was_imported_from_determined(where, tmp_path):
+    """After ``import-determined --trial N``, trial N continues from Determined's files."""
+    import ckptstore.keras  # noqa: F401 - registers the Determined reader, as model_def.py does
+    from ckptstore.import_determined.layouts import import_determined
+    from ckptstore.keras_io.trial.controller import TrialController
+
+    values = make_values(seed=5)
+    folder = write_tfkeras_trial_checkpoint(str(tmp_path / "det"), values, iterations=7)
+    namespace: dict = {}
+    exec(MODEL_DEF, namespace)  # the same trial class the CLI tests import from model_def.py
+    config = {
+        "hyperparameters": {"global_batch_size": 4},
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 1}},
+        "entrypoint": "model_def:Trial",
+    }
+    with Registry(where.registry) as registry:
+        import_determined(folder, storage=where.storage, index=registry, trial_id=9)
+        with ckptstore.core.init(
+            storage=where.storage,
+            registry=registry,
+            trial_id=9,
+            hparams={"global_batch_size": 4},
+            preempt_signals=False,
+        ) as core_context:
+            controller = TrialController(namespace["Trial"], core_context, config)
+            controller.run()
+    for got, want in zip(controller.model.get_weights(), values["weights"], strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert int(controller.model.optimizer.iterations.numpy()) == 8
