@@ -590,6 +590,10 @@ def parse_config(raw: Any) -> ExperimentConfig:
     if "checkpoint_policy" in raw and not entrypoint.is_trial_class:
         # Determined applies it in its Trial harness only; a script decides its own saves.
         ignored.append("checkpoint_policy (a script checkpoints when it calls upload/save)")
+    for key in ("source_checkpoint_uuid", "source_trial_id"):
+        if getattr(searcher, key) is not None and not entrypoint.is_trial_class:
+            # the TFKerasTrial controller warm-starts; a script's info.latest_checkpoint does not
+            ignored.append(f"searcher.{key} (a script loads the checkpoint it wants itself)")
     resources = model.resources or schema.Resources()
     if entrypoint.is_trial_class:
         searcher = _trial_class_length(searcher)

@@ -200,3 +200,6 @@ def test_warm_start_from_a_checkpoint_and_a_trial_at_once_is_refused():
         parse_config(raw)
     del raw["searcher"]["source_trial_id"]
     assert parse_config(raw).searcher.source_checkpoint_uuid.startswith("6f1c2a3b")
+    assert parse_config(raw).ignored_keys == ()
+    script = parse_config({**raw, "entrypoint": "python3 train.py"})  # scripts load their own
+    assert [k.split()[0] for k in script.ignored_keys] == ["searcher.source_checkpoint_uuid"]
