@@ -4,7 +4,7 @@ the storage (no ``import-determined`` first), and ``source_trial_id`` naming a c
 
 The model trains one batch at learning rate 0, so its checkpoint holds exactly the weights it
 started from, and Adam's iteration count tells whether the optimizer state came along. The
-in-process case also runs on Keras 2 (``tests/keras_io/test_keras2_suite.py``)."""
+in-process cases also run on Keras 2 (``tests/keras_io/test_keras2_suite.py``)."""
 
 import textwrap
 
@@ -14,6 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 import ckptstore
+from ckptstore import errors
 from ckptstore.cli.main import cli
 from ckptstore.experiment import describe_experiment
 from ckptstore.registry import Registry
@@ -113,32 +114,67 @@ def test_source_checkpoint_uuid_of_a_determined_folder_then_source_trial_id(
     assert iterations == 1
 
 
-def test_trial_whose_latest_checkpoint_was_imported_from_determined(where, tmp_path):
-    """After ``import-determined --trial N``, trial N continues from Determined's files."""
+def _trial_class():
     import ckptstore.keras  # noqa: F401 - registers the Determined reader, as model_def.py does
-    from ckptstore.import_determined.layouts import import_determined
+
+    namespace: dict = {}
+    exec(MODEL_DEF, namespace)  # the same trial class the CLI test imports from model_def.py
+    return namespace["Trial"]
+
+
+def _run_in_process(where, registry, trial_id, warm_start=None):
     from ckptstore.keras_io.trial.controller import TrialController
 
-    values = make_values(seed=5)
-    folder = write_tfkeras_trial_checkpoint(str(tmp_path / "det"), values, iterations=7)
-    namespace: dict = {}
-    exec(MODEL_DEF, namespace)  # the same trial class the CLI tests import from model_def.py
     config = {
         "hyperparameters": {"global_batch_size": 4},
         "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 1}},
         "entrypoint": "model_def:Trial",
     }
+    with ckptstore.core.init(
+        storage=where.storage,
+        registry=registry,
+        trial_id=trial_id,
+        hparams={"global_batch_size": 4},
+        preempt_signals=False,
+    ) as core_context:
+        controller = TrialController(_trial_class(), core_context, config, warm_start=warm_start)
+        controller.run()
+    return controller.model
+
+
+def _assert_started_from(model, values, iterations):
+    for got, want in zip(model.get_weights(), values["weights"], strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert int(model.optimizer.iterations.numpy()) == iterations + 1
+
+
+def test_trial_whose_latest_checkpoint_was_imported_from_determined(where, tmp_path):
+    """After ``import-determined --trial N``, trial N continues from Determined's files."""
+    from ckptstore.import_determined.layouts import import_determined
+
+    values = make_values(seed=5)
+    folder = write_tfkeras_trial_checkpoint(str(tmp_path / "det"), values, iterations=7)
     with Registry(where.registry) as registry:
         import_determined(folder, storage=where.storage, index=registry, trial_id=9)
-        with ckptstore.core.init(
-            storage=where.storage,
-            registry=registry,
-            trial_id=9,
-            hparams={"global_batch_size": 4},
-            preempt_signals=False,
-        ) as core_context:
-            controller = TrialController(namespace["Trial"], core_context, config)
-            controller.run()
-    for got, want in zip(controller.model.get_weights(), values["weights"], strict=True):
-        np.testing.assert_array_equal(got, want)
-    assert int(controller.model.optimizer.iterations.numpy()) == 8
+        model = _run_in_process(where, registry, 9)
+    _assert_started_from(model, values, 7)
+
+
+def test_determined_folder_read_in_place_on_object_storage(where_local_and_s3, tmp_path):
+    """The warm-start source is downloaded from the storage as is (local files or S3); a folder
+    of that name that is not Determined's is refused, naming what it holds."""
+    from ckptstore.storage_backends import open_storage
+
+    where = where_local_and_s3
+    values = make_values(seed=7)
+    write_tfkeras_trial_checkpoint(str(tmp_path / "det"), values, iterations=3)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("not a checkpoint")
+    other = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+    with open_storage(where.storage) as storage:
+        storage.upload(str(tmp_path / "det"), DET_UUID)
+        storage.upload(str(tmp_path / "other"), other)
+    with Registry(where.registry) as registry:
+        _assert_started_from(_run_in_process(where, registry, 1, DET_UUID), values, 3)
+        with pytest.raises(errors.ResumeError, match="notes.txt"):
+            _run_in_process(where, registry, 2, other)
