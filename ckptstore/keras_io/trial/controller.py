@@ -17,7 +17,10 @@ A checkpoint holds ``model.keras`` (architecture, weights, full optimizer state)
 ``callback_state.json`` (callback states, RNG states, steps — see
 :mod:`ckptstore.keras_io.fit._callback_state`) and ``workload_sequencer.json`` (the position in the
 training data and the schedule). Resuming rebuilds the model with ``build_model()``, loads those
-and continues at the next batch.
+and continues at the next batch. A trial with no checkpoint of its own warm-starts from
+``searcher.source_checkpoint_uuid`` / ``source_trial_id`` (weights only), or from a folder
+Determined wrote (weights and optimizer state), read through the migration code that
+:mod:`ckptstore.keras` registers (``docs/determined-compat.md``).
 
 On Keras 2 (``tf.keras`` is tf_keras, ``TF_USE_LEGACY_KERAS=1``) the model part is Determined's
 Keras 2 layout instead of ``model.keras`` (see :mod:`ckptstore.keras_io.saving._keras2_format`): the TF
@@ -287,8 +290,8 @@ class TrialController:
         is read in place. Its ``code/`` is not even downloaded: nothing in it is imported."""
         ckpt = self.core.checkpoint
         check_storage_id(uuid)
-        storage = ckpt.storage
-        if storage.exists(f"{uuid}/{MANIFEST_NAME}") or not storage.exists(uuid):
+        storage = getattr(ckpt, "storage", None)  # None: a checkpoint context of another kind
+        if storage is None or storage.exists(f"{uuid}/{MANIFEST_NAME}") or not storage.exists(uuid):
             with ckpt.restore_path(uuid) as path:
                 yield os.fspath(path)
             return
