@@ -254,6 +254,10 @@ class SearcherConfig:
     #: 0.38's ASHA form: rungs counted in this validation metric (``batches``, ``epochs``, ...).
     time_metric: str | None = None
     max_time: int | None = None
+    #: Determined's warm start: trials without a checkpoint of their own start from this
+    #: checkpoint's weights (``source_checkpoint_uuid``) or from this trial's latest checkpoint.
+    source_checkpoint_uuid: str | None = None
+    source_trial_id: int | None = None
 
     def search_length(self) -> tuple[str, int] | None:
         """``(unit, amount)`` a trial trains for: ``max_length`` or ``(time_metric, max_time)``;
@@ -371,6 +375,13 @@ def _searcher(
     raw: schema.Searcher, hparams: list[Hyperparameter], unit: int, *, script: bool
 ) -> SearcherConfig:
     time_metric, max_time = _time_metric(raw)
+    if raw.source_checkpoint_uuid is not None and raw.source_trial_id is not None:
+        raise _fail(
+            "searcher.source_trial_id",
+            f"both it ({raw.source_trial_id}) and `source_checkpoint_uuid` "
+            f"({raw.source_checkpoint_uuid!r}) name the checkpoint trials start from",
+            "Keep one of them.",
+        )
     return SearcherConfig(
         name=raw.name,
         metric=raw.metric,
@@ -383,6 +394,8 @@ def _searcher(
         mode=raw.mode,
         time_metric=time_metric,
         max_time=max_time,
+        source_checkpoint_uuid=raw.source_checkpoint_uuid,
+        source_trial_id=raw.source_trial_id,
     )
 
 
@@ -605,6 +618,10 @@ def parse_config(raw: Any) -> ExperimentConfig:
     if "checkpoint_policy" in raw and not entrypoint.is_trial_class:
         # Determined applies it in its Trial harness only; a script decides its own saves.
         ignored.append("checkpoint_policy (a script checkpoints when it calls upload/save)")
+    for key in ("source_checkpoint_uuid", "source_trial_id"):
+        if getattr(searcher, key) is not None and not entrypoint.is_trial_class:
+            # the TFKerasTrial controller warm-starts; a script's info.latest_checkpoint does not
+            ignored.append(f"searcher.{key} (a script loads the checkpoint it wants itself)")
     resources = model.resources or schema.Resources()
     if entrypoint.is_trial_class:
         searcher = _trial_class_length(searcher)

@@ -230,7 +230,7 @@ class Searcher(_Section):
 
     ignored: ClassVar[frozenset[str]] = frozenset(
         # 0.38 keys that change nothing here, then keys of searchers older releases removed.
-        {"stop_once", "bracket_rungs", "source_trial_id", "source_checkpoint_uuid"}
+        {"stop_once", "bracket_rungs"}
         | {"step_budget", "target_trial_steps", "train_stragglers", "budget"}
     )
 
@@ -255,8 +255,18 @@ class Searcher(_Section):
     unit: Ignored
     stop_once: Ignored
     bracket_rungs: Ignored
-    source_trial_id: Ignored
-    source_checkpoint_uuid: Ignored
+    source_trial_id: Annotated[
+        PositiveInt | None,
+        Field(description="Warm start: every trial starts from this trial's latest checkpoint."),
+    ] = None
+    source_checkpoint_uuid: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            description="Warm start: every trial starts from this checkpoint (a ckptstore "
+            "checkpoint, or a Determined checkpoint folder of that name in the storage).",
+        ),
+    ] = None
     step_budget: Ignored
     target_trial_steps: Ignored
     train_stragglers: Ignored

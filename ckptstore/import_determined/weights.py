@@ -190,7 +190,7 @@ def _optimizer_for(model: Any) -> Any | None:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return None
-    if not optimizer.built:
+    if not getattr(optimizer, "built", getattr(optimizer, "_built", True)):  # tf_keras: _built
         optimizer.build(model.trainable_variables)
     return optimizer
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from ckptstore.import_determined.layouts import detect_layout
 from ckptstore.import_determined.weights import load_determined_checkpoint
 from ckptstore.keras import callbacks
 from ckptstore.keras._load import load_model_from_checkpoint_path
@@ -65,7 +66,8 @@ class TFKerasTensorBoard(TrialTensorBoard):
 
 # Explicit wiring, not an import side effect: Keras 2 checkpoints resumed under Keras 3 go through
 # the migration code, which sits a layer above keras_io.
-register_keras3_importer(load_determined_checkpoint)
+# The same code reads a Determined checkpoint folder a TFKerasTrial warm-starts from.
+register_keras3_importer(load_determined_checkpoint, detect=detect_layout)
 
 __all__ = [
     "ArrayLike",

@@ -99,12 +99,12 @@ def test_every_038_key_is_accepted_and_cluster_ones_named_once():
     assert config.searcher.max_length == Length("batches", 500)
     assert config.max_restarts == 2
     assert config.environment_variables == {"A": "1"}  # they reach the trials (issue 29)
+    assert config.searcher.source_trial_id == 3  # Determined's warm start, read (issue 28 #7)
     assert set(config.ignored_keys) == {
         "environment.image",
         "bind_mounts",
         "profiling",
         "optimizations",
-        "searcher.source_trial_id",
         "resources.max_slots",
         "resources.priority",
     }
@@ -183,3 +183,24 @@ def test_rungs_are_increasing_and_end_at_the_length(total, divisor, max_rungs, m
     assert len(rungs) <= min(max_rungs, max_trials)
     for low, high in zip(rungs, rungs[1:], strict=False):
         assert high <= low * divisor + divisor  # one division step apart (floors aside)
+
+
+def test_warm_start_from_a_checkpoint_and_a_trial_at_once_is_refused():
+    raw = {
+        "hyperparameters": {"global_batch_size": 8},
+        "searcher": {
+            "name": "single",
+            "metric": "val_loss",
+            "max_length": {"batches": 4},
+            "source_checkpoint_uuid": "6f1c2a3b-0d4e-4f5a-8b6c-7d8e9f0a1b2c",
+            "source_trial_id": 3,
+        },
+        "entrypoint": "model_def:Trial",
+    }
+    with pytest.raises(errors.InvalidConfig, match="source_trial_id.*Keep one of them"):
+        parse_config(raw)
+    del raw["searcher"]["source_trial_id"]
+    assert parse_config(raw).searcher.source_checkpoint_uuid.startswith("6f1c2a3b")
+    assert parse_config(raw).ignored_keys == ()
+    script = parse_config({**raw, "entrypoint": "python3 train.py"})  # scripts load their own
+    assert [k.split()[0] for k in script.ignored_keys] == ["searcher.source_checkpoint_uuid"]

@@ -21,7 +21,8 @@ stop + warm start case (a minute of fresh processes) is covered for Keras 2 in o
 mid-epoch SIGTERM case runs for shuffled arrays, a ``keras.utils.Sequence`` and a tf.data
 pipeline, plus the generator case (a warning at fit start, the cut epoch restarts). Keras 2 only
 modules (``KERAS2_ONLY`` in ``tests/conftest.py``): ``test_export_keras2.py`` and
-``test_tf_bundle_keras2.py``.
+``test_tf_bundle_keras2.py``. Of ``test_trial_warm_start.py``, the in-process cases (a trial
+starting from Determined's TFKerasTrial files, imported or read in place on local files and S3).
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ MODULES = [
     "tests/keras_io/test_export_keras2.py",
     # deduplicated Keras 2 checkpoints cut model_checkpoint.data-* and the export at tensors
     "tests/keras_io/test_tf_bundle_keras2.py",
+    # a TFKerasTrial starts from Determined's TFKerasTrial files (weights, optimizer h5)
+    "tests/keras_io/test_trial_warm_start.py::"
+    "test_trial_whose_latest_checkpoint_was_imported_from_determined",
+    "tests/keras_io/test_trial_warm_start.py::test_determined_folder_read_in_place_on_object_storage",
 ]
 
 

@@ -454,10 +454,41 @@ def set_initial_epoch(model: KerasModel, epoch: int | None) -> None:
 _keras3_importer: Callable[..., Any] | None = None
 
 
-def register_keras3_importer(fn: Callable[..., Any]) -> None:
-    """Install the function that reads Keras 2 checkpoints into Keras 3 models."""
-    global _keras3_importer
+#: Names the Determined layout of a folder's top-level file names (None: not Determined's); set
+#: with the importer, since the layout markers belong to the migration code too.
+_determined_layout: Callable[[set[str]], str | None] | None = None
+
+
+def register_keras3_importer(
+    fn: Callable[..., Any], *, detect: Callable[[set[str]], str | None] | None = None
+) -> None:
+    """Install the function that reads Keras 2 (Determined) checkpoint folders into a model,
+    and ``detect``, which names the Determined layout of a folder's file names."""
+    global _keras3_importer, _determined_layout
     _keras3_importer = fn
+    if detect is not None:
+        _determined_layout = detect
+
+
+def determined_layout(path: str) -> str | None:
+    """The Determined layout of folder ``path`` (None: not one of Determined's, or the migration
+    code is not loaded)."""
+    if _determined_layout is None:
+        return None
+    return _determined_layout(set(os.listdir(path)))
+
+
+def load_determined(model: KerasModel, path: str, *, with_optimizer: bool) -> None:
+    """Load Determined checkpoint folder ``path`` into ``model`` through the migration code."""
+    if _keras3_importer is None:
+        raise errors.ResumeError(
+            f"Checkpoint folder {path} was written by Determined; reading it needs the migration "
+            "code. Import ckptstore.keras (or determined.keras) in the model definition."
+        )
+    try:
+        _keras3_importer(model, path, load_optimizer=with_optimizer)
+    except errors.ModelLoadError as exc:
+        raise errors.ResumeError(f"Determined checkpoint {path}: {exc}") from exc
 
 
 def load_into(model: KerasModel, path: str, *, with_optimizer: bool) -> None:

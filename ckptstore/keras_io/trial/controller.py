@@ -17,7 +17,10 @@ A checkpoint holds ``model.keras`` (architecture, weights, full optimizer state)
 ``callback_state.json`` (callback states, RNG states, steps — see
 :mod:`ckptstore.keras_io.fit._callback_state`) and ``workload_sequencer.json`` (the position in the
 training data and the schedule). Resuming rebuilds the model with ``build_model()``, loads those
-and continues at the next batch.
+and continues at the next batch. A trial with no checkpoint of its own warm-starts from
+``searcher.source_checkpoint_uuid`` / ``source_trial_id`` (weights only), or from a folder
+Determined wrote (weights and optimizer state), read through the migration code that
+:mod:`ckptstore.keras` registers (``docs/determined-compat.md``).
 
 On Keras 2 (``tf.keras`` is tf_keras, ``TF_USE_LEGACY_KERAS=1``) the model part is Determined's
 Keras 2 layout instead of ``model.keras`` (see :mod:`ckptstore.keras_io.saving._keras2_format`): the TF
@@ -41,17 +44,20 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from ckptstore import errors
+from ckptstore.checkpointing.format import MANIFEST_NAME, check_storage_id
 from ckptstore.checkpointing.metrics import reported_value
 from ckptstore.experiment.config import ExperimentConfig, Length, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value
@@ -127,6 +133,10 @@ class TrialController:
         trial_seed: seed for Python, NumPy, TensorFlow and Keras random generators.
         prune_hook: called at each ``adaptive_asha`` rung boundary with the rung's length (in the
             unit of ``max_length``) and the searcher metric; True stops the trial.
+        warm_start: UUID of the checkpoint a trial without checkpoints of its own starts from
+            (``searcher.source_checkpoint_uuid`` / ``source_trial_id``): a ckptstore checkpoint
+            (weights only), or a Determined checkpoint folder of that name in the storage, read
+            in place (weights and optimizer state, as Determined's warm start restores).
 
     Example::
 
@@ -142,6 +152,7 @@ class TrialController:
         *,
         trial_seed: int = 0,
         prune_hook: PruneHook | None = None,
+        warm_start: str | None = None,
     ) -> None:
         if not (isinstance(trial_class, type) and issubclass(trial_class, TFKerasTrial)):
             raise errors.InvalidConfig(
@@ -153,6 +164,7 @@ class TrialController:
         self.config = config if isinstance(config, ExperimentConfig) else parse_config(config)
         self.trial_seed = int(trial_seed)
         self.prune_hook = prune_hook
+        self.warm_start = warm_start
         self.batches_trained = 0
         self.last_validation_at: int | None = None
         self.last_checkpoint_at: int | None = None
@@ -271,9 +283,52 @@ class TrialController:
         else:
             self.model.optimizer.build(self.model.trainable_variables)
 
+    @contextlib.contextmanager
+    def _checkpoint_folder(self, uuid: str) -> Iterator[str]:
+        """A local folder holding checkpoint ``uuid``: a committed ckptstore checkpoint, or a
+        folder Determined wrote under that name in the storage (it has no MANIFEST.json), which
+        is read in place. Its ``code/`` is not even downloaded: nothing in it is imported."""
+        ckpt = self.core.checkpoint
+        check_storage_id(uuid)
+        storage = getattr(ckpt, "storage", None)  # None: a checkpoint context of another kind
+        if storage is None or storage.exists(f"{uuid}/{MANIFEST_NAME}") or not storage.exists(uuid):
+            with ckpt.restore_path(uuid) as path:
+                yield os.fspath(path)
+            return
+        with tempfile.TemporaryDirectory(prefix=f"ckptstore-det-{uuid}-") as tmp:
+            storage.download(uuid, tmp, selector=lambda rel: not rel.startswith("code/"))
+            if keras2_format.determined_layout(tmp) is None:
+                raise errors.ResumeError(
+                    f"{uuid} in {storage.url} is neither a committed checkpoint (no "
+                    f"{MANIFEST_NAME}) nor a Determined checkpoint folder the migration code "
+                    f"knows. Received: {sorted(os.listdir(tmp))}. Check "
+                    "searcher.source_checkpoint_uuid and the storage."
+                )
+            yield tmp
+
+    def _warm_start_from_determined(self, path: str, uuid: str, layout: str) -> None:
+        """Determined's warm start restores weights and optimizer state and starts the schedule
+        afresh; its pickles (RNG, callback and sequencer state) run code when read, so they are
+        not read, and steps count from 0 as in Determined (another trial's sequencer)."""
+        logger.info(
+            "Warm-starting trial %s from Determined %s checkpoint %s (weights and optimizer "
+            "state; its pickled RNG/callback state is not read)",
+            self.context.trial_id,
+            layout,
+            uuid,
+        )
+        self._ensure_built()
+        keras2_format.load_determined(self.model, path, with_optimizer=True)
+
     def _restore(self, uuid: str) -> None:
         trial_id = self.context.trial_id
-        with self.core.checkpoint.restore_path(uuid) as path:
+        with self._checkpoint_folder(uuid) as path:
+            layout = None
+            if not os.path.exists(os.path.join(path, callback_state.STATE_FILENAME)):
+                layout = keras2_format.determined_layout(path)
+            if layout is not None:
+                self._warm_start_from_determined(path, uuid, layout)
+                return
             state = callback_state.read_state(path)
             seq_path = os.path.join(path, SEQUENCER_FILENAME)
             sequencer = {}
@@ -577,6 +632,8 @@ class TrialController:
             protect = getattr(self.core.checkpoint, "protect", None)
             if callable(protect):
                 protect(latest)
+        elif self.warm_start:
+            self._restore(self.warm_start)
         status = "completed"
         self.model.stop_training = False
         self.callbacks.on_train_begin()

@@ -6,7 +6,8 @@
 ``CKPTSTORE_MODEL_DIR`` and ``CKPTSTORE_OPTUNA_TRIAL``, loads the experiment config from the
 registry, imports the trial class from the model folder and trains it with
 :class:`~ckptstore.keras_io.trial.controller.TrialController`. It resumes from the trial's latest
-checkpoint, and sets the trial COMPLETED (done, stopped early or pruned), PAUSED (preempted by
+checkpoint (or, for a trial with none yet, warm-starts from the checkpoint ``searcher.source_checkpoint_uuid``
+/ ``source_trial_id`` name), and sets the trial COMPLETED (done, stopped early or pruned), PAUSED (preempted by
 SIGTERM/SIGINT) or ERROR in the registry. Exit status: 0 unless the trial failed.
 """
 
@@ -16,11 +17,15 @@ import importlib
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
 from ckptstore.core import _info as trial_info
 from ckptstore.experiment.common import MODEL_DIR_ENV, OPTUNA_TRIAL_ENV, experiment_config
+
+if TYPE_CHECKING:
+    from ckptstore.experiment.config import ExperimentConfig
+    from ckptstore.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +111,7 @@ def run_trial() -> int:
                     config,
                     trial_seed=config.experiment_seed + trial_id,
                     prune_hook=prune_hook,
+                    warm_start=warm_start_source(config, registry),
                 ).run()
         except BaseException:
             registry.set_trial_state(trial_id, "ERROR")
@@ -122,6 +128,22 @@ def run_trial() -> int:
         return 0
     finally:
         registry.close()
+
+
+def warm_start_source(config: ExperimentConfig, registry: Registry) -> str | None:
+    """The checkpoint Determined's warm-start keys name: ``searcher.source_checkpoint_uuid``, or
+    the latest checkpoint of ``searcher.source_trial_id``; None when neither is set."""
+    searcher = config.searcher  # parse_config refuses both at once
+    if searcher.source_trial_id is None:
+        return searcher.source_checkpoint_uuid
+    latest = registry.latest_checkpoint(searcher.source_trial_id)
+    if latest is None:
+        raise errors.InvalidConfig(
+            f"searcher.source_trial_id: trial {searcher.source_trial_id} has no checkpoint in "
+            f"the registry to start from. Received: {searcher.source_trial_id}. Name a trial "
+            "that checkpointed, or use searcher.source_checkpoint_uuid."
+        )
+    return latest.uuid
 
 
 def _default_registry() -> str:
