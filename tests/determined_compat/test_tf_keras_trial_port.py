@@ -274,7 +274,8 @@ def check_event_order(lines):
 def test_callbacks(trial_env):
     """Ports ``TestKerasTrial.test_callbacks``: with ckptstore's TensorBoard,
     ReduceLROnPlateau and EarlyStopping(restore_best_weights=True) in the list, a recording
-    callback sees every hook in Determined's order across a preemption and resume, the expected
+    callback sees every hook in Determined's order across a preemption and resume (with
+    ``on_checkpoint_end`` after the states are taken), the expected
     number of epochs (records_per_epoch) and validations, and ``on_test_end`` gets the logs."""
     _, registry = trial_env
     cfg = one_var_config(75, 5, epochs=18, validations=4)
@@ -286,6 +287,8 @@ def test_callbacks(trial_env):
     lines = trials.OneVarTrial.last_log.lines
     check_event_order(lines)
     assert lines.count("load_state") == 1
+    # the last checkpoint: callback states, then on_checkpoint_end with the written folder
+    assert lines[-3:] == ["get_state", "on_checkpoint_end:True", "on_train_end"]
     # 75 batches of 3 records, 12 records per epoch: 4 batches an epoch, 18 whole epochs
     assert sum(line.startswith("on_epoch_end") for line in lines) == 18
     test_ends = [line for line in lines if line.startswith("on_test_end")]

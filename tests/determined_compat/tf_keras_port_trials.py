@@ -8,6 +8,7 @@ take its data; a trial whose metrics draw from the global random generators), wr
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -195,6 +196,13 @@ class EventLog(det.keras.callbacks.Callback):
 
     def on_train_workload_end(self, total_batches_trained, logs):
         self._log("on_train_workload_end", total_batches_trained)
+
+    def on_checkpoint_end(self, checkpoint_dir):
+        # Determined passes the folder as a str, with the checkpoint's files already in it
+        self._log(
+            "on_checkpoint_end",
+            isinstance(checkpoint_dir, str) and os.listdir(checkpoint_dir) != [],
+        )
 
     def get_state(self):
         self._log("get_state")
