@@ -280,6 +280,19 @@ def capture_rng() -> dict[str, Any]:
     return rng
 
 
+def seed_rng(seed: int) -> None:
+    """Seed every global generator :func:`capture_rng` records. ``keras.utils.set_random_seed``
+    seeds Python, NumPy, TensorFlow's op seed and Keras's; TensorFlow's global
+    ``tf.random.Generator`` ignores ``tf.random.set_seed``, so it is reseeded here: else two runs
+    with one seed draw differently from ``tf.random.get_global_generator()``."""
+    import tensorflow as tf
+
+    from ckptstore.keras_io.backend import keras
+
+    keras.utils.set_random_seed(seed)
+    tf.random.set_global_generator(tf.random.Generator.from_seed(seed))
+
+
 def restore_rng(rng: dict[str, Any]) -> None:
     """Put back what :func:`capture_rng` recorded (unknown keys are ignored)."""
     if "python" in rng:

@@ -130,7 +130,8 @@ class TrialController:
         core_context: what ``ckptstore.core.init(...)`` yielded (storage, registry, trial id,
             hparams, preemption).
         config: the experiment config (an :class:`ExperimentConfig` or a raw dict).
-        trial_seed: seed for Python, NumPy, TensorFlow and Keras random generators.
+        trial_seed: seed for Python, NumPy, TensorFlow (op seed and global generator) and
+            Keras random generators.
         prune_hook: called at each ``adaptive_asha`` rung boundary with the rung's length (in the
             unit of ``max_length``) and the searcher metric; True stops the trial.
         warm_start: UUID of the checkpoint a trial without checkpoints of its own starts from
@@ -177,7 +178,7 @@ class TrialController:
     def _build(self) -> None:
         info = self.core.info
         backend.check_eager("TFKerasTrial")
-        keras.utils.set_random_seed(self.trial_seed)
+        callback_state.seed_rng(self.trial_seed)
         self.context = TFKerasTrialContext(
             dict(info.trial.hparams),
             experiment_config=self.config.raw,
