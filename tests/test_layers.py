@@ -101,10 +101,7 @@ MAX_BODY_LINES = 80
 #: Today's offenders (issue 26: "no module over 800 lines, no function body over 80 lines"), with
 #: their sizes when listed. Each may only shrink; one within the limit must leave the list (the
 #: test says so), so the list empties as the modules are split.
-OVERSIZED_MODULES = {
-    "ckptstore/experimental/_objects.py": 916,
-    "ckptstore/import_determined/weights.py": 816,
-}
+OVERSIZED_MODULES: dict[str, int] = {}
 LONG_FUNCTIONS = {
     "ckptstore/reports/svg.py::line_chart": 98,
 }

@@ -13,18 +13,20 @@ from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
 from ckptstore.core._not_supported import not_supported
+from ckptstore.experimental._enums import (
+    ExperimentState,
+    ModelSortBy,
+    OrderBy,
+    TrialSortBy,
+    sort_rows,
+)
 from ckptstore.experimental._objects import (
     Checkpoint,
     Experiment,
-    ExperimentState,
     Model,
-    ModelSortBy,
-    OrderBy,
     Trial,
     TrialMetrics,
-    TrialSortBy,
     iter_metrics,
-    sort_rows,
 )
 from ckptstore.experimental._session import Session, default_session
 

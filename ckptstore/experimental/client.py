@@ -29,24 +29,26 @@ from typing import TYPE_CHECKING, Any
 
 from ckptstore.core._not_supported import not_supported
 from ckptstore.experimental._determined import Determined
-from ckptstore.experimental._objects import (
-    Checkpoint,
+from ckptstore.experimental._enums import (
     CheckpointOrderBy,
     CheckpointSortBy,
     CheckpointState,
     DownloadMode,
-    Experiment,
     ExperimentSortBy,
     ExperimentState,
-    Model,
     ModelSortBy,
-    ModelVersion,
     OrderBy,
+    TrialSortBy,
+    TrialState,
+)
+from ckptstore.experimental._objects import (
+    Checkpoint,
+    Experiment,
+    Model,
+    ModelVersion,
     TrainingMetrics,
     Trial,
     TrialMetrics,
-    TrialSortBy,
-    TrialState,
     ValidationMetrics,
 )
 from ckptstore.experimental._session import Session, default_session, set_default_session
