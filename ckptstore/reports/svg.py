@@ -75,6 +75,108 @@ def _legend_entry(x: float, y: float, color: str, label: str, dash: str) -> str:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Frame:
+    """The plot area and the data range drawn in it (padded so no point sits on the border)."""
+
+    left: float
+    top: float
+    width: float
+    height: float
+    x_lo: float
+    x_hi: float
+    y_lo: float
+    y_hi: float
+
+    @staticmethod
+    def around(
+        points: Sequence[tuple[float, float]], left: float, top: float, width: float, height: float
+    ) -> _Frame:
+        xs = [p[0] for p in points]
+        ys = [p[1] for p in points]
+        x_lo, x_hi = min(xs), max(xs)
+        y_lo, y_hi = min(ys), max(ys)
+        if x_hi == x_lo:
+            x_lo, x_hi = x_lo - 1, x_hi + 1
+        pad = (abs(y_lo) * 0.1 or 1.0) if y_hi == y_lo else (y_hi - y_lo) * 0.05
+        return _Frame(left, top, width, height, x_lo, x_hi, y_lo - pad, y_hi + pad)
+
+    def sx(self, x: float) -> float:
+        return self.left + (x - self.x_lo) / (self.x_hi - self.x_lo) * self.width
+
+    def sy(self, y: float) -> float:
+        return self.top + self.height - (y - self.y_lo) / (self.y_hi - self.y_lo) * self.height
+
+    def axes(self, x_label: str, svg_height: float, log_y: bool) -> list[str]:
+        """Grid lines, tick labels, the frame and the x label."""
+        left, top, right, bottom = (
+            self.left,
+            self.top,
+            self.left + self.width,
+            self.top + self.height,
+        )
+        parts = []
+        for tick in nice_ticks(self.y_lo, self.y_hi):
+            y = self.sy(tick)
+            parts.append(
+                f'<line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" stroke="#e5e5e5"/>'
+            )
+            parts.append(
+                f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11" '
+                f'fill="#444">{escape(format_tick(10**tick if log_y else tick))}</text>'
+            )
+        for tick in nice_ticks(self.x_lo, self.x_hi):
+            x = self.sx(tick)
+            parts.append(
+                f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" stroke="#f0f0f0"/>'
+            )
+            parts.append(
+                f'<text x="{x:.1f}" y="{bottom + 16}" text-anchor="middle" font-size="11" '
+                f'fill="#444">{escape(format_tick(tick))}</text>'
+            )
+        parts.append(
+            f'<rect x="{left}" y="{top}" width="{self.width}" height="{self.height}" fill="none" '
+            'stroke="#888"/>'
+        )
+        parts.append(
+            f'<text x="{left + self.width / 2:.1f}" y="{svg_height - 8}" text-anchor="middle" '
+            f'font-size="12" fill="#333">{escape(x_label)}</text>'
+        )
+        return parts
+
+    def series(
+        self,
+        name: str,
+        pts: Sequence[tuple[float, float]],
+        color: str,
+        dash: str,
+        lines: bool,
+        legend: bool,
+        x_label: str,
+        log_y: bool,
+    ) -> list[str]:
+        """One series: a polyline (``lines``) and point markers with their values as tooltips."""
+        parts = []
+        if lines:
+            coords = " ".join(f"{self.sx(x):.1f},{self.sy(y):.1f}" for x, y in pts)
+            tip = "" if legend else f"<title>{escape(name)}</title>"
+            parts.append(
+                f'<polyline class="series" data-series="{escape(name)}" points="{coords}" '
+                f'fill="none" stroke="{color}" stroke-width="{2 if legend else 1.2}"{dash}>{tip}'
+                "</polyline>"
+            )
+        x_name = "step" if lines else x_label
+        if (len(pts) <= 60 and legend) or not lines:  # markers would bury hundreds of lines
+            for x, y in pts:
+                value = 10**y if log_y else y
+                parts.append(
+                    f'<circle cx="{self.sx(x):.1f}" cy="{self.sy(y):.1f}" r="2.5" fill="{color}">'
+                    f"<title>{escape(name)}: {escape(x_name)} {format_tick(x)}, "
+                    f"{value:.6g}</title></circle>"
+                )
+        return parts
+
+
 def line_chart(
     title: str,
     series: Sequence[Series],
@@ -93,7 +195,6 @@ def line_chart(
     every point as a marker and no line (a scatter plot); ``legend=False`` leaves the legend
     out (charts of hundreds of series) and names each line in its tooltip instead."""
     left, right, top, bottom = 64, 16, 48, 46
-    plot_w, plot_h = width - left - right, height - top - bottom
     drawn = [(s, s.finite_points()) for s in series]
     if log_y:
         drawn = [(s, [(x, math.log10(y)) for x, y in pts if y > 0]) for s, pts in drawn]
@@ -113,52 +214,8 @@ def line_chart(
         )
         return "".join(parts)
 
-    xs = [p[0] for p in all_points]
-    ys = [p[1] for p in all_points]
-    x_lo, x_hi = min(xs), max(xs)
-    y_lo, y_hi = min(ys), max(ys)
-    if x_hi == x_lo:
-        x_lo, x_hi = x_lo - 1, x_hi + 1
-    if y_hi == y_lo:
-        pad = abs(y_lo) * 0.1 or 1.0
-        y_lo, y_hi = y_lo - pad, y_hi + pad
-    else:
-        pad = (y_hi - y_lo) * 0.05
-        y_lo, y_hi = y_lo - pad, y_hi + pad
-
-    def sx(x: float) -> float:
-        return left + (x - x_lo) / (x_hi - x_lo) * plot_w
-
-    def sy(y: float) -> float:
-        return top + plot_h - (y - y_lo) / (y_hi - y_lo) * plot_h
-
-    # grid and ticks
-    for tick in nice_ticks(y_lo, y_hi):
-        y = sy(tick)
-        parts.append(
-            f'<line x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" stroke="#e5e5e5"/>'
-        )
-        parts.append(
-            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="11" '
-            f'fill="#444">{escape(format_tick(10**tick if log_y else tick))}</text>'
-        )
-    for tick in nice_ticks(x_lo, x_hi):
-        x = sx(tick)
-        parts.append(
-            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}" stroke="#f0f0f0"/>'
-        )
-        parts.append(
-            f'<text x="{x:.1f}" y="{top + plot_h + 16}" text-anchor="middle" font-size="11" '
-            f'fill="#444">{escape(format_tick(tick))}</text>'
-        )
-    parts.append(
-        f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#888"/>'
-    )
-    parts.append(
-        f'<text x="{left + plot_w / 2:.1f}" y="{height - 8}" text-anchor="middle" '
-        f'font-size="12" fill="#333">{escape(x_label)}</text>'
-    )
-
+    frame = _Frame.around(all_points, left, top, width - left - right, height - top - bottom)
+    parts += frame.axes(x_label, height, log_y)
     # lines, markers and legend
     legend_x = float(left)
     for index, (item, pts) in enumerate(drawn):
@@ -168,24 +225,7 @@ def line_chart(
         if legend:
             parts.append(_legend_entry(legend_x, top - 10, color, label, dash))
             legend_x += 34 + 7 * len(label)
-        if not pts:
-            continue
-        if lines:
-            coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-            tip = "" if legend else f"<title>{escape(item.name)}</title>"
-            parts.append(
-                f'<polyline class="series" data-series="{escape(item.name)}" points="{coords}" '
-                f'fill="none" stroke="{color}" stroke-width="{2 if legend else 1.2}"{dash}>{tip}'
-                "</polyline>"
-            )
-        x_name = "step" if lines else x_label
-        if (len(pts) <= 60 and legend) or not lines:  # markers would bury hundreds of lines
-            for x, y in pts:
-                value = 10**y if log_y else y
-                parts.append(
-                    f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{color}">'
-                    f"<title>{escape(item.name)}: {escape(x_name)} {format_tick(x)}, "
-                    f"{value:.6g}</title></circle>"
-                )
+        if pts:
+            parts += frame.series(item.name, pts, color, dash, lines, legend, x_label, log_y)
     parts.append("</svg>")
     return "".join(parts)
