@@ -159,7 +159,7 @@ def test_bad_arguments_are_reported(tmp_path):
         CheckpointContext(str(tmp_path / "s"), max_in_flight=0)
     with pytest.raises(errors.InvalidConfig, match="gc_policy"):
         CheckpointContext(str(tmp_path / "s"), gc_policy="latest")
-    with pytest.raises(errors.InvalidConfig, match="Unknown GC policy keys"):
+    with pytest.raises(errors.InvalidConfig, match="gc_policy has unknown key"):
         CheckpointContext(str(tmp_path / "s"), gc_policy={"save_latest": 1})
     with CheckpointContext(str(tmp_path / "s")) as ctx:
         with pytest.raises(errors.InvalidConfig, match="not a folder"):
