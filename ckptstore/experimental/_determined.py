@@ -50,7 +50,12 @@ class Determined:
     ``create_experiment``) raise :class:`~ckptstore.errors.NotSupported` naming the alternative.
 
     Args:
-        master, user, password, cert_path, cert_name, noverify: Determined's; ignored.
+        master: Determined's master address; ignored (logged).
+        user: Determined's; ignored.
+        password: Determined's; ignored.
+        cert_path: Determined's; ignored.
+        cert_name: Determined's; ignored.
+        noverify: Determined's; ignored.
         registry: a registry URL or an open ``Registry`` (default: the environment's).
         storage: a storage URL, config dict or open ``Storage`` (default: the environment's).
 
