@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore import errors
+from ckptstore.keras_io._types import KerasModel
 
 # The loader's messages keep the public module's logger name, which users filter on.
 logger = logging.getLogger("ckptstore.import_determined.weights")
@@ -127,7 +128,7 @@ def _plan_in_order(
     return _Plan([(variable, value) for variable, (_, value) in zip(targets, values, strict=True)])
 
 
-def _optimizer_for(model: Any) -> Any | None:
+def _optimizer_for(model: KerasModel) -> Any | None:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:
         return None
@@ -168,7 +169,7 @@ LEGACY_ALGORITHM_NOTES = {
 
 def _plan_legacy_slots(
     optimizer: Any,
-    model: Any,
+    model: KerasModel,
     slots: list[tuple[str, Any, np.ndarray, str]],
     where: str,
 ) -> _Plan:
@@ -262,7 +263,7 @@ def nadam_u_product(beta_1: float, iterations: int) -> np.float32:
 
 def _plan_new_layout(
     optimizer: Any,
-    model: Any,
+    model: KerasModel,
     values: Sequence[tuple[str, np.ndarray]],
     where: str,
     *,

@@ -82,6 +82,7 @@ from ckptstore.import_determined._plan import (
     _warn_hyperparameter,
     nadam_u_product,
 )
+from ckptstore.keras_io._types import KerasModel
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +198,7 @@ class _TFCheckpoint:
 
 
 def _plan_tf_optimizer(
-    ckpt: _TFCheckpoint, optimizer_node: int, model: Any, variable_of: dict[int, Any]
+    ckpt: _TFCheckpoint, optimizer_node: int, model: KerasModel, variable_of: dict[int, Any]
 ) -> _Plan:
     where = ckpt.prefix
     optimizer = _optimizer_for(model)
@@ -249,7 +250,9 @@ def _plan_tf_optimizer(
     return plan
 
 
-def _plan_tf_checkpoint(model: Any, prefix: str, *, load_optimizer: bool) -> tuple[_Plan, int]:
+def _plan_tf_checkpoint(
+    model: KerasModel, prefix: str, *, load_optimizer: bool
+) -> tuple[_Plan, int]:
     """Plan loading a Keras 2 TF-format checkpoint at ``prefix`` (no ``.index`` suffix).
 
     Returns the plan and the number of model weights in it (the rest is optimizer state).
@@ -279,7 +282,7 @@ def _plan_tf_checkpoint(model: Any, prefix: str, *, load_optimizer: bool) -> tup
 
 
 def load_tf_checkpoint(
-    model: Any, prefix: str, *, load_optimizer: bool = True
+    model: KerasModel, prefix: str, *, load_optimizer: bool = True
 ) -> tuple[int, int, int | None]:
     """Load a Keras 2 TF-format checkpoint at ``prefix`` (no ``.index`` suffix) into ``model``.
 
@@ -325,7 +328,7 @@ def is_new_layout_h5(names: Sequence[str]) -> bool:
     return bool(names) and names[0].split(":")[0] == "iteration"
 
 
-def _plan_h5_optimizer(model: Any, group: Any, where: str) -> _Plan:
+def _plan_h5_optimizer(model: KerasModel, group: Any, where: str) -> _Plan:
     optimizer = _optimizer_for(model)
     if optimizer is None:
         _not_compiled(where)
@@ -382,7 +385,7 @@ def _stored_optimizer_config(f: Any) -> tuple[str, dict[str, Any]]:
         return "", {}
 
 
-def _plan_h5_model(model: Any, path: str, *, load_optimizer: bool) -> tuple[_Plan, int]:
+def _plan_h5_model(model: KerasModel, path: str, *, load_optimizer: bool) -> tuple[_Plan, int]:
     import h5py
 
     with h5py.File(path, "r") as f:
@@ -408,7 +411,7 @@ def _plan_h5_model(model: Any, path: str, *, load_optimizer: bool) -> tuple[_Pla
 
 
 def load_h5_model(
-    model: Any, path: str, *, load_optimizer: bool = True
+    model: KerasModel, path: str, *, load_optimizer: bool = True
 ) -> tuple[int, int, int | None]:
     """Load a Keras 2 ``.h5`` (whole model or weights only) into ``model``."""
     plan, weight_count = _plan_h5_model(model, path, load_optimizer=load_optimizer)
@@ -416,7 +419,7 @@ def load_h5_model(
     return weight_count, total - weight_count, plan.iterations
 
 
-def _plan_h5_optimizer_file(model: Any, path: str) -> _Plan:
+def _plan_h5_optimizer_file(model: KerasModel, path: str) -> _Plan:
     import h5py
 
     with h5py.File(path, "r") as f:
@@ -430,7 +433,7 @@ def _plan_h5_optimizer_file(model: Any, path: str) -> _Plan:
         return _plan_h5_optimizer(model, group["optimizer_weights"], path)
 
 
-def load_h5_optimizer_file(model: Any, path: str) -> tuple[int, int | None]:
+def load_h5_optimizer_file(model: KerasModel, path: str) -> tuple[int, int | None]:
     """Load ``determined-keras-optimizer-weights.h5`` (group ``optimizer-0``, as Determined wrote
     it with Keras' ``save_optimizer_weights_to_hdf5_group``) into the model's optimizer.
 
@@ -441,7 +444,7 @@ def load_h5_optimizer_file(model: Any, path: str) -> tuple[int, int | None]:
 
 # ---- entry point ----------------------------------------------------------------------------------
 def load_determined_checkpoint(
-    model: Any,
+    model: KerasModel,
     path: str | os.PathLike[str],
     *,
     trust_pickle: bool = False,

@@ -36,6 +36,7 @@ from typing import Any
 from ckptstore import errors
 from ckptstore.import_determined import layouts
 from ckptstore.import_determined.weights import load_determined_checkpoint
+from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.loading import _loaders as loaders
 
 logger = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def _check_tags(tags: Sequence[str] | None) -> None:
         )
 
 
-def load_h5_model(h5_file: str, custom_objects: Mapping[str, Any] | None = None) -> Any:
+def load_h5_model(h5_file: str, custom_objects: Mapping[str, Any] | None = None) -> KerasModel:
     """A whole Keras 2 HDF5 model (Keras 3 reads the legacy format itself), uncompiled as
     Determined loaded it; ModelLoadError naming the file when Keras cannot."""
     import keras
@@ -95,7 +96,7 @@ def trial_spec(folder: str) -> tuple[str, dict[str, Any], dict[str, Any]] | None
     return None
 
 
-def build_trial_model(folder: str, *, trust_code: bool = False) -> Any | None:
+def build_trial_model(folder: str, *, trust_code: bool = False) -> KerasModel | None:
     """The model ``build_model()`` of the checkpoint's own trial class returns (imported from
     ``<folder>/code``), or None when the checkpoint has no code or names no trial class.
     Importing that code runs it, so it happens only with ``trust_code=True``
@@ -159,7 +160,7 @@ def load_model_from_checkpoint_path(
     path: str | os.PathLike[str],
     tags: Sequence[str] | None = None,
     *,
-    model: Any = None,
+    model: KerasModel | None = None,
     compile: bool = True,
     custom_objects: Mapping[str, Any] | None = None,
     safe_mode: bool = True,
