@@ -41,6 +41,9 @@ def main() -> None:
     trial_id, registry, storage = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     steps, pause = int(sys.argv[4]), float(sys.argv[5])
     ray.init(
+        # A fresh local instance, never a cluster this machine already runs (the test session's
+        # shared Ray cluster, or another): ray.init() would otherwise join the newest one.
+        address="local",
         num_cpus=1,
         include_dashboard=False,
         _node_ip_address="127.0.0.2",
