@@ -354,6 +354,13 @@ def test_the_kept_by_reasons_are_gcs_own_decision(values, latest, best, exp_best
             assert r.steps_completed >= len(records) - latest
 
 
+def test_the_defaults_name_exactly_the_keys_split_off_storage_dicts():
+    from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS
+    from ckptstore.storage_backends.config import GC_KEYS
+
+    assert set(DETERMINED_DEFAULTS) == set(GC_KEYS)
+
+
 def test_gc_keys_are_checked_in_one_place():
     for bad, match in (
         ([1], "a dict of Determined"),
