@@ -188,9 +188,12 @@ def verify_cmd(state: CliState, uuid: str, public_key: str | None, as_json: bool
     key = signing.key_from(public_key, signing.VERIFY_KEY_ENV)
     with tempfile.TemporaryDirectory(prefix="ckptstore-verify-") as tmp:
         # The point is to check what storage holds: nothing comes from the local cache.
-        checked = download_checkpoint(state, uuid, tmp, label="Verifying", cache=False).files
+        digests: dict[str, str] = {}
+        checked = download_checkpoint(
+            state, uuid, tmp, label="Verifying", cache=False, sha256=digests
+        ).files
         if key is not None:
-            signing.verify_folder(tmp, key)
+            signing.verify_folder(tmp, key, digests=digests)
     result = {"uuid": uuid, "ok": True, "files": len(checked), "bytes": sum(checked.values())}
     if key is not None:  # the result of an unsigned check keeps its keys
         result["signature"] = "verified"
@@ -234,16 +237,17 @@ def sign_cmd(state: CliState, uuid: str, private_key: str | None, as_json: bool)
     record = state.registry().get_checkpoint(uuid)
     with tempfile.TemporaryDirectory(prefix="ckptstore-sign-") as tmp:
         folder, staging = os.path.join(tmp, "ckpt"), os.path.join(tmp, "add")
-        download_checkpoint(state, uuid, folder, label="Signing")
+        digests: dict[str, str] = {}  # hashed by the download's checksum read
+        download_checkpoint(state, uuid, folder, label="Signing", sha256=digests)
         if os.path.exists(os.path.join(folder, signing.SIGNATURE_NAME)):
             raise errors.CheckpointConflict(
                 f"Checkpoint {uuid} is already signed; to sign it again delete the old "
                 f"signature first: ckptstore checkpoint delete {uuid} --glob "
                 f"{signing.SIGNATURE_NAME}. Received: {uuid}."
             )
-        signature = signing.sign_folder(folder, key)
         os.makedirs(staging)
-        os.replace(signature, os.path.join(staging, signing.SIGNATURE_NAME))
+        covered = {rel: digests[rel] for rel in signing.signed_names(digests)}
+        signing.sign_digests(covered, key, os.path.join(staging, signing.SIGNATURE_NAME), name=uuid)
         amend.add_files(state.storage_for(record), uuid, staging, index=state.registry())
     if as_json:
         emit_json({"uuid": uuid, "signature": signing.SIGNATURE_NAME})
