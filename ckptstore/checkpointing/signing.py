@@ -116,6 +116,23 @@ def sign_digests(
     return out
 
 
+def public_key_file(private_key: KeyPath, folder: str) -> str:
+    """Write the public half of the EC private key in PEM file ``private_key`` into
+    ``folder``; returns its path (a signer checks what it signs again against its own key)."""
+    from cryptography.hazmat.primitives import serialization
+
+    with open(private_key, "rb") as f:
+        key = serialization.load_pem_private_key(f.read(), None)
+    out = os.path.join(folder, "signing-pub.pem")
+    with open(out, "wb") as f:
+        f.write(
+            key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+    return out
+
+
 def folder_digests(folder: str) -> dict[str, str]:
     """``{relative path: SHA-256}`` of the files a signature of local ``folder`` covers, one
     read each (for folders no checksumming read went over: ``checkpoint sign`` of a copy,
@@ -255,6 +272,7 @@ __all__ = [
     "VERIFY_KEY_ENV",
     "key_from",
     "load_model_signing",
+    "public_key_file",
     "folder_digests",
     "sign_digests",
     "sign_folder",

@@ -325,6 +325,14 @@ def delete_cmd(state: CliState, uuids: tuple[str, ...], globs: tuple[str, ...], 
     help="A module defining the model's custom layers that may be imported (repeatable); "
     "the checkpoint's config alone never makes ckptstore import anything.",
 )
+@click.option(
+    "--key",
+    "private_key",
+    type=click.Path(dir_okay=False),
+    help=_KEY_HELP.format(what="private", env="CKPTSTORE_SIGNING_KEY")
+    + " A signed checkpoint is signed again over its files and saved_model/; without a key"
+    " its export is refused (exit 2).",
+)
 @json_option
 @pass_state
 def export_cmd(
@@ -333,6 +341,7 @@ def export_cmd(
     no_verify: bool,
     unsafe_deserialization: bool,
     modules: tuple[str, ...],
+    private_key: str | None,
     as_json: bool,
 ) -> None:
     """Add an inference SavedModel (saved_model/) to a committed checkpoint.
@@ -341,7 +350,8 @@ def export_cmd(
     `serve` predicts what the Keras model does, and adds the files to the same checkpoint
     (same UUID; its manifest is rewritten last, so an interrupted export leaves the checkpoint
     as it was). Custom layers must be importable (PYTHONPATH) and allowed with --module
-    (exit 5, nothing imported, when the model names a module that is not).
+    (exit 5, nothing imported, when the model names a module that is not). A signed
+    checkpoint needs its signing key (--key): it is signed again over saved_model/ too.
 
     \b
     Example:
@@ -359,7 +369,12 @@ def export_cmd(
         command.append("--unsafe-deserialization")
     for module in modules:
         command += ["--module", module]
+    from ckptstore.checkpointing import signing
+
     env = dict(os.environ)
+    key = signing.key_from(private_key, signing.SIGNING_KEY_ENV)  # a missing file: exit 2 here
+    if key is not None:
+        env[signing.SIGNING_KEY_ENV] = os.path.abspath(key)
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p or os.getcwd() for p in sys.path))
     proc = subprocess.run(command, stdout=subprocess.PIPE, env=env, text=True, check=False)
     lines = proc.stdout.strip().splitlines()

@@ -147,6 +147,8 @@ def test_cli_sign_and_verify(tmp_path, keys, monkeypatch):
     assert again.exit_code != 0 and "already signed" in again.output
     missing = env.run("checkpoint", "sign", uuid, "--key", str(tmp_path / "nope.pem"))
     assert missing.exit_code == 2 and "nope.pem" in missing.output
+    missing = env.run("checkpoint", "export", uuid, "--key", str(tmp_path / "nope.pem"))
+    assert missing.exit_code == 2 and "nope.pem" in missing.output  # before any export runs
 
 
 def test_the_ui_states_a_checkpoints_signature_from_its_manifest_and_model_sig(
