@@ -8,6 +8,13 @@ its ``ignore_paths``, so a downloaded folder verifies unmodified with
 ``model_signing verify key DIR --signature DIR/model.sig --public_key pub.pem``, and a folder
 signed by ``model_signing sign key`` (with those paths ignored) verifies here.
 
+Signing and verifying cost no read of their own: the SHA-256 of every file comes from the
+read that computes (commit) or checks (download, restore, cache) its crc32c
+(:func:`~ckptstore.checkpointing.checksums.file_sums`); :func:`sign_digests` builds
+``model_signing``'s manifest from those digests and signs it with its EC signer, and
+:class:`Expected` checks a signature's envelope, then compares the digests. A folder no such
+read went over is hashed by :func:`folder_digests` (``sign_folder``, ``verify_folder``).
+
 Keys are EC private/public keys in PEM files (P-256, P-384 or P-521, what ``model-signing``
 takes): ``core.init(signing_key=...)``, ``ckptstore checkpoint sign --key``, or the environment
 (:data:`SIGNING_KEY_ENV`, :data:`VERIFY_KEY_ENV`). With a verify key configured, downloads and
