@@ -5,6 +5,9 @@ One run, ``--rounds`` rounds, medians printed:
 
 - save: ``core.init(signing_key=...)`` + ``store_path`` + ``model.save("model.keras")`` until the
   checkpoint is committed (signing included), and the same save unsigned;
+- callback save: ``DeterminedCallback``'s writer thread writing ``model.keras`` (it computes
+  the crc32c as it writes, so the signed commit reads the file once, for SHA-256 only) and
+  committing it, signed and unsigned;
 - restore: ``load_checkpoint_model(checkpoint_uuid=...)`` (checksums, Keras load) with
   ``CKPTSTORE_VERIFY_KEY`` set, and the same without.
 
@@ -74,6 +77,34 @@ def save(model: Any, storage: str, registry: str, key: str | None) -> tuple[str,
     return uuid, time.perf_counter() - started
 
 
+def callback_save(model: Any, storage: str, registry: str, key: str | None) -> tuple[str, float]:
+    """One checkpoint of ``DeterminedCallback`` (one step, then the epoch's save): the seconds
+    its writer spent on it (writing ``model.keras`` and committing, off the training thread)."""
+    import numpy as np
+
+    import ckptstore
+    from ckptstore.keras_io.saving import _writer
+
+    writers: list[Any] = []
+    real_init = _writer.CheckpointWriter.__init__
+
+    def keep(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        writers.append(self)
+
+    _writer.CheckpointWriter.__init__ = keep  # type: ignore[method-assign]
+    x = np.zeros((8, WIDTH), "float32")
+    with ckptstore.core.init(
+        storage=storage, registry=registry, trial_id=2, preempt_signals=False, signing_key=key
+    ) as ctx:
+        cb = ckptstore.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        try:
+            model.fit(x, x, batch_size=8, epochs=1, verbose=0, callbacks=[cb])
+        finally:
+            _writer.CheckpointWriter.__init__ = real_init  # type: ignore[method-assign]
+    return str(cb.last_checkpoint), writers[-1].write_seconds[-1]
+
+
 def restore(uuid: str, storage: str, registry: str, pub: str | None) -> float:
     import ckptstore
     from ckptstore.checkpointing import signing
@@ -108,7 +139,9 @@ def main() -> None:
 
     model = build(args.mb)
     size = sum(w.size * w.dtype.itemsize for w in model.get_weights()) / 2**20
-    walls: dict[str, list[float]] = {k: [] for k in ("save", "save_s", "restore", "restore_v")}
+    model.compile(optimizer="sgd", loss="mse")
+    kinds = ("save", "save_s", "callback", "callback_s", "restore", "restore_v")
+    walls: dict[str, list[float]] = {k: [] for k in kinds}
     inside: dict[str, list[float]] = {k: [] for k in walls}  # seconds in the timed functions
     spent: dict[str, list[float]] = {"sums": [], "sign": [], "read": [], "compare": []}
     undo = [
@@ -134,6 +167,12 @@ def main() -> None:
                     plain = uuid
                 else:
                     signed = uuid
+            for name, signed_key in (("callback", None), ("callback_s", key)):
+                (_uuid, seconds), extra = attribute(
+                    spent, lambda k=signed_key: callback_save(model, storage, registry, k)
+                )
+                walls[name].append(seconds)
+                inside[name].append(extra)
             for name, which, verify_key in (("restore", plain, None), ("restore_v", signed, pub)):
                 seconds, extra = attribute(
                     spent, lambda u=which, v=verify_key: restore(u, storage, registry, v)
@@ -145,6 +184,7 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in walls.items()}
     cost = {k: statistics.median(v) for k, v in inside.items()}
     sign_in = cost["save_s"] - cost["save"]
+    sign_cb = cost["callback_s"] - cost["callback"]
     verify_in = cost["restore_v"] - cost["restore"]
     print(f"one-off import of model_signing when a context with a key opens: {imported:.2f} s")
     print(
@@ -157,6 +197,12 @@ def main() -> None:
         f"(x{med['save_s'] / med['save']:.3f}, +{med['save_s'] - med['save']:.2f} s) | "
         f"signing in the checksum read + signer {sign_in:.2f} s = "
         f"{100 * sign_in / med['save_s']:.1f}% of the signed save"
+    )
+    print(
+        f"callback save (writer thread) unsigned {med['callback']:.2f} s | signed "
+        f"{med['callback_s']:.2f} s (x{med['callback_s'] / med['callback']:.3f}, "
+        f"+{med['callback_s'] - med['callback']:.2f} s) | signing in the commit's read + signer "
+        f"{sign_cb:.2f} s = {100 * sign_cb / med['callback_s']:.1f}% of the signed save"
     )
     print(
         f"restore unverified {med['restore']:.2f} s | verified {med['restore_v']:.2f} s "
