@@ -17,6 +17,13 @@ in the other direction:
 5. update the index row (resources); a crash before this leaves the index behind storage,
    which ``ckptstore reindex`` repairs (storage is the source of truth).
 
+A file may be *replaced* only where the caller names it (``replace=``: the signature, when an
+export signs the checkpoint again). In a deduplicated checkpoint its new entry (new blobs)
+replaces the old one in step 4's single manifest rewrite. In a whole-file checkpoint the file is
+overwritten in place, so the manifest is first rewritten without it: a crash in between leaves
+a consistent checkpoint without that file (an unsigned one), never a listed file whose content
+differs from its checksum.
+
 ``metadata.json`` is never rewritten (its checksum is in the manifest; rewriting it and the
 manifest could not be one step). Two rewrites of one manifest at the same time (this and a
 partial delete) are not serialised beyond step 3's check: do not run them together.
@@ -31,7 +38,7 @@ from __future__ import annotations
 
 import glob as _glob
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
@@ -61,6 +68,7 @@ def add_files(
     storage_url: str | None = None,
     dedup_chunk_bytes: int | None = None,
     cuts: Mapping[str, Iterable[int]] | None = None,
+    replace: Collection[str] = (),
 ) -> CheckpointRecord:
     """Add every file under ``local_dir`` to committed checkpoint ``uuid`` (same relative
     paths); returns the checkpoint's new record. See the module docstring for the protocol.
@@ -70,6 +78,9 @@ def add_files(
     :func:`~ckptstore.checkpointing.commit.commit_dir`, e.g. a SavedModel's tensors), under a
     pending marker like any commit (:func:`~ckptstore.checkpointing.commit.upload_entries`);
     a whole-file checkpoint gets whole files.
+
+    ``replace``: paths that may already be listed, whose new content replaces the old (see
+    the module docstring).
 
     Raises :class:`~ckptstore.errors.CheckpointConflict` when a path is already listed or the
     manifest changed meanwhile, :class:`~ckptstore.errors.InvalidCheckpoint` when ``uuid`` is
@@ -88,7 +99,7 @@ def add_files(
         raise errors.InvalidConfig(
             f"{local_dir!r} holds no files to add to checkpoint {uuid}; pass a folder with files."
         )
-    clash = sorted(set(prepared.entries) & set(manifest["files"]))
+    clash = sorted(set(prepared.entries) & set(manifest["files"]) - set(replace))
     if clash:
         raise errors.CheckpointConflict(
             f"Checkpoint {uuid} already lists {clash[:5]}; files of a committed checkpoint are "
@@ -106,6 +117,11 @@ def add_files(
             storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.manifest_bytes(new_manifest))
         remove_pending_marker(storage, uuid)
     else:
+        replaced = set(replace) & set(manifest["files"]) & set(prepared.entries)
+        if replaced:  # never list a file whose content is being overwritten
+            manifest = _rewrite(storage, uuid, manifest, before, {}, drop=replaced)
+            storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.manifest_bytes(manifest))
+            before = fmt.dump_json(manifest)
         prepared.upload_to(storage, uuid)
         new_manifest = _rewrite(storage, uuid, manifest, before, prepared.entries)
         storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.manifest_bytes(new_manifest))
@@ -121,8 +137,10 @@ def _rewrite(
     manifest: dict[str, Any],
     before: bytes,
     entries: dict[str, Any],
+    drop: Collection[str] = (),
 ) -> dict[str, Any]:
-    """The manifest listing the old and new files, after checking nobody rewrote it since."""
+    """The manifest listing the old files (less ``drop``) and the new ones, after checking
+    nobody rewrote it since."""
     try:
         now = fmt.dump_json(fmt.read_manifest(storage, uuid))
     except errors.InvalidCheckpoint:
@@ -133,7 +151,7 @@ def _rewrite(
             "(another delete or add ran at the same time); it was left as the other writer "
             "made it. Run the command again."
         )
-    files = dict(manifest["files"])
+    files = {rel: entry for rel, entry in manifest["files"].items() if rel not in drop}
     files.update(entries)
     return dict(manifest, files=dict(sorted(files.items())))
 

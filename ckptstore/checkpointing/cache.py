@@ -83,7 +83,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import defaults, errors
-from ckptstore.checkpointing.checksums import crc32c_file
+from ckptstore.checkpointing.checksums import file_sums
 from ckptstore.storage_backends.object_store import tmp_name
 
 if TYPE_CHECKING:
@@ -227,23 +227,29 @@ class RestoreCache:
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))
 
-    def link_file(self, key: str, target: str, entry: Mapping[str, Any]) -> bool:
+    def link_file(
+        self, key: str, target: str, entry: Mapping[str, Any], *, sha256: bool = False
+    ) -> str | None:
         """Put the cached file ``key`` at ``target`` (hard link, else copy) if it matches
-        ``entry``'s size and crc32c; a damaged entry is dropped. True if it was placed."""
+        ``entry``'s size and crc32c; a damaged entry is dropped. Returns None if it was not
+        placed, else its SHA-256 (``sha256=True``: from the read that checks the crc32c; no
+        digest is kept in the cache, so none can go stale) or ``""``."""
         path = self._path(key)
         part = tmp_name(target)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         try:
             _link_or_copy(path, part)
         except FileNotFoundError:
-            return False
+            return None
         # Checked on the link, not the entry's name: an eviction meanwhile cannot swap it.
-        if os.path.getsize(part) == entry["size"] and crc32c_file(part) == entry["crc32c"]:
-            os.replace(part, target)
-            return True
+        if os.path.getsize(part) == entry["size"]:
+            crc, sha = file_sums(part, sha256=sha256)
+            if crc == entry["crc32c"]:
+                os.replace(part, target)
+                return sha or ""
         os.unlink(part)
         self.drop(key)
-        return False
+        return None
 
     def chunk_places(self, shas: Iterable[str]) -> dict[str, list[tuple[str, int]]]:
         """``{sha256: [(key, offset), ...]}``: the cached files holding each chunk (one query

@@ -29,10 +29,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
+import hashlib
 import logging
 import os
 import zlib
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -160,10 +162,61 @@ def crc32c_bytes(data: bytes) -> str:
 
 def crc32c_file(path: str) -> str:
     """The CRC-32C of the file at ``path`` as 8 lowercase hex digits, read in 8 MiB chunks."""
-    crc = 0
-    buf = bytearray(_FILE_CHUNK)
-    view = memoryview(buf)
+    crc32c, _sha = file_sums(path)
+    assert crc32c is not None
+    return crc32c
+
+
+def file_sums(
+    path: str, *, crc32c: bool = True, sha256: bool = False
+) -> tuple[str | None, str | None]:
+    """``(crc32c, sha256)`` of the file at ``path`` in ONE read (hex; None for what was not
+    asked): the manifest's checksum and the signature's digest cost one pass over the bytes.
+
+    In a file of more than two chunks the SHA-256 of a chunk runs on a second thread while
+    this one reads the next chunk and computes its CRC-32C (two buffers; hashlib releases the
+    GIL), so on two free cores the pass costs about the larger of the two, not their sum
+    (SHA-256 with SHA-NI: ~1.4 GB/s here; CRC-32C and a page-cache read: several GB/s)."""
+    sha = hashlib.sha256() if sha256 else None
     with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            crc = crc32c_update(crc, view[:n])
-    return f"{crc:08x}"
+        if sha is not None and os.fstat(f.fileno()).st_size > 2 * _FILE_CHUNK:
+            # A thread of its own per file, not a shared pool: a pool's thread does not
+            # survive a fork, and a forked child would wait on it forever.
+            with ThreadPoolExecutor(1, thread_name_prefix="ckptstore-sha256") as pool:
+                crc = _read_overlapped(f, crc32c, sha, pool)
+        else:
+            crc = 0
+            buf = bytearray(_FILE_CHUNK)
+            view = memoryview(buf)
+            while n := f.readinto(buf):
+                if crc32c:
+                    crc = crc32c_update(crc, view[:n])
+                if sha is not None:
+                    sha.update(view[:n])
+    return (f"{crc:08x}" if crc32c else None), (sha.hexdigest() if sha is not None else None)
+
+
+def _read_overlapped(f: Any, crc32c: bool, sha: Any, pool: ThreadPoolExecutor) -> int:
+    """Read ``f`` to its end in two alternating buffers: each chunk's SHA-256 update goes to
+    ``pool`` (one worker: updates run in file order) while the next chunk is read and its
+    CRC-32C computed here; returns the CRC-32C."""
+    crc = 0
+    buffers = [bytearray(_FILE_CHUNK), bytearray(_FILE_CHUNK)]
+    pending: list[Future[None] | None] = [None, None]
+    turn = 0
+    while True:
+        previous = pending[turn]
+        if previous is not None:
+            previous.result()  # its SHA-256 update is done: the buffer may be read into
+        n = f.readinto(buffers[turn])
+        if not n:
+            break
+        view = memoryview(buffers[turn])[:n]
+        pending[turn] = pool.submit(sha.update, view)
+        if crc32c:
+            crc = crc32c_update(crc, view)
+        turn ^= 1
+    for future in pending:
+        if future is not None:
+            future.result()
+    return crc

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.checkpointing import blobs, condemned
+from ckptstore.checkpointing import blobs, condemned, signing
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.index import (
     DELETED,
@@ -45,18 +45,33 @@ logger = logging.getLogger(__name__)
 
 
 class PreparedFiles:
-    """The user's files of one checkpoint folder and their manifest entries."""
+    """The user's files of one checkpoint folder and their manifest entries (and, with
+    ``sha256=True``, their SHA-256 for a signature, from the same read as their crc32c)."""
 
-    def __init__(self, local_dir: str, checksums: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, local_dir: str, checksums: Mapping[str, str] | None = None, *, sha256: bool = False
+    ) -> None:
         self.local_dir = local_dir
         self.files = fmt.local_files(local_dir)
-        self.entries = fmt.manifest_entries(self.files, checksums)
+        #: ``{relpath: SHA-256}`` of every file (``sha256=True``), else empty.
+        self.sha256: dict[str, str] = {}
+        self.entries = fmt.manifest_entries(
+            self.files, checksums, sha256=self.sha256 if sha256 else None
+        )
         top = set(os.listdir(local_dir))
         #: True when the folder holds reserved names we must not upload (so upload by list).
         self.has_reserved = bool(top & fmt.RESERVED_NAMES)
         if self.has_reserved:
             # Uploading an explicit list loses empty-folder markers; keep the manifest honest.
             self.entries = {r: e for r, e in self.entries.items() if not r.endswith("/")}
+
+    def sign(self, private_key: signing.KeyPath, name: str) -> None:
+        """Sign the files' digests (``sha256=True``) and add the signature file to them."""
+        out = os.path.join(self.local_dir, signing.SIGNATURE_NAME)
+        covered = {rel: self.sha256[rel] for rel in signing.signed_names(self.sha256)}
+        signing.sign_digests(covered, private_key, out, name=name)
+        self.files[signing.SIGNATURE_NAME] = out
+        self.entries.update(fmt.manifest_entries({signing.SIGNATURE_NAME: out}))
 
     def upload_to(self, storage: Storage, uuid: str) -> dict[str, int]:
         """Upload these files to ``uuid/``."""
@@ -240,8 +255,13 @@ def commit_dir(
     dedup_chunk_bytes: int | None = None,
     cuts: Mapping[str, Iterable[int]] | None = None,
     known_blobs: blobs.KnownBlobs | None = None,
+    signing_key: signing.KeyPath | None = None,
 ) -> CheckpointRecord:
     """Commit the files of ``local_dir`` as checkpoint ``uuid`` with ``metadata``.
+
+    ``signing_key`` (an EC private key's PEM file) signs the files (:mod:`.signing`): their
+    SHA-256 comes from the read that computes their crc32c for the manifest, and the
+    signature is committed with them as ``model.sig``.
 
     With ``dedup_chunk_bytes`` the files are stored as content-addressed chunks of that size
     (:mod:`~ckptstore.checkpointing.blobs`, format 2): chunks already in storage are not
@@ -256,7 +276,9 @@ def commit_dir(
     updated after the commit).
     """
     url = storage_url or storage.url
-    prepared = PreparedFiles(local_dir, checksums)
+    prepared = PreparedFiles(local_dir, checksums, sha256=signing_key is not None)
+    if signing_key is not None:
+        prepared.sign(signing_key, uuid)
     if dedup_chunk_bytes is not None and not prepared.has_reserved:
         return _commit_dedup(
             storage,

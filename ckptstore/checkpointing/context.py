@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import pathlib
@@ -388,6 +389,7 @@ class CheckpointContext:
                 index=self.index,
                 storage_url=self.storage_url,
                 dedup_chunk_bytes=self.dedup_chunk_bytes if self.dedup else None,
+                signing_key=self.signing_key,
             )
         self._after_commit()
 
@@ -416,10 +418,8 @@ class CheckpointContext:
         checksums: dict[str, str] | None,
         cuts: dict[str, list[int]] | None,
     ) -> None:
-        if self.signing_key is not None:
-            # Here, on the upload thread for background saves: over the logical files, so a
-            # deduplicated checkpoint's download verifies; the signature is one more file.
-            signing.sign_folder(local_dir, self.signing_key)
+        # Signed here, on the upload thread for background saves: over the logical files, so
+        # a deduplicated checkpoint's download verifies; the signature is one more file.
         commit.commit_dir(
             self.storage,
             uuid,
@@ -432,6 +432,7 @@ class CheckpointContext:
             dedup_chunk_bytes=self.dedup_chunk_bytes if self.dedup else None,
             cuts=cuts,
             known_blobs=self._known_blobs,
+            signing_key=self.signing_key,
         )
 
     def _submit(
@@ -481,22 +482,34 @@ class CheckpointContext:
         self._check_open()
         manifest = self._manifest(storage_id)
         select = fmt.compile_selector(selector)
-        if self.verify_key is not None and selector is not None:
-            picked = select  # the signature comes along with any selection
-            select = lambda rel: rel == signing.SIGNATURE_NAME or picked(rel)  # noqa: E731
         ckpt_dir = os.fspath(ckpt_dir)
-        self.last_download = restore.download_checkpoint(
+        fetch = functools.partial(
+            restore.download_checkpoint,
             self.storage,
             storage_id,
             manifest,
             ckpt_dir,
-            lambda rel: bool(select(rel)),
             verify=self.verify,
             cache=(self.cache or False) if cache is None else cache,
         )
-        if self.verify_key is not None:
-            # Before anyone parses a file: a load raises here, never inside Keras.
-            signing.verify_folder(ckpt_dir, self.verify_key, partial=selector is not None)
+        if self.verify_key is None:
+            self.last_download = fetch(lambda rel: bool(select(rel)))
+            return
+        # The signature first (it comes along with any selection): an unsigned checkpoint or
+        # a foreign envelope is refused before the files are fetched; then the files' SHA-256,
+        # from the read that checks their crc32c, before anyone parses a file (a load raises
+        # here, never inside Keras).
+        if signing.SIGNATURE_NAME not in manifest["files"]:
+            raise signing.unsigned_error(f"{storage_id} in {self.storage.url}")
+        fetch(lambda rel: rel == signing.SIGNATURE_NAME)
+        expected = signing.Expected.read(
+            os.path.join(ckpt_dir, signing.SIGNATURE_NAME), self.verify_key
+        )
+        digests: dict[str, str] = {}
+        self.last_download = fetch(
+            lambda rel: rel != signing.SIGNATURE_NAME and bool(select(rel)), sha256=digests
+        )
+        expected.compare(ckpt_dir, digests, partial=selector is not None)
 
     @contextlib.contextmanager
     def restore_path(
@@ -523,10 +536,7 @@ class CheckpointContext:
             if local is not None and os.path.isdir(local) and not blobs.uses_blobs(manifest):
                 # The caller reads this folder itself: no link in it may lead out of it.
                 check_links_inside(local, local, self.storage.local_path("") or local)
-                if self.verify:
-                    fmt.verify_files(local, manifest, selector)
-                if self.verify_key is not None:
-                    signing.verify_folder(local, self.verify_key, partial=selector is not None)
+                self._verify_in_place(local, manifest, selector)
                 yield pathlib.Path(local)
                 return
             path = tempfile.mkdtemp(prefix=f"ckptstore-restore-{storage_id}-")
@@ -537,6 +547,22 @@ class CheckpointContext:
                 shutil.rmtree(path, ignore_errors=True)
         finally:
             self._use(storage_id, -1)
+
+    def _verify_in_place(self, local: str, manifest: Mapping[str, Any], selector: Any) -> None:
+        """Check a local checkpoint folder read in place: sizes and crc32c (``verify``), and
+        with a verify key its signature (the envelope first, then the files' SHA-256 from
+        the same read as their crc32c)."""
+        if self.verify_key is None:
+            if self.verify:
+                fmt.verify_files(local, manifest, selector)
+            return
+        sig = os.path.join(local, signing.SIGNATURE_NAME)
+        if signing.SIGNATURE_NAME not in manifest["files"] or not os.path.isfile(sig):
+            raise signing.unsigned_error(local)
+        expected = signing.Expected.read(sig, self.verify_key)
+        digests: dict[str, str] = {}
+        fmt.verify_files(local, manifest, selector, sha256=digests, check=self.verify)
+        expected.compare(local, digests, partial=selector is not None)
 
     def _use(self, storage_id: str, delta: int) -> None:
         with self._protected_lock:

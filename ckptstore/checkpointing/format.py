@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
 from ckptstore.checkpointing.blobs import SHA_RE
-from ckptstore.checkpointing.checksums import crc32c_bytes, crc32c_file
+from ckptstore.checkpointing.checksums import crc32c_bytes, crc32c_file, file_sums
 from ckptstore.checkpointing.index import COMMITTED, PARTIALLY_DELETED, CheckpointRecord
 from ckptstore.jsonsafe import to_json
 from ckptstore.storage_backends.paths import compile_selector as _compile_selector
@@ -181,21 +181,32 @@ def _entry_for(rel: str, path: str) -> dict[str, Any]:
 
 
 def manifest_entries(
-    files: Mapping[str, str], checksums: Mapping[str, str] | None = None
+    files: Mapping[str, str],
+    checksums: Mapping[str, str] | None = None,
+    *,
+    sha256: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Manifest entries for ``{relpath: absolute path}`` (see :func:`local_files`).
 
     ``checksums`` may give ``{relpath: crc32c}`` (8 hex digits) of files whose writer already
-    computed it; those files are not read again (sizes are always taken from the file system).
+    computed it; those files are not read again for it (sizes are always taken from the file
+    system). ``sha256``: a dict that receives every file's SHA-256 (a signature's digests),
+    computed in the same read as its crc32c (one read for it alone where the crc32c is known).
     """
     known = check_checksums(checksums)
     entries: dict[str, dict[str, Any]] = {}
     for rel, path in files.items():
+        if rel.endswith("/"):
+            entries[rel] = {"size": 0, "crc32c": EMPTY_CRC32C}
+            continue
         crc = known.get(rel)
-        if crc is not None and not rel.endswith("/"):
-            entries[rel] = {"size": os.path.getsize(path), "crc32c": crc}
-        else:
-            entries[rel] = _entry_for(rel, path)
+        size = os.path.getsize(path)
+        if crc is None or sha256 is not None:
+            read_crc, sha = file_sums(path, crc32c=crc is None, sha256=sha256 is not None)
+            crc = crc or read_crc
+            if sha256 is not None:
+                sha256[rel] = str(sha)
+        entries[rel] = {"size": size, "crc32c": crc}
     return entries
 
 
@@ -246,12 +257,19 @@ def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
 
 
 def verify_files(
-    local_dir: str, manifest: Mapping[str, Any], selector: Any = None
+    local_dir: str,
+    manifest: Mapping[str, Any],
+    selector: Any = None,
+    *,
+    sha256: dict[str, str] | None = None,
+    check: bool = True,
 ) -> dict[str, int]:
     """Check size and crc32c of every manifest file the selector picks under ``local_dir``.
 
     Returns ``{relpath: size}`` of what was checked; raises :class:`ChecksumMismatch` naming
-    the first file that is missing or differs.
+    the first file that is missing or differs. ``sha256``: a dict that receives each file's
+    SHA-256, computed in the same read as its crc32c (what a signature is compared with).
+    ``check=False`` skips the size and crc32c comparison (only ``sha256`` is filled in).
     """
     select = compile_selector(selector)
     checked: dict[str, int] = {}
@@ -268,14 +286,20 @@ def verify_files(
                 "the download was incomplete or the checkpoint was damaged. Retry the download."
             )
         size = os.path.getsize(path)
-        if size != entry["size"]:
+        if check and size != entry["size"]:
             raise errors.ChecksumMismatch(
                 f"File {rel!r} has {size} bytes but the checkpoint manifest says "
                 f"{entry['size']}; the copy is damaged. Retry the download, or pass "
                 "verify=False to skip verification at your own risk."
             )
-        crc = crc32c_file(path)
-        if crc != entry["crc32c"]:
+        crc, sha = (
+            file_sums(path, crc32c=check, sha256=sha256 is not None)
+            if check or sha256 is not None
+            else (None, None)
+        )
+        if sha256 is not None:
+            sha256[rel] = str(sha)
+        if check and crc != entry["crc32c"]:
             raise errors.ChecksumMismatch(
                 f"File {rel!r} has crc32c {crc} but the checkpoint manifest says "
                 f"{entry['crc32c']}; the copy is damaged. Retry the download, or pass "

@@ -63,8 +63,14 @@ def download_checkpoint(
     verify: bool = True,
     cache: cache_mod.CacheOption = None,
     progress: ProgressCallback | None = None,
+    sha256: dict[str, str] | None = None,
 ) -> DownloadReport:
     """Write the files of ``manifest`` that ``select`` picks into ``out_dir``.
+
+    ``sha256``: a dict that receives the SHA-256 of every file written (what a signature is
+    compared with), computed by the read that checks its crc32c, whether it came from storage
+    or the cache (the cache keeps no digests: a file placed from it is read once to check its
+    crc32c, and that read hashes it too).
 
     ``cache``: see :func:`.cache.resolve` (default: on for remote storage). A file the cache
     holds whole is hard-linked (or copied) into ``out_dir`` once its crc32c matches; a
@@ -77,7 +83,7 @@ def download_checkpoint(
     files = {rel: e for rel, e in manifest["files"].items() if select(rel)}
     os.makedirs(out_dir, exist_ok=True)
     keys = _keys(restore, storage, uuid, files)
-    linked = _link_cached(restore, keys, files, out_dir, stats, progress)
+    linked = _link_cached(restore, keys, files, out_dir, stats, progress, sha256)
     whole = {rel for rel, e in files.items() if "blobs" not in e and rel not in linked}
     if whole:
         storage.download(uuid, out_dir, selector=lambda rel: rel in whole, progress=progress)
@@ -85,8 +91,14 @@ def download_checkpoint(
     stats.count(sum(files[rel]["size"] for rel in fetched), hit=False)
     assembled = {rel for rel, e in files.items() if "blobs" in e and rel not in linked}
     _assemble(restore, storage, uuid, manifest, out_dir, assembled, verify, stats, progress)
-    if verify:
-        fmt.verify_files(out_dir, manifest, lambda rel: rel in whole or rel in assembled)
+    if verify or sha256 is not None:
+        fmt.verify_files(
+            out_dir,
+            manifest,
+            lambda rel: rel in whole or rel in assembled,
+            sha256=sha256,
+            check=verify,
+        )
     if restore is not None:
         for rel in fetched | assembled:
             restore.put_file(keys[rel], os.path.join(out_dir, *rel.split("/")))
@@ -134,14 +146,20 @@ def _link_cached(
     out_dir: str,
     stats: cache_mod.LoadStats,
     progress: ProgressCallback | None,
+    sha256: dict[str, str] | None,
 ) -> set[str]:
-    """Place the files the cache holds whole and intact; returns their relpaths."""
+    """Place the files the cache holds whole and intact (hashed into ``sha256``); returns
+    their relpaths."""
     linked: set[str] = set()
     if restore is None:
         return linked
     for rel, key in keys.items():
         entry = files[rel]
-        if restore.link_file(key, os.path.join(out_dir, *rel.split("/")), entry):
+        target = os.path.join(out_dir, *rel.split("/"))
+        sha = restore.link_file(key, target, entry, sha256=sha256 is not None)
+        if sha is not None:
+            if sha256 is not None:
+                sha256[rel] = sha
             linked.add(rel)
             stats.count(entry["size"], hit=True)
             stats.use(key)

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import tempfile
 import uuid as _uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.checkpointing import blobs, commit, condemned
+from ckptstore.checkpointing import blobs, commit, condemned, signing
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.distributed import ProcessGroup
 from ckptstore.checkpointing.index import CheckpointIndex
@@ -121,9 +123,15 @@ def commit_sharded(
     index: CheckpointIndex | None = None,
     storage_url: str | None = None,
     dedup_chunk_bytes: int | None = None,
+    signing_key: signing.KeyPath | None = None,
 ) -> str:
     """Upload this rank's files of ``local_dir`` into checkpoint ``uuid``; every rank calls it.
     ``build_metadata(uuid, merged_user_metadata)`` makes the final metadata on the chief.
+
+    With ``signing_key`` (given on the chief; the other ranks only need to know one is set)
+    each rank computes its files' SHA-256 in the read that checksums them and sends them
+    with its file list; the chief signs every rank's logical files and commits ``model.sig``
+    with the manifest, so the checkpoint verifies like a single writer's.
 
     With ``dedup_chunk_bytes`` the files are stored as content-addressed chunks (format 2), by
     the same protocol as a single writer's commit: the chief's pending marker names the blobs
@@ -138,7 +146,7 @@ def commit_sharded(
     # bound on how long ago the marker was written, as a single writer's marker start is.
     before_marker = condemned._monotonic()
     try:
-        prepared = commit.PreparedFiles(local_dir)
+        prepared = commit.PreparedFiles(local_dir, sha256=signing_key is not None)
         if dedup_chunk_bytes is not None:
             planned = blobs.plan(local_dir, prepared.entries, dedup_chunk_bytes)
     except Exception as exc:
@@ -150,6 +158,7 @@ def commit_sharded(
             "paths": list(prepared.entries) if prepared else [],
             "metadata": dict(user_metadata or {}),
             "blobs": sorted(blobs.referenced({"files": planned})),
+            "sha256": prepared.sha256 if prepared else {},
         },
     )
     check_conflicts([item["paths"] for item in listing])
@@ -180,6 +189,8 @@ def commit_sharded(
         if dist.rank == 0:
             try:
                 assert metadata is not None
+                if signing_key is not None:
+                    stored.update(_store_signature(storage, uuid, listing, signing_key))
                 manifest = _write_commit(storage, uuid, stored, metadata, marker)
             except Exception as exc:
                 error = exc
@@ -225,6 +236,31 @@ def _upload_rank(
     for rank_entries in _all_ok(dist, error, entries):
         merged.update(rank_entries)
     return merged
+
+
+def _store_signature(
+    storage: Storage, uuid: str, listing: list[dict[str, Any]], signing_key: signing.KeyPath
+) -> dict[str, Any]:
+    """The chief signs every rank's files (their digests came with ``listing``) and writes
+    ``model.sig`` whole (also in a deduplicated checkpoint: a format-2 entry without blobs);
+    returns its entry."""
+    covered: dict[str, str] = {}
+    for rank, item in enumerate(listing):
+        unhashed = [p for p in signing.signed_names(item["paths"]) if p not in item["sha256"]]
+        if unhashed:
+            raise errors.InvalidConfig(
+                f"The chief signs this sharded checkpoint but rank {rank} has no signing key, "
+                f"so it did not hash its files ({unhashed[:3]}); set {signing.SIGNING_KEY_ENV} "
+                f"(or signing_key=) on every rank. Received: rank {rank} without a key."
+            )
+        covered.update((p, item["sha256"][p]) for p in signing.signed_names(item["paths"]))
+    with tempfile.TemporaryDirectory(prefix="ckptstore-sign-") as tmp:
+        out = os.path.join(tmp, signing.SIGNATURE_NAME)
+        signing.sign_digests(covered, signing_key, out, name=uuid)
+        with open(out, "rb") as f:
+            data = f.read()
+    storage.write_bytes(f"{uuid}/{signing.SIGNATURE_NAME}", data)
+    return {signing.SIGNATURE_NAME: {"size": len(data), "crc32c": fmt.crc32c_bytes(data)}}
 
 
 def _write_commit(

@@ -8,6 +8,13 @@ its ``ignore_paths``, so a downloaded folder verifies unmodified with
 ``model_signing verify key DIR --signature DIR/model.sig --public_key pub.pem``, and a folder
 signed by ``model_signing sign key`` (with those paths ignored) verifies here.
 
+Signing and verifying cost no read of their own: the SHA-256 of every file comes from the
+read that computes (commit) or checks (download, restore, cache) its crc32c
+(:func:`~ckptstore.checkpointing.checksums.file_sums`); :func:`sign_digests` builds
+``model_signing``'s manifest from those digests and signs it with its EC signer, and
+:class:`Expected` checks a signature's envelope, then compares the digests. A folder no such
+read went over is hashed by :func:`folder_digests` (``sign_folder``, ``verify_folder``).
+
 Keys are EC private/public keys in PEM files (P-256, P-384 or P-521, what ``model-signing``
 takes): ``core.init(signing_key=...)``, ``ckptstore checkpoint sign --key``, or the environment
 (:data:`SIGNING_KEY_ENV`, :data:`VERIFY_KEY_ENV`). With a verify key configured, downloads and
@@ -26,10 +33,11 @@ from __future__ import annotations
 
 import os
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from ckptstore import errors
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing.checksums import file_sums
 
 #: The signature file inside a checkpoint (``model_signing``'s default name).
 SIGNATURE_NAME = "model.sig"
@@ -50,23 +58,15 @@ KeyPath = str | os.PathLike[str]
 
 def load_model_signing():  # noqa: ANN202 - the optional package's modules
     try:
-        from model_signing import hashing, signing
-        from model_signing._signing import sign_ec_key, sign_sigstore_pb
+        from model_signing import hashing, manifest
+        from model_signing._hashing import hashing as digests
+        from model_signing._signing import sign_ec_key, sign_sigstore_pb, signing
     except ImportError as exc:
         raise errors.MissingDependency(
             f"Signing checkpoints needs OpenSSF model-signing: pip install 'ckptstore[signing]' "
             f"({exc}). Received: a signing or verify key."
         ) from exc
-    return hashing, signing, sign_ec_key, sign_sigstore_pb
-
-
-def _hashing_config(algorithm: str = HASH_ALGORITHM):  # noqa: ANN202 - hashing.Config
-    hashing = load_model_signing()[0]
-    return (
-        hashing.Config()
-        .use_file_serialization(hashing_algorithm=algorithm)
-        .set_ignored_paths(paths=UNSIGNED_NAMES, ignore_git_paths=False)
-    )
+    return hashing, manifest, digests, signing, sign_ec_key, sign_sigstore_pb
 
 
 def key_from(explicit: KeyPath | None, env_name: str) -> str | None:
@@ -82,32 +82,88 @@ def key_from(explicit: KeyPath | None, env_name: str) -> str | None:
     return value
 
 
+def signed_names(files: Iterable[str]) -> list[str]:
+    """The relative paths a signature covers among a checkpoint's ``files``: every file
+    (``model_signing`` hashes files only, so empty-folder entries ``"x/"`` are not), less
+    :data:`UNSIGNED_NAMES` at the top."""
+    return [rel for rel in files if not rel.endswith("/") and rel not in UNSIGNED_NAMES]
+
+
+def sign_digests(
+    digests: Mapping[str, str], private_key: KeyPath, out: str, *, name: str = "model"
+) -> str:
+    """Sign ``{relative path: SHA-256 hex}`` (the checkpoint's logical files, hashed by the
+    read that already checksummed them) with the EC private key in PEM file ``private_key``;
+    writes ``model_signing``'s signature file at ``out`` and returns it.
+
+    The statement is the one ``model_signing sign key`` writes over the same folder with
+    :data:`UNSIGNED_NAMES` ignored (resources = relative paths with their SHA-256,
+    serialization ``files``/``sha256``, those ``ignore_paths``); ``name`` is its subject
+    (informative only: verifiers ignore it)."""
+    _, manifest, digest_mod, signing, sign_ec_key, _ = load_model_signing()
+    items = [
+        manifest.FileManifestItem(
+            path=pathlib.PurePosixPath(rel),
+            digest=digest_mod.Digest(HASH_ALGORITHM, bytes.fromhex(sha)),
+        )
+        for rel, sha in digests.items()
+    ]
+    serialization = manifest._FileSerialization(
+        HASH_ALGORITHM, allow_symlinks=False, ignore_paths=UNSIGNED_NAMES
+    )
+    try:
+        signer = sign_ec_key.Signer(pathlib.Path(os.fspath(private_key)))
+        payload = signing.Payload(manifest.Manifest(name, items, serialization))
+        signer.sign(payload).write(pathlib.Path(out))
+    except (ValueError, TypeError) as exc:
+        raise errors.InvalidConfig(
+            f"Could not sign with {os.fspath(private_key)}: {exc}. Use an EC private key "
+            f"(P-256/384/521) in PEM, unencrypted. Received: {os.fspath(private_key)!r}."
+        ) from exc
+    return out
+
+
+def public_key_file(private_key: KeyPath, folder: str) -> str:
+    """Write the public half of the EC private key in PEM file ``private_key`` into
+    ``folder``; returns its path (a signer checks what it signs again against its own key)."""
+    from cryptography.hazmat.primitives import serialization
+
+    with open(private_key, "rb") as f:
+        key = serialization.load_pem_private_key(f.read(), None)
+    out = os.path.join(folder, "signing-pub.pem")
+    with open(out, "wb") as f:
+        f.write(
+            key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+    return out
+
+
+def folder_digests(folder: str) -> dict[str, str]:
+    """``{relative path: SHA-256}`` of the files a signature of local ``folder`` covers, one
+    read each (for folders no checksumming read went over: ``checkpoint sign`` of a copy,
+    ``verify=False`` restores)."""
+    files = fmt.local_files(folder, skip_reserved=False)
+    return {
+        rel: str(file_sums(files[rel], crc32c=False, sha256=True)[1]) for rel in signed_names(files)
+    }
+
+
 def sign_folder(folder: str | os.PathLike[str], private_key: KeyPath) -> str:
     """Sign the files of the local checkpoint folder ``folder`` with the EC private key in PEM
     file ``private_key``; writes and returns ``folder/model.sig``."""
-    signing = load_model_signing()[1]
     folder = os.fspath(folder)
     out = os.path.join(folder, SIGNATURE_NAME)
-    try:
-        (
-            signing.Config()
-            .use_elliptic_key_signer(private_key=os.fspath(private_key))
-            .set_hashing_config(_hashing_config())
-            .sign(folder, out)
-        )
-    except (ValueError, TypeError) as exc:
-        raise errors.InvalidConfig(
-            f"Could not sign {folder} with {os.fspath(private_key)}: {exc}. Use an EC private "
-            f"key (P-256/384/521) in PEM, unencrypted. Received: {os.fspath(private_key)!r}."
-        ) from exc
-    return out
+    name = os.path.basename(os.path.abspath(folder))
+    return sign_digests(folder_digests(folder), private_key, out, name=name)
 
 
 def signed_digests(signature_path: str, public_key: KeyPath) -> tuple[str, Mapping[str, str]]:
     """The hash algorithm and ``{relative path: hex digest}`` a signature file vouches for,
     once its signature checks out against ``public_key``;
     :class:`~ckptstore.errors.SignatureError` if it does not."""
-    _, _, sign_ec_key, sign_sigstore_pb = load_model_signing()
+    *_, sign_ec_key, sign_sigstore_pb = load_model_signing()
     try:
         signature = sign_sigstore_pb.Signature.read(pathlib.Path(signature_path))
         manifest = sign_ec_key.Verifier(pathlib.Path(os.fspath(public_key))).verify(signature)
@@ -129,46 +185,106 @@ def signed_digests(signature_path: str, public_key: KeyPath) -> tuple[str, Mappi
     return str(kind["hash_type"]), digests
 
 
+def unsigned_error(where: str) -> errors.SignatureError:
+    """The refusal of a checkpoint without :data:`SIGNATURE_NAME` where a verify key is set."""
+    return errors.SignatureError(
+        f"Checkpoint {where} is not signed (no {SIGNATURE_NAME}) and a verify key is "
+        f"configured ({VERIFY_KEY_ENV} or verify_key=): refused. Sign it with `ckptstore "
+        f"checkpoint sign UUID --key KEY.pem` if you trust it. Received: {where!r}."
+    )
+
+
+class Expected:
+    """What a checked signature vouches for: its hash algorithm and ``{path: digest}``.
+
+    Example::
+
+        expected = Expected.read("ckpt/model.sig", "signing-pub.pem")  # the envelope first
+        expected.compare("ckpt", {"model.keras": sha256_hex})           # then the files
+    """
+
+    def __init__(self, algorithm: str, digests: Mapping[str, str]) -> None:
+        self.algorithm = algorithm
+        self.digests = dict(digests)
+
+    @classmethod
+    def read(cls, signature_path: str, public_key: KeyPath) -> Expected:
+        return cls(*signed_digests(signature_path, public_key))
+
+    def compare(
+        self, folder: str, actual: Mapping[str, str] | None, *, partial: bool = False
+    ) -> None:
+        """Check ``actual`` (``{path: SHA-256}`` of the files of ``folder``, from the read that
+        checksummed them; None: hash the folder here) against the signature.
+        ``partial``: a selection was downloaded, so signed files may be missing (each present
+        one must still match). Raises :class:`~ckptstore.errors.SignatureError` naming what
+        differs."""
+        if self.algorithm != HASH_ALGORITHM:
+            actual = _model_signing_digests(folder, self.algorithm)  # signed elsewhere
+        elif actual is None:
+            actual = folder_digests(folder)
+        else:
+            actual = {rel: actual[rel] for rel in signed_names(actual)}
+        expected = self.digests
+        extra = sorted(set(actual) - set(expected))
+        missing = [] if partial else sorted(set(expected) - set(actual))
+        changed = sorted(k for k in set(actual) & set(expected) if actual[k] != expected[k])
+        if extra or missing or changed:
+            raise errors.SignatureError(
+                f"Checkpoint {folder} does not match its signature: it was altered after "
+                "signing. Do not load it; restore it from a trusted copy. Received: "
+                f"changed={changed[:5]}, unsigned={extra[:5]}, missing={missing[:5]}."
+            )
+
+
+def _model_signing_digests(folder: str, algorithm: str) -> dict[str, str]:
+    """Digests of ``folder`` by ``model_signing``'s own hashing (a folder it signed with
+    BLAKE2/BLAKE3, which ckptstore's reads do not compute)."""
+    hashing = load_model_signing()[0]
+    config = (
+        hashing.Config()
+        .use_file_serialization(hashing_algorithm=algorithm)
+        .set_ignored_paths(paths=UNSIGNED_NAMES, ignore_git_paths=False)
+    )
+    return {
+        str(r.identifier): r.digest.digest_hex for r in config.hash(folder).resource_descriptors()
+    }
+
+
 def verify_folder(
-    folder: str | os.PathLike[str], public_key: KeyPath, *, partial: bool = False
+    folder: str | os.PathLike[str],
+    public_key: KeyPath,
+    *,
+    partial: bool = False,
+    digests: Mapping[str, str] | None = None,
 ) -> None:
     """Check that ``folder`` holds exactly the files its ``model.sig`` vouches for, with their
     contents, signed by ``public_key``. ``partial``: a selection was downloaded, so signed
-    files may be missing (each present one must still match). Raises
-    :class:`~ckptstore.errors.SignatureError`, naming what differs."""
+    files may be missing (each present one must still match). ``digests``: ``{path:
+    SHA-256}`` of the folder's files from the read that checksummed them (else they are
+    hashed here). Raises :class:`~ckptstore.errors.SignatureError`, naming what differs."""
     folder = os.fspath(folder)
     sig = os.path.join(folder, SIGNATURE_NAME)
     if not os.path.isfile(sig):
-        raise errors.SignatureError(
-            f"Checkpoint {folder} is not signed (no {SIGNATURE_NAME}) and a verify key is "
-            f"configured ({VERIFY_KEY_ENV} or verify_key=): refused. Sign it with `ckptstore "
-            f"checkpoint sign UUID --key KEY.pem` if you trust it. Received: {folder!r}."
-        )
-    algorithm, expected = signed_digests(sig, public_key)
-    actual = {
-        str(r.identifier): r.digest.digest_hex
-        for r in _hashing_config(algorithm).hash(folder).resource_descriptors()
-    }
-    extra = sorted(set(actual) - set(expected))
-    missing = [] if partial else sorted(set(expected) - set(actual))
-    changed = sorted(k for k in set(actual) & set(expected) if actual[k] != expected[k])
-    if extra or missing or changed:
-        raise errors.SignatureError(
-            f"Checkpoint {folder} does not match its signature: it was altered after signing. "
-            "Do not load it; restore it from a trusted copy. Received: "
-            f"changed={changed[:5]}, unsigned={extra[:5]}, missing={missing[:5]}."
-        )
+        raise unsigned_error(folder)
+    Expected.read(sig, public_key).compare(folder, digests, partial=partial)
 
 
 __all__ = [
     "HASH_ALGORITHM",
+    "Expected",
     "SIGNATURE_NAME",
     "SIGNING_KEY_ENV",
     "UNSIGNED_NAMES",
     "VERIFY_KEY_ENV",
     "key_from",
     "load_model_signing",
+    "public_key_file",
+    "folder_digests",
+    "sign_digests",
     "sign_folder",
     "signed_digests",
+    "signed_names",
+    "unsigned_error",
     "verify_folder",
 ]

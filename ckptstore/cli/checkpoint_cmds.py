@@ -188,9 +188,12 @@ def verify_cmd(state: CliState, uuid: str, public_key: str | None, as_json: bool
     key = signing.key_from(public_key, signing.VERIFY_KEY_ENV)
     with tempfile.TemporaryDirectory(prefix="ckptstore-verify-") as tmp:
         # The point is to check what storage holds: nothing comes from the local cache.
-        checked = download_checkpoint(state, uuid, tmp, label="Verifying", cache=False).files
+        digests: dict[str, str] = {}
+        checked = download_checkpoint(
+            state, uuid, tmp, label="Verifying", cache=False, sha256=digests
+        ).files
         if key is not None:
-            signing.verify_folder(tmp, key)
+            signing.verify_folder(tmp, key, digests=digests)
     result = {"uuid": uuid, "ok": True, "files": len(checked), "bytes": sum(checked.values())}
     if key is not None:  # the result of an unsigned check keeps its keys
         result["signature"] = "verified"
@@ -234,16 +237,17 @@ def sign_cmd(state: CliState, uuid: str, private_key: str | None, as_json: bool)
     record = state.registry().get_checkpoint(uuid)
     with tempfile.TemporaryDirectory(prefix="ckptstore-sign-") as tmp:
         folder, staging = os.path.join(tmp, "ckpt"), os.path.join(tmp, "add")
-        download_checkpoint(state, uuid, folder, label="Signing")
+        digests: dict[str, str] = {}  # hashed by the download's checksum read
+        download_checkpoint(state, uuid, folder, label="Signing", sha256=digests)
         if os.path.exists(os.path.join(folder, signing.SIGNATURE_NAME)):
             raise errors.CheckpointConflict(
                 f"Checkpoint {uuid} is already signed; to sign it again delete the old "
                 f"signature first: ckptstore checkpoint delete {uuid} --glob "
                 f"{signing.SIGNATURE_NAME}. Received: {uuid}."
             )
-        signature = signing.sign_folder(folder, key)
         os.makedirs(staging)
-        os.replace(signature, os.path.join(staging, signing.SIGNATURE_NAME))
+        covered = {rel: digests[rel] for rel in signing.signed_names(digests)}
+        signing.sign_digests(covered, key, os.path.join(staging, signing.SIGNATURE_NAME), name=uuid)
         amend.add_files(state.storage_for(record), uuid, staging, index=state.registry())
     if as_json:
         emit_json({"uuid": uuid, "signature": signing.SIGNATURE_NAME})
@@ -321,6 +325,14 @@ def delete_cmd(state: CliState, uuids: tuple[str, ...], globs: tuple[str, ...], 
     help="A module defining the model's custom layers that may be imported (repeatable); "
     "the checkpoint's config alone never makes ckptstore import anything.",
 )
+@click.option(
+    "--key",
+    "private_key",
+    type=click.Path(dir_okay=False),
+    help=_KEY_HELP.format(what="private", env="CKPTSTORE_SIGNING_KEY")
+    + " A signed checkpoint is signed again over its files and saved_model/; without a key"
+    " its export is refused (exit 2).",
+)
 @json_option
 @pass_state
 def export_cmd(
@@ -329,6 +341,7 @@ def export_cmd(
     no_verify: bool,
     unsafe_deserialization: bool,
     modules: tuple[str, ...],
+    private_key: str | None,
     as_json: bool,
 ) -> None:
     """Add an inference SavedModel (saved_model/) to a committed checkpoint.
@@ -337,7 +350,8 @@ def export_cmd(
     `serve` predicts what the Keras model does, and adds the files to the same checkpoint
     (same UUID; its manifest is rewritten last, so an interrupted export leaves the checkpoint
     as it was). Custom layers must be importable (PYTHONPATH) and allowed with --module
-    (exit 5, nothing imported, when the model names a module that is not).
+    (exit 5, nothing imported, when the model names a module that is not). A signed
+    checkpoint needs its signing key (--key): it is signed again over saved_model/ too.
 
     \b
     Example:
@@ -355,7 +369,12 @@ def export_cmd(
         command.append("--unsafe-deserialization")
     for module in modules:
         command += ["--module", module]
+    from ckptstore.checkpointing import signing
+
     env = dict(os.environ)
+    key = signing.key_from(private_key, signing.SIGNING_KEY_ENV)  # a missing file: exit 2 here
+    if key is not None:
+        env[signing.SIGNING_KEY_ENV] = os.path.abspath(key)
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p or os.getcwd() for p in sys.path))
     proc = subprocess.run(command, stdout=subprocess.PIPE, env=env, text=True, check=False)
     lines = proc.stdout.strip().splitlines()

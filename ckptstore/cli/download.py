@@ -46,10 +46,12 @@ def download_checkpoint(
     *,
     label: str = "Downloading",
     cache: bool | None = None,
+    sha256: dict[str, str] | None = None,
 ) -> DownloadReport:
     """Download (with a progress bar on a terminal) and verify checkpoint ``uuid``, through
     the restore cache unless ``cache=False``; a damaged blob is reported with every
-    checkpoint in the prefix that uses it."""
+    checkpoint in the prefix that uses it. ``sha256`` receives every file's SHA-256 (from
+    the read that checks its crc32c)."""
     from ckptstore.checkpointing import blob_gc, restore
     from ckptstore.checkpointing import format as ckpt_format
 
@@ -77,6 +79,7 @@ def download_checkpoint(
                 wanted.__contains__,
                 cache=cache,
                 progress=progress,
+                sha256=sha256,
             )
         except errors.ChecksumMismatch as exc:
             sha = getattr(exc, "blob", None)

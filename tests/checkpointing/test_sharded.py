@@ -28,7 +28,7 @@ from tests._helpers.ports import free_port
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_ranks(size: int, mode: str, url: str, tmp_path) -> list[dict]:
+def run_ranks(size: int, mode: str, url: str, tmp_path, env: dict | None = None) -> list[dict]:
     port = free_port()
     procs, outs = [], []
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -52,7 +52,7 @@ def run_ranks(size: int, mode: str, url: str, tmp_path) -> list[dict]:
             "--out",
             str(out),
         ]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ)))
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **(env or {})}))
     try:
         for proc in procs:
             assert proc.wait(timeout=120) == 0
@@ -117,6 +117,28 @@ def test_sharded_upload_merges_files_and_metadata(mode, local_and_s3_url, tmp_pa
         with ctx.restore_path(uuid) as path:
             for r in range(3):
                 assert (path / f"rank{r}" / "w.bin").read_bytes() == bytes([r]) * 100
+
+
+def test_a_signed_sharded_checkpoint_covers_every_ranks_files(tmp_path):
+    """With a signing key, the chief signs the logical files of all ranks (hashed by each
+    rank in its checksum read): the checkpoint verifies on restore and with model_signing."""
+    model_signing = pytest.importorskip("model_signing")
+    from ckptstore.checkpointing import signing
+    from tests.checkpointing._helpers import ec_key_pair
+
+    key, pub = ec_key_pair(tmp_path)
+    url = str(tmp_path / "ckpts")
+    results = run_ranks(2, "store_path", url, tmp_path, {signing.SIGNING_KEY_ENV: key})
+    assert all(r["error"] is None for r in results), results
+    uuid = results[0]["uuid"]
+    files = fmt.read_manifest(open_storage(url), uuid)["files"]
+    assert {"rank0/w.bin", "rank1/w.bin", signing.SIGNATURE_NAME} <= set(files)
+    with CheckpointContext(url, verify_key=pub) as ctx:
+        with ctx.restore_path(uuid) as path:
+            assert (path / "rank1" / "w.bin").read_bytes() == bytes([1]) * 100
+        ctx.download(uuid, tmp_path / "dl")
+    verifier = model_signing.verifying.Config().use_elliptic_key_verifier(public_key=pub)
+    verifier.verify(tmp_path / "dl", tmp_path / "dl" / signing.SIGNATURE_NAME)
 
 
 def test_sharded_deduplicated_saves_reuse_blobs_and_survive_a_sweep(storage_url_factory, tmp_path):

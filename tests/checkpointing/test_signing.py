@@ -98,6 +98,54 @@ def test_tampered_swapped_and_unsigned_are_refused(where, keys, tmp_path):
         reader.download(unsigned, tmp_path / "plain")
 
 
+def test_signing_and_verifying_hash_each_file_once_in_the_checksum_read(
+    where, keys, tmp_path, monkeypatch
+):
+    """No second pass: model_signing's own hashing never runs, and the commit and the
+    restore each read every file once, for its crc32c and its SHA-256 together."""
+    from ckptstore.checkpointing import format as fmt
+
+    key, pub, _ = keys
+
+    def second_pass(*args, **kwargs):
+        raise AssertionError("model_signing hashed the folder again")
+
+    monkeypatch.setattr(model_signing.hashing.Config, "hash", second_pass)
+    reads: list[tuple[str, bool, bool]] = []
+    real = fmt.file_sums
+
+    def spy(path, *, crc32c=True, sha256=False):
+        reads.append((os.path.basename(path), crc32c, sha256))
+        return real(path, crc32c=crc32c, sha256=sha256)
+
+    monkeypatch.setattr(fmt, "file_sums", spy)
+    uuid = commit(where, signing_key=key)
+    names = sorted(os.path.basename(rel) for rel in FILES)
+    assert sorted(r for r in reads if r[0] != "model.sig") == [(n, True, True) for n in names]
+    reads.clear()
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        with reader.restore_path(uuid):  # in place: the crc32c check hashes too
+            pass
+    assert sorted(r for r in reads if r[0] in names) == [(n, True, True) for n in names]
+
+
+def test_files_from_the_restore_cache_are_hashed_by_its_crc_read(where, keys, tmp_path):
+    """A verified download whose files come from the restore cache (no digests kept there)
+    gets their SHA-256 from the read that checks their crc32c, so it verifies (a file without
+    a digest would be "missing")."""
+    from ckptstore.checkpointing import RestoreCache
+
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    cache = RestoreCache(tmp_path / "cache")
+    with CheckpointContext(where.storage, verify_key=pub, cache=cache) as reader:
+        reader.download(uuid, tmp_path / "first")
+        reader.download(uuid, tmp_path / "again")
+        report = reader.last_download
+        assert report.from_storage == 0 and report.from_cache == sum(report.files.values())
+        assert set(FILES) <= set(report.files)
+
+
 def test_folder_signed_by_model_signing_verifies_here(where, keys, tmp_path):
     key, pub, _ = keys
     folder = tmp_path / "model"
@@ -147,6 +195,8 @@ def test_cli_sign_and_verify(tmp_path, keys, monkeypatch):
     assert again.exit_code != 0 and "already signed" in again.output
     missing = env.run("checkpoint", "sign", uuid, "--key", str(tmp_path / "nope.pem"))
     assert missing.exit_code == 2 and "nope.pem" in missing.output
+    missing = env.run("checkpoint", "export", uuid, "--key", str(tmp_path / "nope.pem"))
+    assert missing.exit_code == 2 and "nope.pem" in missing.output  # before any export runs
 
 
 def test_the_ui_states_a_checkpoints_signature_from_its_manifest_and_model_sig(

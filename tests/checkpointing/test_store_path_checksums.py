@@ -14,13 +14,14 @@ from ckptstore.checkpointing import format as fmt
 def test_given_checksum_is_used_and_others_are_computed(local_and_s3_url, tmp_path, monkeypatch):
     data = os.urandom(5000)
     read_again: list[str] = []
-    real = fmt.crc32c_file
+    real = fmt.file_sums
 
-    def spy(path: str) -> str:
-        read_again.append(os.path.basename(path))
-        return real(path)
+    def spy(path: str, *, crc32c: bool = True, sha256: bool = False) -> tuple:
+        if crc32c:
+            read_again.append(os.path.basename(path))
+        return real(path, crc32c=crc32c, sha256=sha256)
 
-    monkeypatch.setattr(fmt, "crc32c_file", spy)
+    monkeypatch.setattr(fmt, "file_sums", spy)
     with CheckpointContext(local_and_s3_url) as ctx:
         checksums: dict[str, str] = {}
         with ctx.store_path({"steps_completed": 1}, checksums=checksums) as (path, uuid):
@@ -34,7 +35,7 @@ def test_given_checksum_is_used_and_others_are_computed(local_and_s3_url, tmp_pa
         assert (entry["size"], entry["crc32c"]) == (5000, fmt.crc32c_bytes(data))
         assert manifest["files"]["small.txt"]["crc32c"] == fmt.crc32c_bytes(b"x")
         assert "big.bin" not in read_again and "small.txt" in read_again
-        monkeypatch.setattr(fmt, "crc32c_file", real)
+        monkeypatch.setattr(fmt, "file_sums", real)
         with ctx.restore_path(uuid) as restored:  # verifies sizes and checksums
             assert open(os.path.join(restored, "big.bin"), "rb").read() == data
 

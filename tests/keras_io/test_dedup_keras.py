@@ -188,13 +188,13 @@ def test_signed_by_determined_callback_off_the_training_thread(tmp_path, monkeyp
 
     key, pub = ec_key_pair(tmp_path)
     threads = []
-    real = signing.sign_folder
+    real = signing.sign_digests
 
-    def record(folder, private_key):
+    def record(*args, **kwargs):
         threads.append(threading.current_thread().name)
-        return real(folder, private_key)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(signing, "sign_folder", record)
+    monkeypatch.setattr(signing, "sign_digests", record)
     url, registry = str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
     model = fine_tuned_model()
     with det.core.init(

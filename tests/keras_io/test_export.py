@@ -178,3 +178,40 @@ def test_python_export_on_s3(tmp_path, storage_url_factory):
         reader.download(uuid, str(tmp_path / "dl"))
     predicted = serve(str(tmp_path / "dl" / "saved_model"), X)
     np.testing.assert_allclose(predicted, model.predict(X, verbose=0), rtol=1e-5, atol=1e-6)
+
+
+def test_exporting_a_signed_checkpoint_signs_it_again_or_is_refused(tmp_path, monkeypatch):
+    """saved_model/ added to a signed checkpoint must be covered by its signature: without the
+    signing key the export is refused; with another key too (the old signature must verify
+    with the signer's own key); with the key the checkpoint verifies again, model_signing's
+    verifier included."""
+    model_signing = pytest.importorskip("model_signing")
+    from ckptstore.checkpointing import signing
+    from tests.checkpointing._helpers import ec_key_pair
+
+    monkeypatch.delenv(signing.SIGNING_KEY_ENV, raising=False)
+    monkeypatch.delenv(signing.VERIFY_KEY_ENV, raising=False)
+    key, pub = ec_key_pair(tmp_path)
+    other = ec_key_pair(tmp_path, "other")[0]
+    url, registry = str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
+    model = tiny_model()
+    with det.core.init(
+        storage=url, registry=registry, trial_id=1, preempt_signals=False, signing_key=key
+    ) as ctx:
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        fit(model, [cb], epochs=1)
+        uuid = cb.last_checkpoint
+    before = fmt.read_manifest(open_storage(url), uuid)
+    with pytest.raises(errors.InvalidConfig, match="--key KEY.pem"):
+        export_checkpoint(uuid, registry=registry, storage=url)
+    with pytest.raises(errors.SignatureError, match="does not verify"):
+        export_checkpoint(uuid, registry=registry, storage=url, signing_key=other)
+    assert fmt.read_manifest(open_storage(url), uuid) == before  # both left it as it was
+    monkeypatch.setenv(signing.SIGNING_KEY_ENV, key)  # the environment's key, as in the CLI
+    assert export_checkpoint(uuid, registry=registry, storage=url).verified
+    with CheckpointContext(url, verify_key=pub) as reader:
+        reader.download(uuid, str(tmp_path / "dl"))
+    folder = tmp_path / "dl"
+    assert (folder / "saved_model" / "saved_model.pb").is_file()
+    verifier = model_signing.verifying.Config().use_elliptic_key_verifier(public_key=pub)
+    verifier.verify(folder, folder / signing.SIGNATURE_NAME)

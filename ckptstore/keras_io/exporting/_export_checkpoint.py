@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
+from ckptstore.checkpointing import signing
 from ckptstore.keras_io.exporting._savedmodel import (
     _SUBCLASSED_HINT,
     ExportResult,
@@ -42,6 +43,7 @@ def export_checkpoint(
     safe_mode: bool = True,
     custom_objects: Mapping[str, Any] | None = None,
     modules: Sequence[str] = (),
+    signing_key: str | os.PathLike[str] | None = None,
 ) -> ExportResult:
     """Add an inference SavedModel (``saved_model/``) to committed checkpoint
     ``checkpoint_uuid``, in this process. Downloads and verifies its ``model.keras``, exports and verifies the SavedModel (``serve``
@@ -63,10 +65,20 @@ def export_checkpoint(
         modules: modules defining the model's custom layers that may be imported (an
             allow-list, with their sub-modules); the checkpoint's own config never chooses
             what is imported (:mod:`ckptstore.keras_io.saving._code_refs`).
+        signing_key: for a *signed* checkpoint (``model.sig``): the EC private key (PEM
+            file; default ``$CKPTSTORE_SIGNING_KEY``) that signs it again over its files and
+            the SavedModel. The old signature must verify with this key's public half (the
+            signer vouches only for what it had signed: its digests, and the model file
+            the export reads, checked against them). Without a key the export of a signed
+            checkpoint is refused (``InvalidConfig``): ``saved_model/`` outside the signature
+            would make every verifying reader refuse the checkpoint. An unsigned checkpoint
+            stays unsigned (sign it with ``ckptstore checkpoint sign``).
 
     Raises:
         CheckpointNotFound: no such checkpoint.
         CheckpointConflict: it already has a SavedModel.
+        InvalidConfig: it is signed and no signing key was given.
+        SignatureError: its signature does not verify with the signing key's public half.
         ExportError: the export or its check failed.
         ChecksumMismatch: a downloaded file differs from the manifest.
         UntrustedCode: the config names code not allowed (nothing was imported).
@@ -89,7 +101,11 @@ def export_checkpoint(
                 f"{checkpoint_uuid} --glob '{SAVED_MODEL_DIRNAME}/*'"
             )
         keras2, selector = _model_files(checkpoint_uuid, manifest["files"])
-        with ckpt.restore_path(checkpoint_uuid, selector=selector) as path:
+        resign = _resign_key(checkpoint_uuid, manifest, signing_key)
+        keys = tempfile.TemporaryDirectory(prefix="ckptstore-export-key-")
+        if resign is not None:  # the restore checks the old signature with the signer's key
+            ckpt.verify_key = signing.public_key_file(resign, keys.name)
+        with keys, ckpt.restore_path(checkpoint_uuid, selector=selector) as path:
             staging = tempfile.mkdtemp(prefix=f"ckptstore-export-{checkpoint_uuid[:8]}-")
             try:
                 out = os.path.join(staging, SAVED_MODEL_DIRNAME)
@@ -111,6 +127,9 @@ def export_checkpoint(
                         safe_mode=safe_mode,
                         custom_objects=custom_objects,
                     )
+                cuts = folder_cuts(staging)
+                if resign is not None:
+                    _sign_again(path, staging, resign, ckpt.verify_key, checkpoint_uuid)
                 # A deduplicated checkpoint gets the SavedModel as chunks cut at its tensors,
                 # like the exports written at save time; a whole-file one, in place.
                 amend.add_files(
@@ -119,7 +138,8 @@ def export_checkpoint(
                     staging,
                     index=ckpt.index,
                     storage_url=ckpt.storage_url,
-                    cuts=folder_cuts(staging),
+                    cuts=cuts,
+                    replace=(signing.SIGNATURE_NAME,),
                 )
             finally:
                 import shutil
@@ -128,6 +148,39 @@ def export_checkpoint(
     result.path = f"{ckpt.storage_url.rstrip('/')}/{checkpoint_uuid}/{SAVED_MODEL_DIRNAME}"
     logger.info("Added a SavedModel to checkpoint %s in %.1f s", checkpoint_uuid, result.seconds)
     return result
+
+
+def _resign_key(
+    uuid: str, manifest: Mapping[str, Any], signing_key: str | os.PathLike[str] | None
+) -> str | None:
+    """The key that signs the checkpoint again after the export (None: it is unsigned);
+    InvalidConfig when it is signed and no key was given."""
+    if signing.SIGNATURE_NAME not in manifest["files"]:
+        return None
+    key = signing.key_from(signing_key, signing.SIGNING_KEY_ENV)
+    if key is None:
+        raise errors.InvalidConfig(
+            f"Checkpoint {uuid} is signed ({signing.SIGNATURE_NAME}); saved_model/ would be "
+            "outside its signature and every reader with a verify key would refuse the "
+            "checkpoint. Pass the signing key to sign it again (--key KEY.pem, signing_key=, "
+            f"or {signing.SIGNING_KEY_ENV}). Received: no signing key."
+        )
+    return key
+
+
+def _sign_again(path: str, staging: str, key: str, public_key: str | None, uuid: str) -> None:
+    """Write ``staging/model.sig``: the old signature's digests (checked with ``public_key``
+    by the restore of ``path``) plus the SHA-256 of the new files in ``staging``."""
+    assert public_key is not None  # set by export_checkpoint before the restore
+    expected = signing.Expected.read(os.path.join(path, signing.SIGNATURE_NAME), public_key)
+    if expected.algorithm != signing.HASH_ALGORITHM:
+        raise errors.SignatureError(
+            f"Checkpoint {uuid} was signed with {expected.algorithm} digests; ckptstore signs "
+            "SHA-256 ones and cannot extend that signature. Delete its model.sig, export, then "
+            f"`ckptstore checkpoint sign {uuid}`. Received: {expected.algorithm}."
+        )
+    digests = {**expected.digests, **signing.folder_digests(staging)}
+    signing.sign_digests(digests, key, os.path.join(staging, signing.SIGNATURE_NAME), name=uuid)
 
 
 def _model_files(checkpoint_uuid: str, files: Mapping[str, Any]) -> tuple[bool, str | list[str]]:
