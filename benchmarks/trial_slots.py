@@ -21,17 +21,14 @@ share the cores with everything else: read the figures as rough.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import yaml
+from _slots import print_ratios, run_bench  # benchmarks/, the script's folder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,14 +115,7 @@ def _run(base: Path, slots: int, args: argparse.Namespace) -> dict[str, float]:
     env["CKPTSTORE_HOME"] = str(work / "home")
     cmd = [sys.executable, "-m", "ckptstore.cli.main", "--storage", str(work / "ckpts")]
     cmd += ["--registry", f"sqlite:///{work / 'reg.db'}", "experiment", "create", "exp.yaml", "."]
-    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
-    found = re.findall(r"BENCH (\{.*\})", done.stdout + done.stderr)
-    if done.returncode != 0 or not found:
-        raise RuntimeError(f"{slots}-slot run failed:\n{(done.stdout + done.stderr)[-3000:]}")
-    figures = json.loads(found[-1])
-    if figures["size"] != slots:
-        raise RuntimeError(f"expected {slots} workers, the chief saw {figures['size']}")
-    return figures
+    return run_bench(cmd, work, env, slots)
 
 
 def main() -> None:
@@ -145,14 +135,7 @@ def main() -> None:
                 print(f"repeat {repeat + 1}, {slots} slot(s): {figures[slots][-1]}", flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    med = {
-        s: {k: statistics.median(f[k] for f in runs) for k in ("batch", "stall")}
-        for s, runs in figures.items()
-    }
-    print(f"{'measure':<24}{'1 slot s':>10}{'2 slots s':>11}{'2/1':>8}")
-    for key, label in (("batch", "time per batch"), ("stall", "checkpoint stall")):
-        one, two = med[1][key], med[2][key]
-        print(f"{label:<24}{one:>10.3f}{two:>11.3f}{two / one:>7.2f}x")
+    print_ratios(figures)
 
 
 if __name__ == "__main__":

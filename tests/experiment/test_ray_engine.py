@@ -86,6 +86,23 @@ def _cli(tmp_path: Path, registry: str) -> tuple[list[str], dict[str, str]]:
     return [*cmd, "--registry", registry], env
 
 
+def _create_on_ray(
+    cmd: list[str], env: dict[str, str], cwd: Path, config: str, address: str
+) -> str:
+    """``experiment create CONFIG . --engine ray``, which must succeed; its output."""
+    done = subprocess.run(
+        [*cmd, "experiment", "create", config, ".", "--engine", "ray", "--address", address],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    return output
+
+
 def _resumed_from_checkpoint(reg: Registry, trial_id: int, killed_at: int) -> None:
     """No step up to the checkpoint trained twice; trained to the end; one continue_id."""
     steps = [m.steps_completed for m in reg.get_metrics(trial_id, "training")]
@@ -224,17 +241,7 @@ def test_cifar_trial_on_two_slots_trains_on_both_nodes(ray_cluster, tmp_path):
     cmd, env = _cli(tmp_path, registry)
     env["RAY_DEDUP_LOGS"] = "0"  # Ray would fold the workers' alike lines into one
     model_dir = copy_corpus("cifar10_trial", tmp_path)
-    done = subprocess.run(
-        [*cmd, "experiment", "create", "distributed.yaml", ".", "--engine", "ray", "--address"]
-        + [ray_cluster.address],
-        cwd=model_dir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
+    output = _create_on_ray(cmd, env, model_dir, "distributed.yaml", ray_cluster.address)
     # Ray prefixes a worker's lines with its node's address (none for the driver's node, the
     # head): one rank on each node.
     found = re.findall(
@@ -262,16 +269,7 @@ def test_iris_adaptive_asha_prunes_at_the_rung_on_ray(ray_cluster, tmp_path):
     model_dir = _iris(
         tmp_path, "adaptive.yaml", lambda raw: raw["searcher"].update(max_concurrent_trials=2)
     )
-    done = subprocess.run(
-        [*cmd, "experiment", "create", "adaptive.yaml", ".", "--engine", "ray", "--address"]
-        + [ray_cluster.address],
-        cwd=model_dir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    _create_on_ray(cmd, env, model_dir, "adaptive.yaml", ray_cluster.address)
     with Registry(registry) as reg:
         trials = reg.list_trials(1)
         assert len(trials) == 4 and all(t.state == "COMPLETED" for t in trials)
