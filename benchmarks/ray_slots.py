@@ -21,12 +21,8 @@ share the cores with everything else: read the figures as rough.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import yaml  # noqa: E402
+from _slots import print_ratios, run_bench  # noqa: E402  (benchmarks/, the script's folder)
 
 from tests._helpers.ports import free_port  # noqa: E402
 from tests.servers import ray_cluster  # noqa: E402
@@ -115,14 +112,7 @@ def _run(base: Path, address: str, slots: int, args: argparse.Namespace) -> dict
     cmd = [sys.executable, "-m", "ckptstore.cli.main", "--storage", str(work / "ckpts")]
     cmd += ["--registry", f"sqlite:///{work / 'reg.db'}", "experiment", "create", "exp.yaml", "."]
     cmd += ["--engine", "ray", "--address", address]
-    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
-    found = re.findall(r"BENCH (\{.*\})", done.stdout + done.stderr)
-    if done.returncode != 0 or not found:
-        raise RuntimeError(f"{slots}-slot run failed:\n{(done.stdout + done.stderr)[-3000:]}")
-    figures = json.loads(found[-1])
-    if figures["size"] != slots:
-        raise RuntimeError(f"expected {slots} workers, the chief saw {figures['size']}")
-    return figures
+    return run_bench(cmd, work, env, slots)
 
 
 def main() -> None:
@@ -155,14 +145,7 @@ def main() -> None:
             ray_cluster._kill(ray_cluster._tree(str(base)))
             time.sleep(0.5)
         shutil.rmtree(base, ignore_errors=True)
-    med = {
-        s: {k: statistics.median(f[k] for f in runs) for k in ("batch", "stall")}
-        for s, runs in figures.items()
-    }
-    print(f"{'measure':<24}{'1 slot s':>10}{'2 slots s':>11}{'2/1':>8}")
-    for key, label in (("batch", "time per batch"), ("stall", "checkpoint stall")):
-        one, two = med[1][key], med[2][key]
-        print(f"{label:<24}{one:>10.3f}{two:>11.3f}{two / one:>7.2f}x")
+    print_ratios(figures)
 
 
 if __name__ == "__main__":

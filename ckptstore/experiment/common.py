@@ -13,14 +13,16 @@ from __future__ import annotations
 import ctypes
 import json
 import signal
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore.core import _info as trial_info
-from ckptstore.launch.process import child_env
+from ckptstore.launch.process import child_command, child_env
 from ckptstore.launch.tensorflow import SLOTS_ENV
 
 if TYPE_CHECKING:
+    from ckptstore.experiment.config import ExperimentConfig
     from ckptstore.registry import Registry
 
 MODEL_DIR_ENV = "CKPTSTORE_MODEL_DIR"
@@ -40,6 +42,24 @@ def runner_set_env() -> frozenset[str]:
         | {trial_info.JOB_ID_ENV, MODEL_DIR_ENV, OPTUNA_TRIAL_ENV, SLOTS_ENV}
         | {_searcher.SEARCHER_ENV, _searcher.ORACLE_ENV}
     )
+
+
+#: The module one TFKerasTrial worker process runs (it reads its trial from the environment).
+TRIAL_WORKER_MODULE = "ckptstore.keras_io.trial.worker"
+
+
+def trial_command(config: ExperimentConfig, *, launcher: bool = False) -> list[str]:
+    """The command of one trial process: the user's script (a bare ``python`` runs under
+    ckptstore's interpreter), or the TFKerasTrial worker. ``launcher=True`` (the local runner)
+    puts a TFKerasTrial with ``slots_per_trial: N > 1`` under Determined's TensorFlow launcher,
+    which starts its N workers with their TF_CONFIG, as a script's entrypoint does itself; Ray
+    Train starts the workers of the Ray engine instead."""
+    if not config.entrypoint.is_trial_class:
+        return child_command(config.entrypoint.command())
+    worker = [sys.executable, "-m", TRIAL_WORKER_MODULE]
+    if launcher and config.slots_per_trial > 1:
+        return [sys.executable, "-m", "ckptstore.launch.tensorflow", "--", *worker]
+    return worker
 
 
 def experiment_config(registry: Registry, experiment_id: int) -> dict[str, Any]:

@@ -21,8 +21,8 @@ Determined 0.38 configs load unchanged (choices where 0.38 left it to the cluste
 - No ``searcher`` at all (the "new Keras API" ``const.yaml``: ``hyperparameters`` +
   ``entrypoint_script``) means one trial with those hyperparameters, searcher metric
   ``val_loss`` (smaller is better), trained for the epochs the script passes.
-- ``resources.slots_per_trial`` (experiments) and ``resources.slots`` (jobs) start that many
-  workers on this machine; every other key that only means something on a Determined cluster
+- ``resources.slots_per_trial`` (experiments, scripts and TFKerasTrials) and ``resources.slots``
+  (jobs) start that many workers (on this machine, or Ray Train workers); every other key that only means something on a Determined cluster
   (``environment``, ``bind_mounts``, ``profiling``, ``resources.resource_pool``, ...) and every
   key older releases removed (``data_layer``, ...) is accepted and listed in
   :attr:`ExperimentConfig.ignored_keys`, which the runner logs in one warning.
@@ -626,8 +626,6 @@ def parse_config(raw: Any) -> ExperimentConfig:
     if entrypoint.is_trial_class:
         searcher = _trial_class_length(searcher)
         _check_batch_size(hparams)
-        if resources.slots_per_trial > 1:
-            ignored.append("resources.slots_per_trial (a TFKerasTrial trains on one worker here)")
     storage, retention = _storage(model.checkpoint_storage)
     return ExperimentConfig(
         raw=raw,

@@ -51,11 +51,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.experiment.common import die_with_parent, trial_env
+from ckptstore.experiment.common import die_with_parent, trial_command, trial_env
 from ckptstore.experiment.config import ExperimentConfig
 from ckptstore.experiment.optuna_queue import FINISHED, Claim, TrialQueue
 from ckptstore.experiment.reach import check_reachable
-from ckptstore.launch.process import child_command
 from ckptstore.launch.tensorflow import SLOTS_ENV
 
 #: A trial's final searcher metric by registry trial id (None when it reported none).
@@ -89,19 +88,9 @@ def _import_ray() -> Any:
 
 def check_config(config: ExperimentConfig) -> int:
     """What the Ray engine needs of a config (checked before anything is recorded or started);
-    returns ``slots_per_trial``."""
-    slots = config.slots_per_trial
-    if slots > 1 and config.entrypoint.is_trial_class:
-        # The TFKerasTrial controller trains in one process; N copies would each train alone.
-        raise errors.NotSupported(
-            "Several workers per trial with a TFKerasTrial entrypoint are not supported yet (the "
-            "trial class trains in one process). Use a script entrypoint (`entrypoint: python3 "
-            "train.py`) that builds its model under the strategy of "
-            "`det.core.DistributedContext.from_tf_config()` (Ray sets TF_CONFIG for each "
-            "worker), or slots_per_trial: 1. Received: resources.slots_per_trial="
-            f"{slots} with entrypoint {config.entrypoint.module}:{config.entrypoint.attr}."
-        )
-    return slots
+    returns ``slots_per_trial``: that many Ray Train workers per trial, each running the
+    script, or the TFKerasTrial worker under MultiWorkerMirroredStrategy, with its TF_CONFIG."""
+    return config.slots_per_trial
 
 
 def _searcher_class() -> type:
@@ -438,10 +427,7 @@ def _tuner(run: ExperimentRun, slots: int, searcher: Any, stop_flag: Any) -> Any
     from ckptstore import defaults
 
     config = run.config
-    if config.entrypoint.is_trial_class:
-        cmd = [sys.executable, "-m", "ckptstore.keras_io.trial.worker"]
-    else:
-        cmd = child_command(config.entrypoint.command())
+    cmd = trial_command(config)
     results = str(defaults.home() / "ray_results")
     spec = {
         "experiment_env": run.experiment_env(),

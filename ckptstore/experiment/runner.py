@@ -57,13 +57,13 @@ from ckptstore.experiment.common import (
     die_with_parent,
     experiment_config,
     run_settings,
+    trial_command,
     trial_env,
 )
 from ckptstore.experiment.config import ExperimentConfig, load_config, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value
 from ckptstore.experiment.optuna_queue import Claim, TrialQueue, runner_name, runners
 from ckptstore.experiment.trial_logs import TrialLogs
-from ckptstore.launch.process import child_command
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
@@ -333,10 +333,7 @@ class ExperimentRun:
         )
         self.registry.set_trial_state(trial_id, "ACTIVE")
         try:
-            if self.config.entrypoint.is_trial_class:
-                cmd = [sys.executable, "-m", "ckptstore.keras_io.trial.worker"]
-            else:
-                cmd = child_command(self.config.entrypoint.command())
+            cmd = trial_command(self.config, launcher=True)
             proc = subprocess.Popen(
                 cmd,
                 cwd=self.model_dir,

@@ -6,7 +6,8 @@ the experiment as they show a local one. A driver killed mid-trial is continued 
 ``experiment resume --engine ray``. Determined's iris corpus (tests/determined_compat/corpus)
 runs on Ray unchanged: ``distributed.yaml`` (launcher entrypoint, ``slots_per_trial: 2``) as one
 Ray Train worker per node, resumed after its driver is lost with both workers restoring the
-chief's checkpoint, and ``adaptive.yaml`` (``adaptive_asha``) stopping trials at its rung.
+chief's checkpoint, and ``adaptive.yaml`` (``adaptive_asha``) stopping trials at its rung. A
+TFKerasTrial with ``slots_per_trial: 2`` (the cifar10 corpus) trains on one worker per node.
 """
 
 from __future__ import annotations
@@ -83,6 +84,23 @@ def _cli(tmp_path: Path, registry: str) -> tuple[list[str], dict[str, str]]:
     )
     cmd = [sys.executable, "-m", "ckptstore.cli.main", "-v", "--storage", str(tmp_path / "ckpts")]
     return [*cmd, "--registry", registry], env
+
+
+def _create_on_ray(
+    cmd: list[str], env: dict[str, str], cwd: Path, config: str, address: str
+) -> str:
+    """``experiment create CONFIG . --engine ray``, which must succeed; its output."""
+    done = subprocess.run(
+        [*cmd, "experiment", "create", config, ".", "--engine", "ray", "--address", address],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    return output
 
 
 def _resumed_from_checkpoint(reg: Registry, trial_id: int, killed_at: int) -> None:
@@ -215,6 +233,31 @@ def test_iris_distributed_yaml_on_two_nodes_every_worker_restores(ray_cluster, t
         reg.close()
 
 
+def test_cifar_trial_on_two_slots_trains_on_both_nodes(ray_cluster, tmp_path):
+    """A TFKerasTrial with ``slots_per_trial: 2`` (the cifar10 ``distributed.yaml`` shape) on
+    the Ray engine: two Ray Train workers, one per node, each running the trial worker under
+    MultiWorkerMirroredStrategy; the chief's checkpoints say two workers trained them."""
+    registry = f"sqlite:///{tmp_path / 'reg.db'}"
+    cmd, env = _cli(tmp_path, registry)
+    env["RAY_DEDUP_LOGS"] = "0"  # Ray would fold the workers' alike lines into one
+    model_dir = copy_corpus("cifar10_trial", tmp_path)
+    output = _create_on_ray(cmd, env, model_dir, "distributed.yaml", ray_cluster.address)
+    # Ray prefixes a worker's lines with its node's address (none for the driver's node, the
+    # head): one rank on each node.
+    found = re.findall(
+        r"RayTrainWorker pid=\d+(, ip=[\d.]+)?\).*Trial 1: rank (\d) of 2 workers", output
+    )
+    nodes, ranks = {node for node, _ in found}, {rank for _, rank in found}
+    assert len(found) == 2 and nodes == {"", ", ip=127.0.0.3"} and ranks == {"0", "1"}, found
+    with Registry(registry) as reg:
+        (trial,) = reg.list_trials(1)
+        assert trial.state == "COMPLETED"
+        ckpts = reg.list_checkpoints(trial_id=trial.id)
+        assert max(c.steps_completed for c in ckpts) == 24
+        assert {c.metadata["distributed"]["size"] for c in ckpts} == {2}
+        assert {m.steps_completed for m in reg.get_metrics(trial.id, "validation")} == {8, 16, 24}
+
+
 def test_iris_adaptive_asha_prunes_at_the_rung_on_ray(ray_cluster, tmp_path):
     """Determined's iris ``adaptive.yaml`` (``adaptive_asha``, 4 trials, max_length 60 batches,
     divisor 2: one rung at 30) on the Ray engine, two trials at a time (one per node): the
@@ -226,16 +269,7 @@ def test_iris_adaptive_asha_prunes_at_the_rung_on_ray(ray_cluster, tmp_path):
     model_dir = _iris(
         tmp_path, "adaptive.yaml", lambda raw: raw["searcher"].update(max_concurrent_trials=2)
     )
-    done = subprocess.run(
-        [*cmd, "experiment", "create", "adaptive.yaml", ".", "--engine", "ray", "--address"]
-        + [ray_cluster.address],
-        cwd=model_dir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    _create_on_ray(cmd, env, model_dir, "adaptive.yaml", ray_cluster.address)
     with Registry(registry) as reg:
         trials = reg.list_trials(1)
         assert len(trials) == 4 and all(t.state == "COMPLETED" for t in trials)
@@ -358,10 +392,7 @@ def test_lost_driver_is_continued_by_resume_on_ray(ray_cluster, tmp_path):
 
 @pytest.mark.parametrize(
     ("resources", "error", "match"),
-    [
-        ({"slots_per_trial": 2}, "NotSupported", "slots_per_trial=2 with entrypoint model_def"),
-        ({"slots_per_trial": 0}, "InvalidConfig", "slots_per_trial"),
-    ],
+    [({"slots_per_trial": 0}, "InvalidConfig", "slots_per_trial")],
 )
 def test_unrunnable_slots_are_refused_before_ray_starts(tmp_path, resources, error, match):
     from ckptstore import errors

@@ -21,7 +21,8 @@ replaced functions call Keras's originals. Gradients were always aggregated corr
 Keras; two workers with the fixes train to the same weights and logs as one process on the
 global batch. :class:`~ckptstore.keras_io.fit._callback.DeterminedCallback` applies the fixes itself
 when its core context has several workers, so ``model.fit(..., callbacks=[det_cb])`` works as
-documented. Set ``CKPTSTORE_MWMS_COMPAT=0`` to leave Keras untouched.
+documented; so does the TFKerasTrial controller of a trial on several slots (its
+``train_on_batch`` logs and ``evaluate()`` go through the same two functions). Set ``CKPTSTORE_MWMS_COMPAT=0`` to leave Keras untouched.
 
 Example::
 

@@ -65,6 +65,7 @@ from ckptstore.keras_io import backend
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.backend import keras
 from ckptstore.keras_io.fit import _callback_state as callback_state
+from ckptstore.keras_io.fit import _mwms_compat as mwms_compat
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
 from ckptstore.keras_io.saving import _writer as checkpoint_writer
@@ -138,6 +139,11 @@ class TrialController:
             (``searcher.source_checkpoint_uuid`` / ``source_trial_id``): a ckptstore checkpoint
             (weights only), or a Determined checkpoint folder of that name in the storage, read
             in place (weights and optimizer state, as Determined's warm start restores).
+        strategy: the ``tf.distribute.MultiWorkerMirroredStrategy`` of a trial on several
+            workers (``core_context.distributed.size > 1``, ``slots_per_trial``): the model is
+            built under its scope, each worker trains on its shard of every global batch,
+            validation metrics are reduced across workers, and only rank 0 writes checkpoints.
+            None: Keras's default strategy (one worker).
 
     Example::
 
@@ -154,6 +160,7 @@ class TrialController:
         trial_seed: int = 0,
         prune_hook: PruneHook | None = None,
         warm_start: str | None = None,
+        strategy: Any = None,
     ) -> None:
         if not (isinstance(trial_class, type) and issubclass(trial_class, TFKerasTrial)):
             raise errors.InvalidConfig(
@@ -166,6 +173,15 @@ class TrialController:
         self.trial_seed = int(trial_seed)
         self.prune_hook = prune_hook
         self.warm_start = warm_start
+        self.strategy = strategy
+        self.rank = int(core_context.distributed.rank)
+        self.size = int(core_context.distributed.size)
+        if self.size > 1 and strategy is None:
+            raise errors.InvalidConfig(
+                f"A trial on {self.size} workers needs their MultiWorkerMirroredStrategy. "
+                f"Received: strategy=None at rank {self.rank}. Pass the strategy of "
+                "DistributedContext.from_tf_config()."
+            )
         self.batches_trained = 0
         self.last_validation_at: int | None = None
         self.last_checkpoint_at: int | None = None
@@ -195,7 +211,14 @@ class TrialController:
                     "session_config() is ignored under TensorFlow 2; configure TensorFlow with "
                     "tf.config (threads, devices) at the top of model_def.py instead."
                 )
-        self.model = self.trial.build_model()
+        if self.size > 1:
+            # Keras 3's multi-worker fit/evaluate needs these fixes (see _mwms_compat)
+            mwms_compat.apply_mwms_compat()
+            logger.info(
+                "Trial %s: rank %d of %d workers", info.trial.trial_id, self.rank, self.size
+            )
+        with self._scope():  # variables (model, optimizer, metrics) mirrored across workers
+            self.model = self.trial.build_model()
         backend.check_model(self.model, what="TFKerasTrial")
         if not isinstance(self.model, keras.Model):
             raise errors.InvalidConfig(
@@ -209,10 +232,12 @@ class TrialController:
             )
         fit = self.context.fit_config
         self.gbs = self.context.get_global_batch_size()
-        self.batch_size = self.context.get_per_slot_batch_size()
+        self.context.get_per_slot_batch_size()  # warns when gbs does not split evenly
         self.train_data = data_mod.training_data(
             self.trial.build_training_data_loader(),
-            batch_size=self.batch_size,
+            batch_size=self.gbs,
+            rank=self.rank,
+            size=self.size,
             shuffle=fit["shuffle"],
             seed=self.trial_seed,
             workers=fit["workers"],
@@ -220,7 +245,7 @@ class TrialController:
             max_queue_size=fit["max_queue_size"],
         )
         self.val_data = self.trial.build_validation_data_loader()
-        data_mod.evaluate_kwargs(self.val_data, self.batch_size)  # type check now, not later
+        data_mod.evaluate_kwargs(self.val_data, self.gbs)  # type check now, not later
         train = self.core.train
         if getattr(train, "searcher_metric", "") is None:
             # core.init does not read the experiment config; checkpoint_policy=best ranks by it
@@ -270,7 +295,20 @@ class TrialController:
         )
 
     # ---- checkpoints ------------------------------------------------------------------------------
+    def _scope(self) -> contextlib.AbstractContextManager[Any]:
+        """The strategy's scope with several workers (variables made there are mirrored)."""
+        return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
+
+    def _agree(self, value: Any) -> Any:
+        """The chief's ``value`` on every worker: decisions that read the registry or the
+        searcher (checkpoint now? prune?) must not differ between workers."""
+        return self.core.distributed.broadcast(value) if self.size > 1 else value
+
     def _ensure_built(self) -> None:
+        with self._scope():
+            self._build_variables()
+
+    def _build_variables(self) -> None:
         if not self.model.built or not self.model.trainable_variables:
             position = self.train_data.position()
             x, _, _ = self.train_data.next_batch()
@@ -431,6 +469,17 @@ class TrialController:
                 )
 
     def _checkpoint(self) -> str:
+        """Rank 0 writes and commits the checkpoint; the other workers write nothing and learn
+        its UUID (the model's variables are mirrored, so rank 0 holds every value)."""
+        uuid = self._agree(self._write_checkpoint() if self.rank == 0 else None)
+        self.last_checkpoint_at = self.batches_trained
+        self.latest_checkpoint = uuid
+        logger.info(
+            "Trial %s: checkpoint %s at batch %d", self.context.trial_id, uuid, self.batches_trained
+        )
+        return uuid
+
+    def _write_checkpoint(self) -> str:
         trial_id = self.context.trial_id
         epochs = self.batches_trained // self.batches_per_epoch if self.batches_per_epoch else 0
         metadata = {
@@ -493,9 +542,6 @@ class TrialController:
             if getattr(self.core.checkpoint, "dedup", True):
                 # model_checkpoint.data-* (and any SavedModel a hook wrote) cut at its tensors
                 tf_bundle.add_folder_cuts(os.fspath(path), cuts)
-        self.last_checkpoint_at = self.batches_trained
-        self.latest_checkpoint = uuid
-        logger.info("Trial %s: checkpoint %s at batch %d", trial_id, uuid, self.batches_trained)
         return uuid
 
     # ---- training ---------------------------------------------------------------------------------
@@ -564,7 +610,7 @@ class TrialController:
 
     def _validate(self) -> dict[str, float]:
         fit = self.context.fit_config
-        kwargs = data_mod.evaluate_kwargs(self.val_data, self.batch_size)
+        kwargs = data_mod.evaluate_kwargs(self.val_data, self.gbs, strategy=self.strategy)
         options = {"return_dict": True} if not backend.graph_mode() else {}
         logs = self.model.evaluate(
             **kwargs,
@@ -609,11 +655,11 @@ class TrialController:
         validation was reported, ``all`` always, ``none`` never (periodic, end-of-training and
         preemption checkpoints are taken under every policy)."""
         policy = self.config.checkpoint_policy
-        before = self._experiment_best() if policy == "best" else None
+        before = self._experiment_best() if policy == "best" and self.rank == 0 else None
         value = self._searcher_value(self._validate())
         if self.batches_trained == 0 or self.last_checkpoint_at == self.batches_trained:
             return value  # Determined: a checkpoint at step 0 or the current one is not redone
-        if policy == "all" or (policy == "best" and self._beats(value, before)):
+        if self._agree(policy == "all" or (policy == "best" and self._beats(value, before))):
             self._checkpoint()
         return value
 
@@ -631,7 +677,7 @@ class TrialController:
         if latest:
             self._restore(latest)
             protect = getattr(self.core.checkpoint, "protect", None)
-            if callable(protect):
+            if callable(protect) and self.rank == 0:
                 protect(latest)
         elif self.warm_start:
             self._restore(self.warm_start)
@@ -655,7 +701,8 @@ class TrialController:
                 if at_end or periodic or rung is not None:
                     value = self._validate_then_checkpoint()
                     if self.prune_hook is not None and rung is not None and not at_end:
-                        if self.prune_hook(rung, value):
+                        # the chief alone tells the searcher (once per trial, not per worker)
+                        if self._agree(self.rank == 0 and self.prune_hook(rung, value)):
                             status = "pruned"
                             break
                 if self.model.stop_training:

@@ -115,10 +115,26 @@ class TrainingData:
 
 
 class ArrayData(TrainingData):
-    """``(x, y)`` / ``(x, y, sample_weights)`` NumPy data, batched by the per-slot batch size."""
+    """``(x, y)`` / ``(x, y, sample_weights)`` NumPy data in global batches of ``batch_size``
+    rows; worker ``rank`` of ``size`` trains on its part of each (Determined's per-slot batch).
 
-    def __init__(self, x: Any, y: Any, sw: Any, batch_size: int, shuffle: bool, seed: int) -> None:
+    Every worker draws the same per-pass order, so the position (pass, batch) means the same
+    global batch for any number of workers: a checkpoint written by N workers resumes on M.
+    """
+
+    def __init__(
+        self,
+        x: Any,
+        y: Any,
+        sw: Any,
+        batch_size: int,
+        shuffle: bool,
+        seed: int,
+        rank: int = 0,
+        size: int = 1,
+    ) -> None:
         super().__init__()
+        self.rank, self.size = rank, size
         self.x, self.y, self.sw = x, np.asarray(y), (None if sw is None else np.asarray(sw))
         self.n = _num_records(x)
         if self.n != len(self.y):
@@ -139,6 +155,8 @@ class ArrayData(TrainingData):
             order = np.arange(self.n)
         for b in range(start, self.batches_per_pass or 0):
             idx = order[b * self.batch_size : (b + 1) * self.batch_size]
+            if self.size > 1:
+                idx = np.array_split(idx, self.size)[self.rank]
             sw = None if self.sw is None else self.sw[idx]
             yield (_slice(self.x, idx), self.y[idx], sw)
 
@@ -170,14 +188,20 @@ class SequenceData(TrainingData):
 
 class DatasetData(TrainingData):
     """A ``tf.data.Dataset`` of batches: one checkpointable iterator over ``dataset.repeat()``
-    when its length is known; else resuming skips the batches already seen in this pass."""
+    when its length is known; else resuming skips the batches already seen in this pass.
+
+    With several workers (``exact_state=False``) each reads its own shard
+    (``context.wrap_dataset``) and the chief's iterator state would not fit the others' (nor
+    another number of workers): the checkpoint holds no iterator state and a resume skips to
+    the saved batch of the pass."""
 
     #: Folder of the tf.data iterator checkpoint inside a trial checkpoint.
     ITERATOR_DIRNAME = "data_iterator"
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: Any, exact_state: bool = True) -> None:
         super().__init__()
         self.dataset = dataset
+        self.exact_state = exact_state
         cardinality = int(dataset.cardinality())
         self.batches_per_pass = cardinality if cardinality > 0 else None
         self._stream: Any = None
@@ -200,7 +224,7 @@ class DatasetData(TrainingData):
 
     def write_files(self, folder: str) -> None:
         """Save the iterator's state into ``folder`` (part of the checkpoint)."""
-        if self.batches_per_pass is None:
+        if self.batches_per_pass is None or not self.exact_state:
             return
         import tensorflow as tf
 
@@ -216,6 +240,9 @@ class DatasetData(TrainingData):
 
         self._stream = None
         path = os.path.join(folder, self.ITERATOR_DIRNAME, "iterator")
+        if not self.exact_state:
+            self._open_stream(self.batch_index)  # this worker's shard, at the saved batch
+            return
         if not os.path.exists(path + ".index"):
             logger.warning(
                 "The checkpoint holds no tf.data iterator state: skipping to batch %d of the "
@@ -250,8 +277,21 @@ def training_data(
     workers: int | None = None,
     use_multiprocessing: bool | None = None,
     max_queue_size: int | None = None,
+    rank: int = 0,
+    size: int = 1,
 ) -> TrainingData:
-    """Wrap what ``build_training_data_loader()`` returned; InvalidConfig for other types."""
+    """Wrap what ``build_training_data_loader()`` returned; InvalidConfig for other types.
+
+    ``batch_size`` is the global batch size; with ``size`` workers, NumPy data is split by
+    rank here and a ``tf.data.Dataset`` is taken as this worker's shard (already batched
+    by the per-slot batch size, as Determined's ``wrap_dataset`` examples do)."""
+    if size > 1 and isinstance(data, (SequenceAdapter, SEQUENCE_BASE)):
+        raise errors.NotSupported(
+            f"A Sequence/PyDataset as training data on {size} workers is not supported: "
+            "every worker would read every batch. Return NumPy arrays (split by rank here) or "
+            "a tf.data.Dataset wrapped with context.wrap_dataset(), or use slots_per_trial: 1. "
+            f"Received: {type(data).__name__}."
+        )
     if isinstance(data, SequenceAdapter):
         return SequenceData(data, bool(shuffle), seed)
     if isinstance(data, SEQUENCE_BASE):
@@ -265,21 +305,27 @@ def training_data(
     if _is_tf_dataset(data):
         if shuffle:
             logger.info("configure_fit(shuffle=True) does not reorder a tf.data.Dataset")
-        return DatasetData(data)
+        return DatasetData(data, exact_state=size == 1)
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
         sw = data[2] if len(data) == 3 else None
-        return ArrayData(
-            data[0], data[1], sw, batch_size, True if shuffle is None else shuffle, seed
-        )
+        shuffle = True if shuffle is None else shuffle
+        return ArrayData(data[0], data[1], sw, batch_size, shuffle, seed, rank, size)
     raise errors.InvalidConfig(
         f"build_training_data_loader() returned a {type(data).__name__}. {DATA_TYPES_HELP}"
     )
 
 
-def evaluate_kwargs(data: Any, batch_size: int) -> dict[str, Any]:
-    """Keyword arguments for ``model.evaluate`` for validation data of any supported type."""
+def evaluate_kwargs(data: Any, batch_size: int, strategy: Any = None) -> dict[str, Any]:
+    """Keyword arguments for ``model.evaluate`` for validation data of any supported type.
+
+    ``strategy``: the MultiWorkerMirroredStrategy of several workers. Keras shards NumPy data
+    and Sequences across them itself (``batch_size`` is then the global batch); a
+    ``tf.data.Dataset`` is this worker's shard already (``context.wrap_dataset``), so it goes
+    in as a per-worker dataset: sharded again by Keras, part of it would never be evaluated."""
     if isinstance(data, SequenceAdapter):
         return {"x": data.sequence}
+    if _is_tf_dataset(data) and strategy is not None:
+        return {"x": strategy.distribute_datasets_from_function(lambda _: data)}
     if isinstance(data, SEQUENCE_BASE) or _is_tf_dataset(data):
         return {"x": data}
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):

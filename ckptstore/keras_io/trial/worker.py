@@ -9,6 +9,10 @@ registry, imports the trial class from the model folder and trains it with
 checkpoint (or, for a trial with none yet, warm-starts from the checkpoint ``searcher.source_checkpoint_uuid``
 / ``source_trial_id`` name), and sets the trial COMPLETED (done, stopped early or pruned), PAUSED (preempted by
 SIGTERM/SIGINT) or ERROR in the registry. Exit status: 0 unless the trial failed.
+
+With a ``TF_CONFIG`` naming several workers (``resources.slots_per_trial: N > 1``: Determined's
+TensorFlow launcher here, or Ray Train's workers) this process is one of N under
+``MultiWorkerMirroredStrategy``; only rank 0 writes checkpoints and sets the trial's state.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ckptstore.core import _info as trial_info
 from ckptstore.experiment.common import MODEL_DIR_ENV, OPTUNA_TRIAL_ENV, experiment_config
 
 if TYPE_CHECKING:
+    from ckptstore.core import DistributedContext
     from ckptstore.experiment.config import ExperimentConfig
     from ckptstore.registry import Registry
 
@@ -95,6 +100,8 @@ def run_trial() -> int:
                 return searcher.should_prune(optuna_id, step, value)
 
         storage = trial_info.storage_from_env()
+        distributed, strategy = _distributed()
+        chief = distributed is None or distributed.rank == 0
         try:
             with core.init(
                 storage=storage,
@@ -103,6 +110,7 @@ def run_trial() -> int:
                 experiment_id=experiment_id,
                 hparams=hparams,
                 checkpoint_gc=gc,
+                distributed=distributed,
                 set_trial_state=False,  # set below, from the controller's result
             ) as core_context:
                 result = TrialController(
@@ -112,15 +120,19 @@ def run_trial() -> int:
                     trial_seed=config.experiment_seed + trial_id,
                     prune_hook=prune_hook,
                     warm_start=warm_start_source(config, registry),
+                    strategy=strategy,
                 ).run()
         except BaseException:
             registry.set_trial_state(trial_id, "ERROR")
             raise
         state = "PAUSED" if result.status == "preempted" else "COMPLETED"
-        registry.set_trial_state(trial_id, state)
+        if chief:  # the trial's state is the chief's to record, as its checkpoints are
+            registry.set_trial_state(trial_id, state)
         logger.info(
-            "Trial %d %s after %d batches: %s",
+            "Trial %d (rank %d of %d) %s after %d batches: %s",
             trial_id,
+            0 if distributed is None else distributed.rank,
+            1 if distributed is None else distributed.size,
             result.status,
             result.batches_trained,
             result.last_validation,
@@ -128,6 +140,18 @@ def run_trial() -> int:
         return 0
     finally:
         registry.close()
+
+
+def _distributed() -> tuple[DistributedContext | None, Any]:
+    """``(distributed, strategy)`` of a worker whose ``TF_CONFIG`` names several workers (the
+    launcher's or Ray Train's: ``slots_per_trial > 1``), else ``(None, None)``: one process,
+    Keras's default strategy, as before."""
+    from ckptstore.core import DistributedContext
+    from ckptstore.core._distributed import TF_CONFIG_ENV, parse_tf_config
+
+    if parse_tf_config(os.environ.get(TF_CONFIG_ENV) or "{}") is None:
+        return None, None
+    return DistributedContext.from_tf_config()
 
 
 def warm_start_source(config: ExperimentConfig, registry: Registry) -> str | None:
