@@ -21,6 +21,10 @@ def make_images(n, seed):
 class CIFARTrial(keras.TFKerasTrial):
     def __init__(self, context: keras.TFKerasTrialContext) -> None:
         self.context = context
+        # As the example's load_numpy_data: local rank 0 fetches, the others wait for it.
+        if self.context.distributed.get_local_rank() == 0:
+            make_images(1, seed=0)
+        self.context.distributed.allgather_local(None)
         self.train_np, self.test_np = make_images(64, seed=0), make_images(20, seed=1)
 
     def build_model(self):
