@@ -509,7 +509,14 @@ class CheckpointContext:
         self.last_download = fetch(
             lambda rel: rel != signing.SIGNATURE_NAME and bool(select(rel)), sha256=digests
         )
-        expected.compare(ckpt_dir, digests, partial=selector is not None)
+        try:
+            expected.compare(ckpt_dir, digests, partial=selector is not None)
+        except errors.SignatureError:
+            # Refused files are not left where the caller (or a later load) would take them.
+            for rel in [*self.last_download.files, signing.SIGNATURE_NAME]:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(ckpt_dir, *rel.split("/")))
+            raise
 
     @contextlib.contextmanager
     def restore_path(
@@ -533,7 +540,11 @@ class CheckpointContext:
         try:
             local = self.storage.local_path(storage_id)
             manifest = self._manifest(storage_id)
-            if local is not None and os.path.isdir(local) and not blobs.uses_blobs(manifest):
+            # With a verify key, a selection is copied out: in place, the caller would get
+            # the whole folder, its unselected files unchecked.
+            signed_part = self.verify_key is not None and selector is not None
+            in_place = local is not None and os.path.isdir(local) and not signed_part
+            if in_place and not blobs.uses_blobs(manifest):
                 # The caller reads this folder itself: no link in it may lead out of it.
                 check_links_inside(local, local, self.storage.local_path("") or local)
                 self._verify_in_place(local, manifest, selector)
@@ -562,6 +573,7 @@ class CheckpointContext:
         expected = signing.Expected.read(sig, self.verify_key)
         digests: dict[str, str] = {}
         fmt.verify_files(local, manifest, selector, sha256=digests, check=self.verify)
+        digests.update(signing.unlisted_digests(local, manifest["files"]))
         expected.compare(local, digests, partial=selector is not None)
 
     def _use(self, storage_id: str, delta: int) -> None:

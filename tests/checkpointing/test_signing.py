@@ -223,3 +223,113 @@ def test_the_ui_states_a_checkpoints_signature_from_its_manifest_and_model_sig(
         assert state(signed) == "INVALID"
         monkeypatch.setenv(signing.VERIFY_KEY_ENV, "/no/such/key.pem")
         assert state(signed) == "SIGNED"  # a missing key file is said, not a 500
+
+
+# ---- attacks: nothing the key did not sign reaches a caller; nothing it signed is refused ----
+def _writable(path: Path) -> None:
+    for root, _dirs, files in os.walk(path):
+        os.chmod(root, 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
+
+
+@pytest.mark.parametrize("extra", ["evil.py", "sub/evil.py"])
+def test_in_place_file_added_next_to_signed(where, keys, extra):
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    folder = Path(where.storage, uuid)
+    _writable(folder)
+    (folder / extra).write_bytes(b"import os\n")
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        with pytest.raises(errors.SignatureError):
+            with reader.restore_path(uuid) as path:
+                print(sorted(os.listdir(path)))
+
+
+def test_in_place_selection_is_copied_out_with_a_verify_key(where, keys):
+    """In place, the caller would get the whole folder with its unselected files unchecked."""
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    folder = Path(where.storage, uuid)
+    _writable(folder)
+    (folder / "b.bin").write_bytes(b"y" * 3000)
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        with reader.restore_path(uuid, selector="a.bin") as path:
+            assert (path / "a.bin").read_bytes() == FILES["a.bin"]
+            assert not (path / "b.bin").exists()
+
+
+def test_download_refused_leaves_no_altered_file(where, keys, tmp_path):
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    local = Path(where.storage, uuid, "a.bin")
+    os.chmod(local, 0o644)
+    local.write_bytes(b"x" * 3000)
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        forge(reader.storage, uuid, lambda f: f["a.bin"].update(crc32c=crc32c_bytes(b"x" * 3000)))
+        with pytest.raises(errors.SignatureError):
+            reader.download(uuid, tmp_path / "out")
+    assert not (tmp_path / "out" / "a.bin").exists()
+
+
+def test_huge_or_malformed_signature_is_a_typed_refusal(where, keys, tmp_path):
+    """Read in bounded memory: a signature over the size limit is refused unread (a sparse
+    file: no disk used), and bytes that are not a bundle are a SignatureError."""
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    sig = Path(where.storage, uuid, signing.SIGNATURE_NAME)
+    _writable(sig.parent)
+    with open(sig, "r+b") as f:
+        f.truncate(signing.MAX_SIGNATURE_BYTES + 1)
+    with pytest.raises(errors.SignatureError, match="bytes, over the"):
+        signing.verify_folder(sig.parent, pub)
+    for data in (b"\x00\xff" * 1000, b"[" * 100000, b"{}", b'{"mediaType": 1}'):
+        sig.write_bytes(data)
+        with pytest.raises(errors.SignatureError, match="does not verify"):
+            signing.verify_folder(sig.parent, pub)
+
+
+@pytest.mark.parametrize("dedup", [False, True])
+def test_empty_folder_entry_and_unicode_names_verify(where, keys, tmp_path, dedup):
+    """A valid signature is not refused: non-ASCII and odd names, an empty folder (which a
+    signature does not cover), in place and downloaded, whole and deduplicated."""
+    key, pub, _ = keys
+    files = {"é/ü.bin": b"1", "a b#?.bin": b"2", "NFD-e\u0301.bin": b"3"}
+    folder = tmp_path / "model"
+    (folder / "empty").mkdir(parents=True)
+    for rel, data in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    with CheckpointContext(where.storage, signing_key=key, dedup=dedup) as writer:
+        uuid = writer.upload(folder)  # upload keeps empty folders (store_path drops them)
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        reader.download(uuid, tmp_path / "u")
+        assert (tmp_path / "u" / "empty").is_dir()
+        with reader.restore_path(uuid) as path:
+            assert (path / "é" / "ü.bin").read_bytes() == b"1"
+
+
+@pytest.mark.parametrize("kind", ["private", "rsa", "garbage"])
+def test_wrong_kind_of_verify_key(where, keys, tmp_path, kind):
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    if kind == "private":
+        bad = key
+    elif kind == "rsa":
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        k = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        bad = str(tmp_path / "rsa.pem")
+        Path(bad).write_bytes(
+            k.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+    else:
+        bad = str(tmp_path / "g.pem")
+        Path(bad).write_bytes(b"hello")
+    with pytest.raises(errors.InvalidConfig, match="not an unencrypted EC public key"):
+        CheckpointContext(where.storage, verify_key=bad)
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        reader.download(uuid, tmp_path / "ok")  # the right key still verifies
