@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import pathlib
@@ -483,40 +482,18 @@ class CheckpointContext:
         manifest = self._manifest(storage_id)
         select = fmt.compile_selector(selector)
         ckpt_dir = os.fspath(ckpt_dir)
-        fetch = functools.partial(
-            restore.download_checkpoint,
-            self.storage,
-            storage_id,
-            manifest,
-            ckpt_dir,
-            verify=self.verify,
-            cache=(self.cache or False) if cache is None else cache,
-        )
+        options = {
+            "verify": self.verify,
+            "cache": (self.cache or False) if cache is None else cache,
+        }
+        what = (self.storage, storage_id, manifest, ckpt_dir, lambda rel: bool(select(rel)))
         if self.verify_key is None:
-            self.last_download = fetch(lambda rel: bool(select(rel)))
+            self.last_download = restore.download_checkpoint(*what, **options)
             return
-        # The signature first (it comes along with any selection): an unsigned checkpoint or
-        # a foreign envelope is refused before the files are fetched; then the files' SHA-256,
-        # from the read that checks their crc32c, before anyone parses a file (a load raises
-        # here, never inside Keras).
-        if signing.SIGNATURE_NAME not in manifest["files"]:
-            raise signing.unsigned_error(f"{storage_id} in {self.storage.url}")
-        fetch(lambda rel: rel == signing.SIGNATURE_NAME)
-        expected = signing.Expected.read(
-            os.path.join(ckpt_dir, signing.SIGNATURE_NAME), self.verify_key
+        # Checked before anyone parses a file: a load raises here, never inside Keras.
+        self.last_download = restore.download_signed(
+            *what, self.verify_key, partial=selector is not None, **options
         )
-        digests: dict[str, str] = {}
-        self.last_download = fetch(
-            lambda rel: rel != signing.SIGNATURE_NAME and bool(select(rel)), sha256=digests
-        )
-        try:
-            expected.compare(ckpt_dir, digests, partial=selector is not None)
-        except errors.SignatureError:
-            # Refused files are not left where the caller (or a later load) would take them.
-            for rel in [*self.last_download.files, signing.SIGNATURE_NAME]:
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(ckpt_dir, *rel.split("/")))
-            raise
 
     @contextlib.contextmanager
     def restore_path(

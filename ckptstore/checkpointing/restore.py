@@ -16,13 +16,15 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ckptstore.checkpointing import blobs
+from ckptstore import errors
+from ckptstore.checkpointing import blobs, signing
 from ckptstore.checkpointing import cache as cache_mod
 from ckptstore.checkpointing import format as fmt
 
@@ -121,6 +123,46 @@ def download_checkpoint(
     return report
 
 
+def download_signed(
+    storage: Storage,
+    uuid: str,
+    manifest: Mapping[str, Any],
+    out_dir: str,
+    select: Callable[[str], bool],
+    public_key: signing.KeyPath,
+    *,
+    partial: bool,
+    **options: Any,
+) -> DownloadReport:
+    """:func:`download_checkpoint` of a checkpoint that must be signed by ``public_key``:
+    refused (:class:`~ckptstore.errors.SignatureError`) unsigned, before any other file is
+    fetched, or with a foreign envelope; then every file's SHA-256, from the read that checks
+    its crc32c, is compared with the signature (``partial``: ``select`` left signed files
+    out). The one signed download: ``CheckpointContext.download`` and the CLI's.
+    ``options``: :func:`download_checkpoint`'s."""
+    if signing.SIGNATURE_NAME not in manifest["files"]:
+        raise signing.unsigned_error(f"{uuid} in {storage.url}")
+    sig = os.path.join(out_dir, signing.SIGNATURE_NAME)
+    download_checkpoint(
+        storage, uuid, manifest, out_dir, lambda rel: rel == signing.SIGNATURE_NAME, **options
+    )
+    expected = signing.Expected.read(sig, public_key)
+    digests: dict[str, str] = {}
+    wanted = lambda rel: rel != signing.SIGNATURE_NAME and select(rel)  # noqa: E731
+    report = download_checkpoint(
+        storage, uuid, manifest, out_dir, wanted, sha256=digests, **options
+    )
+    try:
+        expected.compare(out_dir, digests, partial=partial)
+    except errors.SignatureError:
+        # Refused files are not left where the caller (or a later load) would take them.
+        for rel in report.files:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(out_dir, *rel.split("/")))
+        raise
+    return report
+
+
 def _keys(
     restore: cache_mod.RestoreCache | None,
     storage: Storage,
@@ -208,4 +250,4 @@ def _assemble(
     blobs.assemble(storage, uuid, manifest, out_dir, wanted.__contains__, read=read)
 
 
-__all__ = ["DownloadReport", "download_checkpoint"]
+__all__ = ["DownloadReport", "download_checkpoint", "download_signed"]

@@ -92,6 +92,7 @@ def _check_key(path: str, *, public: bool) -> None:
     """Refuse a key ``model_signing`` cannot use here, before any checkpoint is judged by it:
     otherwise every signed checkpoint would be refused as "altered" (a private key, an RSA
     key or a damaged file given as the verify key)."""
+    load_model_signing()  # a missing [signing] extra is said first (it brings cryptography)
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 

@@ -169,6 +169,12 @@ def test_cli_sign_and_verify(tmp_path, keys, monkeypatch):
     with init(storage=env.storage_url, registry=env.registry_url, trial_id=1) as ctx:
         with ctx.checkpoint.store_path({"steps_completed": 1}) as (path, uuid):
             Path(path, "w.bin").write_bytes(FILES["a.bin"])
+    # the environment's verify key holds for `checkpoint download` too (it verified nothing)
+    monkeypatch.setenv(signing.VERIFY_KEY_ENV, pub)
+    refused = env.run("checkpoint", "download", uuid, "-o", str(tmp_path / "unsigned"))
+    assert refused.exit_code == 5 and "not signed" in refused.output, refused.output
+    assert not (tmp_path / "unsigned" / "w.bin").exists()
+    monkeypatch.delenv(signing.VERIFY_KEY_ENV)
     refused = env.run("checkpoint", "verify", uuid, "--key", pub)
     assert refused.exit_code == 5 and "not signed" in refused.output, refused.output
     assert env.run("checkpoint", "verify", uuid).exit_code == 0  # no key: checksums only
