@@ -16,7 +16,7 @@ from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext, signing
 from ckptstore.checkpointing.checksums import crc32c_bytes
 from ckptstore.core import init
-from tests.checkpointing._helpers import ec_key_pair, forge
+from tests.checkpointing._helpers import ec_key_pair, forge, same_crc32c
 from tests.cli.helpers import make_env
 
 model_signing = pytest.importorskip("model_signing")
@@ -144,6 +144,28 @@ def test_files_from_the_restore_cache_are_hashed_by_its_crc_read(where, keys, tm
         report = reader.last_download
         assert report.from_storage == 0 and report.from_cache == sum(report.files.values())
         assert set(FILES) <= set(report.files)
+
+
+def test_a_poisoned_cache_entry_is_a_miss_not_a_refusal(where, keys, tmp_path):
+    """A cache entry with the right size and crc32c but other bytes (a CRC collision, or a
+    writer of the cache) never reaches the caller, and does not make a signed checkpoint
+    fail to load either: with a signature it is a miss, fetched again from storage."""
+    from ckptstore.checkpointing import RestoreCache
+    from ckptstore.checkpointing import format as fmt
+
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    cache = RestoreCache(tmp_path / "cache")
+    with CheckpointContext(where.storage, verify_key=pub, cache=cache) as reader:
+        reader.download(uuid, tmp_path / "first")
+        entry = fmt.read_manifest(reader.storage, uuid)["files"]["a.bin"]
+        path = str(cache.root / cache.file_key(reader.storage.url, uuid, "a.bin", entry))
+        forged = same_crc32c(b"x" * len(FILES["a.bin"]), FILES["a.bin"])
+        Path(path + ".new").write_bytes(forged)
+        os.replace(path + ".new", path)  # not through the first download's hard link
+        reader.download(uuid, tmp_path / "again")
+        assert (tmp_path / "again" / "a.bin").read_bytes() == FILES["a.bin"]
+        assert reader.last_download.from_storage >= len(FILES["a.bin"])
 
 
 def test_folder_signed_by_model_signing_verifies_here(where, keys, tmp_path):
