@@ -337,6 +337,29 @@ def test_empty_folder_entry_and_unicode_names_verify(where, keys, tmp_path, dedu
             assert (path / "é" / "ü.bin").read_bytes() == b"1"
 
 
+def test_signed_paths_outside_the_folder_are_only_ever_missing(where, keys, tmp_path):
+    """A signature (by the trusted key) naming ``../x`` or an absolute path: nothing is
+    written or read there, and the checkpoint is refused (a signed file is missing)."""
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    folder = Path(where.storage, uuid)
+    _writable(folder)
+    digests = signing.folder_digests(str(folder))
+    digests.update({"../x": "00" * 32, str(tmp_path / "abs"): "11" * 32})
+    signing.sign_digests(digests, key, str(folder / signing.SIGNATURE_NAME))
+    data = (folder / signing.SIGNATURE_NAME).read_bytes()
+    forge(
+        CheckpointContext(where.storage).storage,
+        uuid,
+        lambda f: f[signing.SIGNATURE_NAME].update(size=len(data), crc32c=crc32c_bytes(data)),
+    )
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        with pytest.raises(errors.SignatureError, match=r"missing=\[.*\.\./x"):
+            reader.download(uuid, tmp_path / "out" / "dl")
+        reader.download(uuid, tmp_path / "part", selector="a.bin")  # a selection: fine
+    assert not (tmp_path / "out" / "x").exists() and not (tmp_path / "abs").exists()
+
+
 @pytest.mark.parametrize("kind", ["private", "rsa", "garbage"])
 def test_wrong_kind_of_verify_key(where, keys, tmp_path, kind):
     key, pub, _ = keys
