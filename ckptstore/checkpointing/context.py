@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import pathlib
@@ -483,33 +482,18 @@ class CheckpointContext:
         manifest = self._manifest(storage_id)
         select = fmt.compile_selector(selector)
         ckpt_dir = os.fspath(ckpt_dir)
-        fetch = functools.partial(
-            restore.download_checkpoint,
-            self.storage,
-            storage_id,
-            manifest,
-            ckpt_dir,
-            verify=self.verify,
-            cache=(self.cache or False) if cache is None else cache,
-        )
+        options = {
+            "verify": self.verify,
+            "cache": (self.cache or False) if cache is None else cache,
+        }
+        what = (self.storage, storage_id, manifest, ckpt_dir, lambda rel: bool(select(rel)))
         if self.verify_key is None:
-            self.last_download = fetch(lambda rel: bool(select(rel)))
+            self.last_download = restore.download_checkpoint(*what, **options)
             return
-        # The signature first (it comes along with any selection): an unsigned checkpoint or
-        # a foreign envelope is refused before the files are fetched; then the files' SHA-256,
-        # from the read that checks their crc32c, before anyone parses a file (a load raises
-        # here, never inside Keras).
-        if signing.SIGNATURE_NAME not in manifest["files"]:
-            raise signing.unsigned_error(f"{storage_id} in {self.storage.url}")
-        fetch(lambda rel: rel == signing.SIGNATURE_NAME)
-        expected = signing.Expected.read(
-            os.path.join(ckpt_dir, signing.SIGNATURE_NAME), self.verify_key
+        # Checked before anyone parses a file: a load raises here, never inside Keras.
+        self.last_download = restore.download_signed(
+            *what, self.verify_key, partial=selector is not None, **options
         )
-        digests: dict[str, str] = {}
-        self.last_download = fetch(
-            lambda rel: rel != signing.SIGNATURE_NAME and bool(select(rel)), sha256=digests
-        )
-        expected.compare(ckpt_dir, digests, partial=selector is not None)
 
     @contextlib.contextmanager
     def restore_path(
@@ -533,7 +517,11 @@ class CheckpointContext:
         try:
             local = self.storage.local_path(storage_id)
             manifest = self._manifest(storage_id)
-            if local is not None and os.path.isdir(local) and not blobs.uses_blobs(manifest):
+            # With a verify key, a selection is copied out: in place, the caller would get
+            # the whole folder, its unselected files unchecked.
+            signed_part = self.verify_key is not None and selector is not None
+            in_place = local is not None and os.path.isdir(local) and not signed_part
+            if in_place and not blobs.uses_blobs(manifest):
                 # The caller reads this folder itself: no link in it may lead out of it.
                 check_links_inside(local, local, self.storage.local_path("") or local)
                 self._verify_in_place(local, manifest, selector)
@@ -562,6 +550,7 @@ class CheckpointContext:
         expected = signing.Expected.read(sig, self.verify_key)
         digests: dict[str, str] = {}
         fmt.verify_files(local, manifest, selector, sha256=digests, check=self.verify)
+        digests.update(signing.unlisted_digests(local, manifest["files"]))
         expected.compare(local, digests, partial=selector is not None)
 
     def _use(self, storage_id: str, delta: int) -> None:

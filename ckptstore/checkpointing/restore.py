@@ -16,13 +16,15 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ckptstore.checkpointing import blobs
+from ckptstore import errors
+from ckptstore.checkpointing import blobs, signing
 from ckptstore.checkpointing import cache as cache_mod
 from ckptstore.checkpointing import format as fmt
 
@@ -64,8 +66,13 @@ def download_checkpoint(
     cache: cache_mod.CacheOption = None,
     progress: ProgressCallback | None = None,
     sha256: dict[str, str] | None = None,
+    signed: Mapping[str, str] | None = None,
 ) -> DownloadReport:
     """Write the files of ``manifest`` that ``select`` picks into ``out_dir``.
+
+    ``signed``: ``{path: SHA-256}`` a checked signature vouches for; a cached file whose
+    SHA-256 is not its signed one is a miss (dropped, fetched from storage): an entry with the
+    right size and crc32c but other bytes cannot make a signed checkpoint fail to load.
 
     ``sha256``: a dict that receives the SHA-256 of every file written (what a signature is
     compared with), computed by the read that checks its crc32c, whether it came from storage
@@ -83,7 +90,7 @@ def download_checkpoint(
     files = {rel: e for rel, e in manifest["files"].items() if select(rel)}
     os.makedirs(out_dir, exist_ok=True)
     keys = _keys(restore, storage, uuid, files)
-    linked = _link_cached(restore, keys, files, out_dir, stats, progress, sha256)
+    linked = _link_cached(restore, keys, files, out_dir, stats, progress, sha256, signed)
     whole = {rel for rel, e in files.items() if "blobs" not in e and rel not in linked}
     if whole:
         storage.download(uuid, out_dir, selector=lambda rel: rel in whole, progress=progress)
@@ -121,6 +128,47 @@ def download_checkpoint(
     return report
 
 
+def download_signed(
+    storage: Storage,
+    uuid: str,
+    manifest: Mapping[str, Any],
+    out_dir: str,
+    select: Callable[[str], bool],
+    public_key: signing.KeyPath,
+    *,
+    partial: bool,
+    **options: Any,
+) -> DownloadReport:
+    """:func:`download_checkpoint` of a checkpoint that must be signed by ``public_key``:
+    refused (:class:`~ckptstore.errors.SignatureError`) unsigned, before any other file is
+    fetched, or with a foreign envelope; then every file's SHA-256, from the read that checks
+    its crc32c, is compared with the signature (``partial``: ``select`` left signed files
+    out). The one signed download: ``CheckpointContext.download`` and the CLI's.
+    ``options``: :func:`download_checkpoint`'s."""
+    if signing.SIGNATURE_NAME not in manifest["files"]:
+        raise signing.unsigned_error(f"{uuid} in {storage.url}")
+    sig = os.path.join(out_dir, signing.SIGNATURE_NAME)
+    download_checkpoint(
+        storage, uuid, manifest, out_dir, lambda rel: rel == signing.SIGNATURE_NAME, **options
+    )
+    expected = signing.Expected.read(sig, public_key)
+    digests: dict[str, str] = {}
+    wanted = lambda rel: rel != signing.SIGNATURE_NAME and select(rel)  # noqa: E731
+    signed = expected.digests if expected.algorithm == signing.HASH_ALGORITHM else None
+    report = download_checkpoint(
+        storage, uuid, manifest, out_dir, wanted, sha256=digests, signed=signed, **options
+    )
+    try:
+        expected.compare(out_dir, digests, partial=partial)
+    except errors.SignatureError:
+        # Refused files are not left where the caller (or a later load) would take them.
+        for rel in report.files:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(out_dir, *rel.split("/")))
+        raise
+    return report
+
+
 def _keys(
     restore: cache_mod.RestoreCache | None,
     storage: Storage,
@@ -147,9 +195,10 @@ def _link_cached(
     stats: cache_mod.LoadStats,
     progress: ProgressCallback | None,
     sha256: dict[str, str] | None,
+    signed: Mapping[str, str] | None,
 ) -> set[str]:
-    """Place the files the cache holds whole and intact (hashed into ``sha256``); returns
-    their relpaths."""
+    """Place the files the cache holds whole and intact (hashed into ``sha256``; the signed
+    digest where ``signed`` names one); returns their relpaths."""
     linked: set[str] = set()
     if restore is None:
         return linked
@@ -157,6 +206,10 @@ def _link_cached(
         entry = files[rel]
         target = os.path.join(out_dir, *rel.split("/"))
         sha = restore.link_file(key, target, entry, sha256=sha256 is not None)
+        if sha is not None and signed is not None and signed.get(rel, sha) != sha:
+            os.unlink(target)
+            restore.drop(key)
+            sha = None
         if sha is not None:
             if sha256 is not None:
                 sha256[rel] = sha
@@ -208,4 +261,4 @@ def _assemble(
     blobs.assemble(storage, uuid, manifest, out_dir, wanted.__contains__, read=read)
 
 
-__all__ = ["DownloadReport", "download_checkpoint"]
+__all__ = ["DownloadReport", "download_checkpoint", "download_signed"]

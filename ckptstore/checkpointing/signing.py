@@ -53,6 +53,10 @@ UNSIGNED_NAMES = (SIGNATURE_NAME, fmt.METADATA_NAME, fmt.MANIFEST_NAME, fmt.PEND
 #: command cannot verify it). Signatures with BLAKE2/BLAKE3 (model_signing's API) verify here too.
 HASH_ALGORITHM = "sha256"
 
+#: The largest ``model.sig`` read (it is parsed in memory): twice the largest manifest, as a
+#: signature spells each file's path and digest in base64'd JSON, about twice a manifest entry.
+MAX_SIGNATURE_BYTES = 2 * fmt.MAX_MANIFEST_BYTES
+
 KeyPath = str | os.PathLike[str]
 
 
@@ -79,7 +83,41 @@ def key_from(explicit: KeyPath | None, env_name: str) -> str | None:
             f"The key file named by {where} does not exist; pass the path of a PEM file "
             f"(an EC key, e.g. `openssl ecparam -name prime256v1 -genkey`). Received: {value!r}."
         )
+    if value is not None:
+        _check_key(value, public=env_name == VERIFY_KEY_ENV)
     return value
+
+
+def _check_key(path: str, *, public: bool) -> None:
+    """Refuse a key ``model_signing`` cannot use here, before any checkpoint is judged by it:
+    otherwise every signed checkpoint would be refused as "altered" (a private key, an RSA
+    key or a damaged file given as the verify key)."""
+    load_model_signing()  # a missing [signing] extra is said first (it brings cryptography)
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    want = "EC public key (`openssl ec -in KEY.pem -pubout`)" if public else "EC private key"
+    try:
+        with open(path, "rb") as f:
+            data = f.read(1 << 20)  # a PEM key is a few hundred bytes
+        key = (
+            serialization.load_pem_public_key(data)
+            if public
+            else serialization.load_pem_private_key(data, None)
+        )
+    except (ValueError, TypeError, OSError) as exc:
+        key, reason = None, f"{type(exc).__name__}: {exc}"
+    else:
+        reason = f"{type(key).__name__} {getattr(getattr(key, 'curve', None), 'name', '')}"
+    curve = getattr(key, "curve", None)
+    if not isinstance(key, ec.EllipticCurvePublicKey | ec.EllipticCurvePrivateKey) or (
+        curve is None or curve.name not in ("secp256r1", "secp384r1", "secp521r1")
+    ):
+        raise errors.InvalidConfig(
+            f"The {'verify' if public else 'signing'} key {path} is not an unencrypted "
+            f"{want} in PEM, P-256/384/521 ({reason}). Pass that file instead. "
+            f"Received: {path!r}."
+        )
 
 
 def signed_names(files: Iterable[str]) -> list[str]:
@@ -150,6 +188,26 @@ def folder_digests(folder: str) -> dict[str, str]:
     }
 
 
+def unlisted_digests(folder: str, listed: Iterable[str]) -> dict[str, str]:
+    """``{relative path: SHA-256}`` of the files under local ``folder`` that ``listed`` (a
+    manifest's paths) does not name, and ``"symlink"`` for every link: a checkpoint verified in
+    place hands its caller the whole folder, so a file added next to the signed ones must be
+    seen (the manifest is not signed), and ``model_signing`` signs no links. One read of an
+    added file only; a checkpoint as committed has none."""
+    known = set(listed)
+    found: dict[str, str] = {}
+    for root, dirs, files in os.walk(folder):
+        prefix = os.path.relpath(root, folder).replace(os.sep, "/") + "/"
+        prefix = "" if prefix == "./" else prefix
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                found[prefix + name] = "symlink"
+            elif name in files and prefix + name not in known:
+                found[prefix + name] = str(file_sums(path, crc32c=False, sha256=True)[1])
+    return found
+
+
 def sign_folder(folder: str | os.PathLike[str], private_key: KeyPath) -> str:
     """Sign the files of the local checkpoint folder ``folder`` with the EC private key in PEM
     file ``private_key``; writes and returns ``folder/model.sig``."""
@@ -164,6 +222,13 @@ def signed_digests(signature_path: str, public_key: KeyPath) -> tuple[str, Mappi
     once its signature checks out against ``public_key``;
     :class:`~ckptstore.errors.SignatureError` if it does not."""
     *_, sign_ec_key, sign_sigstore_pb = load_model_signing()
+    size = os.path.getsize(signature_path)
+    if size > MAX_SIGNATURE_BYTES:
+        raise errors.SignatureError(
+            f"The signature {signature_path} has {size} bytes, over the {MAX_SIGNATURE_BYTES} "
+            "a checkpoint's signature can need: not read. Do not load the checkpoint. "
+            f"Received: {signature_path!r}."
+        )
     try:
         signature = sign_sigstore_pb.Signature.read(pathlib.Path(signature_path))
         manifest = sign_ec_key.Verifier(pathlib.Path(os.fspath(public_key))).verify(signature)
@@ -272,6 +337,7 @@ def verify_folder(
 
 __all__ = [
     "HASH_ALGORITHM",
+    "MAX_SIGNATURE_BYTES",
     "Expected",
     "SIGNATURE_NAME",
     "SIGNING_KEY_ENV",
@@ -285,6 +351,7 @@ __all__ = [
     "sign_folder",
     "signed_digests",
     "signed_names",
+    "unlisted_digests",
     "unsigned_error",
     "verify_folder",
 ]

@@ -144,8 +144,15 @@ def download_cmd(
       ckptstore checkpoint download 0b7c... -o ./ckpt --selector 'model.keras'
     """
     out_dir = out_dir or os.path.join(os.getcwd(), uuid)
+    from ckptstore.checkpointing import signing
+
     report = download_checkpoint(
-        state, uuid, out_dir, list(selectors) or None, cache=False if no_cache else None
+        state,
+        uuid,
+        out_dir,
+        list(selectors) or None,
+        cache=False if no_cache else None,
+        verify_key=signing.key_from(None, signing.VERIFY_KEY_ENV),
     )
     if as_json:
         emit_json({"uuid": uuid, "output": out_dir, **report.as_dict()})
@@ -188,12 +195,9 @@ def verify_cmd(state: CliState, uuid: str, public_key: str | None, as_json: bool
     key = signing.key_from(public_key, signing.VERIFY_KEY_ENV)
     with tempfile.TemporaryDirectory(prefix="ckptstore-verify-") as tmp:
         # The point is to check what storage holds: nothing comes from the local cache.
-        digests: dict[str, str] = {}
         checked = download_checkpoint(
-            state, uuid, tmp, label="Verifying", cache=False, sha256=digests
+            state, uuid, tmp, label="Verifying", cache=False, verify_key=key
         ).files
-        if key is not None:
-            signing.verify_folder(tmp, key, digests=digests)
     result = {"uuid": uuid, "ok": True, "files": len(checked), "bytes": sum(checked.values())}
     if key is not None:  # the result of an unsigned check keeps its keys
         result["signature"] = "verified"

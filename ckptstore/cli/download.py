@@ -47,12 +47,14 @@ def download_checkpoint(
     label: str = "Downloading",
     cache: bool | None = None,
     sha256: dict[str, str] | None = None,
+    verify_key: str | None = None,
 ) -> DownloadReport:
     """Download (with a progress bar on a terminal) and verify checkpoint ``uuid``, through
     the restore cache unless ``cache=False``; a damaged blob is reported with every
     checkpoint in the prefix that uses it. ``sha256`` receives every file's SHA-256 (from
-    the read that checks its crc32c)."""
-    from ckptstore.checkpointing import blob_gc, restore
+    the read that checks its crc32c). ``verify_key``: the checkpoint's signature must check
+    out with it (``signing.key_from(None, VERIFY_KEY_ENV)`` for the environment's)."""
+    from ckptstore.checkpointing import blob_gc, restore, signing
     from ckptstore.checkpointing import format as ckpt_format
 
     try:
@@ -66,21 +68,34 @@ def download_checkpoint(
     wanted = {
         rel: entry
         for rel, entry in manifest["files"].items()
-        if select(rel) or rel == ckpt_format.METADATA_NAME
+        if select(rel) or rel in (ckpt_format.METADATA_NAME, signing.SIGNATURE_NAME)
     }
     total = sum(int(e["size"]) for e in wanted.values())
     with transfer_progress(f"{label} {uuid[:8]}", total) as progress:
         try:
-            report = restore.download_checkpoint(
-                storage,
-                uuid,
-                manifest,
-                out_dir,
-                wanted.__contains__,
-                cache=cache,
-                progress=progress,
-                sha256=sha256,
-            )
+            if verify_key is None:
+                report = restore.download_checkpoint(
+                    storage,
+                    uuid,
+                    manifest,
+                    out_dir,
+                    wanted.__contains__,
+                    cache=cache,
+                    progress=progress,
+                    sha256=sha256,
+                )
+            else:
+                report = restore.download_signed(
+                    storage,
+                    uuid,
+                    manifest,
+                    out_dir,
+                    wanted.__contains__,
+                    verify_key,
+                    partial=selector is not None,
+                    cache=cache,
+                    progress=progress,
+                )
         except errors.ChecksumMismatch as exc:
             sha = getattr(exc, "blob", None)
             if sha is None:

@@ -202,6 +202,8 @@ def download_cmd(
       ckptstore model download mnist@production -o ./model
       ckptstore model download mnist:2
     """
+    from ckptstore.checkpointing import signing
+
     name, which = parse_model_ref(ref)
     version = state.registry().get_model(name).get_version(which)
     view = version_view(version)
@@ -212,6 +214,7 @@ def download_cmd(
         out_dir,
         list(selectors) or None,
         cache=False if no_cache else None,
+        verify_key=signing.key_from(None, signing.VERIFY_KEY_ENV),
     ).files
     click.echo(
         f"Downloaded {name}:{view['version']} (checkpoint {view['checkpoint_uuid']}, "

@@ -6,7 +6,10 @@ size and crc32c, appended to the tar and deleted, so the server holds at most on
 and a few MiB in memory whatever the checkpoint's size. The archive holds ``<uuid>/...`` with
 ``MANIFEST.json``, so ``tar x`` gives a folder ``ckptstore checkpoint verify`` style checks
 accept. A file that fails its check aborts the stream (the client sees a broken download, never
-a complete-looking archive with a bad file).
+a complete-looking archive with a bad file). With ``CKPTSTORE_VERIFY_KEY`` in the UI's
+environment the archive is a verified download like any other: an unsigned checkpoint is
+refused before the first file, and each file's SHA-256 (from the read that checks its
+crc32c) must be the signed one before it joins the archive.
 
 Example::
 
@@ -28,7 +31,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ckptstore.checkpointing import format as ckpt_format
-from ckptstore.checkpointing import restore
+from ckptstore.checkpointing import restore, signing
 from ckptstore.storage_backends.base import Storage
 
 logger = logging.getLogger(__name__)
@@ -78,6 +81,8 @@ def _write_tar(
 ) -> None:
     tmp = tempfile.mkdtemp(prefix="ckptstore-ui-archive-")
     try:
+        expected = _expected_signature(storage, uuid, manifest, tmp)
+        digests: dict[str, str] = {}  # SHA-256 from the read that checks each crc32c
         with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             for rel in sorted(manifest["files"]):
                 if rel.endswith("/"):
@@ -87,10 +92,16 @@ def _write_tar(
                     continue
                 one = lambda r, rel=rel: r == rel  # noqa: E731 - the file this step fetches
                 # One file at a time, so the archive streams while later files are fetched.
-                restore.download_checkpoint(storage, uuid, manifest, tmp, one)
+                restore.download_checkpoint(
+                    storage, uuid, manifest, tmp, one, sha256=digests if expected else None
+                )
+                if expected is not None:  # before the file joins the archive
+                    expected.compare(tmp, {rel: digests[rel]}, partial=True)
                 path = os.path.join(tmp, *rel.split("/"))
                 tar.add(path, arcname=f"{uuid}/{rel}", recursive=False)
                 os.remove(path)
+            if expected is not None:  # every signed file was in it
+                expected.compare(tmp, digests)
             data = ckpt_format.manifest_bytes(manifest)
             info = tarfile.TarInfo(f"{uuid}/{ckpt_format.MANIFEST_NAME}")
             info.size, info.mode = len(data), 0o644
@@ -98,6 +109,23 @@ def _write_tar(
         writer.flush_all()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _expected_signature(
+    storage: Storage, uuid: str, manifest: Mapping[str, Any], tmp: str
+) -> signing.Expected | None:
+    """With a verify key in the UI's environment, what the checkpoint's signature vouches for
+    (each file is compared with it before it joins the archive); None without one."""
+    key = signing.key_from(None, signing.VERIFY_KEY_ENV)
+    if key is None:
+        return None
+    if signing.SIGNATURE_NAME not in manifest["files"]:
+        raise signing.unsigned_error(f"{uuid} in {storage.url}")
+    sig = lambda rel: rel == signing.SIGNATURE_NAME  # noqa: E731
+    restore.download_checkpoint(storage, uuid, manifest, tmp, sig)
+    expected = signing.Expected.read(os.path.join(tmp, signing.SIGNATURE_NAME), key)
+    os.remove(os.path.join(tmp, signing.SIGNATURE_NAME))
+    return expected
 
 
 def checkpoint_tar(storage: Storage, uuid: str, manifest: Mapping[str, Any]) -> Iterator[bytes]:

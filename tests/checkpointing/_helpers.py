@@ -129,3 +129,32 @@ def ec_key_pair(folder: Any, name: str = "key") -> tuple[str, str]:
             )
         )
     return key, pub
+
+
+def same_crc32c(data: bytes, like: bytes) -> bytes:
+    """``data`` (as long as ``like``) with its last 4 bytes chosen so its CRC-32C is
+    ``like``'s: other bytes that pass a size + crc32c check. CRC is affine over GF(2), so
+    the 4 bytes solve a 32x32 linear system."""
+    from ckptstore.checkpointing.checksums import crc32c_bytes
+
+    assert len(data) == len(like) >= 4
+
+    def crc(tail: int) -> int:
+        return int(crc32c_bytes(data[:-4] + tail.to_bytes(4, "little")), 16)
+
+    base, want = crc(0), int(crc32c_bytes(like), 16)
+    # rows: (effect of tail bit i on the CRC, bit i itself), reduced to a basis
+    basis: list[tuple[int, int]] = []
+    for i in range(32):
+        effect, bits = crc(1 << i) ^ base, 1 << i
+        for e, b in sorted(basis, reverse=True):  # highest leading bit first
+            if effect ^ e < effect:
+                effect, bits = effect ^ e, bits ^ b
+        if effect:
+            basis.append((effect, bits))
+    target, tail = want ^ base, 0
+    for e, b in sorted(basis, reverse=True):
+        if target ^ e < target:
+            target, tail = target ^ e, tail ^ b
+    assert target == 0
+    return data[:-4] + tail.to_bytes(4, "little")

@@ -16,7 +16,7 @@ from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext, signing
 from ckptstore.checkpointing.checksums import crc32c_bytes
 from ckptstore.core import init
-from tests.checkpointing._helpers import ec_key_pair, forge
+from tests.checkpointing._helpers import ec_key_pair, forge, same_crc32c
 from tests.cli.helpers import make_env
 
 model_signing = pytest.importorskip("model_signing")
@@ -146,6 +146,28 @@ def test_files_from_the_restore_cache_are_hashed_by_its_crc_read(where, keys, tm
         assert set(FILES) <= set(report.files)
 
 
+def test_a_poisoned_cache_entry_is_a_miss_not_a_refusal(where, keys, tmp_path):
+    """A cache entry with the right size and crc32c but other bytes (a CRC collision, or a
+    writer of the cache) never reaches the caller, and does not make a signed checkpoint
+    fail to load either: with a signature it is a miss, fetched again from storage."""
+    from ckptstore.checkpointing import RestoreCache
+    from ckptstore.checkpointing import format as fmt
+
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    cache = RestoreCache(tmp_path / "cache")
+    with CheckpointContext(where.storage, verify_key=pub, cache=cache) as reader:
+        reader.download(uuid, tmp_path / "first")
+        entry = fmt.read_manifest(reader.storage, uuid)["files"]["a.bin"]
+        path = str(cache.root / cache.file_key(reader.storage.url, uuid, "a.bin", entry))
+        forged = same_crc32c(b"x" * len(FILES["a.bin"]), FILES["a.bin"])
+        Path(path + ".new").write_bytes(forged)
+        os.replace(path + ".new", path)  # not through the first download's hard link
+        reader.download(uuid, tmp_path / "again")
+        assert (tmp_path / "again" / "a.bin").read_bytes() == FILES["a.bin"]
+        assert reader.last_download.from_storage >= len(FILES["a.bin"])
+
+
 def test_folder_signed_by_model_signing_verifies_here(where, keys, tmp_path):
     key, pub, _ = keys
     folder = tmp_path / "model"
@@ -169,6 +191,12 @@ def test_cli_sign_and_verify(tmp_path, keys, monkeypatch):
     with init(storage=env.storage_url, registry=env.registry_url, trial_id=1) as ctx:
         with ctx.checkpoint.store_path({"steps_completed": 1}) as (path, uuid):
             Path(path, "w.bin").write_bytes(FILES["a.bin"])
+    # the environment's verify key holds for `checkpoint download` too (it verified nothing)
+    monkeypatch.setenv(signing.VERIFY_KEY_ENV, pub)
+    refused = env.run("checkpoint", "download", uuid, "-o", str(tmp_path / "unsigned"))
+    assert refused.exit_code == 5 and "not signed" in refused.output, refused.output
+    assert not (tmp_path / "unsigned" / "w.bin").exists()
+    monkeypatch.delenv(signing.VERIFY_KEY_ENV)
     refused = env.run("checkpoint", "verify", uuid, "--key", pub)
     assert refused.exit_code == 5 and "not signed" in refused.output, refused.output
     assert env.run("checkpoint", "verify", uuid).exit_code == 0  # no key: checksums only
@@ -223,3 +251,136 @@ def test_the_ui_states_a_checkpoints_signature_from_its_manifest_and_model_sig(
         assert state(signed) == "INVALID"
         monkeypatch.setenv(signing.VERIFY_KEY_ENV, "/no/such/key.pem")
         assert state(signed) == "SIGNED"  # a missing key file is said, not a 500
+
+
+# ---- attacks: nothing the key did not sign reaches a caller; nothing it signed is refused ----
+def _writable(path: Path) -> None:
+    for root, _dirs, files in os.walk(path):
+        os.chmod(root, 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
+
+
+@pytest.mark.parametrize("extra", ["evil.py", "sub/evil.py"])
+def test_in_place_file_added_next_to_signed(where, keys, extra):
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    folder = Path(where.storage, uuid)
+    _writable(folder)
+    (folder / extra).write_bytes(b"import os\n")
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        with pytest.raises(errors.SignatureError):
+            with reader.restore_path(uuid) as path:
+                print(sorted(os.listdir(path)))
+
+
+def test_in_place_selection_is_copied_out_with_a_verify_key(where, keys):
+    """In place, the caller would get the whole folder with its unselected files unchecked."""
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    folder = Path(where.storage, uuid)
+    _writable(folder)
+    (folder / "b.bin").write_bytes(b"y" * 3000)
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        with reader.restore_path(uuid, selector="a.bin") as path:
+            assert (path / "a.bin").read_bytes() == FILES["a.bin"]
+            assert not (path / "b.bin").exists()
+
+
+def test_download_refused_leaves_no_altered_file(where, keys, tmp_path):
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    local = Path(where.storage, uuid, "a.bin")
+    os.chmod(local, 0o644)
+    local.write_bytes(b"x" * 3000)
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        forge(reader.storage, uuid, lambda f: f["a.bin"].update(crc32c=crc32c_bytes(b"x" * 3000)))
+        with pytest.raises(errors.SignatureError):
+            reader.download(uuid, tmp_path / "out")
+    assert not (tmp_path / "out" / "a.bin").exists()
+
+
+def test_huge_or_malformed_signature_is_a_typed_refusal(where, keys, tmp_path):
+    """Read in bounded memory: a signature over the size limit is refused unread (a sparse
+    file: no disk used), and bytes that are not a bundle are a SignatureError."""
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    sig = Path(where.storage, uuid, signing.SIGNATURE_NAME)
+    _writable(sig.parent)
+    with open(sig, "r+b") as f:
+        f.truncate(signing.MAX_SIGNATURE_BYTES + 1)
+    with pytest.raises(errors.SignatureError, match="bytes, over the"):
+        signing.verify_folder(sig.parent, pub)
+    for data in (b"\x00\xff" * 1000, b"[" * 100000, b"{}", b'{"mediaType": 1}'):
+        sig.write_bytes(data)
+        with pytest.raises(errors.SignatureError, match="does not verify"):
+            signing.verify_folder(sig.parent, pub)
+
+
+@pytest.mark.parametrize("dedup", [False, True])
+def test_empty_folder_entry_and_unicode_names_verify(where, keys, tmp_path, dedup):
+    """A valid signature is not refused: non-ASCII and odd names, an empty folder (which a
+    signature does not cover), in place and downloaded, whole and deduplicated."""
+    key, pub, _ = keys
+    files = {"é/ü.bin": b"1", "a b#?.bin": b"2", "NFD-e\u0301.bin": b"3"}
+    folder = tmp_path / "model"
+    (folder / "empty").mkdir(parents=True)
+    for rel, data in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    with CheckpointContext(where.storage, signing_key=key, dedup=dedup) as writer:
+        uuid = writer.upload(folder)  # upload keeps empty folders (store_path drops them)
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        reader.download(uuid, tmp_path / "u")
+        assert (tmp_path / "u" / "empty").is_dir()
+        with reader.restore_path(uuid) as path:
+            assert (path / "é" / "ü.bin").read_bytes() == b"1"
+
+
+def test_signed_paths_outside_the_folder_are_only_ever_missing(where, keys, tmp_path):
+    """A signature (by the trusted key) naming ``../x`` or an absolute path: nothing is
+    written or read there, and the checkpoint is refused (a signed file is missing)."""
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    folder = Path(where.storage, uuid)
+    _writable(folder)
+    digests = signing.folder_digests(str(folder))
+    digests.update({"../x": "00" * 32, str(tmp_path / "abs"): "11" * 32})
+    signing.sign_digests(digests, key, str(folder / signing.SIGNATURE_NAME))
+    data = (folder / signing.SIGNATURE_NAME).read_bytes()
+    forge(
+        CheckpointContext(where.storage).storage,
+        uuid,
+        lambda f: f[signing.SIGNATURE_NAME].update(size=len(data), crc32c=crc32c_bytes(data)),
+    )
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        with pytest.raises(errors.SignatureError, match=r"missing=\[.*\.\./x"):
+            reader.download(uuid, tmp_path / "out" / "dl")
+        reader.download(uuid, tmp_path / "part", selector="a.bin")  # a selection: fine
+    assert not (tmp_path / "out" / "x").exists() and not (tmp_path / "abs").exists()
+
+
+@pytest.mark.parametrize("kind", ["private", "rsa", "garbage"])
+def test_wrong_kind_of_verify_key(where, keys, tmp_path, kind):
+    key, pub, _ = keys
+    uuid = commit(where, signing_key=key)
+    if kind == "private":
+        bad = key
+    elif kind == "rsa":
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        k = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        bad = str(tmp_path / "rsa.pem")
+        Path(bad).write_bytes(
+            k.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+    else:
+        bad = str(tmp_path / "g.pem")
+        Path(bad).write_bytes(b"hello")
+    with pytest.raises(errors.InvalidConfig, match="not an unencrypted EC public key"):
+        CheckpointContext(where.storage, verify_key=bad)
+    with CheckpointContext(where.storage, verify_key=pub) as reader:
+        reader.download(uuid, tmp_path / "ok")  # the right key still verifies

@@ -7,11 +7,13 @@ import getpass
 import pytest
 
 from ckptstore import errors
+from ckptstore.checkpointing import signing
 from ckptstore.cli.errors import EXIT_BAD_INPUT, EXIT_NOT_FOUND
 from ckptstore.cli.model_cmds import parse_model_ref
+from tests.checkpointing._helpers import ec_key_pair
 
 
-def test_model_lifecycle(env, tmp_path):
+def test_model_lifecycle(env, tmp_path, monkeypatch):
     first = env.save(1, 10, files={"model.keras": b"one"})
     second = env.save(1, 20, files={"model.keras": b"two"})
     created = env.json("model", "create", "mnist", "--description", "digits", "--label", "vision")
@@ -35,6 +37,11 @@ def test_model_lifecycle(env, tmp_path):
         result = env.run("model", "download", ref, "-o", str(out))
         assert result.exit_code == 0, result.output
         assert (out / "model.keras").read_bytes() == expected
+    # a verify key in the environment holds for `model download` too: these are unsigned
+    monkeypatch.setenv(signing.VERIFY_KEY_ENV, ec_key_pair(tmp_path)[1])
+    refused = env.run("model", "download", "mnist:2", "-o", str(tmp_path / "unsigned"))
+    assert refused.exit_code == 5 and "not signed" in refused.output, refused.output
+    monkeypatch.delenv(signing.VERIFY_KEY_ENV)
 
     # moving the alias takes it from version 1
     assert env.run("model", "set-alias", "mnist", "2", "production").exit_code == 0

@@ -15,9 +15,11 @@ from click.testing import CliRunner
 
 import ckptstore
 from ckptstore import errors
+from ckptstore.checkpointing import signing
 from ckptstore.cli.main import cli
 from ckptstore.experiment import describe_experiment
 from ckptstore.registry import Registry
+from tests.checkpointing._helpers import ec_key_pair
 from tests.import_determined.determined_fixtures import make_values, write_tfkeras_trial_checkpoint
 
 pytestmark = pytest.mark.e2e  # trains in trial processes started by the CLI
@@ -160,7 +162,9 @@ def test_trial_whose_latest_checkpoint_was_imported_from_determined(where, tmp_p
     _assert_started_from(model, values, 7)
 
 
-def test_determined_folder_read_in_place_on_object_storage(where_local_and_s3, tmp_path):
+def test_determined_folder_read_in_place_on_object_storage(
+    where_local_and_s3, tmp_path, monkeypatch
+):
     """The warm-start source is downloaded from the storage as is (local files or S3); a folder
     of that name that is not Determined's is refused, naming what it holds."""
     from ckptstore.storage_backends import open_storage
@@ -178,3 +182,7 @@ def test_determined_folder_read_in_place_on_object_storage(where_local_and_s3, t
         _assert_started_from(_run_in_process(where, registry, 1, DET_UUID), values, 3)
         with pytest.raises(errors.ResumeError, match="notes.txt"):
             _run_in_process(where, registry, 2, other)
+        # a verify key holds for a Determined folder too: an unsigned one is refused
+        monkeypatch.setenv(signing.VERIFY_KEY_ENV, ec_key_pair(tmp_path)[1])
+        with pytest.raises(errors.SignatureError, match="not signed"):
+            _run_in_process(where, registry, 3, DET_UUID)

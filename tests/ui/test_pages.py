@@ -10,6 +10,7 @@ import re
 import tarfile
 
 from ckptstore.checkpointing import format as ckpt_format
+from ckptstore.checkpointing.checksums import crc32c_file
 from tests.ui.conftest import TRIALS
 
 
@@ -138,6 +139,43 @@ def test_verify_reports_a_damaged_checkpoint(client, ui_env):
         return
     with tarfile.open(fileobj=io.BytesIO(body)) as tar:
         assert f"{uuid}/MANIFEST.json" not in tar.getnames()
+
+
+def _archive(client, uuid: str) -> bytes:
+    """The archive's bytes, or b"" when the stream was cut (the client gets no archive)."""
+    try:
+        return client.get(f"/checkpoints/{uuid}/archive.tar").content
+    except Exception:  # noqa: BLE001 - the stream was cut
+        return b""
+
+
+def test_archive_with_a_verify_key_holds_only_signed_files(client, ui_env, monkeypatch):
+    """With CKPTSTORE_VERIFY_KEY in the UI's environment its archive is a verified download
+    too: an unsigned checkpoint, or a file altered after signing, cuts the stream before
+    the file joins it; a signed one archives whole."""
+    from ckptstore.checkpointing import signing
+    from tests.checkpointing._helpers import ec_key_pair
+
+    unsigned, signed = ui_env.uuids[ui_env.trial_ids[0]][-2:]
+    key, pub = ec_key_pair(ui_env.env.workdir)
+    assert ui_env.env.run("checkpoint", "sign", signed, "--key", key).exit_code == 0
+    monkeypatch.setenv(signing.VERIFY_KEY_ENV, pub)
+    with tarfile.open(fileobj=io.BytesIO(_archive(client, signed))) as tar:
+        assert f"{signed}/{signing.SIGNATURE_NAME}" in tar.getnames()
+    assert f"{unsigned}/".encode() not in _archive(client, unsigned)  # not one member
+    local = f"{ui_env.env.storage_url}/{signed}/model.keras"
+    os.chmod(local, 0o644)
+    with open(local, "r+b") as f:  # same size; the manifest's crc32c made to match
+        f.write(b"X")
+    manifest = ckpt_format.parse_manifest(
+        open(f"{ui_env.env.storage_url}/{signed}/MANIFEST.json", "rb").read(), signed
+    )
+    manifest["files"]["model.keras"]["crc32c"] = crc32c_file(local)
+    manifest_file = f"{ui_env.env.storage_url}/{signed}/MANIFEST.json"
+    os.chmod(manifest_file, 0o644)
+    with open(manifest_file, "wb") as f:
+        f.write(ckpt_format.manifest_bytes(manifest))
+    assert f"{signed}/model.keras".encode() not in _archive(client, signed)
 
 
 def test_models_and_writes(client, ui_env):

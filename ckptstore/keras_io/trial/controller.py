@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore import errors
+from ckptstore.checkpointing import signing
 from ckptstore.checkpointing.format import MANIFEST_NAME, check_storage_id
 from ckptstore.checkpointing.metrics import reported_value
 from ckptstore.experiment.config import ExperimentConfig, Length, parse_config
@@ -336,6 +337,11 @@ class TrialController:
             return
         with tempfile.TemporaryDirectory(prefix=f"ckptstore-det-{uuid}-") as tmp:
             storage.download(uuid, tmp, selector=lambda rel: not rel.startswith("code/"))
+            verify_key = getattr(ckpt, "verify_key", None)
+            if verify_key is not None:
+                # No manifest: its model.sig (model_signing's own) is all that vouches for
+                # it. code/ was not fetched, so signed files may be missing, never changed.
+                signing.verify_folder(tmp, verify_key, partial=True)
             if keras2_format.determined_layout(tmp) is None:
                 raise errors.ResumeError(
                     f"{uuid} in {storage.url} is neither a committed checkpoint (no "
