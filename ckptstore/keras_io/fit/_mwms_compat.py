@@ -170,3 +170,38 @@ def _wrap_reduce(tf_trainer: Any) -> Any:
 
     setattr(reduce_per_replica, _MARK, True)
     return reduce_per_replica
+
+
+def keras2_worker_batch_step(
+    model: Any, strategy: Any, x: Any, y: Any, sample_weight: Any, class_weight: Any
+) -> dict[str, Any]:
+    """Keras 2's ``train_on_batch`` on the batch *this worker* holds, under a multi-worker
+    strategy.
+
+    Keras 2's ``train_on_batch`` hands its batch to ``strategy.experimental_distribute_dataset``,
+    which takes the batch as the *global* one: it splits it in per-replica parts and each worker
+    keeps only its part, so two workers would each train on half of their own batch (a global
+    batch of half the size, not what one worker on the same data computes). A TFKerasTrial
+    worker's batch is already its share of the global batch (``get_per_slot_batch_size``), so
+    this goes through ``distribute_datasets_from_function``, which neither shards nor rebatches,
+    into the model's own train function, as ``train_on_batch(reset_metrics=True,
+    return_dict=True)`` does."""
+    import tensorflow as tf
+    from tf_keras.src.engine import data_adapter
+    from tf_keras.src.utils import tf_utils
+
+    x, y, sample_weight = data_adapter._process_tensorlike((x, y, sample_weight))
+    data = (x,) if y is None else (x, y) if sample_weight is None else (x, y, sample_weight)
+
+    def per_worker(_: Any) -> Any:
+        dataset = tf.data.Dataset.from_tensors(data)
+        if class_weight:
+            dataset = dataset.map(data_adapter._make_class_weight_map_fn(class_weight))
+        return dataset
+
+    model.reset_metrics()
+    with strategy.scope():
+        iterator = iter(strategy.distribute_datasets_from_function(per_worker))
+        model.train_function = model.make_train_function()
+        logs = model.train_function(iterator)
+    return tf_utils.sync_to_numpy_or_python_type(logs)

@@ -598,6 +598,10 @@ class TrialController:
         return metrics
 
     def _train_on_batch(self, x: Any, y: Any, sw: Any, class_weight: Any) -> dict[str, Any]:
+        if backend.IS_KERAS2 and self.strategy is not None and not backend.graph_mode():
+            return mwms_compat.keras2_worker_batch_step(
+                self.model, self.strategy, x, y, sw, class_weight
+            )
         if not backend.graph_mode():
             return self.model.train_on_batch(
                 x, y, sample_weight=sw, class_weight=class_weight, return_dict=True
@@ -614,13 +618,30 @@ class TrialController:
             return logs
         return dict(zip(self.model.metrics_names, np.atleast_1d(logs).tolist(), strict=True))
 
+    def _validation_steps(self) -> int | None:
+        """Keras 2 evaluates a per-worker (distributed) dataset only for a given number of
+        steps: every worker runs the most batches any worker's shard has (the collectives need
+        all workers in each step; a worker whose shard ended contributes an empty batch, as
+        tf.distribute does for uneven inputs). None when the data is not a tf.data dataset."""
+        if not data_mod.is_tf_dataset(self.val_data):
+            return None
+        count = int(self.val_data.cardinality())
+        if count == -1:  # infinite: only the config's validation_steps can say
+            return None
+        if count < 0:  # unknown (e.g. after filter): count this worker's batches once
+            count = int(self.val_data.reduce(0, lambda n, _: n + 1))
+        return max(self.context.distributed.allgather(count))
+
     def _validate(self) -> dict[str, float]:
         fit = self.context.fit_config
         kwargs = data_mod.evaluate_kwargs(self.val_data, self.gbs, strategy=self.strategy)
         options = {"return_dict": True} if not backend.graph_mode() else {}
+        steps = fit["validation_steps"]
+        if steps is None and backend.IS_KERAS2 and self.strategy is not None:
+            steps = self._validation_steps()
         logs = self.model.evaluate(
             **kwargs,
-            steps=fit["validation_steps"],
+            steps=steps,
             callbacks=self.callbacks,
             verbose=1 if fit["verbose"] else 0,
             **options,

@@ -36,7 +36,7 @@ DATA_TYPES_HELP = (
 )
 
 
-def _is_tf_dataset(data: Any) -> bool:
+def is_tf_dataset(data: Any) -> bool:
     import sys
 
     tf = sys.modules.get("tensorflow")
@@ -302,7 +302,7 @@ def training_data(
             max_queue_size=max_queue_size or 10,
         )
         return SequenceData(adapter, bool(shuffle), seed)
-    if _is_tf_dataset(data):
+    if is_tf_dataset(data):
         if shuffle:
             logger.info("configure_fit(shuffle=True) does not reorder a tf.data.Dataset")
         return DatasetData(data, exact_state=size == 1)
@@ -324,9 +324,9 @@ def evaluate_kwargs(data: Any, batch_size: int, strategy: Any = None) -> dict[st
     in as a per-worker dataset: sharded again by Keras, part of it would never be evaluated."""
     if isinstance(data, SequenceAdapter):
         return {"x": data.sequence}
-    if _is_tf_dataset(data) and strategy is not None:
+    if is_tf_dataset(data) and strategy is not None:
         return {"x": strategy.distribute_datasets_from_function(lambda _: data)}
-    if isinstance(data, SEQUENCE_BASE) or _is_tf_dataset(data):
+    if isinstance(data, SEQUENCE_BASE) or is_tf_dataset(data):
         return {"x": data}
     if isinstance(data, (tuple, list)) and len(data) in (2, 3):
         kwargs = {"x": data[0], "y": data[1], "batch_size": batch_size}
@@ -344,5 +344,6 @@ __all__ = [
     "SequenceData",
     "TrainingData",
     "evaluate_kwargs",
+    "is_tf_dataset",
     "training_data",
 ]
