@@ -22,8 +22,9 @@ import os
 import re
 from typing import Any
 
-import boto3
 import botocore.exceptions
+import botocore.loaders
+import botocore.session
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
 from botocore.config import Config
 
@@ -84,6 +85,27 @@ def _error_code(exc: BaseException) -> tuple[str, int]:
         return _error_code(cause)
     match = _CODE_IN_TEXT.search(str(exc))
     return (match.group(1), 0) if match else ("", 0)
+
+
+#: The JSON loader every S3Storage's botocore session shares (see :func:`_new_session`).
+_loader: botocore.loaders.Loader | None = None
+
+
+def _new_session() -> botocore.session.Session:
+    """A fresh botocore session (credentials, region and config resolved anew, as before) whose
+    data loader is shared with every other S3Storage of this process."""
+    global _loader
+    session = botocore.session.get_session()
+    # A new session parses the S3 service model, endpoints and rule set JSON again for its first
+    # client (~0.1 s of CPU, most of opening a storage); the loader caches what it parsed, so a
+    # shared one parses them once per process. The first session's loader keeps its search
+    # path (AWS_DATA_PATH). Not boto3's Session: it would append its data path to the shared
+    # loader's search path on every session (and its resource data is not used here).
+    if _loader is None:
+        _loader = session.get_component("data_loader")
+    else:
+        session.register_component("data_loader", _loader)
+    return session
 
 
 class S3Storage(ObjectStorage):
@@ -154,12 +176,14 @@ class S3Storage(ObjectStorage):
             ).lower(),
             response_checksum_validation="when_required",
         )
-        session = boto3.session.Session(
+        self._client = _new_session().create_client(
+            "s3",
+            region_name=region,
+            endpoint_url=self.endpoint_url,
             aws_access_key_id=access_key,
             aws_secret_access_key=secret_key,
-            region_name=region,
+            config=config,
         )
-        self._client = session.client("s3", endpoint_url=self.endpoint_url, config=config)
         # Uploads only (downloads stream through _get_into).
         self._transfer = TransferConfig(
             multipart_threshold=self.multipart_threshold,

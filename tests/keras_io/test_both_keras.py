@@ -132,7 +132,9 @@ def test_exact_resume_warm_start_and_load_by_uuid(tmp_path, storage_url_factory,
         assert state["epoch"] == 2 and state["callbacks"]["_Count"] == {"epochs": 2}
 
         resumed_model = _model(kind)
-        second, counter, ran = _fit(ctx, resumed_model, 3, uuid)
+        # no SavedModel here (an export worker is a fresh TensorFlow process): the warm start's
+        # final checkpoint below has one
+        second, counter, ran = _fit(ctx, resumed_model, 3, uuid, export_saved_model="never")
         assert second.resumed and ran == 1 and counter.epochs == 3
         assert second.steps_completed == 3 * STEPS
         want, got = _state(straight), _state(resumed_model)
@@ -173,7 +175,9 @@ def test_tensorboard_and_stateful_callbacks(tmp_path):
     storage = str(tmp_path / "store")
     with det.core.init(storage=storage, registry=f"sqlite:///{tmp_path}/r.db", trial_id=4) as ctx:
         model = _model("new")
-        cb = det.keras.DeterminedCallback(ctx, checkpoint=None, continue_id=4)
+        cb = det.keras.DeterminedCallback(
+            ctx, checkpoint=None, continue_id=4, export_saved_model="never"
+        )
         stop = det.keras.callbacks.EarlyStopping(monitor="loss", patience=5)
         plateau = det.keras.callbacks.ReduceLRScheduler(monitor="loss", patience=5)
         tb = det.keras.TensorBoard(ctx)

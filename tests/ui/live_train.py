@@ -44,6 +44,9 @@ def main() -> None:
             core_context,
             checkpoint=None,
             continue_id=core_context.info.trial.trial_id,
+            # the page shows checkpoints and metrics; a SavedModel export (a TensorFlow worker
+            # process) would only make the run's end later
+            export_saved_model="never",
         )
         model.fit(
             x,
