@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -618,11 +619,14 @@ class TrialController:
             return logs
         return dict(zip(self.model.metrics_names, np.atleast_1d(logs).tolist(), strict=True))
 
+    @functools.cached_property
     def _validation_steps(self) -> int | None:
         """Keras 2 evaluates a per-worker (distributed) dataset only for a given number of
         steps: every worker runs the most batches any worker's shard has (the collectives need
         all workers in each step; a worker whose shard ended contributes an empty batch, as
-        tf.distribute does for uneven inputs). None when the data is not a tf.data dataset."""
+        tf.distribute does for uneven inputs). None when the data is not a tf.data dataset.
+        Worked out at the first validation (every worker validates then) and kept: the
+        validation data does not change during a trial."""
         if not data_mod.is_tf_dataset(self.val_data):
             return None
         count = int(self.val_data.cardinality())
@@ -630,7 +634,7 @@ class TrialController:
             return None
         if count < 0:  # unknown (e.g. after filter): count this worker's batches once
             count = int(self.val_data.reduce(0, lambda n, _: n + 1))
-        return max(self.context.distributed.allgather(count))
+        return max(self.core.distributed.allgather(count))
 
     def _validate(self) -> dict[str, float]:
         fit = self.context.fit_config
@@ -638,7 +642,7 @@ class TrialController:
         options = {"return_dict": True} if not backend.graph_mode() else {}
         steps = fit["validation_steps"]
         if steps is None and backend.IS_KERAS2 and self.strategy is not None:
-            steps = self._validation_steps()
+            steps = self._validation_steps
         logs = self.model.evaluate(
             **kwargs,
             steps=steps,
