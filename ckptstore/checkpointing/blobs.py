@@ -66,6 +66,9 @@ BLOBS_DIR = ".ckptstore-blobs"
 DEFAULT_CHUNK_BYTES = 4 * 2**20
 #: Threads uploading blobs of one checkpoint.
 UPLOAD_WORKERS = 8
+#: Threads hashing the chunks of one file (SHA-256 is CPU-bound: more threads than cores
+#: only compete with training).
+HASH_WORKERS = max(1, min(4, os.cpu_count() or 1))
 #: A piece between two cuts of at most this many bytes (an HDF5 header, a counter, a bias of
 #: up to 1024 float32 units) is merged with its small neighbours ... Measured
 #: (benchmarks/incremental.py): merging the 4 KiB biases of a Dense stack with the headers
@@ -92,18 +95,12 @@ def check_chunk_bytes(chunk_bytes: Any) -> int:
     return chunk_bytes
 
 
-def _read_chunks(path: str, chunk_bytes: int) -> Iterable[bytes]:
-    with open(path, "rb") as f:
-        while data := f.read(chunk_bytes):
-            yield data
-
-
 def chunk_file(path: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[dict[str, Any]]:
     """``[{"sha256", "size"}, ...]`` of the fixed-size chunks of the file at ``path``."""
-    return [
-        {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-        for data in _read_chunks(path, chunk_bytes)
-    ]
+    size = os.path.getsize(path)
+    return chunk_ranges(
+        path, [(o, min(chunk_bytes, size - o)) for o in range(0, size, chunk_bytes)]
+    )
 
 
 def cut_ranges(size: int, cuts: Iterable[int], chunk_bytes: int) -> list[tuple[int, int]]:
@@ -138,18 +135,27 @@ def cut_ranges(size: int, cuts: Iterable[int], chunk_bytes: int) -> list[tuple[i
 
 
 def chunk_ranges(path: str, ranges: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
-    """``[{"sha256", "size"}, ...]`` of the byte ranges ``(offset, length)`` of ``path``."""
-    out = []
+    """``[{"sha256", "size"}, ...]`` of the byte ranges ``(offset, length)`` of ``path``.
+
+    Hashed on :data:`HASH_WORKERS` threads (hashlib releases the GIL): the commit of the last
+    checkpoint of a run waits for this, and on a 2-core machine two threads halve it."""
+
     with open(path, "rb") as f:
         fd = f.fileno()
-        for offset, length in ranges:
+
+        def one(item: tuple[int, int]) -> dict[str, Any]:
+            offset, length = item
             data = os.pread(fd, length, offset)
             if len(data) != length:
                 raise errors.CheckpointError(
                     f"{path} changed while it was being chunked (short read at {offset})."
                 )
-            out.append({"sha256": hashlib.sha256(data).hexdigest(), "size": length})
-    return out
+            return {"sha256": hashlib.sha256(data).hexdigest(), "size": length}
+
+        if len(ranges) < 2:
+            return [one(item) for item in ranges]
+        with ThreadPoolExecutor(min(HASH_WORKERS, len(ranges))) as pool:
+            return list(pool.map(one, ranges))
 
 
 def referenced(manifest: Mapping[str, Any]) -> set[str]:
@@ -275,9 +281,8 @@ def upload(
 
     def one(item: tuple[str, str, int, int]) -> bool:
         rel, sha, offset, size = item
-        with open(os.path.join(local_dir, *rel.split("/")), "rb") as f:
-            data = os.pread(f.fileno(), size, offset)
-        return bool(storage.write_if_absent(blob_key(sha), data, durable=False))
+        path = os.path.join(local_dir, *rel.split("/"))
+        return bool(storage.write_range_if_absent(blob_key(sha), path, offset, size, durable=False))
 
     if not todo:
         return stats
@@ -291,8 +296,9 @@ def upload(
 
 
 # ---- reading -----------------------------------------------------------------------------------
-#: ``read(chunk, where) -> bytes``: a chunk's verified bytes; ``where`` names it in errors.
-ChunkReader = Callable[[Mapping[str, Any], str], bytes]
+#: ``place(chunk, fd, offset, where)``: write a chunk's verified bytes at ``offset`` of the open
+#: file ``fd``; ``where`` names the chunk in errors.
+ChunkPlacer = Callable[[Mapping[str, Any], int, int, str], None]
 
 
 def _damaged(message: str, sha: str) -> errors.ChecksumMismatch:
@@ -302,24 +308,47 @@ def _damaged(message: str, sha: str) -> errors.ChecksumMismatch:
 
 
 def read_blob(storage: Storage, chunk: Mapping[str, Any], *, verify: bool, where: str) -> bytes:
-    sha = chunk["sha256"]
     try:
-        data = storage.read_bytes(blob_key(sha))
+        data = storage.read_bytes(blob_key(chunk["sha256"]))
     except errors.StorageNotFound:
-        raise _damaged(
-            f"Blob {sha} of {where} is missing from {storage.url}/{BLOBS_DIR}; the checkpoint "
-            "is damaged (a blob was deleted outside ckptstore). Restore the blob or delete the "
-            "checkpoint.",
-            sha,
-        ) from None
-    if verify and (len(data) != chunk["size"] or hashlib.sha256(data).hexdigest() != sha):
+        raise _missing(storage, chunk, where) from None
+    if verify:
+        _check_blob(storage, chunk, where, data)
+    return data
+
+
+def place_blob(
+    storage: Storage, chunk: Mapping[str, Any], fd: int, offset: int, *, verify: bool, where: str
+) -> None:
+    """Write a chunk at ``offset`` of the open file ``fd``, checked first (as :func:`read_blob`);
+    a local store copies it in the kernel (:meth:`~ckptstore.storage_backends.base.Storage.
+    read_into`)."""
+    check = (lambda data: _check_blob(storage, chunk, where, data)) if verify else None
+    try:
+        storage.read_into(blob_key(chunk["sha256"]), fd, offset, check)
+    except errors.StorageNotFound:
+        raise _missing(storage, chunk, where) from None
+
+
+def _missing(storage: Storage, chunk: Mapping[str, Any], where: str) -> errors.ChecksumMismatch:
+    sha = chunk["sha256"]
+    return _damaged(
+        f"Blob {sha} of {where} is missing from {storage.url}/{BLOBS_DIR}; the checkpoint "
+        "is damaged (a blob was deleted outside ckptstore). Restore the blob or delete the "
+        "checkpoint.",
+        sha,
+    )
+
+
+def _check_blob(storage: Storage, chunk: Mapping[str, Any], where: str, data: bytes) -> None:
+    sha = chunk["sha256"]
+    if len(data) != chunk["size"] or hashlib.sha256(data).hexdigest() != sha:
         raise _damaged(
             f"Blob {sha} of {where} in {storage.url} is corrupted ({len(data)} bytes, expected "
             f"{chunk['size']} with that SHA-256); every checkpoint using it is damaged (list "
             "them with `ckptstore checkpoint verify`).",
             sha,
         )
-    return data
 
 
 def assemble(
@@ -331,7 +360,7 @@ def assemble(
     *,
     verify: bool = True,
     workers: int | None = None,
-    read: ChunkReader | None = None,
+    place: ChunkPlacer | None = None,
 ) -> dict[str, int]:
     """Write every selected deduplicated file of ``manifest`` into ``local_dir`` as an
     ordinary file, verifying each blob. Returns ``{relpath: size}``.
@@ -343,8 +372,8 @@ def assemble(
     damaged or missing chunk (in file order) is raised as :class:`~ckptstore.errors.
     ChecksumMismatch` naming it, and chunks not read yet are not read. The whole file's
     crc32c is left to the caller (:func:`~ckptstore.checkpointing.format.verify_files`).
-    ``read(chunk, where)`` returns a chunk's verified bytes (default: :func:`read_blob` from
-    ``storage``; the restore cache passes its own)."""
+    ``place(chunk, fd, offset, where)`` writes a chunk's verified bytes (default:
+    :func:`place_blob` from ``storage``; the restore's cache passes its own)."""
     written: dict[str, int] = {}
     todo: list[tuple[str, str, Mapping[str, Any], int]] = []
     #: part file -> final name. Chunks land in a part file renamed only once all arrived, so
@@ -366,11 +395,13 @@ def assemble(
             offset += chunk["size"]
         written[rel] = entry["size"]
     try:
-        if read is None:
-            read = lambda chunk, where: read_blob(storage, chunk, verify=verify, where=where)  # noqa: E731
+        if place is None:
+            place = lambda chunk, fd, offset, where: place_blob(  # noqa: E731
+                storage, chunk, fd, offset, verify=verify, where=where
+            )
         if workers is None:
             workers = getattr(storage, "concurrency", None) or UPLOAD_WORKERS
-        _fetch_chunks(uuid, todo, read, workers)
+        _fetch_chunks(uuid, todo, place, workers)
     except BaseException:
         for part in parts:
             with contextlib.suppress(OSError):
@@ -381,24 +412,29 @@ def assemble(
     return written
 
 
+def write_at(fd: int, data: bytes, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` of the open file ``fd``."""
+    view = memoryview(data)
+    end = offset + len(view)
+    while view:
+        view = view[os.pwrite(fd, view, end - len(view)) :]
+
+
 def _fetch_chunks(
     uuid: str,
     todo: list[tuple[str, str, Mapping[str, Any], int]],
-    read: ChunkReader,
+    place: ChunkPlacer,
     workers: int,
 ) -> None:
-    """Read ``(rel, path, chunk, offset)`` items in parallel, each written at its offset."""
+    """Place ``(rel, path, chunk, offset)`` items in parallel, each at its offset."""
     if not todo:
         return
 
     def one(item: tuple[str, str, Mapping[str, Any], int]) -> None:
         rel, target, chunk, offset = item
-        data = read(chunk, f"{uuid}/{rel}")
         fd = os.open(target, os.O_WRONLY)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.pwrite(fd, view, offset + len(data) - len(view)) :]
+            place(chunk, fd, offset, f"{uuid}/{rel}")
         finally:
             os.close(fd)
 

@@ -242,23 +242,22 @@ def _assemble(
         else {}
     )
 
-    def read(chunk: Mapping[str, Any], where: str) -> bytes:
+    def place(chunk: Mapping[str, Any], fd: int, offset: int, where: str) -> None:
         sha, size = chunk["sha256"], chunk["size"]
         found = restore.read_chunk(sha, size, places[sha]) if restore and sha in places else None
         if found is not None:
             stats.use(found[0])  # a use of the cached file it came from
-            data = found[1]
+            blobs.write_at(fd, found[1], offset)
         else:
             # Kept in the cache under a content key: always checked, whatever ``verify`` says.
-            data = blobs.read_blob(
-                storage, chunk, verify=verify or restore is not None, where=where
+            blobs.place_blob(
+                storage, chunk, fd, offset, verify=verify or restore is not None, where=where
             )
         stats.count(size, hit=found is not None)
         if progress is not None:
             progress(size)
-        return data
 
-    blobs.assemble(storage, uuid, manifest, out_dir, wanted.__contains__, read=read)
+    blobs.assemble(storage, uuid, manifest, out_dir, wanted.__contains__, place=place)
 
 
 __all__ = ["DownloadReport", "download_checkpoint", "download_signed"]

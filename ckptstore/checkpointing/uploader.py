@@ -23,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from ckptstore import errors
+from ckptstore.storage_backends.local import copy_range
 from ckptstore.validators import int_at_least
 
 logger = logging.getLogger(__name__)
@@ -44,12 +45,8 @@ def _try_clone(src_fd: int, dst_fd: int) -> bool:
 
 
 def _copy_range(src_fd: int, dst_fd: int, offset: int, count: int) -> None:
-    while count > 0:
-        n = os.copy_file_range(src_fd, dst_fd, count, offset, offset)
-        if n == 0:
-            raise OSError(f"copy_file_range made no progress at offset {offset}")
-        offset += n
-        count -= n
+    if copy_range(src_fd, dst_fd, count, offset, offset) != count:
+        raise OSError(f"the file being copied ended before offset {offset} + {count}")
 
 
 def _copy_file(src: str, dst: str, pool: ThreadPoolExecutor) -> None:

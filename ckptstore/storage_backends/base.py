@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from ckptstore import errors
@@ -108,6 +109,40 @@ class Storage(abc.ABC):
         writes back; object stores are durable either way)."""
 
     # ---- helpers with default implementations -------------------------------------------------
+    def read_into(
+        self,
+        key: str,
+        fd: int,
+        offset: int,
+        check: Callable[[bytes], None] | None = None,
+    ) -> int:
+        """Write the object at ``key`` into the open file ``fd`` at ``offset`` and return its
+        size; ``check(data)`` sees the bytes first and may raise to stop the write (a chunk's
+        SHA-256). A local store writes them with an in-kernel copy."""
+        data = self.read_bytes(key)
+        if check is not None:
+            check(data)
+        view = memoryview(data)
+        while view:
+            view = view[os.pwrite(fd, view, offset + len(data) - len(view)) :]
+        return len(data)
+
+    def write_range_if_absent(
+        self, key: str, path: str, offset: int, length: int, *, durable: bool = True
+    ) -> bool:
+        """:meth:`write_if_absent` of bytes ``[offset, offset + length)`` of the local file
+        ``path`` (a chunk of a staged checkpoint file). A local store copies them in the kernel
+        instead of through Python (:class:`~ckptstore.storage_backends.local.LocalStorage`).
+        A file shorter than the range raises :class:`~ckptstore.errors.CheckpointError`."""
+        with open(path, "rb") as f:
+            data = os.pread(f.fileno(), length, offset)
+        if len(data) != length:
+            raise errors.CheckpointError(
+                f"{path} changed while it was being stored: {len(data)} bytes at offset "
+                f"{offset}, {length} expected. Do not modify a checkpoint folder being saved."
+            )
+        return self.write_if_absent(key, data, durable=durable)
+
     def modified_at(self, key: str) -> float:
         """When the object at ``key`` was last written, by the *storage's* clock (epoch seconds:
         S3 ``LastModified``, GCS ``updated``, Azure ``last_modified``, a file's ``mtime``).

@@ -44,6 +44,12 @@ class KillingStorage:
             die()  # a deduplicated checkpoint's new files go up as chunks
         return created
 
+    def write_range_if_absent(self, key: str, *args: Any, **kw: Any) -> bool:
+        created = self._storage.write_range_if_absent(key, *args, **kw)
+        if self._point == "mid_upload" and key.startswith(".ckptstore-blobs/"):
+            die()  # a chunk created from its range of a staged file
+        return created
+
     def write_bytes(self, key: str, data: bytes) -> None:
         is_manifest = key.endswith("/" + fmt.MANIFEST_NAME)
         if is_manifest and self._point == "before_manifest":

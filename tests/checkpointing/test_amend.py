@@ -115,14 +115,14 @@ def test_a_manifest_changed_meanwhile_is_a_conflict(tmp_path):
     with CheckpointContext(str(tmp_path / "store")) as ctx:
         uuid = commit(ctx, tmp_path)
         storage = ctx.storage
-        real_create, real_upload = storage.write_if_absent, storage.upload
+        real_create, real_upload = storage.write_range_if_absent, storage.upload
 
         def other_writer_rewrites() -> None:
             if not fmt.read_manifest(storage, uuid).get("partially_deleted"):
                 ctx.delete(uuid, globs=["notes/*"])
 
-        def create_then_delete(key, data, **kw):  # a deduplicated add: chunks go up ...
-            result = real_create(key, data, **kw)
+        def create_then_delete(key, *args, **kw):  # a deduplicated add: chunks go up ...
+            result = real_create(key, *args, **kw)
             if key.startswith(".ckptstore-blobs/"):
                 other_writer_rewrites()  # ... then the other writer rewrites the manifest
             return result
@@ -132,11 +132,11 @@ def test_a_manifest_changed_meanwhile_is_a_conflict(tmp_path):
             other_writer_rewrites()
             return result
 
-        storage.write_if_absent, storage.upload = create_then_delete, upload_then_delete
+        storage.write_range_if_absent, storage.upload = create_then_delete, upload_then_delete
         src = make_tree(str(tmp_path / "new"), {"saved_model/saved_model.pb": b"pb"})
         with pytest.raises(errors.CheckpointConflict, match="changed"):
             amend.add_files(storage, uuid, src)
-        del storage.write_if_absent, storage.upload
+        del storage.write_range_if_absent, storage.upload
         manifest = fmt.read_manifest(storage, uuid)
         assert manifest["partially_deleted"] and "notes/a.txt" not in manifest["files"]
         assert "saved_model/saved_model.pb" not in manifest["files"]
@@ -200,20 +200,20 @@ def test_a_sweep_during_an_add_keeps_its_new_chunks(local_and_s3_url, tmp_path):
     with CheckpointContext(local_and_s3_url, gc_grace_seconds=0, dedup=True) as ctx:
         uuid = commit(ctx, tmp_path)
         storage = ctx.storage
-        real_create = storage.write_if_absent
+        real_create = storage.write_range_if_absent
         swept: list[list[str]] = []
         once = threading.Lock()  # chunks go up on several threads
 
-        def create_then_gc(key, data, **kw):
-            result = real_create(key, data, **kw)
+        def create_then_gc(key, *args, **kw):  # a chunk created from the staged file
+            result = real_create(key, *args, **kw)
             if key.startswith(".ckptstore-blobs/") and once.acquire(blocking=False):
                 swept.append(blob_gc.sweep(storage))
             return result
 
-        storage.write_if_absent = create_then_gc
+        storage.write_range_if_absent = create_then_gc
         added = {"saved_model/saved_model.pb": b"p" * 5000, "saved_model/v.data": b"v" * 9000}
         amend.add_files(storage, uuid, make_tree(str(tmp_path / "new"), added))
-        del storage.write_if_absent
+        del storage.write_range_if_absent
         assert swept == [[]]  # the sweep ran and removed nothing
         ctx.gc()  # the marker is gone after the add: nothing stray to collect either
         assert downloaded(ctx, uuid, tmp_path / "dl") == {**ORIGINAL, **added}

@@ -55,9 +55,13 @@ class JournalingStorage(LocalStorage):
         self._note("write", name)
         super()._write(name, data)
 
-    def _write_if_absent(self, name: str, data: bytes) -> bool:
+    def _write_if_absent(self, name: str, data: bytes, sync: bool = True) -> bool:
         self._note("write_if_absent", name)
-        return super()._write_if_absent(name, data)
+        return super()._write_if_absent(name, data, sync)
+
+    def _copy_if_absent(self, name: str, path: str, offset: int, length: int, sync: bool) -> bool:
+        self._note("write_if_absent", name)  # a chunk copied from a staged file
+        return super()._copy_if_absent(name, path, offset, length, sync)
 
     def delete(self, key: str, globs=None) -> dict[str, int]:
         self._note("delete", key)

@@ -134,6 +134,8 @@ def test_bad_storage_keys_are_invalid_storage_path(box, bad):
         lambda: s.read_bytes(bad),
         lambda: s.write_bytes(bad, b"pwn"),
         lambda: s.write_if_absent(bad, b"pwn"),
+        lambda: s.write_range_if_absent(bad, __file__, 0, 3),
+        lambda: s.read_into(bad, 0, 0),
         lambda: s.delete(bad),
         lambda: s.list(bad),
         lambda: s.exists(bad),

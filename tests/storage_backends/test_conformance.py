@@ -123,6 +123,41 @@ def test_write_if_absent_race_has_exactly_one_winner(storage):
     assert storage.write_if_absent("race/lock.json", b"late") is False
 
 
+def test_a_chunk_from_a_file_range_and_into_an_open_file(storage, tmp_path):
+    """What deduplicated commits and reassembly use: create-only from a byte range of a staged
+    file (a local store copies in the kernel), and a checked write at an offset of a file."""
+    data = os.urandom(300_000)
+    src = tmp_path / "staged.bin"
+    src.write_bytes(data)
+    assert storage.write_range_if_absent("blobs/a", str(src), 1000, 200_000, durable=False)
+    assert storage.read_bytes("blobs/a") == data[1000:201_000]
+    assert storage.write_range_if_absent("blobs/a", str(src), 0, 10) is False  # not replaced
+    assert storage.read_bytes("blobs/a") == data[1000:201_000]
+    with pytest.raises(errors.CheckpointError, match="changed while"):
+        storage.write_range_if_absent("blobs/b", str(src), 299_000, 2000)  # past its end
+    assert not storage.exists("blobs/b")
+    out = tmp_path / "out.bin"
+    out.write_bytes(bytes(300_000))
+    seen: list[int] = []
+
+    def refuse(chunk: bytes) -> None:
+        seen.append(len(chunk))
+        raise errors.ChecksumMismatch("refused by the check")
+
+    fd = os.open(out, os.O_WRONLY)
+    try:
+        assert storage.read_into("blobs/a", fd, 5000) == 200_000
+        with pytest.raises(errors.ChecksumMismatch, match="refused"):
+            storage.read_into("blobs/a", fd, 0, refuse)  # nothing written when the check fails
+        with pytest.raises(errors.StorageNotFound):
+            storage.read_into("blobs/none", fd, 0)
+    finally:
+        os.close(fd)
+    got = out.read_bytes()
+    assert seen == [200_000]
+    assert got == bytes(5000) + data[1000:201_000] + bytes(95_000)
+
+
 def test_bytes_overwrite_and_not_found(storage, tmp_path):
     storage.write_bytes("a/b.bin", b"one")
     storage.write_bytes("a/b.bin", b"two")
@@ -144,6 +179,8 @@ def test_traversal_is_rejected_everywhere(storage, tmp_path, bad):
         lambda: storage.read_bytes(bad),
         lambda: storage.write_bytes(bad, b"x"),
         lambda: storage.write_if_absent(bad, b"x"),
+        lambda: storage.write_range_if_absent(bad, str(tmp_path / "src" / "f"), 0, 1),
+        lambda: storage.read_into(bad, 0, 0),
         lambda: storage.list(bad),
         lambda: storage.delete(bad),
         lambda: storage.exists(bad),
