@@ -15,7 +15,8 @@ create-only upload skips), the bytes of the tensors that changed (trainable weig
 whole cost (``fit()`` + waiting for the last commit, minus the same ``fit()`` without
 checkpoints, divided by the number of checkpoints), and the time to restore the last
 checkpoint (download, verify, ``keras.models.load_model``). Ratios are against the whole-file
-path measured in the same run.
+path measured in the same run; with ``--rounds N`` the methods run N times, interleaved, and
+the medians are printed.
 
     .venv/bin/python benchmarks/incremental.py --backbone-mb 64 --epochs 3
 """
@@ -222,6 +223,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--storage", default="local,s3", help="comma-separated: local (a folder), s3 (moto)"
     )
+    parser.add_argument("--rounds", type=int, default=1, help="runs per method (medians)")
+    parser.add_argument(
+        "--keras",
+        default="ModelCheckpoint,BackupAndRestore",
+        help="Keras's own savers to measure beside ckptstore (comma-separated; empty: none)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -233,23 +240,40 @@ def main(argv: list[str] | None = None) -> None:
             f"chunks of {args.chunk_kb} KiB"
         )
         for name, frozen in SCENARIOS:
-            rows: dict[str, dict[str, float]] = {}
+            runs: dict[str, list[dict[str, float]]] = {}
             tag = "a" if frozen else "b"
-            for store in args.storage.split(","):
-                for label, dedup in (("whole-file", False), ("dedup", True)):
-                    bucket = f"inc-{tag}-{label}-{store}"
-                    if store == "s3":
-                        create_bucket(server, bucket)
-                        url = f"s3://{bucket}/ckpts"
-                    else:
-                        url = os.path.join(work, bucket)
-                    rows[f"ckptstore {label} ({store})"] = run_ckptstore(
-                        url, f"sqlite:///{work}/{bucket}.db", dedup, args, frozen
+            # Rounds interleave the methods, so a burst of load on a shared machine hits all
+            # of them; medians are printed (bytes are exact and the same in every round).
+            for round_ in range(args.rounds):
+                for store in args.storage.split(","):
+                    for label, dedup in (("whole-file", False), ("dedup", True)):
+                        bucket = f"inc-{tag}-{label}-{store}-{round_}"
+                        if store == "s3":
+                            create_bucket(server, bucket)
+                            url = f"s3://{bucket}/ckpts"
+                        else:
+                            url = os.path.join(work, bucket)
+                        runs.setdefault(f"ckptstore {label} ({store})", []).append(
+                            run_ckptstore(url, f"sqlite:///{work}/{bucket}.db", dedup, args, frozen)
+                        )
+                for kind in args.keras.split(",") if args.keras else ():
+                    where = os.path.join(work, f"{tag}{round_}")
+                    runs.setdefault(f"Keras {kind}", []).append(
+                        run_keras(kind, where, args, frozen)
                     )
-            for kind in ("ModelCheckpoint", "BackupAndRestore"):
-                rows[f"Keras {kind}"] = run_keras(kind, os.path.join(work, tag), args, frozen)
-            report(name, rows)
+            report(name, {method: median_row(rs) for method, rs in runs.items()})
             sys.stdout.flush()
+
+
+def median_row(rows: list[dict[str, float]]) -> dict[str, float]:
+    """The median of every number over rounds (``by_file`` from the first round)."""
+    import statistics
+
+    out = dict(rows[0])
+    for key, value in rows[0].items():
+        if isinstance(value, (int, float)):
+            out[key] = statistics.median(r[key] for r in rows)
+    return out
 
 
 if __name__ == "__main__":
