@@ -289,9 +289,10 @@ class LocalStorage(ObjectStorage):
     def write_range_if_absent(
         self, key: str, path: str, offset: int, length: int, *, durable: bool = True
     ) -> bool:
-        # Copied in the kernel: measured on ext4 (benchmarks/incremental.py), writing a chunk
-        # from Python costs ~8x copy_file_range, which made the deduplicated commit 2.2x the
-        # whole-file one (a rename) for full training.
+        # Copied in the kernel (copy_file_range): no Python buffer per chunk, and on file
+        # systems with reflinks (XFS, btrfs) the chunk shares the staged file's blocks instead
+        # of being copied. On ext4 it measured the same as pread + write (0.14-0.15 s for 384
+        # MiB, page cache flushed between runs).
         name = join_key(self.prefix, check_relpath(key))
         if os.path.getsize(path) < offset + length:
             raise errors.CheckpointError(

@@ -621,8 +621,8 @@ def test_storage_validate_checks_the_blob_store(tmp_path, frozen):
 
 def test_a_local_store_copies_chunks_in_the_kernel(tmp_path, frozen, monkeypatch):
     """On a local store a new chunk is copied from its range of the staged file, and a
-    restore copies each checked chunk into place, inside the kernel (``copy_file_range``;
-    measured ~8x faster than writing from Python on ext4), not read into Python and written."""
+    restore copies each checked chunk into place, inside the kernel (``copy_file_range``: no
+    Python buffer per chunk; blocks shared where the file system has reflinks)."""
     from ckptstore.storage_backends import local
 
     copies: list[tuple[int, int]] = []  # (bytes, destination offset)
