@@ -126,8 +126,7 @@ def test_checkpoint_page_manifest_verify_and_archive(client, ui_env):
 
 def test_verify_reports_a_damaged_checkpoint(client, ui_env):
     uuid = ui_env.uuids[ui_env.trial_ids[0]][0]
-    with open(f"{ui_env.env.storage_url}/{uuid}/model.keras", "r+b") as f:
-        f.write(b"X")
+    ui_env.env.corrupt(uuid, "model.keras")  # the file, or its first chunk (deduplicated)
     html = client.get(f"/checkpoints/{uuid}").text
     csrf = re.search(r'name="csrf" value="([^"]+)"', html).group(1)
     result = client.post(f"/checkpoints/{uuid}/verify", data={"csrf": csrf}).text
@@ -279,9 +278,8 @@ def test_explicit_storage_wins_over_the_recorded_url(ui_env, tmp_path, monkeypat
 
     uuid = ui_env.uuids[ui_env.trial_ids[0]][-1]
     copy = tmp_path / "copy"
-    shutil.copytree(f"{ui_env.env.storage_url}/{uuid}", copy / uuid)
-    with open(f"{ui_env.env.storage_url}/{uuid}/model.keras", "r+b") as f:
-        f.write(b"X")  # the recorded storage now has a damaged copy
+    shutil.copytree(ui_env.env.storage_url, copy)  # the whole store: chunks are shared
+    ui_env.env.corrupt(uuid, "model.keras")  # the recorded storage now has a damaged copy
 
     def verify(settings) -> str:
         with TestClient(create_app(settings)) as client:
