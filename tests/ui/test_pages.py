@@ -162,19 +162,21 @@ def test_archive_with_a_verify_key_holds_only_signed_files(client, ui_env, monke
     with tarfile.open(fileobj=io.BytesIO(_archive(client, signed))) as tar:
         assert f"{signed}/{signing.SIGNATURE_NAME}" in tar.getnames()
     assert f"{unsigned}/".encode() not in _archive(client, unsigned)  # not one member
-    local = f"{ui_env.env.storage_url}/{signed}/model.keras"
+    # a file whole in the folder (saved_model/ on a local store, deduplicated or not)
+    altered = "saved_model/x.pb"
+    local = f"{ui_env.env.storage_url}/{signed}/{altered}"
     os.chmod(local, 0o644)
     with open(local, "r+b") as f:  # same size; the manifest's crc32c made to match
         f.write(b"X")
     manifest = ckpt_format.parse_manifest(
         open(f"{ui_env.env.storage_url}/{signed}/MANIFEST.json", "rb").read(), signed
     )
-    manifest["files"]["model.keras"]["crc32c"] = crc32c_file(local)
+    manifest["files"][altered]["crc32c"] = crc32c_file(local)
     manifest_file = f"{ui_env.env.storage_url}/{signed}/MANIFEST.json"
     os.chmod(manifest_file, 0o644)
     with open(manifest_file, "wb") as f:
         f.write(ckpt_format.manifest_bytes(manifest))
-    assert f"{signed}/model.keras".encode() not in _archive(client, signed)
+    assert f"{signed}/{altered}".encode() not in _archive(client, signed)
 
 
 def test_models_and_writes(client, ui_env):
