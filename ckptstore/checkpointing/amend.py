@@ -76,8 +76,10 @@ def add_files(
     The new files follow the checkpoint's format: a deduplicated checkpoint (format 2) gets
     them as content-addressed chunks (``dedup_chunk_bytes``, default 4 MiB; ``cuts`` as in
     :func:`~ckptstore.checkpointing.commit.commit_dir`, e.g. a SavedModel's tensors), under a
-    pending marker like any commit (:func:`~ckptstore.checkpointing.commit.upload_entries`);
-    a whole-file checkpoint gets whole files.
+    pending marker like any commit (:func:`~ckptstore.checkpointing.commit.upload_entries`),
+    except the files a local store keeps whole in place
+    (:func:`~ckptstore.checkpointing.format.kept_whole_in_place`: ``saved_model/``); a
+    whole-file checkpoint gets whole files.
 
     ``replace``: paths that may already be listed, whose new content replaces the old (see
     the module docstring).
@@ -109,7 +111,8 @@ def add_files(
     _remove_unlisted(storage, uuid, manifest, prepared.entries)
     if blobs.uses_blobs(manifest):
         chunk = blobs.DEFAULT_CHUNK_BYTES if dedup_chunk_bytes is None else dedup_chunk_bytes
-        entries = blobs.plan(local_dir, prepared.entries, chunk, cuts)
+        whole = fmt.kept_whole_in_place(storage, uuid)  # an export's saved_model/, locally
+        entries = blobs.plan(local_dir, prepared.entries, chunk, cuts, whole)
         with PendingMarker(storage, uuid, blobs.referenced({"files": entries})) as marker:
             entries, _stats = upload_entries(storage, uuid, local_dir, entries, chunk, marker)
             new_manifest = _rewrite(storage, uuid, manifest, before, entries)

@@ -188,13 +188,15 @@ def plan(
     entries: Mapping[str, Any],
     chunk_bytes: int,
     cuts: Mapping[str, Iterable[int]] | None = None,
+    whole: Callable[[str], bool] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Entries with their ``blobs`` lists (folders stay as they are). ``cuts`` (``{relpath:
-    [offset, ...]}``, from the file's writer) cuts a file where its content's pieces begin
-    and end (:func:`cut_ranges`); other files are cut every ``chunk_bytes``."""
+    """Entries with their ``blobs`` lists (folders, and files ``whole`` picks, stay as they
+    are: stored whole in the checkpoint folder). ``cuts`` (``{relpath: [offset, ...]}``, from
+    the file's writer) cuts a file where its content's pieces begin and end
+    (:func:`cut_ranges`); other files are cut every ``chunk_bytes``."""
     planned: dict[str, dict[str, Any]] = {}
     for rel, entry in entries.items():
-        if rel.endswith("/"):
+        if rel.endswith("/") or (whole is not None and whole(rel)):
             planned[rel] = dict(entry)
             continue
         path = os.path.join(local_dir, *rel.split("/"))

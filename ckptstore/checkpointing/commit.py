@@ -342,14 +342,15 @@ def _commit_dedup(
     delete go whole into the folder; condemned blobs are never taken as known) ->
     ``metadata.json`` -> manifest (the commit) -> marker gone. Never waits for another process (the protocol:
     :mod:`~ckptstore.checkpointing.condemned`)."""
-    entries = blobs.plan(prepared.local_dir, prepared.entries, chunk_bytes, cuts)
+    whole = fmt.kept_whole_in_place(storage, uuid)
+    entries = blobs.plan(prepared.local_dir, prepared.entries, chunk_bytes, cuts, whole)
     meta_bytes = fmt.dump_json(metadata)
     record_pending(index, uuid, metadata, url)
     known = known_blobs.get() if known_blobs is not None else None
     checked_at = time.monotonic()
     with PendingMarker(storage, uuid, blobs.referenced({"files": entries})) as marker:
         entries, stats = upload_entries(
-            storage, uuid, prepared.local_dir, entries, chunk_bytes, marker, known
+            storage, uuid, prepared.local_dir, entries, chunk_bytes, marker, known, move=owned
         )
         # Empty folders ("dir/" entries) live only in the manifest: readers recreate them.
         storage.write_bytes(f"{uuid}/{fmt.METADATA_NAME}", meta_bytes)
@@ -389,24 +390,48 @@ def upload_entries(
     chunk_bytes: int,
     marker: PendingMarker | MarkerSeen,
     known: frozenset[str] | None = None,
+    *,
+    move: bool = False,
 ) -> tuple[dict[str, dict[str, Any]], blobs.UploadStats]:
     """Under ``marker`` (written, naming every blob of ``entries``): read GC's condemnations,
-    store whole every file that needs a blob a running sweep may delete, create the other
-    blobs (create-only, skipping ``known`` ones that are not condemned). Returns the entries
-    as they are now stored and what was uploaded (the deduplicated commit and amend share
-    this)."""
+    store whole every file that needs a blob a running sweep may delete (and the files
+    planned whole, :func:`~ckptstore.checkpointing.format.kept_whole_in_place`), create the
+    other blobs (create-only, skipping ``known`` ones that are not condemned). Returns the
+    entries as they are now stored and what was uploaded (the deduplicated commit and amend
+    share this). ``move``: ``local_dir`` belongs to the caller's commit, so whole files may
+    be renamed out of it."""
     threats = condemned.threats(storage, marker.key, marker.refreshed)
-    entries, whole = _whole_where_threatened(entries, threats.unsafe)
-    if whole:
+    entries, threatened = _whole_where_threatened(entries, threats.unsafe)
+    if threatened:
         logger.info(
             "%d file(s) of checkpoint %s stored whole: GC is deleting blobs they share.",
-            len(whole),
+            len(threatened),
             uuid,
         )
-        storage.upload(local_dir, uuid, paths=whole)
+    _store_whole(storage, uuid, local_dir, entries, move)
     if known is not None:
         known = known - threats.condemned
     return entries, blobs.upload(storage, local_dir, entries, chunk_bytes, known=known)
+
+
+def _store_whole(
+    storage: Storage, uuid: str, local_dir: str, entries: Mapping[str, Any], move: bool
+) -> None:
+    """Put the files of ``entries`` that have no blob list into the checkpoint folder: with
+    ``move``, renamed there when storage is on this file system (no copy: the staging folder
+    is beside the checkpoint's), uploaded otherwise."""
+    paths = [rel for rel, e in entries.items() if "blobs" not in e and not rel.endswith("/")]
+    if move:
+        # rename_dir_into moves a file as well as a folder (os.rename); False: copy instead.
+        paths = [
+            rel
+            for rel in paths
+            if not storage.rename_dir_into(
+                os.path.join(local_dir, *rel.split("/")), f"{uuid}/{rel}"
+            )
+        ]
+    if paths:
+        storage.upload(local_dir, uuid, paths=paths)
 
 
 def _whole_where_threatened(

@@ -60,9 +60,10 @@ class CheckpointContext:
             :meth:`restore_path` take (renewed every third of it while held); a crashed
             process protects its checkpoints at most this long.
         dedup: incremental checkpoints (content-addressed chunks, format 2; see
-            :mod:`.blobs`). None (default): the ``dedup`` key of a storage dict, else on for
-            remote storage (``Storage.remote``: S3, GCS, Azure, remote fsspec) and off on a
-            local file system. False turns it off for this context.
+            :mod:`.blobs`). None (default): the ``dedup`` key of a storage dict, else on, on
+            every storage (local paths and ``shared_fs`` included, where ``saved_model/`` stays
+            whole in the folder: :func:`~ckptstore.checkpointing.format.kept_whole_in_place`).
+            False turns it off for this context.
         dedup_chunk_bytes: the largest chunk (default 4 MiB); writers cut at tensor
             boundaries below it.
         cache: the local restore cache downloads use (:mod:`.cache`): None (default) = on
@@ -133,13 +134,13 @@ class CheckpointContext:
         if self.signing_key or self.verify_key:
             signing.load_model_signing()  # here, not at the first commit (a one-off ~1 s import)
         #: Store files as content-addressed chunks (format 2, :mod:`.blobs`): unchanged chunks
-        #: are not uploaded again. None (the default) = on for remote storage (object stores,
-        #: where every byte is uploaded and billed), off on a local file system (there the
-        #: whole-file commit is a zero-copy rename that chunks would turn into copies).
-        #: Sharded (multi-worker) saves and ``amend`` write whole files either way.
+        #: are not stored again. On by default on every storage: on object stores every byte
+        #: is uploaded and billed, on local disk and shared file systems every checkpoint of
+        #: a fine-tuning run would otherwise hold the whole model again. The one owner of
+        #: this default; ``dedup=False`` (or ``dedup: false`` in the storage dict) opts out.
         if dedup is None and isinstance(storage, Mapping):
             dedup = dedup_option(storage)
-        self.dedup = self.storage.remote if dedup is None else bool(dedup)
+        self.dedup = True if dedup is None else bool(dedup)
         self.dedup_chunk_bytes = check_chunk_bytes(dedup_chunk_bytes)
         self.cache = cache_mod.resolve(cache, self.storage)
         #: What the last :meth:`download` of this context fetched (storage vs cache bytes).

@@ -64,6 +64,11 @@ MAX_MANIFEST_BYTES = 128 * 2**20
 MAX_MANIFEST_FILES = 1_000_000
 #: 1 PiB: the largest file (and chunk) size a manifest may state.
 MAX_FILE_BYTES = 2**50
+#: The folder of a checkpoint's inference SavedModel (``model.export()``; the one definition).
+SAVED_MODEL_DIRNAME = "saved_model"
+#: Folders a deduplicated checkpoint on a store with a local path stores whole, in the
+#: checkpoint folder, so they can be opened in place: see :func:`kept_whole_in_place`.
+IN_PLACE_FOLDERS = (SAVED_MODEL_DIRNAME + "/",)
 #: The crc32c of no bytes: what a folder entry (``"x/"``) carries.
 EMPTY_CRC32C = crc32c_bytes(b"")
 
@@ -307,6 +312,22 @@ def verify_files(
             )
         checked[rel] = size
     return checked
+
+
+def kept_whole_in_place(storage: Storage, uuid: str) -> Callable[[str], bool]:
+    """Which files of checkpoint ``uuid`` a deduplicated (format 2) commit stores whole in the
+    checkpoint folder rather than as chunks: on a store with a local path (local disk,
+    Determined's ``shared_fs``), those under :data:`IN_PLACE_FOLDERS`; elsewhere none.
+
+    Why: TF Serving, ``tf.saved_model.load`` and batch jobs point at
+    ``<store>/<uuid>/saved_model`` in place, and a folder of chunks cannot be served. A
+    SavedModel is written once per run by default (the final export), so storing it whole
+    costs little; everything else (``model.keras``, optimizer state) is deduplicated. On
+    object stores nothing is read in place (a download assembles files), so it is chunked.
+    The one owner of this rule: commits, sharded commits and ``amend`` (exports) plan with it."""
+    if storage.local_path(uuid) is None:
+        return lambda rel: False
+    return lambda rel: rel.startswith(IN_PLACE_FOLDERS)
 
 
 # ---- manifest and metadata on storage ----------------------------------------------------------

@@ -148,7 +148,8 @@ def commit_sharded(
     try:
         prepared = commit.PreparedFiles(local_dir, sha256=signing_key is not None)
         if dedup_chunk_bytes is not None:
-            planned = blobs.plan(local_dir, prepared.entries, dedup_chunk_bytes)
+            whole = fmt.kept_whole_in_place(storage, uuid)
+            planned = blobs.plan(local_dir, prepared.entries, dedup_chunk_bytes, whole=whole)
     except Exception as exc:
         error = exc
     listing = _all_ok(

@@ -407,10 +407,9 @@ def init(
         checkpoint_dedup: store checkpoints as content-addressed chunks cut at tensor
             boundaries (``CheckpointContext(dedup=True)``, format 2): a fine-tuning checkpoint
             uploads about the bytes of the tensors that changed. None (default): the
-            ``dedup`` key of a ``checkpoint_storage`` dict, else on for remote storage (S3,
-            GCS, Azure, remote fsspec) and off on a local file system (where the whole-file
-            commit is a zero-copy rename). False turns it off; see the README's "Incremental
-            (deduplicated) checkpoints".
+            ``dedup`` key of a ``checkpoint_storage`` dict, else on, on every storage (local
+            paths and ``shared_fs`` included; a SavedModel stays whole in the folder there).
+            False turns it off; see docs/concepts/dedup-gc.md.
         signing_key: a PEM file with an EC private key: every checkpoint is signed at commit,
             on the upload thread, in OpenSSF ``model-signing``'s format (``model.sig``; see
             :mod:`ckptstore.checkpointing.signing`). Default: ``CKPTSTORE_SIGNING_KEY``.

@@ -38,6 +38,7 @@ from ckptstore.import_determined import layouts
 from ckptstore.import_determined.weights import load_determined_checkpoint
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.loading import _loaders as loaders
+from ckptstore.keras_io.loading._in_place import readable_folder
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +173,8 @@ def load_model_from_checkpoint_path(
 
     Args:
         path: the checkpoint folder (download it first, e.g. with
-            ``client.get_checkpoint(uuid).download(path)``), or a ``.keras`` file.
+            ``client.get_checkpoint(uuid).download(path)``, or a checkpoint folder in a local
+            or ``shared_fs`` store, deduplicated or not), or a ``.keras`` file.
         tags: SavedModel tags, as in Determined; ckptstore's SavedModels have ``["serve"]``.
         model: for Determined layouts, the model to load the weights into (built and compiled
             by your code) instead of the one the checkpoint's ``code/`` builds.
@@ -195,7 +197,24 @@ def load_model_from_checkpoint_path(
         predictions = model.predict(x)
     """
     _check_tags(tags)
-    folder = os.fspath(path)
+    # A deduplicated checkpoint folder in its store is assembled (verified) to a temporary one.
+    with readable_folder(os.fspath(path)) as folder:
+        return _load_from_folder(
+            folder, model, compile, custom_objects, safe_mode, trust_pickle, trust_code, modules
+        )
+
+
+def _load_from_folder(
+    folder: str,
+    model: KerasModel | None,
+    compile: bool,
+    custom_objects: Mapping[str, Any] | None,
+    safe_mode: bool,
+    trust_pickle: bool,
+    trust_code: bool,
+    modules: Sequence[str],
+) -> Any:
+    """:func:`load_model_from_checkpoint_path` on a folder holding the checkpoint's files."""
     layout = layouts.detect_layout(os.listdir(folder)) if os.path.isdir(folder) else None
     if layout == layouts.CALLBACK and model is None and _holds_its_keras2_model(folder):
         layout = None  # ckptstore's own Keras 2 checkpoint: loaded like any ckptstore one

@@ -39,7 +39,8 @@ class Storage(abc.ABC):
     #: The scheme this backend serves, e.g. ``"s3"``; set by subclasses.
     scheme: str = ""
     #: True when bytes cross a network to reach this storage (object stores, remote fsspec
-    #: protocols): uploads cost time and money, so checkpoints deduplicate by default there.
+    #: protocols): uploads cost time and money, so downloads go through the restore cache by
+    #: default there.
     remote: bool = False
 
     def __init__(self, url: str) -> None:

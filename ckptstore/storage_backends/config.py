@@ -23,7 +23,7 @@ from ckptstore.validators import int_at_least
 #: Determined's checkpoint garbage-collection keys; not storage settings.
 GC_KEYS = ("save_experiment_best", "save_trial_best", "save_trial_latest")
 #: ckptstore's own checkpoint key (not Determined's): ``dedup: false`` turns incremental
-#: checkpoints off for a remote storage, ``true`` turns them on for a local one.
+#: (deduplicated) checkpoints off; they are on by default on every storage.
 DEDUP_KEY = "dedup"
 
 #: Transfer/retry options any backend accepts (see ObjectStorage).
@@ -57,7 +57,7 @@ def split_storage_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], dic
 
 def dedup_option(config: Mapping[str, Any]) -> bool | None:
     """The ``dedup`` key of a ``checkpoint_storage`` dict: True/False, or None when absent (then
-    the storage decides: on for remote storage, see :attr:`Storage.remote`)."""
+    the checkpoint context's default applies: on, on every storage)."""
     value = config.get(DEDUP_KEY) if isinstance(config, Mapping) else None
     if value is None or isinstance(value, bool):
         return value

@@ -99,6 +99,21 @@ def stored_folder(storage_url: str, uuid: str, dest) -> str:  # type: ignore[no-
     return str(dest)
 
 
+def corrupt_stored(storage_url: str, uuid: str, rel: str) -> None:
+    """Flip the first byte of stored file ``rel`` of checkpoint ``uuid`` in a local store: the
+    file itself (whole-file layout) or its first chunk (deduplicated, the default)."""
+    from ckptstore.checkpointing import blobs
+    from ckptstore.storage_backends import open_storage
+
+    with open_storage(storage_url) as storage:
+        entry = fmt.read_manifest(storage, uuid)["files"][rel]
+    key = blobs.blob_key(entry["blobs"][0]["sha256"]) if "blobs" in entry else f"{uuid}/{rel}"
+    with open(os.path.join(storage_url, *key.split("/")), "r+b") as f:
+        first = f.read(1)
+        f.seek(0)
+        f.write(bytes([first[0] ^ 0xFF]))
+
+
 def forge(storage: Any, uuid: str, change: Any) -> None:
     """Rewrite checkpoint ``uuid``'s manifest with ``change(files)`` applied: an attacker who
     can write the storage keeps sizes and checksums consistent."""

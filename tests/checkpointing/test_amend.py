@@ -66,10 +66,15 @@ def test_sigkill_while_adding_leaves_the_checkpoint_as_it_was(local_and_s3_url, 
         assert downloaded(ctx, uuid, tmp_path / "final") == {**ORIGINAL, **second}
         assert set(record.resources) == set(ORIGINAL) | set(second) | {fmt.METADATA_NAME}
         stored = set(ctx.storage.list(uuid)) - fmt.RESERVED_NAMES
-        # A deduplicated checkpoint (S3's default) gets its new files as chunks too: nothing
-        # but the manifest and metadata in the folder; a whole-file one gets whole files.
+        # A deduplicated checkpoint (the default) gets its new files as chunks too: nothing
+        # but the manifest and metadata in the folder; except a SavedModel on a local store,
+        # kept whole in place for serving; a whole-file one gets whole files.
         manifest = fmt.read_manifest(ctx.storage, uuid)
-        if ctx.dedup:
+        if ctx.dedup and ctx.storage.local_path(uuid) is not None:
+            assert stored == set(second)  # saved_model/ whole, in the folder
+            assert not any("blobs" in manifest["files"][rel] for rel in second)
+            assert manifest["format_version"] == fmt.BLOBS_FORMAT_VERSION
+        elif ctx.dedup:
             assert stored == set()
             assert all("blobs" in manifest["files"][rel] for rel in second)
         else:
@@ -211,7 +216,8 @@ def test_a_sweep_during_an_add_keeps_its_new_chunks(local_and_s3_url, tmp_path):
             return result
 
         storage.write_range_if_absent = create_then_gc
-        added = {"saved_model/saved_model.pb": b"p" * 5000, "saved_model/v.data": b"v" * 9000}
+        # Not under saved_model/: a local store keeps that whole (no chunks for a sweep to see).
+        added = {"extra/model.pb": b"p" * 5000, "extra/v.data": b"v" * 9000}
         amend.add_files(storage, uuid, make_tree(str(tmp_path / "new"), added))
         del storage.write_range_if_absent
         assert swept == [[]]  # the sweep ran and removed nothing

@@ -86,7 +86,7 @@ def test_store_path_discards_the_checkpoint_when_the_block_raises(file_memory_s3
 
 def test_local_store_path_renames_the_staging_folder(storage_url_factory):
     root = storage_url_factory("file")
-    with CheckpointContext(root) as ctx:
+    with CheckpointContext(root, dedup=False) as ctx:  # the whole-file layout
         with ctx.store_path() as (path, uuid):
             assert os.path.dirname(path) == root
             assert os.path.basename(path) == fmt.STAGING_PREFIX + uuid
@@ -97,6 +97,35 @@ def test_local_store_path_renames_the_staging_folder(storage_url_factory):
         with ctx.restore_path(uuid) as restored:
             # A pathlib.Path, as Determined's restore_path yields.
             assert restored == pathlib.Path(root, uuid)
+
+
+def test_local_dedup_keeps_the_saved_model_whole_in_place(tmp_path):
+    """Deduplicated by default on a local store, except saved_model/: moved (not copied) from
+    the staging folder into the checkpoint folder, whole, where TF Serving reads it; the rest
+    is chunks. An upload of a folder the caller keeps copies the SavedModel whole too."""
+    root = str(tmp_path / "store")
+    variables = "saved_model/variables/variables.data-00000-of-00001"
+    files = {"saved_model/saved_model.pb": b"pb", variables: os.urandom(5000), **FILES}
+    src = make_tree(str(tmp_path / "src"), files)
+    with CheckpointContext(root) as ctx:
+        with ctx.store_path({"steps_completed": 1}) as (path, moved):
+            make_tree(path, files)
+            inode = os.stat(os.path.join(path, variables)).st_ino
+        copied = ctx.upload(src)
+        for uuid in (moved, copied):
+            manifest = fmt.read_manifest(ctx.storage, uuid)
+            assert manifest["format_version"] == fmt.BLOBS_FORMAT_VERSION
+            whole = {r for r, e in manifest["files"].items() if "blobs" not in e}
+            assert whole == {"saved_model/saved_model.pb", variables, fmt.METADATA_NAME}
+            in_folder = read_tree(os.path.join(root, uuid))
+            assert {r: in_folder[r] for r in whole if r in files} == {
+                r: files[r] for r in whole if r in files
+            }
+            assert "model.keras" not in in_folder  # its chunks are in .ckptstore-blobs/
+            with ctx.restore_path(uuid) as restored:
+                assert {r: v for r, v in read_tree(restored).items() if r in files} == files
+    assert os.stat(os.path.join(root, moved, variables)).st_ino == inode  # moved, not copied
+    assert os.path.isfile(os.path.join(src, variables))  # the caller's folder is left alone
 
 
 def test_latest_checkpoint_orders_by_steps(file_memory_s3_url, tmp_path):

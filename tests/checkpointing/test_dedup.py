@@ -323,27 +323,19 @@ def test_corrupted_shared_blob_is_reported_with_every_checkpoint_using_it(
             assert uuid in result.output
 
 
-@pytest.mark.parametrize(
-    ("kind", "remote"),
-    [("file", False), ("memory", False), ("s3", True), ("gcs", True), ("azure", True)],
-)
-def test_dedup_is_on_by_default_for_remote_storage_only(
-    storage_url_factory, tmp_path, kind, remote
-):
+@pytest.mark.parametrize("kind", ["file", "memory", "s3", "gcs", "azure"])
+def test_dedup_is_on_by_default_on_every_storage(storage_url_factory, tmp_path, kind):
     url = storage_url_factory(kind)
     tree = make_tree(str(tmp_path / "a"), {"x": b"1" * 10_000})
     with CheckpointContext(url) as ctx:
-        assert ctx.storage.remote is remote
-        assert ctx.dedup is remote
+        assert ctx.dedup is True
         uuid = ctx.upload(tree)
-        want = fmt.BLOBS_FORMAT_VERSION if remote else fmt.FORMAT_VERSION
-        assert fmt.read_manifest(ctx.storage, uuid)["format_version"] == want
-        assert bool(ctx.storage.list(blobs.BLOBS_DIR)) is remote
-    # An explicit choice wins over the storage's default, both ways.
-    with CheckpointContext(url, dedup=not remote) as ctx:
+        assert fmt.read_manifest(ctx.storage, uuid)["format_version"] == fmt.BLOBS_FORMAT_VERSION
+        assert ctx.storage.list(blobs.BLOBS_DIR)
+    # dedup=False stores whole files (format 1), beside the deduplicated ones.
+    with CheckpointContext(url, dedup=False) as ctx:
         uuid = ctx.upload(tree)
-        want = fmt.FORMAT_VERSION if remote else fmt.BLOBS_FORMAT_VERSION
-        assert fmt.read_manifest(ctx.storage, uuid)["format_version"] == want
+        assert fmt.read_manifest(ctx.storage, uuid)["format_version"] == fmt.FORMAT_VERSION
         ctx.download(uuid, str(tmp_path / "back"))
         assert read_tree(str(tmp_path / "back"))["x"] == b"1" * 10_000
 

@@ -110,7 +110,7 @@ def test_checksum_mismatch_names_the_file(tmp_path):
 def test_download_detects_corruption_unless_verify_is_off(tmp_path):
     store = str(tmp_path / "store")
     src = make_tree(str(tmp_path / "src"), FILES)
-    with CheckpointContext(store) as ctx:
+    with CheckpointContext(store, dedup=False) as ctx:  # whole files (chunks: test_dedup)
         uuid = ctx.upload(src)
     # Damage the stored copy behind ckptstore's back.
     with open(os.path.join(store, uuid, "model.keras"), "r+b") as f:

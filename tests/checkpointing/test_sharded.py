@@ -110,9 +110,9 @@ def test_sharded_upload_merges_files_and_metadata(mode, local_and_s3_url, tmp_pa
     assert metadata["steps_completed"] == 5 and metadata["trial_id"] == 9
     assert all(r["latest"] == uuid for r in results)
     assert not storage.exists(f"{uuid}/{fmt.PENDING_MARKER_NAME}")
-    # One commit path: on remote storage (deduplicated by default) every rank's files are
-    # blobs named by the one manifest, as a single writer's would be.
-    assert blobs.uses_blobs(manifest) == (not local_and_s3_url.startswith("/"))
+    # One commit path: deduplicated by default on every storage, every rank's files are blobs
+    # named by the one manifest, as a single writer's would be.
+    assert blobs.uses_blobs(manifest)
     with CheckpointContext(local_and_s3_url, gc_policy=None) as ctx:
         with ctx.restore_path(uuid) as path:
             for r in range(3):

@@ -12,6 +12,7 @@ from click.testing import CliRunner, Result
 from ckptstore.checkpointing import CheckpointContext
 from ckptstore.cli.main import cli
 from ckptstore.registry import Registry
+from tests.checkpointing._helpers import corrupt_stored
 
 
 @dataclasses.dataclass
@@ -36,20 +37,9 @@ class Env:
         return json.loads(result.stdout)
 
     def corrupt(self, uuid: str, rel: str) -> None:
-        """Flip the first byte of stored file ``rel`` of a local checkpoint: the file itself
-        (whole-file layout) or its first chunk (deduplicated, the default)."""
-        from ckptstore.checkpointing import blobs
-        from ckptstore.checkpointing import format as fmt
-        from ckptstore.storage_backends import open_storage
-
-        with open_storage(self.storage_url) as storage:
-            entry = fmt.read_manifest(storage, uuid)["files"][rel]
-        key = blobs.blob_key(entry["blobs"][0]["sha256"]) if "blobs" in entry else f"{uuid}/{rel}"
-        path = os.path.join(self.storage_url, *key.split("/"))
-        with open(path, "r+b") as f:
-            first = f.read(1)
-            f.seek(0)
-            f.write(bytes([first[0] ^ 0xFF]))
+        """Flip the first byte of stored file ``rel`` of a local checkpoint (see
+        :func:`tests.checkpointing._helpers.corrupt_stored`)."""
+        corrupt_stored(self.storage_url, uuid, rel)
 
     def registry(self) -> Registry:
         return Registry(self.registry_url)

@@ -10,10 +10,12 @@ import textwrap
 import pytest
 
 from ckptstore import errors
+from ckptstore.checkpointing import format as fmt
 from ckptstore.experiment import create_experiment, describe_experiment
 from ckptstore.experiment.config import Length, parse_config, parse_length
 from ckptstore.experiment.runner import warn_ignored_keys
 from ckptstore.registry import Registry
+from ckptstore.storage_backends import open_storage
 
 SCRIPT = {"hyperparameters": {"units": 4}, "entrypoint": "python3 train.py"}
 
@@ -64,8 +66,11 @@ def test_gc_keys_alone_apply_to_the_default_storage_end_to_end(tmp_path, monkeyp
     kept = sorted(c.steps_completed for c in rows if c.state == "COMMITTED")
     assert kept == ([1, 2, 3] if block is None else [3])
     assert len(rows) == 3  # GC marked the others DELETED
-    on_disk = [p for p in storage.iterdir() if (p / "step.txt").exists()]
-    assert len(on_disk) == len(kept)  # the trial wrote to the default storage
+    with open_storage(str(storage)) as store:  # the trial wrote to the default storage
+        on_disk = [
+            fmt.read_metadata(store, u)["steps_completed"] for u in fmt.list_committed(store)
+        ]
+    assert sorted(on_disk) == kept
 
 
 def test_zero_periods_are_off():

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import zipfile
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 
 import ckptstore as det
 from ckptstore import errors
+from tests.checkpointing._helpers import stored_folder
 from tests.keras_io.keras_under_test import (
     KERAS_MAJOR,
     keras,
@@ -110,15 +112,20 @@ def test_checkpoint_contents_and_schedule(init, tmp_path):
         assert [r.steps_completed for r in rows] == [8, 16]  # epochs 2 and 4
         last = rows[-1]
         assert last.uuid == cb.last_checkpoint
-        path = tmp_path / "ckpts" / last.uuid
+        # The store's folder (deduplicated by default): the manifest, metadata and the
+        # SavedModel whole in place; every file, assembled, in a download.
+        in_store = set(os.listdir(tmp_path / "ckpts" / last.uuid))
+        assert {"MANIFEST.json", "metadata.json", "saved_model"} <= in_store
+        path = Path(stored_folder(str(tmp_path / "ckpts"), last.uuid, tmp_path / "last"))
         names = set(os.listdir(path))
         # Keras 3: a .keras archive; Keras 2: Determined's TF checkpoint + the model's config
         model_files = (
             {"model.keras"} if KERAS_MAJOR == 3 else {"model_checkpoint.index", "model_config.json"}
         )
-        assert model_files | {"callback_state.json", "metadata.json", "MANIFEST.json"} <= names
+        assert model_files | {"callback_state.json", "metadata.json"} <= names
         assert "saved_model" in names  # final checkpoint, export_saved_model="final"
-        assert "saved_model" not in os.listdir(tmp_path / "ckpts" / rows[0].uuid)
+        first = stored_folder(str(tmp_path / "ckpts"), rows[0].uuid, tmp_path / "first")
+        assert "saved_model" not in os.listdir(first)
         meta = json.loads((path / "metadata.json").read_text())
         assert meta["continue_id"] == 1 and meta["steps_completed"] == 16 and meta["epoch"] == 4
         assert "val_loss" in meta["metrics"]

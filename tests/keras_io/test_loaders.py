@@ -11,14 +11,17 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ckptstore
+import ckptstore.keras
 from ckptstore import errors
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.row_storage import ALLOWED_STORAGE_ENV
@@ -26,7 +29,7 @@ from ckptstore.core import init
 from ckptstore.keras_io.loading import load_model_from_folder
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
-from tests.checkpointing._helpers import ec_key_pair, forge, write_manifest
+from tests.checkpointing._helpers import corrupt_stored, ec_key_pair, forge, write_manifest
 from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, keras3_only, tiny_model
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
@@ -180,6 +183,56 @@ def test_saved_model_fallback(where_allowed, tmp_path):
     np.testing.assert_allclose(local.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-5)
 
 
+def test_in_place_loaders_read_a_deduplicated_folder_in_its_store(where, tmp_path, monkeypatch):
+    """A checkpoint on a local store is deduplicated by default; its folder (MANIFEST.json,
+    metadata.json, saved_model/ whole) is still what load_model_from_folder and Determined's
+    load_model_from_checkpoint_path take: the files are assembled, verified, into a temporary
+    folder removed afterwards. The SavedModel is served in place. Copied out of its store,
+    the folder is refused saying how to get a plain one; a damaged chunk is caught."""
+    from ckptstore.checkpointing import blobs, signing
+
+    model = linear_model()
+    uuid = save_checkpoint(
+        where.storage, where.registry, 12, model, steps=1, files=("keras", "saved_model")
+    )
+    folder = os.path.join(where.storage, uuid)
+    manifest = fmt.parse_manifest(Path(folder, fmt.MANIFEST_NAME).read_bytes(), uuid)
+    assert "blobs" in manifest["files"][WEIGHTS_FILE] and not os.path.exists(
+        os.path.join(folder, WEIGHTS_FILE)
+    )
+    expected = model.predict(X, verbose=0)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    # Keras 2: this test's folder has Determined's callback layout (model_checkpoint.*), whose
+    # loader takes the model to fill, as Determined's does.
+    model_arg = {"model": linear_model(seed=1)} if KERAS_MAJOR == 2 else {}
+    loaded = [
+        load_model_from_folder(folder),
+        ckptstore.keras.load_model_from_checkpoint_path(folder, **model_arg),
+    ]
+    for model_loaded in loaded:
+        np.testing.assert_allclose(model_loaded.predict(X, verbose=0), expected, rtol=1e-5)
+    assert os.listdir(scratch) == []  # the assembled copies are gone
+    served = load_model_from_folder(os.path.join(folder, "saved_model"))  # whole, in place
+    np.testing.assert_allclose(served.predict(X, verbose=0), expected, rtol=1e-5)
+
+    copy = tmp_path / "copy" / uuid
+    shutil.copytree(folder, copy)
+    with pytest.raises(errors.InvalidCheckpoint, match="ckptstore checkpoint download"):
+        load_model_from_folder(str(copy))
+    key, pub = ec_key_pair(tmp_path)
+    monkeypatch.setenv(signing.VERIFY_KEY_ENV, pub)  # as a download would: unsigned refused
+    with pytest.raises(errors.SignatureError, match="not signed"):
+        ckptstore.keras.load_model_from_checkpoint_path(folder)
+    monkeypatch.delenv(signing.VERIFY_KEY_ENV)
+    chunk = manifest["files"][WEIGHTS_FILE]["blobs"][-1]["sha256"]
+    with open(os.path.join(where.storage, *blobs.blob_key(chunk).split("/")), "r+b") as f:
+        f.write(b"\xff\x00")
+    with pytest.raises(errors.ChecksumMismatch):
+        load_model_from_folder(folder)
+
+
 @keras3_only(".keras files are Keras 3's checkpoint format (Keras 2: model_checkpoint.*)")
 def test_local_path_accepts_any_single_keras_file(tmp_path):
     model = linear_model()
@@ -217,10 +270,7 @@ def test_missing_model_files(where_allowed):
 def test_checksum_mismatch(where_allowed):
     storage, registry = where_allowed
     uuid = save_checkpoint(storage, registry, 4, linear_model(), steps=1)
-    target = Path(storage, uuid, WEIGHTS_FILE)
-    data = bytearray(target.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    target.write_bytes(bytes(data))
+    corrupt_stored(storage, uuid, WEIGHTS_FILE)  # the file, or its first chunk
     with pytest.raises(errors.ChecksumMismatch, match=WEIGHTS_FILE):
         ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, storage=storage, registry=registry)
 

@@ -11,9 +11,12 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.checkpointing._helpers import stored_folder
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -112,7 +115,9 @@ def test_sigterm_preemption_saves_stops_and_resumes(tmp_path):
     assert first["preempted"] is True
     assert first["epochs_run"] == 2  # the interrupted epoch ends early
     assert first["steps_completed"] == 7
-    ckpt_dir = tmp_path / "ckpts" / first["last_checkpoint"]
+    ckpt_dir = Path(
+        stored_folder(str(tmp_path / "ckpts"), first["last_checkpoint"], tmp_path / "dl")
+    )
     with open(ckpt_dir / "callback_state.json") as f:
         state = json.load(f)
     assert state["epoch"] == 1 and state["epoch_complete"] is False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from uuid import uuid4
 
 import google_crc32c
 import keras
@@ -200,6 +201,11 @@ def test_a_damaged_index_or_missing_shard_gives_no_cuts_and_no_error(tmp_path, c
 
 
 # ---- end to end: deduplicated checkpoints -------------------------------------------------------
+def object_store_url(tmp_path) -> str:
+    """A fresh in-process store without a local path (chunks everything, as S3 does)."""
+    return f"memory://tf-bundle-{uuid4().hex[:12]}/{tmp_path.name}"
+
+
 def blob_sizes(ctx: CheckpointContext) -> dict[str, int]:
     names = {k.rsplit("/", 1)[-1] for k in ctx.storage.list(blobs.BLOBS_DIR)}
     return {
@@ -222,7 +228,10 @@ def two_checkpoints(tmp_path, kind: str) -> tuple[CheckpointContext, list[str], 
     between): a SavedModel written by ``before_commit`` (as the export), or a
     ``tf.train.Checkpoint`` moved in from ``extra_dir`` (as files of ``on_checkpoint_end``).
     Returns the context, the UUIDs, the model and the bytes of new blobs of the second."""
-    ctx = CheckpointContext(str(tmp_path / "ckpts"), dedup=True)
+    # A SavedModel is chunked where nothing reads it in place (object stores; here the memory
+    # store): a local store keeps saved_model/ whole (format.kept_whole_in_place).
+    root = object_store_url(tmp_path) if kind == "saved_model" else str(tmp_path / "ckpts")
+    ctx = CheckpointContext(root, dedup=True)
     writer = CheckpointWriter(ctx)
     model = Model()
     uuids, sizes = [], []
@@ -296,7 +305,7 @@ def test_determined_callback_export_cuts_the_saved_model_variables(tmp_path):
     model.compile(keras.optimizers.SGD(0.01), "mse")
     x = np.random.RandomState(4).rand(8, 64).astype("float32")
     y = np.zeros((8, 65536), "float32")
-    url = str(tmp_path / "ckpts")
+    url = object_store_url(tmp_path)  # a local store would keep saved_model/ whole
     with det.core.init(storage=url, trial_id=1, preempt_signals=False) as ctx:
         ctx.checkpoint.dedup = True
         cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="every")

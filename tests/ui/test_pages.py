@@ -126,8 +126,7 @@ def test_checkpoint_page_manifest_verify_and_archive(client, ui_env):
 
 def test_verify_reports_a_damaged_checkpoint(client, ui_env):
     uuid = ui_env.uuids[ui_env.trial_ids[0]][0]
-    with open(f"{ui_env.env.storage_url}/{uuid}/model.keras", "r+b") as f:
-        f.write(b"X")
+    ui_env.env.corrupt(uuid, "model.keras")  # the file, or its first chunk (deduplicated)
     html = client.get(f"/checkpoints/{uuid}").text
     csrf = re.search(r'name="csrf" value="([^"]+)"', html).group(1)
     result = client.post(f"/checkpoints/{uuid}/verify", data={"csrf": csrf}).text
@@ -163,19 +162,21 @@ def test_archive_with_a_verify_key_holds_only_signed_files(client, ui_env, monke
     with tarfile.open(fileobj=io.BytesIO(_archive(client, signed))) as tar:
         assert f"{signed}/{signing.SIGNATURE_NAME}" in tar.getnames()
     assert f"{unsigned}/".encode() not in _archive(client, unsigned)  # not one member
-    local = f"{ui_env.env.storage_url}/{signed}/model.keras"
+    # a file whole in the folder (saved_model/ on a local store, deduplicated or not)
+    altered = "saved_model/x.pb"
+    local = f"{ui_env.env.storage_url}/{signed}/{altered}"
     os.chmod(local, 0o644)
     with open(local, "r+b") as f:  # same size; the manifest's crc32c made to match
         f.write(b"X")
     manifest = ckpt_format.parse_manifest(
         open(f"{ui_env.env.storage_url}/{signed}/MANIFEST.json", "rb").read(), signed
     )
-    manifest["files"]["model.keras"]["crc32c"] = crc32c_file(local)
+    manifest["files"][altered]["crc32c"] = crc32c_file(local)
     manifest_file = f"{ui_env.env.storage_url}/{signed}/MANIFEST.json"
     os.chmod(manifest_file, 0o644)
     with open(manifest_file, "wb") as f:
         f.write(ckpt_format.manifest_bytes(manifest))
-    assert f"{signed}/model.keras".encode() not in _archive(client, signed)
+    assert f"{signed}/{altered}".encode() not in _archive(client, signed)
 
 
 def test_models_and_writes(client, ui_env):
@@ -279,9 +280,8 @@ def test_explicit_storage_wins_over_the_recorded_url(ui_env, tmp_path, monkeypat
 
     uuid = ui_env.uuids[ui_env.trial_ids[0]][-1]
     copy = tmp_path / "copy"
-    shutil.copytree(f"{ui_env.env.storage_url}/{uuid}", copy / uuid)
-    with open(f"{ui_env.env.storage_url}/{uuid}/model.keras", "r+b") as f:
-        f.write(b"X")  # the recorded storage now has a damaged copy
+    shutil.copytree(ui_env.env.storage_url, copy)  # the whole store: chunks are shared
+    ui_env.env.corrupt(uuid, "model.keras")  # the recorded storage now has a damaged copy
 
     def verify(settings) -> str:
         with TestClient(create_app(settings)) as client:

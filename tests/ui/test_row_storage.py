@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
+from ckptstore.checkpointing.blobs import BLOBS_DIR
 from ckptstore.checkpointing.row_storage import ALLOWED_STORAGE_ENV
 from ckptstore.registry import schema
 from ckptstore.ui.app import create_app
@@ -76,6 +77,9 @@ def test_a_row_pointing_at_another_storage_is_read_only_when_allowed(ui_env, mon
     uuid = ui_env.uuids[ui_env.trial_ids[0]][-1]
     other = os.path.join(ui_env.env.workdir, "other-store")
     shutil.copytree(os.path.join(ui_env.env.storage_url, uuid), os.path.join(other, uuid))
+    shutil.copytree(  # a deduplicated checkpoint moves with its store's chunks
+        os.path.join(ui_env.env.storage_url, BLOBS_DIR), os.path.join(other, BLOBS_DIR)
+    )
     shutil.rmtree(os.path.join(ui_env.env.storage_url, uuid))
     _point_row_at(ui_env, uuid, f"file://{other}")
     with TestClient(create_app(ui_env.settings())) as client:

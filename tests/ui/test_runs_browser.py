@@ -149,10 +149,11 @@ def test_script_runs_show_what_happened_and_resume(page, runs, tmp_path):
         page.goto(f"{server.url}/checkpoints/{first_new.uuid}")
         expect(page.locator("#resumed-from a")).to_have_text(paused_at.uuid)
         expect(page.locator("#previous a")).to_have_text(paused_at.uuid)
-        # Whole-file checkpoints: the unchanged vocabulary is identical, the weights are not.
+        # Deduplicated checkpoints (the default on a local store too): the unchanged
+        # vocabulary is shared (stored once), the weights are not.
         shared = page.locator("#shared")
         assert int(shared.get_attribute("data-shared")) == len(VOCABULARY)
-        expect(shared).to_contain_text("stored again")
+        expect(shared).to_contain_text("deduplicated: stored once")
         expect(page.locator("tr[data-file='weights.npy'] td").nth(2)).to_have_text("0 B")
         expect(page.locator("#signature")).to_contain_text("UNSIGNED")
         screenshot(page, shots_folder(tmp_path), "checkpoint", full_page=True)

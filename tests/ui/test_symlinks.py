@@ -32,10 +32,13 @@ def _outside_file(ui_env) -> str:
 
 def _link_into_checkpoint(ui_env, uuid: str, rel: str, target: str) -> None:
     """Replace ``rel`` of a committed checkpoint by a link to ``target`` and rewrite the
-    manifest to match it, as an attacker who can write the store would."""
+    manifest to match it (an entry of a file whole in the folder, also where the file was
+    chunks), as an attacker who can write the store would."""
     folder = os.path.join(ui_env.env.storage_url, uuid)
-    os.remove(os.path.join(folder, rel))
     link = os.path.join(folder, rel)
+    if os.path.lexists(link):
+        os.remove(link)
+    os.makedirs(os.path.dirname(link), exist_ok=True)  # a chunked file has no folder here
     os.symlink(target, link)
     manifest_path = os.path.join(folder, ckpt_format.MANIFEST_NAME)
     with open(manifest_path, "rb") as f:
@@ -62,7 +65,8 @@ def test_archive_download_refuses_a_link_out_of_the_checkpoint(ui_env):
 def test_archive_of_a_checkpoint_with_a_link_inside_it_still_downloads(ui_env):
     """A link that stays inside its checkpoint is no escape: served as the file it names."""
     uuid = ui_env.uuids[ui_env.trial_ids[0]][-1]
-    inside = os.path.join(ui_env.env.storage_url, uuid, "model.keras")
+    # saved_model/ is whole in the folder on a local store (deduplicated or not)
+    inside = os.path.join(ui_env.env.storage_url, uuid, "saved_model", "x.pb")
     _link_into_checkpoint(
         ui_env,
         uuid,

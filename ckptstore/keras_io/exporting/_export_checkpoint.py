@@ -50,10 +50,12 @@ def export_checkpoint(
     predicts what Keras does), then adds the files to the same checkpoint with the manifest
     rewrite of :mod:`ckptstore.checkpointing.amend` (a crash at any point leaves the checkpoint
     readable, as before or with the SavedModel). The checkpoint is pinned against GC meanwhile.
-    The SavedModel is stored in the checkpoint's format: chunks cut at its tensors in a
-    deduplicated checkpoint (the default; the returned ``path`` is its logical place, fetch
-    it with ``ckptstore checkpoint download UUID --selector 'saved_model/**'``), whole files
-    a serving system can read in place in a ``dedup=False`` one.
+    The SavedModel is stored as the checkpoint's format and storage say: whole files a
+    serving system can read in place on a local or ``shared_fs`` store (deduplicated or not:
+    :func:`~ckptstore.checkpointing.format.kept_whole_in_place`) and in a ``dedup=False``
+    checkpoint; chunks cut at its tensors in a deduplicated checkpoint on an object store
+    (the returned ``path`` is then its logical place, fetch it with ``ckptstore checkpoint
+    download UUID --selector 'saved_model/**'``).
 
     Args:
         checkpoint_uuid: the checkpoint (registry row, else looked for in storage).
@@ -130,8 +132,9 @@ def export_checkpoint(
                 cuts = folder_cuts(staging)
                 if resign is not None:
                     _sign_again(path, staging, resign, ckpt.verify_key, checkpoint_uuid)
-                # A deduplicated checkpoint gets the SavedModel as chunks cut at its tensors,
-                # like the exports written at save time; a whole-file one, in place.
+                # A deduplicated checkpoint on an object store gets the SavedModel as chunks
+                # cut at its tensors, like the exports written at save time; a local store or
+                # a whole-file checkpoint, whole files in place.
                 amend.add_files(
                     ckpt.storage,
                     checkpoint_uuid,

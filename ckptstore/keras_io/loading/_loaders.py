@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
 from ckptstore.keras_io._types import KerasModel
+from ckptstore.keras_io.loading._in_place import readable_folder
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.keras_io.saving._code_refs import check_code_refs, import_allowed
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME, SAVED_MODEL_DIRNAME
@@ -237,6 +238,10 @@ def load_model_from_folder(
 ) -> KerasModel | SavedModelPredictor:
     """A Keras model from a local checkpoint folder (or a ``.keras`` file).
 
+    A deduplicated checkpoint's folder in its store (``<store>/<uuid>``, chunks in
+    ``<store>/.ckptstore-blobs/``) is read too: its files are assembled, verified, into a
+    temporary folder that is removed after the load (:mod:`._in_place`).
+
     Loads ``model.keras`` (or the folder's only ``*.keras``) with its optimizer state. When there
     is none, falls back to the inference SavedModel in ``saved_model/`` (or ``path`` itself),
     wrapped as a ``keras.Model`` around ``keras.layers.TFSMLayer`` (a :class:`SavedModelPredictor`
@@ -245,6 +250,8 @@ def load_model_from_folder(
     Raises:
         ModelLoadError: no model files, unknown custom objects (pass ``custom_objects``), or an
             unreadable file.
+        InvalidCheckpoint: a deduplicated folder copied out of its store (no blob store
+            beside it).
         UnsafeCheckpointContent: a Lambda layer under ``safe_mode=True``.
         UntrustedCode: the model config names a module the caller did not allow with
             ``modules=`` (nor hand over with ``custom_objects=``); nothing was imported.
@@ -262,6 +269,18 @@ def load_model_from_folder(
             f"Checkpoint path {path} does not exist; download the checkpoint first "
             "(CheckpointContext.download) or use ckptstore.load_checkpoint_model()."
         )
+    with readable_folder(path) as folder:
+        return _load_folder(folder, compile, custom_objects, safe_mode, modules)
+
+
+def _load_folder(
+    path: str,
+    compile: bool,
+    custom_objects: Mapping[str, Any] | None,
+    safe_mode: bool,
+    modules: Sequence[str],
+) -> KerasModel | SavedModelPredictor:
+    """:func:`load_model_from_folder` on a folder holding the checkpoint's files."""
     keras_file = _find_keras_file(path)
     if keras_file is None and os.path.isdir(path) and keras2_format.has_weights(path):
         from ckptstore.keras_io import backend

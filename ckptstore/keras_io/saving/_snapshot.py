@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.saving import _keras_archive as keras_archive
 
@@ -45,8 +46,9 @@ logger = logging.getLogger(__name__)
 
 #: Name of the model archive inside a checkpoint (the one definition; loaders and exports use it).
 MODEL_FILENAME = "model.keras"
-#: The folder of a checkpoint's inference SavedModel (``model.export()``).
-SAVED_MODEL_DIRNAME = "saved_model"
+#: The folder of a checkpoint's inference SavedModel (defined by the checkpoint format, which
+#: stores it whole in place on local stores).
+SAVED_MODEL_DIRNAME = fmt.SAVED_MODEL_DIRNAME
 
 
 @dataclasses.dataclass

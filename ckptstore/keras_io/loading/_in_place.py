@@ -1,0 +1,91 @@
+"""Opening a checkpoint folder in place, deduplicated or not: the folder the in-place loaders
+(``load_model_from_folder``, ``det.keras.load_model_from_checkpoint_path``) read.
+
+A deduplicated (format 2) checkpoint ``<store>/<uuid>/`` holds ``MANIFEST.json``,
+``metadata.json`` and only the files stored whole (``saved_model/`` on a local store); the
+content of the others is in ``<store>/.ckptstore-blobs/``. Given such a folder,
+:func:`readable_folder` downloads the checkpoint from that store (its parent folder, opened as
+a local storage and never left) into a temporary folder through the one verified download path
+(chunk SHA-256 and file crc32c; a verify key in the environment checks the signature exactly
+as ``CheckpointContext.download`` does), yields it and removes it afterwards. Any other folder
+(whole-file checkpoints, Determined's layouts, a plain download) is yielded as it is.
+
+Example::
+
+    import os
+    from ckptstore.keras_io.loading._in_place import readable_folder
+
+    with readable_folder("/mnt/ckpts/0b7c...") as folder:
+        print(sorted(os.listdir(folder)))  # model.keras, metadata.json, ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+
+from ckptstore import errors
+from ckptstore.checkpointing import blobs
+from ckptstore.checkpointing import format as fmt
+
+logger = logging.getLogger(__name__)
+
+
+def _blob_manifest(folder: str) -> bool:
+    """Whether ``folder`` is a checkpoint folder whose manifest lists files by their chunks
+    (a damaged manifest there is refused: the files it names cannot be found otherwise)."""
+    path = os.path.join(folder, fmt.MANIFEST_NAME)
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        data = f.read(fmt.MAX_MANIFEST_BYTES + 1)
+    if b'"blobs"' not in data:  # cheap: a whole-file (format 1) manifest never names any
+        return False
+    name = os.path.basename(folder)
+    if not fmt.is_checkpoint_name(name):
+        raise errors.InvalidCheckpoint(
+            f"{folder} holds a deduplicated checkpoint's manifest but is not named by the "
+            "checkpoint's UUID, so its store cannot be found; open it where it was committed "
+            f"(<store>/<uuid>) or run `ckptstore checkpoint download UUID -o DIR`. "
+            f"Received: {folder!r}"
+        )
+    return blobs.uses_blobs(fmt.parse_manifest(data, name))
+
+
+@contextlib.contextmanager
+def readable_folder(path: str) -> Iterator[str]:
+    """``path``, or for a deduplicated checkpoint folder a verified temporary download of it
+    (see the module docstring), removed on exit.
+
+    Raises:
+        InvalidCheckpoint: a deduplicated folder without its store's ``.ckptstore-blobs/``
+            beside it (copied out of its store), or a damaged manifest.
+        ChecksumMismatch: a chunk or file whose content differs from the manifest.
+        SignatureError: with a verify key set, a checkpoint its signature does not cover.
+    """
+    folder = os.path.abspath(path)
+    if not os.path.isdir(folder) or not _blob_manifest(folder):
+        yield path
+        return
+    store, uuid = os.path.split(folder)
+    if not os.path.isdir(os.path.join(store, blobs.BLOBS_DIR)):
+        raise errors.InvalidCheckpoint(
+            f"{folder} is a deduplicated checkpoint (format 2): its files' content is kept in "
+            f"{os.path.join(store, blobs.BLOBS_DIR)}, which is missing (the folder was copied "
+            "out of its store). Open it in its store, or get a plain folder with "
+            f"`ckptstore checkpoint download {uuid} -o DIR` (or CheckpointContext.restore_path)."
+            f" Received: {path!r}"
+        )
+    # Imported here: the context (threads, signing) is needed only for deduplicated folders.
+    from ckptstore.checkpointing.context import CheckpointContext
+
+    logger.info("%s is deduplicated; assembling its files from %s to load them", folder, store)
+    with (
+        CheckpointContext(store, cache=False) as ctx,
+        tempfile.TemporaryDirectory(prefix=f"ckptstore-load-{uuid[:8]}-") as tmp,
+    ):
+        ctx.download(uuid, tmp)
+        yield tmp
