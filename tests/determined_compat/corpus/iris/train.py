@@ -26,6 +26,9 @@ def make_data(n, seed):
 
 
 def main(core_context, strategy, checkpoint, continue_id, hparams, epochs):
+    # Each trial draws its initial weights the same way on every run, so a search's pruning
+    # decisions (which compare trials' metrics) are the same on every run too.
+    utils.set_random_seed(continue_id if isinstance(continue_id, int) else 0)
     train_x, train_y = make_data(240, seed=0)
     validation_data = make_data(60, seed=1)
 
