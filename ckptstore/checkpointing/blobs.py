@@ -414,14 +414,6 @@ def assemble(
     return written
 
 
-def write_at(fd: int, data: bytes, offset: int) -> None:
-    """Write all of ``data`` at ``offset`` of the open file ``fd``."""
-    view = memoryview(data)
-    end = offset + len(view)
-    while view:
-        view = view[os.pwrite(fd, view, end - len(view)) :]
-
-
 def _fetch_chunks(
     uuid: str,
     todo: list[tuple[str, str, Mapping[str, Any], int]],

@@ -27,6 +27,7 @@ from ckptstore import errors
 from ckptstore.checkpointing import blobs, signing
 from ckptstore.checkpointing import cache as cache_mod
 from ckptstore.checkpointing import format as fmt
+from ckptstore.storage_backends.base import pwrite_all
 
 if TYPE_CHECKING:
     from ckptstore.storage_backends.base import ProgressCallback, Storage
@@ -247,7 +248,7 @@ def _assemble(
         found = restore.read_chunk(sha, size, places[sha]) if restore and sha in places else None
         if found is not None:
             stats.use(found[0])  # a use of the cached file it came from
-            blobs.write_at(fd, found[1], offset)
+            pwrite_all(fd, found[1], offset)
         else:
             # Kept in the cache under a content key: always checked, whatever ``verify`` says.
             blobs.place_blob(

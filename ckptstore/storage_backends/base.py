@@ -29,6 +29,16 @@ ProgressCallback = Callable[[int], None]
 Selector = Callable[[str], bool] | str | Iterable[str] | None
 
 
+def pwrite_all(fd: int, data, offset: int) -> int:  # type: ignore[no-untyped-def]
+    """Write all of ``data`` (bytes-like) to ``fd`` at ``offset``; returns its length."""
+    view = memoryview(data)
+    total = len(view)
+    done = 0
+    while done < total:
+        done += os.pwrite(fd, view[done:], offset + done)
+    return total
+
+
 class Storage(abc.ABC):
     """Bytes and file trees under one storage prefix.
 
@@ -123,10 +133,7 @@ class Storage(abc.ABC):
         data = self.read_bytes(key)
         if check is not None:
             check(data)
-        view = memoryview(data)
-        while view:
-            view = view[os.pwrite(fd, view, offset + len(data) - len(view)) :]
-        return len(data)
+        return pwrite_all(fd, data, offset)
 
     def write_range_if_absent(
         self, key: str, path: str, offset: int, length: int, *, durable: bool = True

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ckptstore import errors
-from ckptstore.storage_backends.object_store import TMP_MARK, ObjectStorage, tmp_name
+from ckptstore.storage_backends.object_store import TMP_MARK, ObjectStorage, pwrite_all, tmp_name
 from ckptstore.storage_backends.paths import check_key, check_relpath, join_key
 
 logger = logging.getLogger(__name__)
@@ -106,10 +106,7 @@ def copy_range(src_fd: int, dst_fd: int, count: int, src_offset: int, dst_offset
                 continue
         else:
             data = os.pread(src_fd, min(want, 1 << 20), src_offset + done)
-            n = len(data)
-            view = memoryview(data)
-            while view:
-                view = view[os.pwrite(dst_fd, view, dst_offset + done + n - len(view)) :]
+            n = pwrite_all(dst_fd, data, dst_offset + done)
         if n == 0:
             break
         done += n

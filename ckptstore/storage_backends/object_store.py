@@ -25,7 +25,13 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from ckptstore import errors
-from ckptstore.storage_backends.base import ProgressCallback, Selector, Storage, describe_sizes
+from ckptstore.storage_backends.base import (
+    ProgressCallback,
+    Selector,
+    Storage,
+    describe_sizes,
+    pwrite_all,
+)
 from ckptstore.storage_backends.paths import check_key, check_relpath, compile_selector, join_key
 from ckptstore.storage_backends.retry import RetryPolicy
 from ckptstore.validators import int_at_least
@@ -59,16 +65,6 @@ def walk_local_tree(local_dir: str) -> tuple[dict[str, int], list[str]]:
         if not dirs and not names and rel_root:
             empty_dirs.append(rel_root)
     return files, empty_dirs
-
-
-def pwrite_all(fd: int, data, offset: int) -> int:  # type: ignore[no-untyped-def]
-    """Write all of ``data`` (bytes-like) to ``fd`` at ``offset``; returns its length."""
-    view = memoryview(data)
-    total = len(view)
-    done = 0
-    while done < total:
-        done += os.pwrite(fd, view[done:], offset + done)
-    return total
 
 
 #: In the name of every temporary file a local write makes (and listings skip).
