@@ -9,8 +9,12 @@ Example::
     schema = config_json_schema()   # the JSON Schema of a config, as the docs publish it
 """
 
-from ckptstore.experiment.config import ExperimentConfig, load_config, parse_config
-from ckptstore.experiment.config_schema import config_json_schema
+from ckptstore.experiment.config import (
+    ExperimentConfig,
+    config_json_schema,
+    load_config,
+    parse_config,
+)
 from ckptstore.experiment.runner import (
     create_experiment,
     describe_experiment,

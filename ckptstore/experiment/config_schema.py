@@ -1,25 +1,27 @@
-"""The experiment config's shape as pydantic v2 models: every key Determined 0.38 accepts, its
+"""The experiment config's keys as pydantic v2 models: every key Determined 0.38 accepts, its
 type, its bounds and its default, in one place that also publishes the JSON Schema.
 
-:func:`validate` checks a raw config dict against the models and turns the first problem into
+These models are the runtime config, not a layer in front of one: a validated hyperparameter,
+length or searcher is the object the searcher and the trials use (a length's bare-int "steps"
+are turned into batches by the rules of :class:`~ckptstore.experiment.config.ExperimentConfig`,
+which also holds every rule between keys). A problem becomes
 :class:`~ckptstore.errors.InvalidConfig` the way users have always seen it: the dotted key, what
-was wrong, the value received and a fix, with "Did you mean" for a misspelt key. Rules between
-keys (``single`` wants constant hyperparameters, a TFKerasTrial wants ``global_batch_size``, ...)
-live in :mod:`ckptstore.experiment.config`, which turns a validated model into the
-:class:`~ckptstore.experiment.config.ExperimentConfig` the runner uses.
+was wrong, the value received and a fix, with "Did you mean" for a misspelt key.
 
 Example::
 
-    from ckptstore.experiment.config_schema import config_json_schema, validate
+    from ckptstore.experiment.config import parse_config
 
-    model = validate({"entrypoint": "python3 train.py"})
-    model.scheduling_unit                       # 100, Determined's default
-    config_json_schema()["properties"]["searcher"]
+    config = parse_config({"entrypoint": "python3 train.py"})
+    config.scheduling_unit                      # 100, Determined's default
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import math
+import os
 import re
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -29,6 +31,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     TypeAdapter,
     ValidationError,
@@ -40,13 +43,7 @@ from typing_extensions import TypeAliasType
 
 from ckptstore import errors
 
-__all__ = [
-    "HP_TYPES",
-    "SEARCHERS",
-    "config_json_schema",
-    "validate",
-    "validate_length",
-]
+__all__ = ["HP_TYPES", "SEARCHERS", "Length", "validate_length"]
 
 #: Searcher names this runner implements (``tpe`` is a ckptstore extension).
 SEARCHERS = ("single", "grid", "random", "adaptive_asha", "tpe")
@@ -59,8 +56,9 @@ MAX_TRIALS = 100_000
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 Number = Annotated[float, Field(allow_inf_nan=False)]
+_IGNORED = "Accepted and ignored here."
 #: A key accepted for compatibility whose value changes nothing here.
-Ignored = Annotated[Any, Field(default=None, description="Accepted and ignored here.")]
+Ignored = Annotated[Any, Field(default=None, description=_IGNORED)]
 
 
 def did_you_mean(name: str, known: set[str] | tuple[str, ...]) -> str:
@@ -74,8 +72,16 @@ class _Section(BaseModel):
     unknown keys; an unknown key is named with the closest known one."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-    #: Keys accepted for compatibility and reported in ``ExperimentConfig.ignored_keys``.
+    #: Keys accepted for compatibility and reported in ``ExperimentConfig.ignored_keys``: the
+    #: :data:`Ignored` fields but the ``quiet`` ones.
     ignored: ClassVar[frozenset[str]] = frozenset()
+    quiet: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        fields = cls.model_fields.items()
+        cls.ignored = frozenset(k for k, f in fields if f.description == _IGNORED) - cls.quiet
 
     @model_validator(mode="before")
     @classmethod
@@ -90,6 +96,32 @@ class _Section(BaseModel):
                         {"key": str(key), "hint": did_you_mean(str(key), known)},
                     )
         return data
+
+
+# ---- lengths ------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Length:
+    """A training length in one unit: ``Length("batches", 100)``."""
+
+    unit: str
+    value: int
+
+    def to_batches(self, global_batch_size: int, records_per_epoch: int | None) -> int:
+        """The length in batches (records and epochs round up to whole batches)."""
+        if self.unit == "batches":
+            return self.value
+        if self.unit == "records":
+            return max(1, math.ceil(self.value / global_batch_size))
+        if not records_per_epoch:
+            raise errors.InvalidConfig(
+                f"A length of {{epochs: {self.value}}} needs the number of records per epoch. "
+                "Set `records_per_epoch` in the experiment config, or use a training data loader "
+                "whose length is known (NumPy arrays or a Sequence)."
+            )
+        return max(1, math.ceil(self.value * records_per_epoch / global_batch_size))
+
+    def to_dict(self) -> dict[str, int]:
+        return {self.unit: self.value}
 
 
 class LengthSpec(_Section):
@@ -116,29 +148,60 @@ def _length_tag(value: Any) -> str:
     )
 
 
-#: A bare integer is Determined's older "steps" unit (``N * scheduling_unit`` batches).
-Length = Annotated[
-    Annotated[PositiveInt, Tag("length:steps")] | Annotated[LengthSpec, Tag("length:unit")],
+def _as_length(spec: LengthSpec) -> Length:
+    ((unit, amount),) = spec.model_dump(exclude_unset=True).items()
+    return Length(unit, amount)
+
+
+#: A :class:`Length`, or a bare integer of Determined's older "steps" unit (``N *
+#: scheduling_unit`` batches, converted by the config's rules, which know the unit).
+LengthField = Annotated[
+    Annotated[PositiveInt, Tag("length:steps")]
+    | Annotated[LengthSpec, AfterValidator(_as_length), Tag("length:unit")],
     Discriminator(_length_tag),
 ]
 
 
 # ---- hyperparameters ----------------------------------------------------------------------------
-class ConstHP(_Section):
+class _HP(_Section):
+    """One hyperparameter; :attr:`name` is its dotted path (nested groups joined by ``.``)."""
+
+    _name: str = PrivateAttr("")
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def grid_size(self) -> int:
+        """How many values a grid search tries, computed without listing them."""
+        return len(self.grid_values())
+
+    def grid_values(self) -> list[Any]:
+        """The values a grid search tries."""
+        raise NotImplementedError
+
+
+class ConstHP(_HP):
     """A hyperparameter with one value: ``{type: const, val: 0.9}``."""
 
     type: Literal["const"]
     val: Any
 
+    def grid_values(self) -> list[Any]:
+        return [self.val]
 
-class CategoricalHP(_Section):
+
+class CategoricalHP(_HP):
     """One of a list of values: ``{type: categorical, vals: [relu, tanh]}``."""
 
     type: Literal["categorical"]
     vals: Annotated[list[Any], Field(min_length=1)]
 
+    def grid_values(self) -> list[Any]:
+        return list(self.vals)
 
-class _RangeHP(_Section):
+
+class _RangeHP(_HP):
     """A range; ``count`` points of it for the grid searcher."""
 
     count: PositiveInt | None = None
@@ -153,6 +216,30 @@ class _RangeHP(_Section):
                 {"low": low, "high": high, "fix": "Swap them so minval <= maxval."},
             )
         return self
+
+    def grid_size(self) -> int:
+        assert self.count is not None
+        if isinstance(self, IntHP):
+            return min(self.count, self.maxval - self.minval + 1)
+        return self.count
+
+    def grid_values(self) -> list[Any]:
+        """``count`` evenly spaced points of the range."""
+        low, high, count = self.minval, self.maxval, self.count  # type: ignore[attr-defined]
+        assert count is not None
+        if isinstance(self, IntHP) and count > high - low + 1:
+            # Points closer than 1 apart round to every integer of the range: list those.
+            return list(range(int(low), int(high) + 1))
+        if count == 1:
+            points = [(low + high) / 2]
+        else:
+            step = (high - low) / (count - 1)
+            points = [low + i * step for i in range(count)]
+        if isinstance(self, IntHP):
+            return sorted({int(round(p)) for p in points})
+        if isinstance(self, LogHP):
+            return [float(self.base**p) for p in points]
+        return [float(p) for p in points]
 
 
 class IntHP(_RangeHP):
@@ -223,22 +310,50 @@ HPSpec = TypeAliasType(
 #: Tags of the unions above: they appear in pydantic's error locations, never in a key path.
 _TAG = re.compile(r"^(length|hp|storage|env):")
 
+#: Any hyperparameter as the searcher and the trials see it.
+Hyperparameter = ConstHP | CategoricalHP | IntHP | DoubleHP | LogHP
+
+
+def _flatten(specs: dict[str, Any], prefix: str = "") -> list[Hyperparameter]:
+    """Nested groups as one list of named hyperparameters; a plain value is a constant."""
+    out: list[Hyperparameter] = []
+    for name, spec in specs.items():
+        if isinstance(spec, dict):
+            out += _flatten(spec, f"{prefix}{name}.")
+            continue
+        if not isinstance(spec, _HP):
+            spec = ConstHP.model_construct(type="const", val=spec)
+        spec._name = f"{prefix}{name}"
+        out.append(spec)
+    return out
+
+
+#: The ``hyperparameters`` section, validated into a flat list of named hyperparameters.
+Hyperparameters = Annotated[
+    dict[HPName, HPSpec], Field(json_schema_extra=_HP_NAMES), AfterValidator(_flatten)
+]
+
 
 # ---- sections -----------------------------------------------------------------------------------
+def _one_per_cpu(n: int) -> int:
+    return n or max(1, os.cpu_count() or 1)
+
+
 class Searcher(_Section):
     """The ``searcher`` section (cross-key rules are in :mod:`~ckptstore.experiment.config`)."""
 
-    ignored: ClassVar[frozenset[str]] = frozenset(
-        # 0.38 keys that change nothing here, then keys of searchers older releases removed.
-        {"stop_once", "bracket_rungs"}
-        | {"step_budget", "target_trial_steps", "train_stragglers", "budget"}
-    )
+    # ``unit`` changes nothing and is not worth a warning; the other ignored keys are 0.38
+    # keys that change nothing here, then keys of searchers older releases removed.
+    quiet: ClassVar[frozenset[str]] = frozenset({"unit"})
 
     name: Literal[SEARCHERS]  # type: ignore[valid-type]
     metric: Annotated[str, Field(min_length=1, examples=["val_loss"])]
     smaller_is_better: bool = True
-    max_length: Length | None = None
+    #: A :class:`Length` once the config's rules ran (steps and ``max_steps`` in batches,
+    #: 0.38's ``time_metric`` + ``max_time`` for a TFKerasTrial); None when the script decides.
+    max_length: LengthField | None = None
     max_steps: PositiveInt | None = None
+    #: The number of trials once the config's rules ran (1 for ``single``, the grid's size).
     max_trials: Annotated[int, Field(ge=1, le=MAX_TRIALS)] | None = None
     max_concurrent_trials: Annotated[
         NonNegativeInt,
@@ -246,10 +361,12 @@ class Searcher(_Section):
             description="Trials run at once on this machine (default 1; Determined's is 16). "
             "0, Determined's 'decide for me', is one per CPU."
         ),
+        AfterValidator(_one_per_cpu),
     ] = 1
     divisor: Annotated[int, Field(ge=2)] = 4
     max_rungs: PositiveInt = 5
     mode: Literal["standard", "aggressive", "conservative"] = "standard"
+    #: 0.38's ASHA form: rungs counted in this validation metric (``batches``, ``epochs``, ...).
     time_metric: Annotated[str, Field(min_length=1)] | None = None
     max_time: PositiveInt | None = None
     unit: Ignored
@@ -272,15 +389,35 @@ class Searcher(_Section):
     train_stragglers: Ignored
     budget: Ignored
 
+    def search_length(self) -> tuple[str, int] | None:
+        """``(unit, amount)`` a trial trains for: ``max_length`` or ``(time_metric, max_time)``;
+        None when the script decides (no ``max_length``)."""
+        if isinstance(self.max_length, Length):
+            return self.max_length.unit, self.max_length.value
+        if self.time_metric is not None and self.max_time is not None:
+            return self.time_metric, self.max_time
+        return None
+
+    def rung_lengths(self) -> list[int]:
+        """Where an ``adaptive_asha`` trial validates and may be stopped, in the unit of
+        :meth:`search_length` (Determined's rule: ``min(max_rungs, floor(log_divisor(
+        max_trials)) + 1)`` rungs, rung ``k`` at ``max // divisor**(rungs - 1 - k)``, at least
+        1); ``[max]`` for other searchers; ``[]`` without a length."""
+        length = self.search_length()
+        if length is None:
+            return []
+        total = length[1]
+        if self.name != "adaptive_asha":
+            return [total]
+        assert self.max_trials is not None
+        rungs = min(self.max_rungs, int(math.log(self.max_trials) / math.log(self.divisor)) + 1)
+        points = [max(1, total // self.divisor ** (rungs - 1 - k)) for k in range(rungs)]
+        return sorted(set(points))
+
 
 class Resources(_Section):
     """``resources``: ``slots_per_trial`` / ``slots`` start workers here; the rest is the
     cluster's."""
-
-    ignored: ClassVar[frozenset[str]] = frozenset(
-        {"max_slots", "weight", "priority", "resource_pool", "shm_size", "devices"}
-        | {"native_parallel", "is_single_node", "agent_label"}
-    )
 
     slots_per_trial: PositiveInt = 1
     slots: PositiveInt = 1
@@ -336,11 +473,6 @@ class Environment(_Section):
     """``environment``: ``environment_variables`` reach every trial process; the container keys
     are the cluster's."""
 
-    ignored: ClassVar[frozenset[str]] = frozenset(
-        {"image", "pod_spec", "registry_auth", "force_pull_image", "ports", "proxy_ports"}
-        | {"add_capabilities", "drop_capabilities"}
-    )
-
     environment_variables: EnvironmentVariables | None = None
     image: Ignored
     pod_spec: Ignored
@@ -350,6 +482,14 @@ class Environment(_Section):
     proxy_ports: Ignored
     add_capabilities: Ignored
     drop_capabilities: Ignored
+
+    def variables(self) -> dict[str, str]:
+        """``NAME=value`` entries as a dict (a later entry wins, as in a shell); Determined's
+        per-accelerator mapping gives its ``cpu`` list (ckptstore's trials ask for CPUs)."""
+        given = self.environment_variables
+        if isinstance(given, EnvironmentVariablesByAccelerator):
+            given = given.cpu
+        return dict(entry.split("=", 1) for entry in given or ())
 
 
 class Reproducibility(_Section):
@@ -379,76 +519,19 @@ StorageSpec = Annotated[
 ]
 
 
-class Experiment(_Section):
-    """A whole experiment config: Determined 0.38's keys (``ignored`` ones only mean something
-    on a cluster). Where this differs from Determined's default it says so."""
-
-    ignored: ClassVar[frozenset[str]] = frozenset(
-        {"bind_mounts", "optimizations", "profiling", "workspace", "project"}
-        | {"debug", "tensorboard_storage", "log_policies", "pbs", "slurm"}
-        | {"retention_policy", "max_slots", "integrations", "internal", "security"}
-    )
-    #: Keys older Determined releases had and later removed: ignored, named in the warning.
-    removed: ClassVar[frozenset[str]] = frozenset({"data_layer", "batches_per_step"})
-
-    name: str | None = None
-    description: str | None = None
-    labels: list[str] | None = None
-    hyperparameters: Annotated[dict[HPName, HPSpec], Field(json_schema_extra=_HP_NAMES)] | None = (
-        None
-    )
-    searcher: Searcher | None = None
-    min_validation_period: Length | None = None
-    min_checkpoint_period: Length | None = None
-    records_per_epoch: NonNegativeInt | None = None
-    scheduling_unit: PositiveInt = 100
-    checkpoint_storage: StorageSpec | None = None
-    entrypoint: str | list[str] | None = None
-    entrypoint_script: str | list[str] | None = None
-    data: dict[str, Any] | None = None
-    reproducibility: Reproducibility | None = None
-    max_restarts: Annotated[
-        NonNegativeInt, Field(description="Determined's default is 5; here 0 (fail fast).")
-    ] = 0
-    perform_initial_validation: bool = False
-    resources: Resources | None = None
-    environment: Environment | None = None
-    bind_mounts: Ignored
-    optimizations: Ignored
-    profiling: Ignored
-    workspace: Ignored
-    project: Ignored
-    checkpoint_policy: Annotated[
-        Literal["best", "all", "none"],
-        Field(
-            description="TFKerasTrial: checkpoint after a validation that beats every earlier "
-            "one in the experiment (best, Determined's default), after every validation (all) "
-            "or only at min_checkpoint_period, the end and preemption (none)."
-        ),
-    ] = "best"
-    debug: Ignored
-    tensorboard_storage: Ignored
-    log_policies: Ignored
-    retention_policy: Ignored
-    pbs: Ignored
-    slurm: Ignored
-    max_slots: Ignored
-    integrations: Ignored
-    internal: Ignored
-    security: Ignored
-    data_layer: Ignored
-    batches_per_step: Ignored
-
-
+# ---- errors -------------------------------------------------------------------------------------
 def _key(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc if not _TAG.match(str(p))) or "<config>"
 
 
-def _as_invalid_config(exc: ValidationError, prefix: tuple[str, ...] = ()) -> errors.InvalidConfig:
+def as_invalid_config(exc: ValidationError, prefix: tuple[str, ...] = ()) -> errors.InvalidConfig:
     """The first problem of ``exc`` as users have always seen it: the key path, what is wrong,
-    the value received and the fix (custom errors carry theirs in ``ctx["fix"]``)."""
+    the value received and the fix (custom errors carry theirs in ``ctx["fix"]``; a rule
+    between keys raised its :class:`~ckptstore.errors.InvalidConfig` already worded)."""
     err = exc.errors(include_url=False)[0]
     kind, loc, ctx = err["type"], (*prefix, *err["loc"]), err.get("ctx") or {}
+    if isinstance(ctx.get("error"), errors.InvalidConfig):
+        return ctx["error"]
     received = err["input"]
     if kind == "unknown_key":
         key = _key((*loc, ctx["key"]))
@@ -478,43 +561,18 @@ def _as_invalid_config(exc: ValidationError, prefix: tuple[str, ...] = ()) -> er
     )
 
 
-def validate(raw: Any) -> Experiment:
-    """``raw`` checked against :class:`Experiment`; :class:`~ckptstore.errors.InvalidConfig`
-    naming the first bad key otherwise."""
-    if not isinstance(raw, dict):
-        raise errors.InvalidConfig(
-            f"An experiment config must be a YAML mapping, received {type(raw).__name__}. "
-            "Start from examples/mnist_tfkeras_trial/const.yaml."
-        )
+def validate_as(adapter: TypeAdapter, value: Any, key: str) -> Any:
+    """``value`` checked alone against one key's type; errors name ``key``."""
     try:
-        return Experiment.model_validate(raw)
+        return adapter.validate_python(value)
     except ValidationError as exc:
-        raise _as_invalid_config(exc) from None
+        raise as_invalid_config(exc, tuple(key.split("."))) from None
 
 
-_LENGTH = TypeAdapter(Length)
+_LENGTH = TypeAdapter(LengthField)
 
 
-def validate_length(value: Any, key: str) -> int | LengthSpec:
+def validate_length(value: Any, key: str) -> int | Length:
     """One length (``{batches: N}``, ... or a bare int of steps) checked alone; errors name
     ``key``."""
-    try:
-        return _LENGTH.validate_python(value)
-    except ValidationError as exc:
-        raise _as_invalid_config(exc, tuple(key.split("."))) from None
-
-
-def config_json_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of an experiment config, as the docs publish it.
-
-    Example::
-
-        import json
-        from ckptstore.experiment import config_json_schema
-
-        print(json.dumps(config_json_schema(), indent=2))
-    """
-    schema = Experiment.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "ckptstore experiment config (Determined 0.38 keys)"
-    return schema
+    return validate_as(_LENGTH, value, key)

@@ -7,7 +7,7 @@ Searchers map to Optuna as follows:
   ``grid``: ``GridSampler`` over each hyperparameter's ``count`` points / ``vals``.
 - ``adaptive_asha``: ``RandomSampler`` with ``SuccessiveHalvingPruner`` (``mode: standard``) or
   ``HyperbandPruner`` (``aggressive``/``conservative``); ``divisor`` is the reduction factor and
-  the rungs are Determined's (:meth:`SearcherConfig.rung_lengths`), in the unit of
+  the rungs are Determined's (:meth:`Searcher.rung_lengths`), in the unit of
   ``max_length`` (or ``time_metric``). Trials validate at every rung (the TFKerasTrial
   controller by itself, Core API scripts through ``core_context.searcher.operations()``), report
   the searcher metric there and stop when pruned.

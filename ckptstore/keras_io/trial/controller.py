@@ -6,7 +6,7 @@ batches that end at every ``min_validation_period`` and ``min_checkpoint_period`
 trial always validates and checkpoints when it reaches ``searcher.max_length``, when a callback
 stops training, when the searcher prunes it, and (checkpoint only) when it is preempted. Under
 ``adaptive_asha`` it also validates at every rung boundary
-(:meth:`~ckptstore.experiment.config.SearcherConfig.rung_lengths`) and asks the searcher there
+(:meth:`~ckptstore.experiment.config_schema.Searcher.rung_lengths`) and asks the searcher there
 whether to go on, as Determined's master told its trials to, so a search prunes even when the
 config sets no ``min_validation_period``. After a validation it checkpoints as the config's
 ``checkpoint_policy`` says: ``best`` (Determined's default) when the searcher metric beats the
