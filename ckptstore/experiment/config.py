@@ -9,32 +9,12 @@ Schema (:func:`config_json_schema`); its validator holds the rules between keys 
 value in the form the runner uses (lengths in batches, hyperparameters flat, ``max_trials``
 counted).
 
-Lengths (``searcher.max_length``, ``min_validation_period``, ``min_checkpoint_period``) are
-``{batches: N}``, ``{records: N}`` or ``{epochs: N}``. A bare integer is Determined's older "steps"
-unit: ``N * scheduling_unit`` batches (``scheduling_unit`` defaults to 100), which is also what
-``searcher.max_steps`` means. A period of 0 (Determined's default ``{batches: 0}``) is "off".
-
-Determined 0.38 configs load unchanged (choices where 0.38 left it to the cluster):
-
-- ``searcher.max_length`` is optional for ``single``/``grid``/``random``/``tpe`` when the
-  entrypoint is a script (the script decides how long to train); a TFKerasTrial still needs it.
-- ``adaptive_asha`` takes ``max_length`` or 0.38's ``time_metric`` + ``max_time`` (rungs are then
-  counted in the validation metric ``time_metric``, e.g. ``batches`` or ``epochs``).
-- No ``searcher`` at all (the "new Keras API" ``const.yaml``: ``hyperparameters`` +
-  ``entrypoint_script``) means one trial with those hyperparameters, searcher metric
-  ``val_loss`` (smaller is better), trained for the epochs the script passes.
-- ``resources.slots_per_trial`` (experiments, scripts and TFKerasTrials) and ``resources.slots``
-  (jobs) start that many workers (on this machine, or Ray Train workers); every other key that
-  only means something on a Determined cluster (``environment``, ``bind_mounts``, ``profiling``,
-  ``resources.resource_pool``, ...) and every key older releases removed (``data_layer``, ...)
-  is accepted and listed in :attr:`ExperimentConfig.ignored_keys`, which the runner logs in one
-  warning.
-- A ``checkpoint_storage`` block holding only GC keys (``save_trial_best: 3``) keeps the default
-  storage and sets those keys, as Determined merges it with the cluster's storage.
-
-Configs are untrusted input: a YAML alias bomb, a list nested thousands deep, a grid or
-``max_trials`` larger than a queue can hold, or an entrypoint a shell cannot split is refused
-with :class:`~ckptstore.errors.InvalidConfig` in bounded time and memory.
+Lengths are ``{batches: N}``, ``{records: N}``, ``{epochs: N}`` or a bare integer of
+Determined's older "steps" (``N * scheduling_unit`` batches, as ``searcher.max_steps``); a period
+of 0 is "off". Determined 0.38 configs load unchanged, keys that only mean something on a cluster
+are listed in :attr:`ExperimentConfig.ignored_keys` (docs: "Coming from Determined"). Configs are
+untrusted input: the YAML is read by :mod:`ckptstore.yamlsafe`, a grid or ``max_trials`` larger
+than a queue can hold or an entrypoint a shell cannot split is refused before anything runs.
 
 This module never imports TensorFlow.
 
@@ -72,39 +52,16 @@ from pydantic import (
 
 from ckptstore import errors
 from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS
-from ckptstore.experiment.config_schema import (
-    HP_TYPES,
-    MAX_TRIALS,
-    SEARCHERS,
-    Environment,
-    Hyperparameter,
-    Hyperparameters,
-    Ignored,
-    Length,
-    LengthField,
-    NonNegativeInt,
-    PositiveInt,
-    Reproducibility,
-    Resources,
-    Searcher,
-    StorageBlock,
-    StorageSpec,
-    _Section,
-    as_invalid_config,
-    validate_as,
-    validate_length,
-)
+from ckptstore.experiment import config_schema as keys
+from ckptstore.experiment.config_schema import HP_TYPES, SEARCHERS, Length
+from ckptstore.experiment.hparams import Hyperparameter, Hyperparameters, nest_hparams
 from ckptstore.validators import is_int
+from ckptstore.yamlsafe import check_size, load_yaml
 
 LENGTH_UNITS = ("batches", "records", "epochs")
 #: The searcher a config without ``searcher`` gets (the reference's ``entrypoint_script`` form).
 DEFAULT_SEARCHER = {"name": "single", "metric": "val_loss", "smaller_is_better": True}
-#: Bounds on the parsed YAML, checked before anything walks it recursively: deeper nesting
-#: overflows Python's stack, and aliases can make a 1 kB file expand to billions of nodes.
-MAX_DEPTH = 64
-MAX_NODES = 200_000
-#: A config file larger than this is not a config (Determined's are a few kB).
-MAX_BYTES = 1 << 20
+_EXAMPLE = "examples/mnist_tfkeras_trial/const.yaml"
 _ENTRYPOINT_CLASS = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 #: Determined's legacy launcher form of a trial class:
 #: ``python3 -m determined.launch.horovod --autohorovod --trial model_def:Trial``.
@@ -146,7 +103,7 @@ class Entrypoint:
         return shlex.split(self.raw)
 
 
-class ExperimentConfig(_Section):
+class ExperimentConfig(keys._Section):
     """A whole experiment config: Determined 0.38's keys (``ignored`` ones only mean something
     on a cluster). Where this differs from Determined's default it says so."""
 
@@ -161,33 +118,35 @@ class ExperimentConfig(_Section):
     #: A flat list of named hyperparameters (nested groups joined by ``.``) once parsed.
     hyperparameters: Hyperparameters | None = None
     #: Always set once parsed (:data:`DEFAULT_SEARCHER` when absent).
-    searcher: Searcher | None = None
+    searcher: keys.Searcher | None = None
     #: A :class:`Length`, None when absent or 0, once parsed.
-    min_validation_period: LengthField | None = None
-    min_checkpoint_period: LengthField | None = None
+    min_validation_period: keys.LengthField | None = None
+    min_checkpoint_period: keys.LengthField | None = None
     #: None when 0, Determined's "unset".
-    records_per_epoch: Annotated[NonNegativeInt, AfterValidator(lambda n: n or None)] | None = None
-    scheduling_unit: PositiveInt = 100
+    records_per_epoch: (
+        Annotated[keys.NonNegativeInt, AfterValidator(lambda n: n or None)] | None
+    ) = None
+    scheduling_unit: keys.PositiveInt = 100
     #: A URL or a storage mapping; None for the default storage (also when the block holds only
     #: GC keys, which are then in :attr:`retention`).
-    checkpoint_storage: StorageSpec | None = None
+    checkpoint_storage: keys.StorageSpec | None = None
     #: An :class:`Entrypoint` once parsed (``entrypoint_script`` is its other name).
     entrypoint: str | list[str] | None = None
     entrypoint_script: str | list[str] | None = None
     #: ``{}`` when absent.
     data: dict[str, Any] | None = None
-    reproducibility: Reproducibility | None = None
+    reproducibility: keys.Reproducibility | None = None
     max_restarts: Annotated[
-        NonNegativeInt, Field(description="Determined's default is 5; here 0 (fail fast).")
+        keys.NonNegativeInt, Field(description="Determined's default is 5; here 0 (fail fast).")
     ] = 0
     perform_initial_validation: bool = False
-    resources: Resources | None = None
-    environment: Environment | None = None
-    bind_mounts: Ignored
-    optimizations: Ignored
-    profiling: Ignored
-    workspace: Ignored
-    project: Ignored
+    resources: keys.Resources | None = None
+    environment: keys.Environment | None = None
+    bind_mounts: keys.Ignored
+    optimizations: keys.Ignored
+    profiling: keys.Ignored
+    workspace: keys.Ignored
+    project: keys.Ignored
     #: Checkpoints a TFKerasTrial takes after validations
     #: (:class:`~ckptstore.keras_io.trial.controller.TrialController`).
     checkpoint_policy: Annotated[
@@ -198,18 +157,18 @@ class ExperimentConfig(_Section):
             "or only at min_checkpoint_period, the end and preemption (none)."
         ),
     ] = "best"
-    debug: Ignored
-    tensorboard_storage: Ignored
-    log_policies: Ignored
-    retention_policy: Ignored
-    pbs: Ignored
-    slurm: Ignored
-    max_slots: Ignored
-    integrations: Ignored
-    internal: Ignored
-    security: Ignored
-    data_layer: Ignored
-    batches_per_step: Ignored
+    debug: keys.Ignored
+    tensorboard_storage: keys.Ignored
+    log_policies: keys.Ignored
+    retention_policy: keys.Ignored
+    pbs: keys.Ignored
+    slurm: keys.Ignored
+    max_slots: keys.Ignored
+    integrations: keys.Ignored
+    internal: keys.Ignored
+    security: keys.Ignored
+    data_layer: keys.Ignored
+    batches_per_step: keys.Ignored
 
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
     _retention: dict[str, int] = PrivateAttr(default_factory=dict)
@@ -233,7 +192,7 @@ class ExperimentConfig(_Section):
                 "Add e.g. `searcher: {name: single, metric: val_loss, max_length: {batches: 100}}`.",
             )
         hparams = self.hyperparameters or []
-        searcher = self.searcher or Searcher(**DEFAULT_SEARCHER)
+        searcher = self.searcher or keys.Searcher(**DEFAULT_SEARCHER)
         _searcher_rules(searcher, hparams, unit, trial_class=entrypoint.is_trial_class)
         if entrypoint.is_trial_class:
             _check_batch_size(hparams)
@@ -264,17 +223,17 @@ class ExperimentConfig(_Section):
 
     @property
     def experiment_seed(self) -> int:
-        return (self.reproducibility or Reproducibility()).experiment_seed
+        return (self.reproducibility or keys.Reproducibility()).experiment_seed
 
     @property
     def slots_per_trial(self) -> int:
         """``resources.slots_per_trial``: workers started per trial on this machine."""
-        return (self.resources or Resources()).slots_per_trial
+        return (self.resources or keys.Resources()).slots_per_trial
 
     @property
     def slots(self) -> int:
         """``resources.slots``: workers of a job (``ckptstore job run``)."""
-        return (self.resources or Resources()).slots
+        return (self.resources or keys.Resources()).slots
 
     @functools.cached_property
     def environment_variables(self) -> dict[str, str]:
@@ -368,7 +327,7 @@ def _period(value: int | Length | None, scheduling_unit: int) -> Length | None:
 
 
 def _searcher_rules(
-    searcher: Searcher, hparams: list[Hyperparameter], unit: int, *, trial_class: bool
+    searcher: keys.Searcher, hparams: list[Hyperparameter], unit: int, *, trial_class: bool
 ) -> None:
     """``searcher`` checked against the rest of the config, its values put in the form the
     runner uses: ``max_length`` a :class:`Length` (or None), ``max_trials`` counted."""
@@ -412,7 +371,7 @@ def _searcher_rules(
     _set(searcher, max_length=max_length, max_trials=max_trials)
 
 
-def _check_time_metric(s: Searcher) -> None:
+def _check_time_metric(s: keys.Searcher) -> None:
     """0.38's ``time_metric`` + ``max_time`` (both or neither; ``adaptive_asha`` only)."""
     if s.name != "adaptive_asha":
         raise _fail(
@@ -436,7 +395,7 @@ def _check_time_metric(s: Searcher) -> None:
         )
 
 
-def _max_trials(s: Searcher, hparams: list[Hyperparameter]) -> int:
+def _max_trials(s: keys.Searcher, hparams: list[Hyperparameter]) -> int:
     if s.name == "single":
         for hp in hparams:
             if hp.type != "const":
@@ -456,10 +415,10 @@ def _max_trials(s: Searcher, hparams: list[Hyperparameter]) -> int:
                 )
         # The product of the sizes, never the grid itself: counts of 10**9 list nothing.
         size = math.prod(hp.grid_size() for hp in hparams)
-        if size > MAX_TRIALS:
+        if size > keys.MAX_TRIALS:
             raise _fail(
                 "hyperparameters",
-                f"the grid has {size} points, more than the {MAX_TRIALS} trials an experiment "
+                f"the grid has {size} points, more than the {keys.MAX_TRIALS} trials an experiment "
                 f"may have, received counts {[hp.grid_size() for hp in hparams]}",
                 "Lower the `count`s or search with `random`/`tpe` and `max_trials`.",
             )
@@ -491,7 +450,7 @@ def _check_batch_size(hparams: list[Hyperparameter]) -> None:
         )
 
 
-def _storage(block: str | StorageBlock | None) -> tuple[str | dict[str, Any] | None, dict]:
+def _storage(block: str | keys.StorageBlock | None) -> tuple[str | dict[str, Any] | None, dict]:
     """``(storage, GC keys)``: a block of GC keys alone keeps the default storage."""
     if block is None:
         return None, {}
@@ -516,21 +475,9 @@ def _storage(block: str | StorageBlock | None) -> tuple[str | dict[str, Any] | N
     )
 
 
-def nest_hparams(flat: dict[str, Any]) -> dict[str, Any]:
-    """``{"a.b": 1}`` -> ``{"a": {"b": 1}}`` (nested groups as the trial sees them)."""
-    nested: dict[str, Any] = {}
-    for name, value in flat.items():
-        parts = name.split(".")
-        node = nested
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return nested
-
-
 def parse_length(value: Any, key: str, scheduling_unit: int) -> Length:
     """``{batches|records|epochs: N}`` or a bare int of steps (``N * scheduling_unit`` batches)."""
-    return _length(validate_length(value, key), key, scheduling_unit)
+    return _length(keys.validate_length(value, key), key, scheduling_unit)
 
 
 _HYPERPARAMETERS = TypeAdapter(Hyperparameters)
@@ -545,31 +492,7 @@ def parse_hyperparameters(raw: Any) -> list[Hyperparameter]:
             "Write it like `hyperparameters: {global_batch_size: 32}`.",
         )
     check_size(raw, "hyperparameters")
-    return [] if raw is None else validate_as(_HYPERPARAMETERS, raw, "hyperparameters")
-
-
-def check_size(raw: Any, where: str = "<config>") -> None:
-    """Refuse a config nested deeper than :data:`MAX_DEPTH` or with more than
-    :data:`MAX_NODES` values, counting a YAML alias each time it is used (an alias bomb
-    stops here after ``MAX_NODES`` steps instead of exhausting memory later)."""
-    level, depth, nodes = [raw], 0, 1
-    while level:  # breadth first, one list per level: no recursion, few allocations
-        below: list[Any] = []
-        for node in level:
-            if isinstance(node, dict):
-                below.extend(node.values())
-            elif isinstance(node, list | tuple):
-                below.extend(node)
-            if nodes + len(below) > MAX_NODES or (below and depth + 1 > MAX_DEPTH):
-                what = f"nested deeper than {MAX_DEPTH}" if depth + 1 > MAX_DEPTH else "too large"
-                raise _fail(
-                    where,
-                    f"the config is {what} (at most {MAX_DEPTH} levels and {MAX_NODES} values, "
-                    f"YAML aliases counted each time they are used), received more than "
-                    f"{nodes + len(below)} values down to depth {depth + 1}",
-                    "Flatten it or move bulky data into a file the trial reads.",
-                )
-        level, depth, nodes = below, depth + 1, nodes + len(below)
+    return [] if raw is None else keys.validate_as(_HYPERPARAMETERS, raw, "hyperparameters")
 
 
 def parse_config(raw: Any) -> ExperimentConfig:
@@ -581,34 +504,12 @@ def parse_config(raw: Any) -> ExperimentConfig:
     if not isinstance(raw, dict):
         raise errors.InvalidConfig(
             f"An experiment config must be a YAML mapping, received {type(raw).__name__}. "
-            "Start from examples/mnist_tfkeras_trial/const.yaml."
+            f"Start from {_EXAMPLE}."
         )
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as exc:
-        raise as_invalid_config(exc) from None
-
-
-def _yaml_depth_ok(text: str) -> bool:
-    """True when no collection in ``text`` nests deeper than :data:`MAX_DEPTH`, read from
-    the YAML event stream (iterative), before PyYAML's recursive composer could overflow the
-    stack. libyaml's parser when installed: the pure-Python scanner is quadratic in nesting."""
-    import yaml
-
-    depth = 0
-    try:
-        for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-            if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
-                depth += 1
-                if depth > MAX_DEPTH:
-                    return False
-            elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
-                depth -= 1
-    except yaml.YAMLError as exc:
-        if "nesting depth" in str(exc):  # libyaml's own limit (1000 levels)
-            return False
-        raise
-    return True
+        raise keys.as_invalid_config(exc) from None
 
 
 def load_config(path: str | Path) -> ExperimentConfig:
@@ -617,36 +518,7 @@ def load_config(path: str | Path) -> ExperimentConfig:
     Raises :class:`~ckptstore.errors.InvalidConfig` when the file is missing, is not YAML, or
     holds a bad config.
     """
-    import yaml
-
-    path = Path(path)
-    try:
-        with path.open("rb") as f:
-            data = f.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise errors.InvalidConfig(
-            f"Cannot read the experiment config {str(path)!r}: {exc.strerror}. "
-            "Pass the path of a YAML file such as examples/mnist_tfkeras_trial/const.yaml."
-        ) from None
-    if len(data) > MAX_BYTES:
-        raise errors.InvalidConfig(
-            f"The experiment config {str(path)!r} is larger than {MAX_BYTES} bytes; an "
-            "experiment config is a few kB. Move bulky data into a file the trial reads."
-        )
-    try:
-        text = data.decode("utf-8")
-        if not _yaml_depth_ok(text):
-            raise _fail(
-                "<config>",
-                f"collections are nested deeper than {MAX_DEPTH} levels, received {str(path)!r}",
-                "Flatten it.",
-            )
-        raw = yaml.safe_load(text)
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise errors.InvalidConfig(
-            f"The experiment config {str(path)!r} is not valid YAML: {exc}. Fix the syntax."
-        ) from None
-    return parse_config(raw)
+    return parse_config(load_yaml(path, "experiment config", _EXAMPLE))
 
 
 def config_json_schema() -> dict[str, Any]:
@@ -672,7 +544,6 @@ __all__ = [
     "Hyperparameter",
     "Length",
     "SEARCHERS",
-    "check_size",
     "config_json_schema",
     "load_config",
     "nest_hparams",
