@@ -48,6 +48,7 @@ from ckptstore.registry.rows import (
     check_steps,
     checkpoint_from_row,
     checkpoint_not_found,
+    checkpoint_row,
     checkpoint_values,
     experiment_from_row,
     experiment_not_found,
@@ -352,6 +353,24 @@ class Registry:
 
         self._db.write(fn, what="set a trial's state")
 
+    def delete_trial(self, trial_id: int) -> None:
+        """Remove a trial, its metrics and DELETED checkpoint rows (refused while others live)."""
+
+        def fn(conn: sa.Connection) -> None:
+            self._require_trial(conn, trial_id)
+            mine = _C.c.trial_id == trial_id
+            left = conn.execute(sa.select(_C.c.uuid).where(mine, _C.c.state != "DELETED")).all()
+            if left:
+                raise errors.CheckpointConflict(
+                    f"Trial {trial_id} still has {len(left)} checkpoint(s) (e.g. {left[0][0]}); "
+                    "delete them first (`ckptstore trial delete N --yes` does)."
+                )
+            conn.execute(_C.delete().where(mine))
+            conn.execute(schema.metrics.delete().where(schema.metrics.c.trial_id == trial_id))
+            conn.execute(_T.delete().where(_T.c.id == trial_id))
+
+        self._db.write(fn, what="delete a trial")
+
     def trial_heartbeat(self, trial_id: int) -> None:
         """Record that the trial's process is alive (the chief of ``core.init`` calls it every
         :data:`~ckptstore.registry.entities.HEARTBEAT_SECONDS`; ``Trial.status`` reads it)."""
@@ -556,11 +575,11 @@ class Registry:
 
     # ---- checkpoints (Determined SDK names) ---------------------------------------------------
     def get_checkpoint(self, uuid: str) -> Checkpoint:
-        """The checkpoint with that UUID, in any state;
+        """The checkpoint with that UUID (or unique prefix of 8+ characters), in any state;
         :class:`~ckptstore.errors.CheckpointNotFound` if the registry has no such row."""
 
         def fn(conn: sa.Connection) -> Checkpoint:
-            row = conn.execute(sa.select(_C).where(_C.c.uuid == str(uuid))).first()
+            row = checkpoint_row(conn, _C, str(uuid))
             if row is None:
                 raise checkpoint_not_found(uuid)
             return checkpoint_from_row(row)
