@@ -50,6 +50,7 @@ from ckptstore.registry.rows import (
     checkpoint_not_found,
     checkpoint_row,
     checkpoint_values,
+    delete_trial_rows,
     experiment_from_row,
     experiment_not_found,
     trial_from_row,
@@ -165,6 +166,10 @@ class Registry:
     def list_jobs(self) -> list[Job]:
         """Every job, oldest first."""
         return self._jobs.list()
+
+    def add_job_checkpoint(self, job_id: int, uuid: str) -> None:
+        """Record that job ``job_id`` loaded checkpoint ``uuid`` (``job describe`` names it)."""
+        self._jobs.add_checkpoint(job_id, uuid)
 
     def add_checkpoint_evaluation(self, uuid: str, evaluation: Mapping[str, Any]) -> None:
         """Record metrics a job measured on checkpoint ``uuid`` (in its ``metrics``)."""
@@ -355,21 +360,7 @@ class Registry:
 
     def delete_trial(self, trial_id: int) -> None:
         """Remove a trial, its metrics and DELETED checkpoint rows (refused while others live)."""
-
-        def fn(conn: sa.Connection) -> None:
-            self._require_trial(conn, trial_id)
-            mine = _C.c.trial_id == trial_id
-            left = conn.execute(sa.select(_C.c.uuid).where(mine, _C.c.state != "DELETED")).all()
-            if left:
-                raise errors.CheckpointConflict(
-                    f"Trial {trial_id} still has {len(left)} checkpoint(s) (e.g. {left[0][0]}); "
-                    "delete them first (`ckptstore trial delete N --yes` does)."
-                )
-            conn.execute(_C.delete().where(mine))
-            conn.execute(schema.metrics.delete().where(schema.metrics.c.trial_id == trial_id))
-            conn.execute(_T.delete().where(_T.c.id == trial_id))
-
-        self._db.write(fn, what="delete a trial")
+        self._db.write(lambda conn: delete_trial_rows(conn, trial_id), what="delete a trial")
 
     def trial_heartbeat(self, trial_id: int) -> None:
         """Record that the trial's process is alive (the chief of ``core.init`` calls it every

@@ -170,6 +170,25 @@ def checkpoint_row(conn: sa.Connection, table: sa.Table, uuid: str) -> Any:
 _PREFIX = re.compile(r"[0-9a-fA-F-]+")
 
 
+def delete_trial_rows(conn: sa.Connection, trial_id: int) -> None:
+    """Delete trial ``trial_id``, its metrics and its DELETED checkpoint rows; TrialNotFound
+    if there is none, CheckpointConflict while it has checkpoints in another state."""
+    trials, checkpoints, metrics = schema.trials, schema.checkpoints, schema.metrics
+    if conn.execute(sa.select(trials.c.id).where(trials.c.id == trial_id)).first() is None:
+        raise trial_not_found(trial_id)
+    mine = checkpoints.c.trial_id == trial_id
+    left = conn.execute(sa.select(checkpoints.c.uuid).where(mine, checkpoints.c.state != "DELETED"))
+    left = left.all()
+    if left:
+        raise errors.CheckpointConflict(
+            f"Trial {trial_id} still has {len(left)} checkpoint(s) (e.g. {left[0][0]}); "
+            f"delete them first (`ckptstore trial delete {trial_id} --yes` does)."
+        )
+    conn.execute(checkpoints.delete().where(mine))
+    conn.execute(metrics.delete().where(metrics.c.trial_id == trial_id))
+    conn.execute(trials.delete().where(trials.c.id == trial_id))
+
+
 def checkpoint_not_found(uuid: Any) -> errors.CheckpointNotFound:
     return errors.CheckpointNotFound(
         f"No checkpoint with uuid {uuid!r} in the registry. Check the UUID (list_checkpoints() "
