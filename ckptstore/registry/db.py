@@ -99,6 +99,15 @@ class _SlowCallWatcher:
 _WATCHER = _SlowCallWatcher()
 
 
+def _new_watcher_in_child() -> None:
+    # A forked child has no watcher thread, and its lock may have been held at the fork.
+    global _WATCHER
+    _WATCHER = _SlowCallWatcher()
+
+
+os.register_at_fork(after_in_child=_new_watcher_in_child)
+
+
 @contextlib.contextmanager
 def log_if_slow(url: str, what: str) -> Iterator[None]:
     """Log a WARNING naming the registry and the operation while the block runs longer than
