@@ -4,7 +4,6 @@ storage column and filter of `checkpoint list`, a signed checkpoint's file sizes
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,15 +11,8 @@ from pathlib import Path
 import pytest
 
 from ckptstore.registry import Registry
+from tests._helpers.fresh_home import fresh_home_env
 from tests.cli.helpers import make_env
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _child_env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_")}
-    env.update(CKPTSTORE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
-    return env
 
 
 def test_run_without_a_trial_id_runs_the_script_as_a_new_trial(tmp_path):
@@ -37,7 +29,11 @@ def test_run_without_a_trial_id_runs_the_script_as_a_new_trial(tmp_path):
     seen = []
     for _ in range(2):
         done = subprocess.run(
-            command, cwd=tmp_path, env=_child_env(tmp_path), capture_output=True, text=True
+            command,
+            cwd=tmp_path,
+            env=fresh_home_env(tmp_path / "home"),
+            capture_output=True,
+            text=True,
         )
         assert done.returncode == 0, done.stderr[-3000:]
         seen.append(done.stdout.split()[-1])

@@ -5,15 +5,12 @@ every registry call, and the process exits."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 from ckptstore.registry import Registry
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests._helpers.fresh_home import fresh_home_env
 
 SCRIPT = """
 import ckptstore
@@ -26,10 +23,12 @@ print("ending with the context open", flush=True)
 
 
 def test_a_context_left_open_at_exit_closes_without_hanging(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_")}
-    env.update(CKPTSTORE_HOME=str(tmp_path), PYTHONPATH=str(ROOT))
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", SCRIPT],
+        env=fresh_home_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     with Registry(f"sqlite:///{tmp_path / 'registry.db'}") as registry:

@@ -45,6 +45,14 @@ def _params() -> list[object]:
     return params
 
 
+def test_every_tutorial_and_how_to_is_in_the_in_order_run() -> None:
+    """Every tutorial and how-to page is in the navigation, so the in-order run covers it."""
+    listed = set(in_order())
+    assert listed and listed == {p for p in pages() if p.parent.name in ("tutorials", "how-to")}, (
+        listed
+    )
+
+
 def test_every_example_runs_or_says_why() -> None:
     """A bash block calling something the test cannot run must carry ``# not run: <why>``."""
     kinds: dict[str, int] = {}
@@ -63,11 +71,23 @@ def test_every_example_runs_or_says_why() -> None:
     assert kinds.get("python", 0) + kinds.get("bash", 0) >= 20, kinds
 
 
+def in_order() -> list[Path]:
+    """The tutorials, then the how-to pages, in the site's navigation order: the order a
+    newcomer follows them (mkdocs.yml ``nav``)."""
+    nav = re.findall(r"^\s+- [^\n]*?:\s*((?:tutorials|how-to)/[\w.-]+\.md)\s*$", _MKDOCS, re.M)
+    return [ROOT / "docs" / rel for rel in nav]
+
+
+_MKDOCS = (ROOT / "mkdocs.yml").read_text()
+
+
 def _run_page(page: Path, tmp: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """One page's examples in a fresh folder, with its own CKPTSTORE_HOME."""
+    """One page's examples in ``tmp/work`` with CKPTSTORE_HOME ``tmp/home`` (fresh, or the
+    ones the pages before it in :func:`in_order` used)."""
     work = tmp / "work"
-    work.mkdir(parents=True)
-    (work / "examples").symlink_to(ROOT / "examples")
+    if not work.exists():
+        work.mkdir(parents=True)
+        (work / "examples").symlink_to(ROOT / "examples")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_")}
     env.update(
         CKPTSTORE_HOME=str(tmp / "home"),
@@ -103,13 +123,38 @@ def page_runs(
     for page in filter(_needs_postgres, selected):
         server = request.getfixturevalue("postgres_server")
         extra_env[page]["DATABASE_URL"] = server.create_database()
+    # The tutorials and how-to pages run one after another in ONE store and folder, as a
+    # newcomer follows them (issue 39: pages that collided there passed one by one); the
+    # other pages run beside them, each in a fresh store.
     pool = ThreadPoolExecutor(max_workers=2)
+    chain = [page for page in in_order() if page in extra_env]
+    shared = tmp_path_factory.mktemp("docs-in-order")
+
+    def run_chain() -> dict[Path, subprocess.CompletedProcess[str]]:
+        done = {}
+        for page in chain:
+            done[page] = _run_page(page, shared, extra_env[page])
+        return done
+
+    chained = pool.submit(run_chain)
     runs = {
         page: pool.submit(_run_page, page, tmp_path_factory.mktemp("docs-page"), extra_env[page])
         for page in selected
+        if page not in chain
     }
+    runs.update({page: _ChainResult(chained, page) for page in chain})
     yield runs
     pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _ChainResult:
+    """A page's run within the in-order chain (``.result()`` like a Future)."""
+
+    def __init__(self, chain: Future[dict[Path, subprocess.CompletedProcess[str]]], page: Path):
+        self.chain, self.page = chain, page
+
+    def result(self) -> subprocess.CompletedProcess[str]:
+        return self.chain.result()[self.page]
 
 
 @pytest.mark.e2e

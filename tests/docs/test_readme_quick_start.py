@@ -9,17 +9,14 @@ what the README leaves to the reader (``model``, ``x``, ``y``), with a fresh CKP
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from tests._helpers.fresh_home import ROOT, fresh_home_env
 from tests.servers.emulators import create_bucket
-
-ROOT = Path(__file__).resolve().parents[2]
 
 #: What the quick start leaves to the reader: a compiled Keras model and its data.
 PREAMBLE = """
@@ -50,9 +47,7 @@ def test_readme_quick_start_runs_verbatim_on_s3(s3_server, tmp_path):
     assert "load_checkpoint_model(trial_id=7)" in code and "s3://my-bucket/ckpts" in code
     create_bucket(s3_server, "my-bucket")
     (tmp_path / "quick_start.py").write_text(PREAMBLE + code + EPILOGUE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_")}
-    env.update(CKPTSTORE_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT), **s3_server.env)
-    env["EPOCHS"] = "1"
+    env = fresh_home_env(tmp_path / "home", **s3_server.env)
     done = subprocess.run(
         [sys.executable, "quick_start.py"],
         cwd=tmp_path,

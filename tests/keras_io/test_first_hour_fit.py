@@ -6,22 +6,19 @@ weight values, for a resume into a model of another shape."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ckptstore as det
 from ckptstore import errors
+from tests._helpers.fresh_home import fresh_home_env
 from tests.keras_io.keras_under_test import KERAS_MAJOR, tiny_model
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
-
-ROOT = Path(__file__).resolve().parents[2]
 
 X = np.linspace(-1, 1, 32, dtype="float32").reshape(8, 4)
 Y = np.zeros((8, 2), dtype="float32")
@@ -74,10 +71,12 @@ for trial_id, verbose in ((1, 0), (2, 2)):
 
 def test_the_lines_show_on_stderr_unless_verbose_0(tmp_path):
     """A program that did not configure logging sees them while fit() shows progress."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_")}
-    env.update(CKPTSTORE_HOME=str(tmp_path), PYTHONPATH=str(ROOT))
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", SCRIPT],
+        env=fresh_home_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     quiet, shown = done.stderr.split("END OF FIT 0", 1)
