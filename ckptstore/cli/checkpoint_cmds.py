@@ -91,7 +91,9 @@ def list_cmd(
     as_json: bool,
 ) -> None:
     """List checkpoints, oldest first, with the storage each is in. With --storage (or
-    CKPTSTORE_STORAGE), only the checkpoints in that storage (or below it).
+    CKPTSTORE_STORAGE), only the checkpoints in that storage (or below it). With --all, a
+    PENDING checkpoint whose upload was abandoned (older than GC's grace period) says so;
+    `ckptstore gc` cleans it.
 
     \b
     Example:
@@ -113,7 +115,25 @@ def list_cmd(
 
         # A row without a URL predates recording it: it belongs to whatever storage is asked.
         rows = [c for c in rows if not c.storage_url or is_under(c.storage_url, state.storage_url)]
-    emit_rows([checkpoint_view(c) for c in rows], LIST_COLUMNS, as_json)
+    emit_rows([_marked(checkpoint_view(c), as_json) for c in rows], LIST_COLUMNS, as_json)
+
+
+def _marked(view: dict[str, Any], as_json: bool) -> dict[str, Any]:
+    """A PENDING row older than GC's grace period is an abandoned upload (its process died):
+    said so (``abandoned`` in JSON, in the State column of the table); `ckptstore gc` cleans
+    it."""
+    import datetime as dt
+
+    from ckptstore.checkpointing.collector import DEFAULT_GRACE_SECONDS
+
+    created = view.get("created_at")
+    if view.get("state") != "PENDING" or not isinstance(created, dt.datetime):
+        return view
+    age = dt.datetime.now(dt.timezone.utc) - created.astimezone(dt.timezone.utc)
+    abandoned = age.total_seconds() > DEFAULT_GRACE_SECONDS
+    if as_json:
+        return {**view, "abandoned": abandoned}
+    return {**view, "state": "PENDING (abandoned: gc cleans it)"} if abandoned else view
 
 
 @checkpoint.command("describe")

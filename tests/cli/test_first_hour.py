@@ -130,3 +130,24 @@ def test_download_never_follows_a_row_to_a_host_or_a_local_path(tmp_path, monkey
     args = ["--registry", env.registry_url, "checkpoint", "download", uuid, "-o", str(tmp_path)]
     refused = CliRunner().invoke(cli, args)
     assert refused.exit_code == 2 and "StorageNotAllowed" in refused.output
+
+
+def test_an_abandoned_pending_row_is_shown_as_such_and_cleaned_by_gc(tmp_path):
+    """Finding 5: a PENDING row left by a dead upload stayed for ever, shown as any other."""
+    import datetime as dt
+
+    env = make_env(tmp_path)
+    uuid = env.save(1, 1)
+    with Registry(env.registry_url) as registry:
+        record = registry.get_checkpoint(uuid).to_record()
+        record.uuid = "0b7c2f11-0000-4000-8000-000000000001"  # its process died before commit
+        record.state = "PENDING"
+        record.created_at = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=2)
+        registry.record_checkpoint(record)
+    listed = {c["uuid"]: c for c in env.json("checkpoint", "list", "--all")}
+    assert listed[record.uuid]["abandoned"] is True and "abandoned" not in listed[uuid]
+    assert "PENDING (abandoned" in env.run("checkpoint", "list", "--all").output
+    cleaned = env.run("gc", "--yes")
+    assert cleaned.exit_code == 0, cleaned.output
+    states = {c["uuid"]: c["state"] for c in env.json("checkpoint", "list", "--all")}
+    assert states == {uuid: "COMMITTED", record.uuid: "DELETED"}
