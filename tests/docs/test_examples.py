@@ -36,8 +36,11 @@ def _needs_postgres(path: Path) -> bool:
 
 
 def _params() -> list[object]:
+    """Every page with runnable examples: the in-order pages first, in their order (each test
+    then waits only for its own page of the chain), then the others."""
     params = []
-    for path in pages():
+    chain = [p for p in in_order() if p in set(pages())]
+    for path in chain + [p for p in pages() if p not in chain]:
         if not any(b.kind in ("python", "bash") for b in blocks_of(path)):
             continue
         marks = [pytest.mark.servers] if _buckets(path) or _needs_postgres(path) else []
@@ -111,7 +114,8 @@ def page_runs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[Path, Future[subprocess.CompletedProcess[str]]]]:
     """Starts the selected pages' runs, two at a time: most of a page's time is one process
-    importing TensorFlow, so a second page uses the other core instead of waiting."""
+    importing TensorFlow, so a second page uses the other core instead of waiting. One worker
+    runs the tutorials and how-to pages in order in one store, the other the rest."""
     selected = [
         item.callspec.params["page"]
         for item in request.session.items
@@ -130,31 +134,24 @@ def page_runs(
     chain = [page for page in in_order() if page in extra_env]
     shared = tmp_path_factory.mktemp("docs-in-order")
 
-    def run_chain() -> dict[Path, subprocess.CompletedProcess[str]]:
-        done = {}
-        for page in chain:
-            done[page] = _run_page(page, shared, extra_env[page])
-        return done
+    chained: dict[Path, Future[subprocess.CompletedProcess[str]]] = {p: Future() for p in chain}
 
-    chained = pool.submit(run_chain)
+    def run_chain() -> None:
+        for page in chain:
+            try:
+                chained[page].set_result(_run_page(page, shared, extra_env[page]))
+            except BaseException as exc:  # noqa: BLE001 - that page's test reports it
+                chained[page].set_exception(exc)
+
+    pool.submit(run_chain)
     runs = {
         page: pool.submit(_run_page, page, tmp_path_factory.mktemp("docs-page"), extra_env[page])
         for page in selected
         if page not in chain
     }
-    runs.update({page: _ChainResult(chained, page) for page in chain})
+    runs.update(chained)
     yield runs
     pool.shutdown(wait=True, cancel_futures=True)
-
-
-class _ChainResult:
-    """A page's run within the in-order chain (``.result()`` like a Future)."""
-
-    def __init__(self, chain: Future[dict[Path, subprocess.CompletedProcess[str]]], page: Path):
-        self.chain, self.page = chain, page
-
-    def result(self) -> subprocess.CompletedProcess[str]:
-        return self.chain.result()[self.page]
 
 
 @pytest.mark.e2e

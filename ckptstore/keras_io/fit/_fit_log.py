@@ -151,7 +151,11 @@ def _saved_layers(model_path: str) -> str:
         with zipfile.ZipFile(model_path) as archive:
             config = json.loads(archive.read("config.json"))
         layers = config.get("config", {}).get("layers", [])
-        words = [_layer(entry["class_name"], entry.get("config", {})) for entry in layers]
+        words = [  # model.layers leaves the InputLayer out: so does this
+            _layer(entry["class_name"], entry.get("config", {}))
+            for entry in layers
+            if entry.get("class_name") != "InputLayer"
+        ]
         return f"{config.get('class_name', 'Model')} [{_layers_word(words)}]"
     except (OSError, KeyError, ValueError, zipfile.BadZipFile, AttributeError, TypeError):
         return "a model this file does not describe"
