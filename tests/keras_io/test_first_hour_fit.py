@@ -51,6 +51,12 @@ def test_each_commit_and_resume_says_so(where, caplog):
         r"fit\(\) done for trial 1 \(resumed from \S+\): 1 checkpoint\(s\) saved", text
     )
 
+    # Finding 6: a unique UUID prefix of 8+ characters loads like the whole UUID.
+    loaded = det.load_checkpoint_model(
+        checkpoint_uuid=cb.last_checkpoint[:8], storage=where.storage, registry=where.registry
+    )
+    assert loaded.count_params() == tiny_model().count_params()
+
 
 SCRIPT = """
 import sys
