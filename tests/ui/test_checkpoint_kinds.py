@@ -50,50 +50,50 @@ def _upload(env, folder: Path, **options) -> str:
 
 
 @pytest.fixture
-def env(tmp_path):
+def kinds_env(tmp_path):
     environment = make_env(tmp_path)
     with Registry(environment.registry_url) as registry:
         registry.ensure_trial(1)
     return environment
 
 
-def test_a_signed_checkpoint(env, tmp_path):
+def test_a_signed_checkpoint(kinds_env, tmp_path):
     from tests.checkpointing._helpers import ec_key_pair
 
     key, _ = ec_key_pair(tmp_path)
-    uuid = _upload(env, tmp_path / "src", signing_key=key)
-    assert "model.sig" in fmt.read_manifest(open_storage(env.storage_url), uuid)["files"]
-    page = _pages_render(env, uuid)
+    uuid = _upload(kinds_env, tmp_path / "src", signing_key=key)
+    assert "model.sig" in fmt.read_manifest(open_storage(kinds_env.storage_url), uuid)["files"]
+    page = _pages_render(kinds_env, uuid)
     assert "model.sig" in page
 
 
-def test_a_deduplicated_checkpoint(env, tmp_path):
-    uuid = _upload(env, tmp_path / "src", dedup=True)
-    assert fmt.read_manifest(open_storage(env.storage_url), uuid)["format_version"] == 2
-    assert "model.keras" in _pages_render(env, uuid)
+def test_a_deduplicated_checkpoint(kinds_env, tmp_path):
+    uuid = _upload(kinds_env, tmp_path / "src", dedup=True)
+    assert fmt.read_manifest(open_storage(kinds_env.storage_url), uuid)["format_version"] == 2
+    assert "model.keras" in _pages_render(kinds_env, uuid)
 
 
-def test_a_sharded_checkpoint(env, tmp_path):
+def test_a_sharded_checkpoint(kinds_env, tmp_path):
     from tests.checkpointing.test_sharded import run_ranks
 
-    results = run_ranks(2, "store_path", env.storage_url, tmp_path / "ranks")
+    results = run_ranks(2, "store_path", kinds_env.storage_url, tmp_path / "ranks")
     assert all(r["error"] is None for r in results), results
-    with Registry(env.registry_url) as registry:
-        registry.reindex(open_storage(env.storage_url))
+    with Registry(kinds_env.registry_url) as registry:
+        registry.reindex(open_storage(kinds_env.storage_url))
         (row,) = registry.list_checkpoints()
         if row.trial_id is None:  # the workers ran without a trial: give it one
             record = row.to_record()
             record.trial_id = 1
             registry.record_checkpoint(record)
-    assert "rank1/w.bin" in _pages_render(env, results[0]["uuid"])
+    assert "rank1/w.bin" in _pages_render(kinds_env, results[0]["uuid"])
 
 
-def test_a_determined_imported_checkpoint(env, tmp_path):
+def test_a_determined_imported_checkpoint(kinds_env, tmp_path):
     from tests.import_determined.determined_fixtures import make_values, write_callback_checkpoint
 
     folder = tmp_path / "det-ckpt"
     write_callback_checkpoint(str(folder), make_values())
-    imported = env.run("import-determined", str(folder), "--trial", "1")
+    imported = kinds_env.run("import-determined", str(folder), "--trial", "1")
     assert imported.exit_code == 0, imported.output
-    (uuid,) = [c["uuid"] for c in env.json("checkpoint", "list")]
-    _pages_render(env, uuid)
+    (uuid,) = [c["uuid"] for c in kinds_env.json("checkpoint", "list")]
+    _pages_render(kinds_env, uuid)
