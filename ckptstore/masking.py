@@ -17,6 +17,10 @@ A value is hidden (replaced by :data:`MASK`) when it is
   ``DATABASE_URL`` or ``HF_HUB`` says nothing about whether its value is a secret. The names
   stay visible (``NAME=***``).
 
+The keys of a checkpoint's file listing (a mapping under ``resources`` or ``files``: file path
+-> size or entry) are file names, not names of settings: ``model.sig`` or ``secrets/vocab.txt``
+is a file, its size stays a number, and only its values are looked at.
+
 Names ending in ``_id``, ``_path``, ``_file``, ``_env``, ``_count``, ... name, locate or
 measure a secret without holding it (``AWS_ACCESS_KEY_ID``, ``private_key_path``) and stay
 visible.
@@ -41,6 +45,7 @@ from typing import TypeVar
 
 __all__ = [
     "ENVIRONMENT_KEY",
+    "FILE_LISTING_KEYS",
     "MASK",
     "MaskingFilter",
     "install_log_filter",
@@ -165,6 +170,22 @@ def _empty(value: object) -> bool:
 
 #: The config key whose every value is hidden (see the module docstring).
 ENVIRONMENT_KEY = "environment_variables"
+#: Keys whose mapping is a file listing: its keys are file paths (see the module docstring).
+FILE_LISTING_KEYS = frozenset({"resources", "files"})
+
+
+def _mask_file_listing(value: object) -> object:
+    if isinstance(value, Mapping):
+        return {k: mask_value(v) for k, v in value.items()}
+    return mask_value(value)
+
+
+def _mask_item(key: object, value: object) -> object:
+    if key == ENVIRONMENT_KEY:
+        return _mask_environment(value)
+    if key in FILE_LISTING_KEYS:
+        return _mask_file_listing(value)
+    return MASK if is_secret_name(key) and not _empty(value) else mask_value(value)
 
 
 def _mask_environment(value: object) -> object:
@@ -184,14 +205,7 @@ def mask_value(value: T) -> T:
     :func:`mask_text`, every value under a secret-named key and every environment variable
     of an ``environment_variables`` key hidden; a new object, the argument is not changed."""
     if isinstance(value, Mapping):
-        return {  # type: ignore[return-value]
-            k: _mask_environment(v)
-            if k == ENVIRONMENT_KEY
-            else MASK
-            if is_secret_name(k) and not _empty(v)
-            else mask_value(v)
-            for k, v in value.items()
-        }
+        return {k: _mask_item(k, v) for k, v in value.items()}  # type: ignore[return-value]
     if isinstance(value, list | tuple):
         return type(value)(mask_value(v) for v in value) if not hasattr(value, "_fields") else value
     if isinstance(value, str):

@@ -197,3 +197,17 @@ def test_masking_hostile_text_takes_linear_time(unit):
     started = time.perf_counter()
     masking.mask_text(text)
     assert time.perf_counter() - started < 20  # ~1 s at load 16 on 2 cores
+
+
+def test_file_listings_are_file_names_not_secret_names():
+    """Issue 39, finding 4: ``model.sig`` is a file (its size stays a number); a secret-named
+    setting beside it is still hidden."""
+    row = {
+        "resources": {"model.sig": 412, "secrets/vocab.txt": 9, "model.keras": 1000},
+        "metadata": {"files": {"model.sig": {"size": 412}}, "api_key": "abc"},
+        "sig": "deadbeef",
+    }
+    shown = masking.mask_value(row)
+    assert shown["resources"] == row["resources"]
+    assert shown["metadata"]["files"] == {"model.sig": {"size": 412}}
+    assert shown["metadata"]["api_key"] == masking.MASK and shown["sig"] == masking.MASK

@@ -318,10 +318,25 @@ def commit_dir(
     remove_pending_marker(storage, uuid)
     if owned and not renamed:
         shutil.rmtree(local_dir, ignore_errors=True)
-    logger.info(
-        "Committed checkpoint %s (%d files) to %s", uuid, len(manifest["files"]), storage.url
-    )
+    size = _stored_size(manifest)
+    _log_committed(uuid, storage, manifest, size, size)
     return record_committed(index, manifest, metadata, url)
+
+
+def _stored_size(manifest: dict[str, Any]) -> int:
+    return sum(int(e.get("size", 0)) for e in manifest["files"].values() if isinstance(e, dict))
+
+
+def _log_committed(uuid: str, storage: Storage, manifest: dict, size: int, new: int) -> None:
+    """The one INFO line every commit writes (the first-hour log a user reads)."""
+    logger.info(
+        "Checkpoint %s committed to %s: %d files, %s bytes, %s bytes new",
+        uuid,
+        storage.url,
+        len(manifest["files"]),
+        f"{size:,}",
+        f"{new:,}",
+    )
 
 
 def _commit_dedup(
@@ -362,14 +377,7 @@ def _commit_dedup(
         known_blobs.set(blobs.referenced(manifest), since=checked_at)
     if owned:
         shutil.rmtree(prepared.local_dir, ignore_errors=True)
-    logger.info(
-        "Committed checkpoint %s (%d files, %d bytes uploaded, %d bytes already stored) to %s",
-        uuid,
-        len(manifest["files"]),
-        stats.uploaded,
-        stats.reused,
-        storage.url,
-    )
+    _log_committed(uuid, storage, manifest, _stored_size(manifest), stats.uploaded)
     return record_committed(index, manifest, metadata, url)
 
 

@@ -6,6 +6,15 @@ would make the UI send requests inside the network, ``s3://their-bucket/`` would
 model. So a row's URL is used only when it is the storage the caller opened, or when it is in
 an allow-list the caller gave; HTTP(S) is never a storage unless the caller named it.
 
+A process loading a model for its own user (``load_checkpoint_model``, ``ckptstore checkpoint
+download``, the SDK's ``Checkpoint.download``) passes ``follow=True``: a row naming an object
+store whose URL names only a bucket or container (``s3://``, ``gs://``, ``az://`` and their
+aliases, see :data:`FOLLOWED_SCHEMES`) is then read with the caller's own credentials and
+endpoint settings: the row picks a bucket, never a host, an endpoint or a credential (a URL
+with ``user@``, ``?`` or ``#`` is not followed). Local paths, HTTP(S) and every other scheme
+are still read only when opened or allowed, and the UI and servers never pass ``follow``.
+docs/how-to/trust.md states the whole threat model.
+
 The allow-list is the ``allowed=`` argument or the ``CKPTSTORE_ALLOWED_STORAGE`` environment
 variable: URL prefixes separated by commas or whitespace (``s3://team-ckpts,
 gs://archive/old``); a prefix allows itself and what is below it (``s3://b`` allows
@@ -31,11 +40,20 @@ from ckptstore import errors
 from ckptstore.masking import mask_text
 from ckptstore.storage_backends.local import local_root_from_url
 
-__all__ = ["ALLOWED_STORAGE_ENV", "allowed_from_env", "storage_of_row"]
+__all__ = [
+    "ALLOWED_STORAGE_ENV",
+    "FOLLOWED_SCHEMES",
+    "allowed_from_env",
+    "is_under",
+    "storage_of_row",
+]
 
 #: Environment variable with the allow-list of storage URL prefixes (see the module docstring).
 ALLOWED_STORAGE_ENV = "CKPTSTORE_ALLOWED_STORAGE"
 _HTTP = ("http", "https")
+#: Schemes a ``follow=True`` reader follows: object stores whose URL names a bucket/container
+#: only; the endpoint, account and credentials come from the caller's own settings.
+FOLLOWED_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 
 
@@ -60,9 +78,24 @@ def _under(url: str, prefix: str) -> bool:
     return url == prefix or url.startswith(prefix + "/")
 
 
+def is_under(url: str, storage: str) -> bool:
+    """Whether storage URL ``url`` is ``storage`` or below it (``s3://b/x`` is under
+    ``s3://b``, ``s3://bb`` is not; local paths compared as absolute ``file://`` URLs)."""
+    return _under(_canonical(url), _canonical(storage))
+
+
 def allowed_from_env() -> list[str]:
     """The URL prefixes of ``CKPTSTORE_ALLOWED_STORAGE`` (empty when unset)."""
     return [p for p in re.split(r"[,\s]+", os.environ.get(ALLOWED_STORAGE_ENV, "")) if p]
+
+
+def _followable(url: str) -> bool:
+    """A bucket URL of a followed scheme that carries no user, query or fragment."""
+    if _scheme(url) not in FOLLOWED_SCHEMES:
+        return False
+    rest = url.split("://", 1)[1]
+    bucket = rest.split("/", 1)[0]
+    return bool(bucket) and not any(c in rest for c in "@?#") and ":" not in bucket
 
 
 def storage_of_row(
@@ -71,6 +104,7 @@ def storage_of_row(
     *,
     allowed: Iterable[str] | None = None,
     uuid: str | None = None,
+    follow: bool = False,
 ) -> str | None:
     """The storage URL to read a registry row's checkpoint from: None when the row recorded
     none (read from ``opened``), else ``recorded`` when it is (under) an ``opened`` storage
@@ -78,7 +112,8 @@ def storage_of_row(
 
     Raises :class:`~ckptstore.errors.StorageNotAllowed` naming the row's URL (masked) and how
     to allow it otherwise, and always for an HTTP(S) URL that neither ``opened`` nor
-    ``allowed`` names explicitly (``*`` does not cover HTTP).
+    ``allowed`` names explicitly (``*`` does not cover HTTP). With ``follow=True`` (a user's
+    own load) a bucket URL of :data:`FOLLOWED_SCHEMES` is returned too.
     """
     if not recorded:
         return None
@@ -91,6 +126,8 @@ def storage_of_row(
     if any(_under(url, p) for p in named):
         return recorded
     if "*" in prefixes and _scheme(url) not in _HTTP:
+        return recorded
+    if follow and _followable(recorded):
         return recorded
     shown = mask_text(recorded)
     what = f"Checkpoint {uuid}" if uuid else "A checkpoint"

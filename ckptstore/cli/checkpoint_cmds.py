@@ -34,6 +34,7 @@ LIST_COLUMNS = (
     ("steps_completed", "Steps"),
     ("state", "State"),
     ("metrics", "Metrics"),
+    ("storage_url", "Storage"),
     ("created_at", "Created"),
 )
 ALL_STATES = STATES
@@ -49,6 +50,15 @@ def find_checkpoint(state: CliState, uuid: str) -> Any:
             "`ckptstore checkpoint list`, or run `ckptstore reindex` if the registry is out of "
             "date with the storage."
         ) from None
+
+
+def full_uuid(state: CliState, uuid: str) -> str:
+    """The whole UUID a unique prefix (8+ characters) names in the registry; ``uuid`` itself
+    when the registry has no such row (a storage-only checkpoint is looked up as given)."""
+    try:
+        return state.registry().get_checkpoint(uuid).uuid
+    except errors.CheckpointNotFound:
+        return uuid
 
 
 def _safe(state: CliState) -> str:
@@ -80,11 +90,15 @@ def list_cmd(
     include_all: bool,
     as_json: bool,
 ) -> None:
-    """List checkpoints, oldest first.
+    """List checkpoints, oldest first, with the storage each is in. With --storage (or
+    CKPTSTORE_STORAGE), only the checkpoints in that storage (or below it). With --all, a
+    PENDING checkpoint whose upload was abandoned (older than GC's grace period) says so;
+    `ckptstore gc` cleans it.
 
     \b
     Example:
       ckptstore checkpoint list --experiment 1 --json
+      ckptstore --storage s3://bucket/ckpts checkpoint list
     """
     registry = state.registry()
     if trial_id is not None:
@@ -96,7 +110,30 @@ def list_cmd(
         experiment_id=experiment_id,
         states=ALL_STATES if include_all else LIVE_STATES,
     )
-    emit_rows([checkpoint_view(c) for c in rows], LIST_COLUMNS, as_json)
+    if state.explicit_storage:
+        from ckptstore.checkpointing.row_storage import is_under
+
+        # A row without a URL predates recording it: it belongs to whatever storage is asked.
+        rows = [c for c in rows if not c.storage_url or is_under(c.storage_url, state.storage_url)]
+    emit_rows([_marked(checkpoint_view(c), as_json) for c in rows], LIST_COLUMNS, as_json)
+
+
+def _marked(view: dict[str, Any], as_json: bool) -> dict[str, Any]:
+    """A PENDING row older than GC's grace period is an abandoned upload (its process died):
+    said so (``abandoned`` in JSON, in the State column of the table); `ckptstore gc` cleans
+    it."""
+    import datetime as dt
+
+    from ckptstore.checkpointing.collector import DEFAULT_GRACE_SECONDS
+
+    created = view.get("created_at")
+    if view.get("state") != "PENDING" or not isinstance(created, dt.datetime):
+        return view
+    age = dt.datetime.now(dt.timezone.utc) - created.astimezone(dt.timezone.utc)
+    abandoned = age.total_seconds() > DEFAULT_GRACE_SECONDS
+    if as_json:
+        return {**view, "abandoned": abandoned}
+    return {**view, "state": "PENDING (abandoned: gc cleans it)"} if abandoned else view
 
 
 @checkpoint.command("describe")
@@ -143,6 +180,7 @@ def download_cmd(
     Example:
       ckptstore checkpoint download 0b7c... -o ./ckpt --selector 'model.keras'
     """
+    uuid = full_uuid(state, uuid)
     out_dir = out_dir or os.path.join(os.getcwd(), uuid)
     from ckptstore.checkpointing import signing
 
@@ -193,6 +231,7 @@ def verify_cmd(state: CliState, uuid: str, public_key: str | None, as_json: bool
     from ckptstore.checkpointing import signing
 
     key = signing.key_from(public_key, signing.VERIFY_KEY_ENV)
+    uuid = full_uuid(state, uuid)
     with tempfile.TemporaryDirectory(prefix="ckptstore-verify-") as tmp:
         # The point is to check what storage holds: nothing comes from the local cache.
         checked = download_checkpoint(
@@ -239,6 +278,7 @@ def sign_cmd(state: CliState, uuid: str, private_key: str | None, as_json: bool)
             "No signing key: pass --key KEY.pem or set CKPTSTORE_SIGNING_KEY. Received: none."
         )
     record = state.registry().get_checkpoint(uuid)
+    uuid = record.uuid  # a unique prefix names the whole UUID from here on
     with tempfile.TemporaryDirectory(prefix="ckptstore-sign-") as tmp:
         folder, staging = os.path.join(tmp, "ckpt"), os.path.join(tmp, "add")
         digests: dict[str, str] = {}  # hashed by the download's checksum read
@@ -280,12 +320,20 @@ def delete_cmd(state: CliState, uuids: tuple[str, ...], globs: tuple[str, ...], 
     Example:
       ckptstore checkpoint delete 0b7c... --glob 'saved_model/*' -y
     """
-    from ckptstore.checkpointing import CheckpointContext
-
     registry = state.registry()
+    records = [find_checkpoint(state, uuid) for uuid in uuids]
+    refuse_protected(registry, records)
+    what = f"files matching {', '.join(globs)} of" if globs else ""
+    if not yes:
+        click.confirm(f"Delete {what} {len(records)} checkpoint(s)?", abort=True, err=True)
+    delete_checkpoints(state, records, globs)
+
+
+def refuse_protected(registry: Any, records: list[Any]) -> None:
+    """InvalidConfig when one of ``records`` is pinned by a running process or registered as
+    a model version (nothing is deleted then)."""
     protected = registry.protected_checkpoint_uuids()
     pinned = {pin.uuid for pin in registry.list_pins()}
-    records = [find_checkpoint(state, uuid) for uuid in uuids]
     for record in records:
         if record.uuid in pinned:
             raise errors.InvalidConfig(
@@ -298,9 +346,15 @@ def delete_cmd(state: CliState, uuids: tuple[str, ...], globs: tuple[str, ...], 
                 f"Checkpoint {record.uuid} is registered as a model version; delete that version "
                 "first (`ckptstore model describe NAME`)."
             )
+
+
+def delete_checkpoints(state: CliState, records: list[Any], globs: tuple[str, ...] = ()) -> None:
+    """Delete ``records``' files (or only those matching ``globs``) from their storage and
+    mark them in the registry, printing one line each."""
+    from ckptstore.checkpointing import CheckpointContext
+
+    registry = state.registry()
     what = f"files matching {', '.join(globs)} of" if globs else ""
-    if not yes:
-        click.confirm(f"Delete {what} {len(records)} checkpoint(s)?", abort=True, err=True)
     for record in records:
         context = CheckpointContext(state.storage_for(record), index=registry)
         try:
@@ -363,6 +417,7 @@ def export_cmd(
       python -c "import tensorflow as tf; tf.saved_model.load('ckpt/saved_model').serve"
     """
     # In a child process: the command itself never imports TensorFlow (layers contract).
+    uuid = full_uuid(state, uuid)
     command = [sys.executable, "-m", "ckptstore.keras_io.exporting", "checkpoint", uuid]
     # The caller's storage, always: a registry row's URL is read only when it is under it (or
     # allowed; ckptstore.checkpointing.row_storage).

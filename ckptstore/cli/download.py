@@ -59,7 +59,8 @@ def download_checkpoint(
 
     try:
         record = state.registry().get_checkpoint(uuid)
-        storage = state.storage_for(record)
+        uuid = record.uuid  # a unique prefix names the whole UUID from here on
+        storage = state.storage_for(record, follow=True)  # a download for this user
     except errors.CheckpointNotFound:
         storage = state.storage()  # not registered: try --storage directly
     manifest = read_committed_manifest(storage, uuid)

@@ -5,8 +5,10 @@ process and its children), a leading ``python``/``python3`` replaced by ckptstor
 the current folder on ``PYTHONPATH``, and the global ``--storage`` / ``--registry`` passed on as
 ``CKPTSTORE_STORAGE`` / ``CKPTSTORE_REGISTRY`` (see :mod:`ckptstore.launch.process`).
 
-``--trial-id N`` makes the script a trial (``det.get_cluster_info()`` is not None, so Determined
-scripts resume from that trial's latest checkpoint when run again); ``--config FILE`` passes an
+The script always runs as a trial (``det.get_cluster_info()`` is not None), as every run is a
+trial on Determined: ``--trial-id N`` names it (run again, Determined scripts resume from that
+trial's latest checkpoint); without it a new trial is created and its id printed on stderr
+(pass it as ``--trial-id`` to resume that run). ``--config FILE`` passes an
 experiment config's constant ``hyperparameters``, ``data`` and ``resources.slots_per_trial``.
 The command replaces this process: signals reach it directly and its exit status is
 ``ckptstore run``'s.
@@ -29,7 +31,12 @@ from ckptstore import errors
 @click.command(
     "run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}
 )
-@click.option("--trial-id", type=int, default=None, help="Run as this trial (resumes it).")
+@click.option(
+    "--trial-id",
+    type=int,
+    default=None,
+    help="Run as this trial (resumes it). Default: a new trial, its id printed.",
+)
 @click.option(
     "--config",
     "config_path",
@@ -64,8 +71,7 @@ def run(ctx: click.Context, trial_id: int | None, config_path: str | None, comma
         storage=getattr(state, "storage_url", None) or None,
         registry_url=getattr(state, "registry_url", None) or None,
     )
-    if trial_id is not None:
-        settings[trial_info.TRIAL_ID_ENV] = str(trial_id)
+    hparams: dict = {}
     if config_path is not None:
         from ckptstore.experiment.config import load_config
 
@@ -76,8 +82,17 @@ def run(ctx: click.Context, trial_id: int | None, config_path: str | None, comma
                 f"ckptstore run --config takes constant hyperparameters. Received ranges for "
                 f"{', '.join(ranged)}. Search them with `ckptstore experiment create`."
             )
-        settings[trial_info.HPARAMS_ENV] = json.dumps(config.constant_hparams())
+        hparams = config.constant_hparams()
+        settings[trial_info.HPARAMS_ENV] = json.dumps(hparams)
         settings.update(run_settings(data=config.data, slots=config.slots_per_trial))
+    if trial_id is None:  # every run is a trial (Determined's rule): a new one
+        from ckptstore.cli.state import CliState
+
+        owner = state if isinstance(state, CliState) else CliState()
+        trial_id = owner.registry().create_trial(hparams=hparams)
+        owner.close()  # the command replaces this process: nothing is left open
+        click.echo(f"ckptstore run: trial {trial_id} (again: --trial-id {trial_id})", err=True)
+    settings[trial_info.TRIAL_ID_ENV] = str(trial_id)
     env = child_process_env(os.environ, settings, model_dir=os.getcwd(), who="ckptstore run")
     argv = child_command(argv, env)
     try:

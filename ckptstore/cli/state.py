@@ -66,12 +66,12 @@ class CliState:
             self._storages[key] = open_storage(key)
         return self._storages[key]
 
-    def storage_for(self, record: Any) -> Storage:
+    def storage_for(self, record: Any, *, follow: bool = False) -> Storage:
         """The storage of a registry checkpoint row: ``--storage`` when it was given (an
         explicit choice always wins, with a warning when the row recorded another URL), else
         the row's own URL when :func:`~ckptstore.checkpointing.row_storage.storage_of_row`
-        trusts it (under the default storage or ``CKPTSTORE_ALLOWED_STORAGE``), else the
-        default."""
+        trusts it (under the default storage or ``CKPTSTORE_ALLOWED_STORAGE``; ``follow``: a
+        download for the user also follows S3/GCS/Azure bucket URLs), else the default."""
         recorded = getattr(record, "storage_url", "") or None
         if self.explicit_storage:
             storage = self.storage()
@@ -86,7 +86,7 @@ class CliState:
         from ckptstore.checkpointing.row_storage import storage_of_row
 
         uuid = getattr(record, "uuid", None)
-        return self.storage(storage_of_row(recorded, self.storage_url, uuid=uuid))
+        return self.storage(storage_of_row(recorded, self.storage_url, uuid=uuid, follow=follow))
 
     def close(self) -> None:
         """Close everything opened; errors while closing are logged, not raised."""

@@ -1,16 +1,19 @@
-"""``ckptstore trial ...``: list and describe trials, write a trial's HTML report.
+"""``ckptstore trial ...``: list, describe and delete trials, write a trial's HTML report.
 
 Example::
 
     $ ckptstore trial list --experiment 1
     $ ckptstore trial describe 3 --json
     $ ckptstore trial report 3 -o trial3.html
+    $ ckptstore trial delete 3 --yes
 """
 
 from __future__ import annotations
 
 import click
 
+from ckptstore import errors
+from ckptstore.checkpointing.index import STATES as ALL_STATES
 from ckptstore.cli.output import emit_json, emit_rows, format_cell, json_option, render_table
 from ckptstore.cli.report_file import report_output_option, write_html_report
 from ckptstore.cli.state import CliState, pass_state
@@ -28,7 +31,7 @@ LIST_COLUMNS = (
 
 @click.group()
 def trial() -> None:
-    """List and describe trials; write a trial's HTML report.
+    """List, describe and delete trials; write a trial's HTML report.
 
     \b
     Example:
@@ -125,3 +128,36 @@ def report_cmd(state: CliState, trial_id: int, out_path: str) -> None:
     from ckptstore.reports import collect_trial_report
 
     write_html_report(collect_trial_report(state.registry(), trial_id), out_path)
+
+
+@trial.command("delete")
+@click.argument("trial_id", type=int)
+@click.option("--yes", "-y", is_flag=True, help="Delete: without it nothing is deleted.")
+@pass_state
+def delete_cmd(state: CliState, trial_id: int, yes: bool) -> None:
+    """Delete a trial with its checkpoints (files in storage included) and its metrics.
+
+    Refused (nothing deleted) while one of its checkpoints is registered as a model version or
+    pinned by a running process. Checkpoints in another storage than the default need it named
+    (--storage), as for `checkpoint delete`.
+
+    \b
+    Example:
+      ckptstore trial delete 3 --yes
+    """
+    from ckptstore.cli.checkpoint_cmds import delete_checkpoints, refuse_protected
+
+    registry = state.registry()
+    registry.get_trial(trial_id)  # TrialNotFound -> exit 3
+    states = tuple(s for s in ALL_STATES if s != "DELETED")
+    records = registry.list_checkpoints(trial_id=trial_id, states=states)
+    refuse_protected(registry, records)
+    if not yes:
+        raise errors.InvalidConfig(
+            f"`ckptstore trial delete {trial_id}` deletes the trial and its {len(records)} "
+            f"checkpoint(s) from storage, for good. Received no --yes: run "
+            f"`ckptstore trial delete {trial_id} --yes` to delete them."
+        )
+    delete_checkpoints(state, records)
+    registry.delete_trial(trial_id)
+    click.echo(f"Deleted trial {trial_id} and its {len(records)} checkpoint(s)")

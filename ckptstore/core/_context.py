@@ -521,6 +521,17 @@ class _Opened:
                     close()
 
 
+#: A prefix nothing is stored under: listing it asks the storage about its bucket only.
+_REACH_PROBE = ".ckptstore-reachable/"
+
+
+def check_reachable(store: Storage) -> None:
+    """Ask the storage for one short listing before the trial starts, so a missing bucket or
+    rejected credentials raise their typed StorageError here, not after a whole epoch at the
+    first commit (and leave no PENDING row behind)."""
+    store.list(_REACH_PROBE)
+
+
 def _open_context(
     opened: _Opened,
     trial_id: int | None,
@@ -543,6 +554,8 @@ def _open_context(
     from ckptstore.registry import open_registry
 
     store, distributed = opened.store, opened.distributed
+    if distributed.rank == 0:
+        check_reachable(store)
     reg = opened.reg = open_registry(opened.registry_arg)
     tid, trial_hparams, latest = _resolve_trial(
         reg,

@@ -187,7 +187,7 @@ class TrainContext:
 
     def report_progress(self, progress: float) -> None:
         """Log training progress in [0, 1] (there is no web UI to send it to)."""
-        logger.info("trial %s progress %.1f%%", self.trial_id, 100.0 * float(progress))
+        logger.debug("trial %s progress %.1f%%", self.trial_id, 100.0 * float(progress))
 
     def _metadata_storage(self) -> Storage:
         if self._storage is None:

@@ -55,6 +55,7 @@ from ckptstore.experiment.runner import (
     warn_ignored_keys,
 )
 from ckptstore.launch.process import OutputTail, child_command
+from ckptstore.registry.jobs import CHECKPOINTS_USED_KEY
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
@@ -228,6 +229,7 @@ def describe_job(job_id: int, *, registry: Registry | str | None = None) -> dict
             "model_dir": job.model_dir,
             "storage": job.storage_url,
             "data": dict(job.config.get("data") or {}),
+            "checkpoints_loaded": list(job.config.get(CHECKPOINTS_USED_KEY) or []),
             "entrypoint": job.config.get("entrypoint_script", job.config.get("entrypoint")),
             "created_at": job.created_at.isoformat() if job.created_at else None,
             "ended_at": job.ended_at.isoformat() if job.ended_at else None,

@@ -129,6 +129,7 @@ class Checkpoint:
     def reload(self) -> None:
         """Read the checkpoint's row again."""
         row = self._session.registry().get_checkpoint(self.uuid)
+        self.uuid = row.uuid  # a unique prefix of 8+ characters names the whole UUID
         self._row = row
         self.state = _CHECKPOINT_STATES.get(row.state, CheckpointState.ERROR)
         self.metadata: dict[str, Any] = dict(row.metadata or {})
@@ -145,8 +146,8 @@ class Checkpoint:
             except errors.CkptstoreError:
                 pass
 
-    def _storage(self) -> Any:
-        return self._session.storage(self._row.storage_url or None)
+    def _storage(self, follow: bool = False) -> Any:
+        return self._session.storage(self._row.storage_url or None, follow=follow)
 
     def download(
         self, path: str | os.PathLike[str] | None = None, mode: DownloadMode = DownloadMode.AUTO
@@ -163,7 +164,7 @@ class Checkpoint:
 
         target = check_path(path, self.uuid)
         os.makedirs(target, exist_ok=True)
-        context = CheckpointContext(self._storage(), owns_storage=False, verify=True)
+        context = CheckpointContext(self._storage(follow=True), owns_storage=False, verify=True)
         try:
             context.download(self.uuid, target)
         finally:

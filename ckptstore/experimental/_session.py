@@ -47,11 +47,11 @@ class Session:
                 self._registry = open_registry(self._registry_spec)
             return self._registry
 
-    def storage(self, recorded_url: str | None = None) -> Storage:
+    def storage(self, recorded_url: str | None = None, *, follow: bool = False) -> Storage:
         """The configured storage, else the one a checkpoint row recorded when
         :func:`~ckptstore.checkpointing.row_storage.storage_of_row` trusts it (under
-        ``CKPTSTORE_STORAGE`` / the default, or ``CKPTSTORE_ALLOWED_STORAGE``), else the
-        default."""
+        ``CKPTSTORE_STORAGE`` / the default, or ``CKPTSTORE_ALLOWED_STORAGE``; ``follow``: a
+        download also follows S3/GCS/Azure bucket URLs), else the default."""
         from ckptstore.checkpointing.row_storage import storage_of_row
         from ckptstore.core._info import storage_from_env
         from ckptstore.storage_backends import Storage, open_storage, split_storage_config
@@ -64,7 +64,7 @@ class Session:
         if isinstance(spec, Mapping):
             spec = split_storage_config(dict(spec))[0]
         if self._storage_spec is None:
-            spec = storage_of_row(recorded_url, spec) or spec
+            spec = storage_of_row(recorded_url, spec, follow=follow) or spec
         key = spec if isinstance(spec, str) else repr(sorted(spec.items()))
         with self._lock:
             if key not in self._storages:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -44,33 +45,79 @@ SLOW_CALL_LOG_S = 5.0
 SLOW_CALL_REPEAT_S = 15.0
 
 
+class _SlowCallWatcher:
+    """One daemon thread per process watching every registry call in flight (a thread per
+    call would be started at interpreter shutdown too, where Python 3.11 cannot start one
+    and an open context's close would wait for it for ever)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._calls: dict[int, list[Any]] = {}  # token -> [start, next log, url, what]
+        self._next = 0
+        self._thread: threading.Thread | None = None
+
+    def add(self, url: str, what: str) -> int:
+        now = time.monotonic()
+        with self._cond:
+            self._next += 1
+            self._calls[self._next] = [now, now + SLOW_CALL_LOG_S, url, what]
+            if self._thread is None and not sys.is_finalizing():
+                self._thread = threading.Thread(
+                    target=self._run, name="ckptstore-registry-wait", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()  # the watcher recomputes when it wakes next
+            return self._next
+
+    def remove(self, token: int) -> None:
+        with self._cond:
+            self._calls.pop(token, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [c for c in self._calls.values() if c[1] <= now]
+                for call in due:
+                    call[1] = now + SLOW_CALL_REPEAT_S
+                wake = min((c[1] for c in self._calls.values()), default=None)
+                timeout = None if wake is None else max(0.05, wake - now)  # add() notifies
+            for start, _, url, what in due:
+                logger.warning(
+                    "Still waiting (%.0f s) for registry %s to %s: another process holds a lock "
+                    "on it (a writer on the same SQLite file, or an open PostgreSQL transaction), "
+                    "or the server does not answer. ckptstore keeps retrying; stop the other "
+                    "process or check the database.",
+                    now - start,
+                    url,
+                    what,
+                )
+            with self._cond:
+                self._cond.wait(timeout)
+
+
+_WATCHER = _SlowCallWatcher()
+
+
+def _new_watcher_in_child() -> None:
+    # A forked child has no watcher thread, and its lock may have been held at the fork.
+    global _WATCHER
+    _WATCHER = _SlowCallWatcher()
+
+
+os.register_at_fork(after_in_child=_new_watcher_in_child)
+
+
 @contextlib.contextmanager
 def log_if_slow(url: str, what: str) -> Iterator[None]:
     """Log a WARNING naming the registry and the operation while the block runs longer than
-    :data:`SLOW_CALL_LOG_S` (repeated every :data:`SLOW_CALL_REPEAT_S`)."""
-    done = threading.Event()
-    start = time.monotonic()
-
-    def watch() -> None:
-        delay = SLOW_CALL_LOG_S
-        while not done.wait(delay):
-            logger.warning(
-                "Still waiting (%.0f s) for registry %s to %s: another process holds a lock on "
-                "it (a writer on the same SQLite file, or an open PostgreSQL transaction), or the "
-                "server does not answer. ckptstore keeps retrying; stop the other process or "
-                "check the database.",
-                time.monotonic() - start,
-                url,
-                what,
-            )
-            delay = SLOW_CALL_REPEAT_S
-
-    watcher = threading.Thread(target=watch, name="ckptstore-registry-wait", daemon=True)
-    watcher.start()
+    :data:`SLOW_CALL_LOG_S` (repeated every :data:`SLOW_CALL_REPEAT_S`), from one watcher
+    thread shared by every call."""
+    token = _WATCHER.add(url, what)
     try:
         yield
     finally:
-        done.set()
+        _WATCHER.remove(token)
 
 
 class Database:

@@ -33,6 +33,9 @@ _C = schema.checkpoints
 JOB_STATES = ("ACTIVE", "COMPLETED", "ERROR", "CANCELED")
 #: The most output kept per job (the end is what explains a failure).
 MAX_LOG_CHARS = 1_000_000
+#: Key of a job's stored config listing the checkpoints it loaded (``job describe`` shows them).
+CHECKPOINTS_USED_KEY = "ckptstore_checkpoints_loaded"
+
 #: Key of a checkpoint's ``metrics`` holding the evaluations jobs recorded against it.
 EVALUATIONS_KEY = "evaluations"
 
@@ -153,6 +156,22 @@ class JobStore:
             return [_job(r) for r in conn.execute(sa.select(_J).order_by(_J.c.id))]
 
         return self._db.read(fn, what="list jobs")
+
+    def add_checkpoint(self, job_id: int, uuid: str) -> None:
+        """Add ``uuid`` to the checkpoints the job loaded (kept in its config, under
+        :data:`CHECKPOINTS_USED_KEY`, so no column is needed)."""
+
+        def fn(conn: sa.Connection) -> None:
+            row = conn.execute(sa.select(_J.c.config).where(_J.c.id == job_id)).first()
+            if row is None:
+                raise job_not_found(job_id)
+            config = dict(row[0] or {})
+            used = list(config.get(CHECKPOINTS_USED_KEY) or [])
+            if uuid not in used:
+                config[CHECKPOINTS_USED_KEY] = [*used, uuid]
+                conn.execute(_J.update().where(_J.c.id == job_id).values(config=config))
+
+        self._db.write(fn, what="record a job's checkpoint")
 
     def add_evaluation(self, uuid: str, evaluation: Mapping[str, Any]) -> None:
         """Append ``evaluation`` to the checkpoint's ``metrics["evaluations"]`` list."""

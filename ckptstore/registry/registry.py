@@ -48,7 +48,9 @@ from ckptstore.registry.rows import (
     check_steps,
     checkpoint_from_row,
     checkpoint_not_found,
+    checkpoint_row,
     checkpoint_values,
+    delete_trial_rows,
     experiment_from_row,
     experiment_not_found,
     trial_from_row,
@@ -164,6 +166,10 @@ class Registry:
     def list_jobs(self) -> list[Job]:
         """Every job, oldest first."""
         return self._jobs.list()
+
+    def add_job_checkpoint(self, job_id: int, uuid: str) -> None:
+        """Record that job ``job_id`` loaded checkpoint ``uuid`` (``job describe`` names it)."""
+        self._jobs.add_checkpoint(job_id, uuid)
 
     def add_checkpoint_evaluation(self, uuid: str, evaluation: Mapping[str, Any]) -> None:
         """Record metrics a job measured on checkpoint ``uuid`` (in its ``metrics``)."""
@@ -351,6 +357,10 @@ class Registry:
                 raise trial_not_found(trial_id)
 
         self._db.write(fn, what="set a trial's state")
+
+    def delete_trial(self, trial_id: int) -> None:
+        """Remove a trial, its metrics and DELETED checkpoint rows (refused while others live)."""
+        self._db.write(lambda conn: delete_trial_rows(conn, trial_id), what="delete a trial")
 
     def trial_heartbeat(self, trial_id: int) -> None:
         """Record that the trial's process is alive (the chief of ``core.init`` calls it every
@@ -556,11 +566,11 @@ class Registry:
 
     # ---- checkpoints (Determined SDK names) ---------------------------------------------------
     def get_checkpoint(self, uuid: str) -> Checkpoint:
-        """The checkpoint with that UUID, in any state;
+        """The checkpoint with that UUID (or unique prefix of 8+ characters), in any state;
         :class:`~ckptstore.errors.CheckpointNotFound` if the registry has no such row."""
 
         def fn(conn: sa.Connection) -> Checkpoint:
-            row = conn.execute(sa.select(_C).where(_C.c.uuid == str(uuid))).first()
+            row = checkpoint_row(conn, _C, str(uuid))
             if row is None:
                 raise checkpoint_not_found(uuid)
             return checkpoint_from_row(row)

@@ -14,7 +14,10 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
+
+import sqlalchemy as sa
 
 from ckptstore import errors
 from ckptstore.checkpointing.index import STATES, CheckpointRecord
@@ -141,6 +144,49 @@ def experiment_not_found(experiment_id: Any) -> errors.ExperimentNotFound:
         f"No experiment with id {experiment_id!r} in the registry. Check the id "
         "(list_experiments() shows them) or create it with createexperiment_from_row()."
     )
+
+
+#: The fewest characters of a UUID accepted in its place (when they name one checkpoint).
+MIN_UUID_PREFIX = 8
+
+
+def checkpoint_row(conn: sa.Connection, table: sa.Table, uuid: str) -> Any:
+    """The row whose ``uuid`` is ``uuid``, else the one row it is a unique prefix of (at least
+    :data:`MIN_UUID_PREFIX` characters, as ``git`` takes a short hash); None when none."""
+    row = conn.execute(sa.select(table).where(table.c.uuid == uuid)).first()
+    if row is not None or len(uuid) < MIN_UUID_PREFIX or not _PREFIX.fullmatch(uuid):
+        return row
+    rows = conn.execute(
+        sa.select(table).where(table.c.uuid.startswith(uuid.lower(), autoescape=True)).limit(3)
+    ).all()
+    if len(rows) > 1:
+        raise errors.InvalidConfig(
+            f"The UUID prefix {uuid!r} names several checkpoints ({', '.join(r.uuid for r in rows)}"
+            f"{', ...' if len(rows) > 2 else ''}). Give more of the UUID."
+        )
+    return rows[0] if rows else None
+
+
+_PREFIX = re.compile(r"[0-9a-fA-F-]+")
+
+
+def delete_trial_rows(conn: sa.Connection, trial_id: int) -> None:
+    """Delete trial ``trial_id``, its metrics and its DELETED checkpoint rows; TrialNotFound
+    if there is none, CheckpointConflict while it has checkpoints in another state."""
+    trials, checkpoints, metrics = schema.trials, schema.checkpoints, schema.metrics
+    if conn.execute(sa.select(trials.c.id).where(trials.c.id == trial_id)).first() is None:
+        raise trial_not_found(trial_id)
+    mine = checkpoints.c.trial_id == trial_id
+    left = conn.execute(sa.select(checkpoints.c.uuid).where(mine, checkpoints.c.state != "DELETED"))
+    left = left.all()
+    if left:
+        raise errors.CheckpointConflict(
+            f"Trial {trial_id} still has {len(left)} checkpoint(s) (e.g. {left[0][0]}); "
+            f"delete them first (`ckptstore trial delete {trial_id} --yes` does)."
+        )
+    conn.execute(checkpoints.delete().where(mine))
+    conn.execute(metrics.delete().where(metrics.c.trial_id == trial_id))
+    conn.execute(trials.delete().where(trials.c.id == trial_id))
 
 
 def checkpoint_not_found(uuid: Any) -> errors.CheckpointNotFound:

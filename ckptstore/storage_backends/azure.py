@@ -111,17 +111,21 @@ class AzureStorage(ObjectStorage):
             connection_timeout=self.retry.timeout,
             read_timeout=self.retry.timeout,
         )
+        if not connection_string and not account_url:
+            # Checked before the SDK call: InvalidStorageConfig is a ValueError, which the
+            # except below would report as a malformed connection string.
+            raise errors.InvalidStorageConfig(
+                f"Storage {self.url} has no Azure credentials. Looked for: the "
+                "AZURE_STORAGE_CONNECTION_STRING environment variable (unset or empty), the "
+                "connection_string= option, account_url= (+ credential=), and an account in "
+                "an abfs:// URL (abfs://container@account.dfs.core.windows.net/prefix); none "
+                "was given. Set one of them."
+            )
         try:
             if connection_string:
                 service = BlobServiceClient.from_connection_string(connection_string, **kwargs)
-            elif account_url:
-                service = BlobServiceClient(account_url, credential=credential, **kwargs)
             else:
-                raise errors.InvalidStorageConfig(
-                    f"Storage {self.url} needs Azure credentials: set "
-                    "AZURE_STORAGE_CONNECTION_STRING, or pass connection_string, or account_url "
-                    "(+ credential)."
-                )
+                service = BlobServiceClient(account_url, credential=credential, **kwargs)
         except (ValueError, TypeError) as exc:
             raise errors.InvalidStorageConfig(
                 f"Storage {self.url}: the Azure connection string or account_url is malformed "

@@ -72,3 +72,35 @@ def test_a_wildcard_never_allows_http_but_an_explicit_http_prefix_does():
         with pytest.raises(errors.StorageNotAllowed, match="HTTP"):
             storage_of_row(url, "/mnt", allowed=["*"])
     assert storage_of_row("https://h/x/y", "/mnt", allowed=["https://h/x"]) == "https://h/x/y"
+
+
+@pytest.mark.parametrize(
+    "recorded", ["s3://my-bucket/ckpts", "gs://team/exp/1", "az://container/x", "abfs://c/p"]
+)
+def test_a_users_own_load_follows_a_bucket_url(recorded):
+    """Issue 39, finding 1: a load for the user follows the bucket the registry recorded (read
+    with the user's own credentials and endpoint); a server's reader (no ``follow``) does not."""
+    assert storage_of_row(recorded, "/home/me/.local/share/ckptstore", follow=True) == recorded
+    with pytest.raises(errors.StorageNotAllowed):
+        storage_of_row(recorded, "/home/me/.local/share/ckptstore")
+
+
+@pytest.mark.parametrize(
+    "recorded",
+    [
+        "/etc/ckpts",  # a local path outside the storages this process knows
+        "file:///root/.ssh",
+        "http://169.254.169.254/latest/meta-data",
+        "https://evil.example/ckpts",
+        "sftp://attacker.example/ckpts",  # the URL would choose the host
+        "hdfs://namenode:8020/x",
+        "memory://x",
+        "s3://bucket/x?endpoint_url=http://evil",  # a row never carries options
+        "s3://user:pw@bucket/x",
+        "s3://bucket/x#frag",
+        "gs://host:1234/x",
+    ],
+)
+def test_follow_never_goes_to_a_local_path_a_host_or_another_scheme(recorded):
+    with pytest.raises(errors.StorageNotAllowed):
+        storage_of_row(recorded, "/mnt/ckpts", follow=True)

@@ -207,7 +207,9 @@ def test_a_task_using_a_model_version_keeps_its_checkpoint_from_gc(written):
 
 def test_a_checkpoint_row_naming_another_storage_downloads_only_when_allowed(written, monkeypatch):
     """Issue 27, finding 2: with only the registry configured, the storage a row recorded is
-    read when CKPTSTORE_STORAGE or CKPTSTORE_ALLOWED_STORAGE covers it, never otherwise."""
+    read when CKPTSTORE_STORAGE or CKPTSTORE_ALLOWED_STORAGE covers it, or (issue 39) when it
+    is an S3/GCS/Azure bucket read with the caller's own credentials; a local path outside
+    the storages the process knows, never."""
     from ckptstore.checkpointing.row_storage import ALLOWED_STORAGE_ENV
 
     monkeypatch.delenv(ALLOWED_STORAGE_ENV, raising=False)
@@ -215,6 +217,10 @@ def test_a_checkpoint_row_naming_another_storage_downloads_only_when_allowed(wri
     monkeypatch.setenv("CKPTSTORE_HOME", str(written["tmp"] / "home"))  # the default: elsewhere
     client.configure(registry=written["registry"])
     uuid = client.get_trial(written["trials"][0]).select_checkpoint(latest=True).uuid
+    if written["storage"].startswith("s3://"):  # the user's own load follows a bucket URL
+        path = client.get_checkpoint(uuid).download(str(written["tmp"] / "followed"))
+        assert open(os.path.join(path, "sub", "note.txt")).read().startswith("loss")
+        return
     with pytest.raises(errors.StorageNotAllowed, match=ALLOWED_STORAGE_ENV):
         client.get_checkpoint(uuid).download(str(written["tmp"] / "refused"))
     assert not os.path.exists(written["tmp"] / "refused" / "sub")

@@ -89,6 +89,8 @@ def test_reference_train_then_batch_inference(const_experiment):
         (1, "COMPLETED", 0),
         (2, "COMPLETED", 0),
     ]
+    # Issue 39: `job describe` names the checkpoint each job loaded (by trial, by UUID).
+    assert [j["checkpoints_loaded"] for j in listed] == [[latest.uuid], [latest.uuid]]
     logs = ckptstore("job", "logs", "2", storage=storage, registry=registry)
     assert "wrote (203, 10) to" in logs.stdout
 

@@ -36,13 +36,24 @@ def _needs_postgres(path: Path) -> bool:
 
 
 def _params() -> list[object]:
+    """Every page with runnable examples: the in-order pages first, in their order (each test
+    then waits only for its own page of the chain), then the others."""
     params = []
-    for path in pages():
+    chain = [p for p in in_order() if p in set(pages())]
+    for path in chain + [p for p in pages() if p not in chain]:
         if not any(b.kind in ("python", "bash") for b in blocks_of(path)):
             continue
         marks = [pytest.mark.servers] if _buckets(path) or _needs_postgres(path) else []
         params.append(pytest.param(path, marks=marks, id=str(path.relative_to(ROOT / "docs"))))
     return params
+
+
+def test_every_tutorial_and_how_to_is_in_the_in_order_run() -> None:
+    """Every tutorial and how-to page is in the navigation, so the in-order run covers it."""
+    listed = set(in_order())
+    assert listed and listed == {p for p in pages() if p.parent.name in ("tutorials", "how-to")}, (
+        listed
+    )
 
 
 def test_every_example_runs_or_says_why() -> None:
@@ -63,11 +74,23 @@ def test_every_example_runs_or_says_why() -> None:
     assert kinds.get("python", 0) + kinds.get("bash", 0) >= 20, kinds
 
 
+def in_order() -> list[Path]:
+    """The tutorials, then the how-to pages, in the site's navigation order: the order a
+    newcomer follows them (mkdocs.yml ``nav``)."""
+    nav = re.findall(r"^\s+- [^\n]*?:\s*((?:tutorials|how-to)/[\w.-]+\.md)\s*$", _MKDOCS, re.M)
+    return [ROOT / "docs" / rel for rel in nav]
+
+
+_MKDOCS = (ROOT / "mkdocs.yml").read_text()
+
+
 def _run_page(page: Path, tmp: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """One page's examples in a fresh folder, with its own CKPTSTORE_HOME."""
+    """One page's examples in ``tmp/work`` with CKPTSTORE_HOME ``tmp/home`` (fresh, or the
+    ones the pages before it in :func:`in_order` used)."""
     work = tmp / "work"
-    work.mkdir(parents=True)
-    (work / "examples").symlink_to(ROOT / "examples")
+    if not work.exists():
+        work.mkdir(parents=True)
+        (work / "examples").symlink_to(ROOT / "examples")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_")}
     env.update(
         CKPTSTORE_HOME=str(tmp / "home"),
@@ -91,7 +114,8 @@ def page_runs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[Path, Future[subprocess.CompletedProcess[str]]]]:
     """Starts the selected pages' runs, two at a time: most of a page's time is one process
-    importing TensorFlow, so a second page uses the other core instead of waiting."""
+    importing TensorFlow, so a second page uses the other core instead of waiting. One worker
+    runs the tutorials and how-to pages in order in one store, the other the rest."""
     selected = [
         item.callspec.params["page"]
         for item in request.session.items
@@ -103,11 +127,29 @@ def page_runs(
     for page in filter(_needs_postgres, selected):
         server = request.getfixturevalue("postgres_server")
         extra_env[page]["DATABASE_URL"] = server.create_database()
+    # The tutorials and how-to pages run one after another in ONE store and folder, as a
+    # newcomer follows them (issue 39: pages that collided there passed one by one); the
+    # other pages run beside them, each in a fresh store.
     pool = ThreadPoolExecutor(max_workers=2)
+    chain = [page for page in in_order() if page in extra_env]
+    shared = tmp_path_factory.mktemp("docs-in-order")
+
+    chained: dict[Path, Future[subprocess.CompletedProcess[str]]] = {p: Future() for p in chain}
+
+    def run_chain() -> None:
+        for page in chain:
+            try:
+                chained[page].set_result(_run_page(page, shared, extra_env[page]))
+            except BaseException as exc:  # noqa: BLE001 - that page's test reports it
+                chained[page].set_exception(exc)
+
+    pool.submit(run_chain)
     runs = {
         page: pool.submit(_run_page, page, tmp_path_factory.mktemp("docs-page"), extra_env[page])
         for page in selected
+        if page not in chain
     }
+    runs.update(chained)
     yield runs
     pool.shutdown(wait=True, cancel_futures=True)
 

@@ -115,8 +115,8 @@ def _resumed_from_checkpoint(reg: Registry, trial_id: int, killed_at: int) -> No
 IRIS_EPOCHS = 4  # the driver is lost after the first checkpoint; 3 more epochs to resume
 IRIS_STEPS = 8  # ceil(240 / global_batch_size 32)
 RESUMED = re.compile(
-    r"Resumed from checkpoint ([0-9a-f-]{36}): epoch (\d+), steps_completed (\d+) "
-    r"\(worker (\d+) of (\d+)\)"
+    r"Resumed from checkpoint ([0-9a-f-]{36}) \([^)]*\): epoch (\d+), steps_completed (\d+); "
+    r"[^(]*\(worker (\d+) of (\d+)\)"
 )
 
 

@@ -88,3 +88,17 @@ def test_a_row_pointing_at_another_storage_is_read_only_when_allowed(ui_env, mon
         monkeypatch.setenv(ALLOWED_STORAGE_ENV, other)
         allowed = client.get(f"/checkpoints/{uuid}/archive.tar")
     assert allowed.status_code == 200 and f"{uuid}/model.keras".encode() in allowed.content
+
+
+def test_the_ui_never_follows_a_row_to_a_bucket_it_was_not_opened_with(
+    ui_env, monkeypatch, storage_url_factory
+):
+    """Issue 39: a user's own load follows a row's S3 bucket; a server does not: the UI reads
+    only the storages it was opened with or allowed, even a bucket the credentials reach."""
+    monkeypatch.delenv(ALLOWED_STORAGE_ENV, raising=False)
+    bucket = storage_url_factory("s3")  # a bucket this process's credentials can read
+    uuid = ui_env.uuids[ui_env.trial_ids[0]][-1]
+    _point_row_at(ui_env, uuid, bucket)
+    with TestClient(create_app(ui_env.settings())) as client:
+        refused = client.get(f"/checkpoints/{uuid}/archive.tar")
+    assert refused.status_code == 400 and ALLOWED_STORAGE_ENV in refused.text

@@ -567,7 +567,26 @@ class KerasContext:
             self._core.checkpoint.wait()
         kwargs.setdefault("storage", self._storage)
         kwargs.setdefault("registry", self._registry)
-        return load_checkpoint_model(trial_id=trial_id, checkpoint_uuid=checkpoint_uuid, **kwargs)
+        model = load_checkpoint_model(trial_id=trial_id, checkpoint_uuid=checkpoint_uuid, **kwargs)
+        uuid = getattr(model, "_ckptstore_checkpoint_uuid", None)
+        if self.job_id is not None and uuid and self._distributed.rank == 0:
+            self._record_job_checkpoint(uuid)
+        return model
+
+    def _record_job_checkpoint(self, uuid: str) -> None:
+        """``job describe`` names the checkpoint(s) a job loaded (never fails the job)."""
+        from ckptstore.registry import open_registry
+
+        try:
+            registry = open_registry(self._registry)
+            try:
+                registry.add_job_checkpoint(self.job_id, uuid)
+            finally:
+                if registry is not self._registry:
+                    registry.close()
+        except errors.CkptstoreError as exc:
+            logger.warning("Job %s: could not record that it loaded %s: %s", self.job_id, uuid, exc)
+        logger.info("Job %s loaded checkpoint %s", self.job_id, uuid)
 
     def _in_trial(self) -> bool:
         return self._core is not None or self._trial_id is not None

@@ -19,6 +19,7 @@ from ckptstore.keras_io.data import _resumable as resumable_data
 from ckptstore.keras_io.exporting._checkpoint_exports import CheckpointExports
 from ckptstore.keras_io.exporting._policy import ExportPolicy
 from ckptstore.keras_io.fit import _callback_state as state_lib
+from ckptstore.keras_io.fit import _fit_log
 from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
 from ckptstore.keras_io.fit._mwms_compat import apply_mwms_compat
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
@@ -188,6 +189,7 @@ class DeterminedCallback(backend.CallbackBase):
         self._saved_mid_epoch = False
 
         self._last_checkpoint: str | None = None
+        self._fitlog = _fit_log.FitLog.quiet()
         #: Seconds ``fit()`` was blocked by each save (snapshot + hand-over), chief only.
         self.save_blocked_seconds: list[float] = []
         #: Whether the last ``fit()`` resumed training state (same ``continue_id``).
@@ -218,6 +220,7 @@ class DeterminedCallback(backend.CallbackBase):
 
     # ---- keras hooks --------------------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._fitlog = _fit_log.FitLog(self.params, self._core, self._checkpoint, self._is_chief)
         self._callbacks = _fit_callbacks(self)
         self._preempted = False
         self._boundary_pending = False
@@ -384,6 +387,7 @@ class DeterminedCallback(backend.CallbackBase):
                 self._writer = None
                 self._exports.close()
             keras2_format.set_initial_epoch(self.model, None)
+            self._fitlog.end(self._checkpoint if self.resumed else None)
 
     # ---- Determined's override hooks and reporting -----------------------------------------------
     def save_model(self, model: keras.Model, path: str, distributed: Any) -> None:
@@ -525,6 +529,7 @@ class DeterminedCallback(backend.CallbackBase):
                 cuts={state_lib.STATE_FILENAME: state_cuts},
             )
             self._writer.submit(job)
+            self._fitlog.saves += 1
         except BaseException:
             shutil.rmtree(extra_dir, ignore_errors=True)
             raise
@@ -600,6 +605,7 @@ class DeterminedCallback(backend.CallbackBase):
 
     def _on_committed(self, uuid: str) -> None:
         self._last_checkpoint = uuid
+        self._fitlog.committed.append(uuid)
 
     # ---- loading ------------------------------------------------------------------------------
     def _ensure_optimizer_built(self) -> None:
@@ -680,13 +686,6 @@ class DeterminedCallback(backend.CallbackBase):
         if not state.epoch_complete and self._resume_batch:
             self._resume_metrics = state.metrics_variables
             self._batches_this_epoch = self._resume_batch
-            logger.info(
-                "Checkpoint %s was saved after batch %d of epoch %d (preemption); that epoch "
-                "continues at its next batch.",
-                uuid,
-                self._resume_batch,
-                state.epoch + 1,
-            )
         elif not state.epoch_complete:
             self._resume_batch = 0
             logger.warning(
@@ -695,14 +694,7 @@ class DeterminedCallback(backend.CallbackBase):
                 uuid,
                 state.epoch + 1,
             )
-        logger.info(
-            "Resumed from checkpoint %s: epoch %d, steps_completed %d (worker %d of %d)",
-            uuid,
-            state.epoch,
-            state.steps_completed,
-            getattr(self._core.distributed, "rank", 0),
-            getattr(self._core.distributed, "size", 1),
-        )
+        _fit_log.log_resumed(uuid, state, self._resume_batch, self._core)
 
     def _load_model_file(self, uuid: str, model_path: str, *, with_optimizer: bool) -> None:
         from keras.src.saving import saving_lib
@@ -716,10 +708,8 @@ class DeterminedCallback(backend.CallbackBase):
                     skip = [self.model.optimizer] if self.model.optimizer is not None else None
                     saving_lib.load_weights_only(self.model, model_path, objects_to_skip=skip)
             except (ValueError, KeyError, OSError) as exc:
-                raise errors.ResumeError(
-                    f"Could not load checkpoint {uuid} into this model: {exc}. The model "
-                    "(layers, shapes) must be the one the checkpoint was saved from."
-                ) from exc
+                # Keras' message holds weight values: a summary of both models instead.
+                raise _fit_log.other_model(uuid, model_path, self.model, self._core) from exc
         for w in caught:
             text = str(w.message)
             if "Skipping variable loading" in text or "mismatch" in text.lower():

@@ -417,10 +417,11 @@ def load_checkpoint_model(
         checkpoint_uuid: load this checkpoint. Pass exactly one of the two.
         storage: where the checkpoint lives (URL, dict or Storage). Default:
             ``CKPTSTORE_STORAGE`` / the default folder; the storage URL the registry recorded
-            for the checkpoint is used when it is under that storage or an allowed prefix of
-            ``CKPTSTORE_ALLOWED_STORAGE`` (comma-separated; ``*`` = any but HTTP), else
-            :class:`~ckptstore.errors.StorageNotAllowed` (a registry row does not choose
-            where models are read from).
+            for the checkpoint is used when it is under that storage, an allowed prefix of
+            ``CKPTSTORE_ALLOWED_STORAGE`` (comma-separated; ``*`` = any but HTTP), or an
+            S3/GCS/Azure bucket (read with your own credentials and endpoint settings), else
+            :class:`~ckptstore.errors.StorageNotAllowed`: a row never sends this process to
+            a local path, a host or a scheme it was not given (docs/how-to/trust.md).
         registry: a Registry or URL; default ``CKPTSTORE_REGISTRY`` / the default SQLite file.
             A trial or UUID the registry does not know is looked for in storage.
         best_by: a validation metric name; picks the trial's best checkpoint by it.
@@ -452,7 +453,7 @@ def load_checkpoint_model(
         model = ckptstore.load_checkpoint_model(trial_id=3, best_by="val_accuracy",
                                                 smaller_is_better=False)
     """
-    with registry_and_storage(storage, registry) as (reg, storage_for):
+    with registry_and_storage(storage, registry, follow=True) as (reg, storage_for):
         uuid, recorded_url = resolve_checkpoint(
             reg, storage_for, trial_id, checkpoint_uuid, best_by, smaller_is_better
         )
@@ -521,14 +522,14 @@ def _download_and_load(
 
 @contextlib.contextmanager
 def registry_and_storage(
-    storage: StorageSpec | None, registry: Registry | str | None
+    storage: StorageSpec | None, registry: Registry | str | None, *, follow: bool = False
 ) -> Iterator[tuple[Registry, Callable[[str | None], Any]]]:
     """The registry (opened from ``registry`` unless it is one) and a :func:`storage_opener`;
     on exit, closes the storages it opened and the registry if it opened it."""
     from ckptstore.registry import Registry, open_registry
 
     opened: list[Any] = []
-    storage_for = storage_opener(storage, opened)
+    storage_for = storage_opener(storage, opened, follow=follow)
     owns_registry = not isinstance(registry, Registry)
     reg = open_registry(registry)
     try:
@@ -573,10 +574,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def storage_opener(storage: StorageSpec | None, opened: list[Any]) -> Callable[[str | None], Any]:
+def storage_opener(
+    storage: StorageSpec | None, opened: list[Any], *, follow: bool = False
+) -> Callable[[str | None], Any]:
     """``storage_for(url)``: the explicit ``storage`` if given (it always wins over the URL a
     registry row recorded), else that URL when :func:`~ckptstore.checkpointing.row_storage.
-    storage_of_row` trusts it, else ``CKPTSTORE_STORAGE``, else the default folder.
+    storage_of_row` trusts it (``follow``: a user's own load follows bucket URLs), else
+    ``CKPTSTORE_STORAGE``, else the default folder.
     Storages it opens are appended to ``opened`` for the caller to close."""
     from ckptstore import defaults
     from ckptstore.checkpointing.row_storage import storage_of_row
@@ -591,7 +595,7 @@ def storage_opener(storage: StorageSpec | None, opened: list[Any]) -> Callable[[
         if isinstance(spec, Mapping):
             spec = split_storage_config(dict(spec))[0]
         if storage is None:  # a registry row's URL only where the caller trusts it
-            spec = storage_of_row(url, spec) or spec
+            spec = storage_of_row(url, spec, follow=follow) or spec
         opened.append(open_storage(spec))
         return opened[-1]
 

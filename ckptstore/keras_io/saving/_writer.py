@@ -243,7 +243,7 @@ class CheckpointWriter:
             # SavedModel's variables) at their tensors, as model.keras is cut at its own.
             tf_bundle.add_folder_cuts(staged.path, staged.cuts)
         staged.scope.__exit__(None, None, None)  # the commit
-        logger.info(
+        logger.debug(
             "Checkpoint %s committed (steps_completed=%s)",
             staged.uuid,
             job.metadata.get("steps_completed"),

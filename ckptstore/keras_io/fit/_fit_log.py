@@ -1,0 +1,185 @@
+"""What ``DeterminedCallback`` says during ``fit()``: ckptstore's INFO lines (one per committed
+checkpoint, one per resume) and a summary when ``fit()`` ends.
+
+They go through :mod:`logging` (logger ``ckptstore``). A program that configured logging
+decides where they go; one that did not sees them on stderr while ``fit()`` runs with
+``verbose`` not 0 (Keras' own switch for progress output), and not at all with ``verbose=0``.
+
+Also: the warning when ``fit()`` starts fresh in a trial that holds checkpoints, and the
+two-line error of a resume into a model of another shape.
+
+Example::
+
+    log = FitLog(callback.params, core_context, checkpoint=None, chief=True)
+    ...
+    log.end(resumed_from=None)   # the summary; the stderr handler (if any) goes
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+import zipfile
+from typing import Any, ClassVar
+
+from ckptstore import errors
+
+__all__ = ["FitLog", "log_resumed", "log_summary", "other_model", "show_during_fit", "stop_showing"]
+
+logger = logging.getLogger("ckptstore.keras_io.fit")
+_ROOT = logging.getLogger("ckptstore")
+
+
+def show_during_fit(verbose: object) -> logging.Handler | None:
+    """A stderr handler for ckptstore's INFO lines when ``verbose`` is not 0 and no handler
+    would otherwise show them (none on the ``ckptstore`` loggers or the root logger)."""
+    if verbose in (0, "0", False) or _ROOT.hasHandlers():
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("ckptstore: %(message)s"))
+    handler.setLevel(logging.INFO)
+    _ROOT.addHandler(handler)
+    if _ROOT.level == logging.NOTSET or _ROOT.level > logging.INFO:
+        handler._ckptstore_old_level = _ROOT.level  # type: ignore[attr-defined]
+        _ROOT.setLevel(logging.INFO)
+    return handler
+
+
+def stop_showing(handler: logging.Handler | None) -> None:
+    """Undo :func:`show_during_fit`."""
+    if handler is None:
+        return
+    _ROOT.removeHandler(handler)
+    old = getattr(handler, "_ckptstore_old_level", None)
+    if old is not None:
+        _ROOT.setLevel(old)
+
+
+def storage_url(checkpoint_context: object) -> str:
+    """The URL of the storage a core ``checkpoint`` context writes to ('' if it has none)."""
+    storage = getattr(checkpoint_context, "storage", None)
+    return str(getattr(storage, "url", "") or "")
+
+
+class FitLog:
+    """One ``fit()``'s log: the stderr handler it may add, what it saved and committed."""
+
+    _warned: ClassVar[set[object]] = set()  # trials warned about once per process
+
+    def __init__(self, params: Any, core: Any, checkpoint: str | None, chief: bool) -> None:
+        self.handler = show_during_fit((params or {}).get("verbose", 1)) if chief else None
+        self.core, self.chief = core, chief
+        self.saves = 0
+        self.committed: list[str] = []
+        latest = getattr(getattr(core, "info", None), "latest_checkpoint", None)
+        trial_id = getattr(core, "trial_id", None)
+        if chief and checkpoint is None and latest is not None and trial_id not in self._warned:
+            self._warned.add(trial_id)
+            logger.warning(
+                "Trial %s already holds checkpoints (the latest %s) and this fit() starts "
+                "fresh (checkpoint=None): its checkpoints are added after them, and loading "
+                "the trial's latest gives this run's model. For a separate run open a new "
+                "trial (core.init() without trial_id); to resume pass "
+                "checkpoint=core_context.info.latest_checkpoint.",
+                trial_id,
+                latest,
+            )
+
+    @classmethod
+    def quiet(cls) -> FitLog:
+        """A log for a callback outside ``fit()`` (says nothing)."""
+        return cls(None, None, None, False)
+
+    def end(self, resumed_from: str | None) -> None:
+        """The summary line (chief), then the handler goes."""
+        try:
+            if self.chief:
+                log_summary(self.core.trial_id, self.saves, self.committed, resumed_from)
+        finally:
+            stop_showing(self.handler)
+            self.handler = None
+
+
+def log_resumed(uuid: str, state: Any, batch: int, core: Any) -> None:
+    """The one line a resume writes: which checkpoint, from where, the epoch and batch it
+    continues at (``batch`` 0: the start of the epoch) and which worker says so."""
+    epoch = int(state.epoch) + 1
+    at = f"batch {batch + 1} of epoch {epoch}" if batch else f"the start of epoch {epoch}"
+    distributed = getattr(core, "distributed", None)
+    logger.info(
+        "Resumed from checkpoint %s (%s): epoch %d, steps_completed %d; continuing at %s "
+        "(worker %d of %d)",
+        uuid,
+        storage_url(getattr(core, "checkpoint", None)) or "storage",
+        int(state.epoch),
+        int(state.steps_completed),
+        at,
+        getattr(distributed, "rank", 0),
+        getattr(distributed, "size", 1),
+    )
+
+
+def log_summary(
+    trial_id: object, saved: int, committed: list[str], resumed_from: str | None
+) -> None:
+    """The line ``fit()`` ends with: what this run saved, what of it is committed (the last
+    checkpoint may still be uploading: ``core.init``'s exit waits for it) and where it
+    started from."""
+    start = f"resumed from {resumed_from}" if resumed_from else "started fresh"
+    latest = f", the latest committed {committed[-1]}" if committed else ""
+    logger.info(
+        "fit() done for trial %s (%s): %d checkpoint(s) saved, %d committed%s%s.",
+        trial_id,
+        start,
+        saved,
+        len(committed),
+        latest,
+        f", {saved - len(committed)} still uploading" if saved > len(committed) else "",
+    )
+
+
+def _layers_word(names: list[str]) -> str:
+    shown = ", ".join(names[:8]) + (f", ... ({len(names)} layers)" if len(names) > 8 else "")
+    return shown or "no layers"
+
+
+def _saved_layers(model_path: str) -> str:
+    """The layers of the model in a ``.keras`` file, read from its config (no weights)."""
+    try:
+        with zipfile.ZipFile(model_path) as archive:
+            config = json.loads(archive.read("config.json"))
+        layers = config.get("config", {}).get("layers", [])
+        words = [  # model.layers leaves the InputLayer out: so does this
+            _layer(entry["class_name"], entry.get("config", {}))
+            for entry in layers
+            if entry.get("class_name") != "InputLayer"
+        ]
+        return f"{config.get('class_name', 'Model')} [{_layers_word(words)}]"
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, AttributeError, TypeError):
+        return "a model this file does not describe"
+
+
+def _layer(class_name: str, config: dict[str, Any]) -> str:
+    size = config.get("units", config.get("filters"))
+    return f"{class_name}({size})" if size is not None else class_name
+
+
+def _live_layers(model: Any) -> str:
+    words = [_layer(type(layer).__name__, vars(layer)) for layer in getattr(model, "layers", [])]
+    return f"{type(model).__name__} [{_layers_word(words)}]"
+
+
+def other_model(uuid: str, model_path: str, model: Any, core: Any) -> errors.ResumeError:
+    """The two-line error of a resume into a model of another shape: which trial and
+    checkpoint hold which model, and how to start fresh (Keras' own message dumps weights)."""
+    trial_id = getattr(core, "trial_id", "?")
+    with contextlib.suppress(Exception):
+        trial_id = core.registry.get_checkpoint(uuid).trial_id
+    return errors.ResumeError(
+        f"Checkpoint {uuid} of trial {trial_id} holds {_saved_layers(model_path)}; fit() was "
+        f"given {_live_layers(model)}: its weights do not fit this model.\n"
+        f"To start fresh pass checkpoint=None in a new trial (core.init() without trial_id), "
+        f"or delete trial {trial_id} first: ckptstore trial delete {trial_id} --yes"
+    )

@@ -1,0 +1,110 @@
+"""Issue 39 ("the first hour"), what DeterminedCallback says: one INFO line per committed
+checkpoint (uuid, storage, size, new bytes) and per resume (epoch and batch), a summary when
+fit() ends, shown on stderr unless verbose=0 (or the program configured logging itself); a
+warning when fit() starts fresh in a trial that holds checkpoints; a two-line error, without
+weight values, for a resume into a model of another shape."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ckptstore as det
+from ckptstore import errors
+from tests._helpers.fresh_home import fresh_home_env
+from tests.keras_io.keras_under_test import KERAS_MAJOR, tiny_model
+
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
+X = np.linspace(-1, 1, 32, dtype="float32").reshape(8, 4)
+Y = np.zeros((8, 2), dtype="float32")
+
+
+def _fit(where, trial_id, model, epochs, checkpoint="latest", verbose=0):
+    with det.core.init(trial_id=trial_id, **where.core_kwargs()) as ctx:
+        start = ctx.info.latest_checkpoint if checkpoint == "latest" else checkpoint
+        cb = det.keras.DeterminedCallback(ctx, start, trial_id, export_saved_model="never")
+        model.fit(X, Y, batch_size=4, epochs=epochs, callbacks=[cb], verbose=verbose)
+    return cb
+
+
+def test_each_commit_and_resume_says_so(where, caplog):
+    _fit(where, 1, tiny_model(), 1)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="ckptstore"):
+        cb = _fit(where, 1, tiny_model(), 2)
+    text = caplog.text
+    committed = re.findall(r"Checkpoint (\S+) committed to (\S+): \d+ files, ", text)
+    assert [u for u, _ in committed] == [cb.last_checkpoint]
+    assert committed[0][1].startswith("file://")
+    assert re.search(r"[\d,]+ bytes, [\d,]+ bytes new", text)
+    assert re.search(
+        r"Resumed from checkpoint \S+ \(file://[^)]*\): epoch 1, steps_completed 2; "
+        r"continuing at the start of epoch 2",
+        text,
+    )
+    assert re.search(
+        r"fit\(\) done for trial 1 \(resumed from \S+\): 1 checkpoint\(s\) saved", text
+    )
+
+    # Finding 6: a unique UUID prefix of 8+ characters loads like the whole UUID.
+    loaded = det.load_checkpoint_model(
+        checkpoint_uuid=cb.last_checkpoint[:8], storage=where.storage, registry=where.registry
+    )
+    assert loaded.count_params() == tiny_model().count_params()
+
+
+SCRIPT = """
+import sys
+import numpy as np
+import keras
+import ckptstore as det
+
+x = np.zeros((8, 3), dtype="float32")
+for trial_id, verbose in ((1, 0), (2, 2)):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with det.core.init(trial_id=trial_id, preempt_signals=False) as ctx:
+        cb = det.keras.DeterminedCallback(ctx, None, trial_id, export_saved_model="never")
+        model.fit(x, x[:, :1], epochs=1, callbacks=[cb], verbose=verbose)
+    print("END OF FIT", verbose, file=sys.stderr, flush=True)
+"""
+
+
+def test_the_lines_show_on_stderr_unless_verbose_0(tmp_path):
+    """A program that did not configure logging sees them while fit() shows progress."""
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        env=fresh_home_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    quiet, shown = done.stderr.split("END OF FIT 0", 1)
+    assert "ckptstore: Checkpoint" not in quiet
+    assert "ckptstore: Checkpoint" in shown and "ckptstore: fit() done for trial 2" in shown
+
+
+def test_a_resume_into_another_model_says_which_is_which_in_two_lines(where):
+    _fit(where, 3, tiny_model(hidden=6), 1)
+    with pytest.raises(errors.ResumeError) as info:
+        _fit(where, 3, tiny_model(hidden=0), 2)
+    text = str(info.value)
+    assert len(text.splitlines()) == 2, text
+    assert "trial 3" in text and "ckptstore trial delete 3 --yes" in text
+    if KERAS_MAJOR == 3:
+        assert "Dense(6)" in text and "Sequential" in text
+    assert not re.search(r"\d\.\d{4,}", text)  # no weight values
+
+
+def test_starting_fresh_in_a_trial_with_checkpoints_warns(where, caplog):
+    _fit(where, 4, tiny_model(), 1)
+    with caplog.at_level("WARNING", logger="ckptstore"):
+        _fit(where, 4, tiny_model(hidden=3), 1, checkpoint=None)
+    assert "Trial 4 already holds checkpoints" in caplog.text
+    assert "core.init() without trial_id" in caplog.text
