@@ -39,6 +39,7 @@ from ckptstore.import_determined.weights import load_determined_checkpoint
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.loading import _loaders as loaders
 from ckptstore.keras_io.loading._in_place import readable_folder
+from ckptstore.keras_io.trial import model_part
 
 logger = logging.getLogger(__name__)
 
@@ -176,8 +177,12 @@ def load_model_from_checkpoint_path(
             ``client.get_checkpoint(uuid).download(path)``, or a checkpoint folder in a local
             or ``shared_fs`` store, deduplicated or not), or a ``.keras`` file.
         tags: SavedModel tags, as in Determined; ckptstore's SavedModels have ``["serve"]``.
-        model: for Determined layouts, the model to load the weights into (built and compiled
-            by your code) instead of the one the checkpoint's ``code/`` builds.
+        model: for Determined layouts and TFKerasTrial checkpoints, the model to load the
+            weights (and the state of each optimizer it holds) into, built and compiled by your
+            code, instead of the one the checkpoint's ``code/`` or trial class builds. A
+            TFKerasTrial checkpoint of a model Keras could not save whole (weights only) is
+            built by the trial class its metadata names when that class's module is already
+            imported or allowed by ``modules=``; else a typed error says to pass ``model=``.
         compile: for ``.keras`` files, as in ``keras.saving.load_model``.
         custom_objects: for ``.keras`` files, as in ``keras.saving.load_model``.
         safe_mode: for ``.keras`` files, as in ``keras.saving.load_model``.
@@ -215,6 +220,13 @@ def _load_from_folder(
     modules: Sequence[str],
 ) -> Any:
     """:func:`load_model_from_checkpoint_path` on a folder holding the checkpoint's files."""
+    trial_ckpt = os.path.isfile(os.path.join(folder, model_part.SEQUENCER_FILENAME))
+    if trial_ckpt and (model is not None or model_part.weights_only_trial_checkpoint(folder)):
+        # a ckptstore TFKerasTrial checkpoint: into the caller's model, or the one its trial
+        # class builds (Keras 2 keeps a subclassed model's weights only)
+        if model is None:
+            model = model_part.build_trial_model(folder, modules)
+        return model_part.load_into(model, folder)
     layout = layouts.detect_layout(os.listdir(folder)) if os.path.isdir(folder) else None
     if layout == layouts.CALLBACK and model is None and _holds_its_keras2_model(folder):
         layout = None  # ckptstore's own Keras 2 checkpoint: loaded like any ckptstore one

@@ -90,8 +90,12 @@ class TinyGan(keras.Model):
             )
         g_vars = self.generator.trainable_variables
         d_vars = self.discriminator.trainable_variables
-        self.generator_optimizer.apply_gradients(zip(g_tape.gradient(g_loss, g_vars), g_vars))
-        self.discriminator_optimizer.apply_gradients(zip(d_tape.gradient(d_loss, d_vars), d_vars))
+        self.generator_optimizer.apply_gradients(
+            zip(g_tape.gradient(g_loss, g_vars), g_vars, strict=True)
+        )
+        self.discriminator_optimizer.apply_gradients(
+            zip(d_tape.gradient(d_loss, d_vars), d_vars, strict=True)
+        )
         return {"d_loss": d_loss, "g_loss": g_loss}
 
     def test_step(self, images):
@@ -127,7 +131,9 @@ class GanTrial(det.keras.TFKerasTrial):
         self.context = context
 
     def build_model(self):
-        gan = TinyGan(make_discriminator(), make_generator(), self.context.get_per_slot_batch_size())
+        gan = TinyGan(
+            make_discriminator(), make_generator(), self.context.get_per_slot_batch_size()
+        )
         gan = self.context.wrap_model(gan)
         g_opt = self.context.wrap_optimizer(
             keras.optimizers.Adam(self.context.get_hparam("generator_lr"), beta_1=0.5)

@@ -8,6 +8,7 @@ iterations, metrics) and loads into a model the caller builds. Runs on Keras 3 a
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -107,6 +108,30 @@ def test_gan_trial_sigterm_resumes_exactly_and_loads(gan_env, data):
     np.testing.assert_array_equal(
         np.asarray(straight.model(x)), np.asarray(loaded(x)), err_msg="predictions"
     )
+    # Without model=: the trial class its metadata names, from a module this process already
+    # imported (nothing new is imported), builds the model.
+    built = det.keras.load_model_from_checkpoint_path(os.path.join(storage, checkpoint.uuid))
+    assert isinstance(built, gan_trial.TinyGan)
+    np.testing.assert_array_equal(np.asarray(straight.model(x)), np.asarray(built(x)))
+
+
+def test_weights_only_trial_checkpoint_never_imports_an_unimported_trial_module(tmp_path):
+    """A weights-only TFKerasTrial checkpoint naming a trial class in a module this process
+    has not imported is refused (UntrustedCode, nothing imported) unless allowed; one naming
+    none gets a ModelLoadError saying to pass model=."""
+    import sys
+
+    from ckptstore.keras_io.trial import model_part
+
+    (tmp_path / model_part.SEQUENCER_FILENAME).write_text("{}")
+    (tmp_path / "metadata.json").write_text(json.dumps({"trial_class": "this:Trial"}))
+    sys.modules.pop("this", None)
+    with pytest.raises(det.errors.UntrustedCode, match="modules=\\['this'\\]"):
+        model_part.build_trial_model(str(tmp_path))
+    assert "this" not in sys.modules
+    (tmp_path / "metadata.json").write_text("{}")
+    with pytest.raises(det.errors.ModelLoadError, match="model=model"):
+        model_part.build_trial_model(str(tmp_path))
 
 
 def test_gan_checkpoint_records_what_is_missing(gan_env):

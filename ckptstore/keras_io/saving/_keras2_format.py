@@ -578,6 +578,16 @@ def load_model(
             f"Keras 2 could not rebuild the model of {path}: {exc}. Pass custom_objects= for "
             "custom layers."
         ) from exc
+    if not isinstance(model, keras.Model):
+        # tf_keras writes {"class_name": "MyModel", "config": {}} for a subclassed model whose
+        # __init__ takes objects, and rebuilds it as the string "MyModel"
+        raise errors.ModelLoadError(
+            f"{path} holds the weights of a subclassed model ({model!r}) that Keras 2 cannot "
+            "rebuild from its config (its get_config() is missing or incomplete). Build the "
+            "model with your code and pass it: load_model_from_checkpoint_path(path, "
+            "model=model); a TFKerasTrial checkpoint is built by its trial class when its "
+            "module is imported (or allowed with modules=)."
+        )
     if compile and _compile_as_saved(model, path, objects, safe_mode, modules):
         load_weights(model, path, with_optimizer=True)
     else:

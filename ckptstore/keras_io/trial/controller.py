@@ -80,7 +80,7 @@ from ckptstore.keras_io.trial.trial import TFKerasTrial
 
 logger = logging.getLogger(__name__)
 
-SEQUENCER_FILENAME = "workload_sequencer.json"
+SEQUENCER_FILENAME = model_part.SEQUENCER_FILENAME
 
 #: Called at each rung with (rung length in the unit of max_length, searcher metric); True prunes.
 PruneHook = Callable[[int, float], bool]
@@ -515,6 +515,9 @@ class TrialController:
             "continue_id": trial_id,
             "epoch": epochs,
             "framework": "ckptstore.keras.TFKerasTrial",
+            # what builds the model of a checkpoint that holds its weights only
+            model_part.TRIAL_CLASS_KEY: f"{self.trial_class.__module__}:"
+            f"{self.trial_class.__qualname__}",
             "keras_version": keras.__version__,
             # how many workers trained it (Ray Train / TF_CONFIG workers; 1 when launched alone)
             "distributed": {"size": self.context.distributed.get_size()},

@@ -18,11 +18,16 @@ Example::
 
 from __future__ import annotations
 
+import importlib
+import json
 import logging
 import os
+import sys
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
+from ckptstore import errors
 from ckptstore.keras_io import backend
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
@@ -33,6 +38,11 @@ logger = logging.getLogger(__name__)
 
 #: The weights of a Keras 3 model that ``model.keras`` could not hold.
 WEIGHTS_FILENAME = "model.weights.h5"
+
+#: The file every TFKerasTrial checkpoint has (data position and schedule).
+SEQUENCER_FILENAME = "workload_sequencer.json"
+#: Checkpoint metadata key naming the trial class (``module:QualName``) that built the model.
+TRIAL_CLASS_KEY = "trial_class"
 
 #: What Keras raises when a model (or a layer in it) cannot be serialized to a config.
 _UNSERIALIZABLE = (NotImplementedError, TypeError, ValueError)
@@ -56,14 +66,31 @@ class ModelPartWriter:
     def write(self, model: KerasModel, named: dict[str, Any], folder: str) -> list[dict[str, str]]:
         """Write the model and optimizers into ``folder``; returns the ``missing`` metadata
         entries (empty when everything was written)."""
-        missing: list[dict[str, str]] = []
         if backend.IS_KERAS2:  # model_checkpoint.* (weights + optimizer), model_config.json
             layout = keras2_format.Keras2Layout.of(model)
             keras2_format.take_snapshot(layout).write_into(folder)
+            missing = []
+            if not _keras2_config_rebuilds(folder):
+                why = f"{type(model).__name__} is a subclassed model Keras 2 cannot rebuild"
+                missing = self._missing(model, why, keras2_format.MODEL_CONFIG_FILENAME)
         else:
             missing = self._write_keras3(model, folder)
         optimizers.write(folder, model, named)
         return missing
+
+    def _missing(self, model: KerasModel, why: str, what: str) -> list[dict[str, str]]:
+        """The metadata entry for a checkpoint without a full model; warns once per trial."""
+        fix = _fix(model)
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"Checkpoints of this trial hold the model's weights and every optimizer's "
+                f"state but no usable {what}: {why}. They resume exactly. To get the full "
+                f"model, {fix}.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return [{"what": f"full model ({what})", "why": why[:2000], "fix": fix}]
 
     def _write_keras3(self, model: KerasModel, folder: str) -> list[dict[str, str]]:
         mark_built(model)
@@ -84,17 +111,7 @@ class ModelPartWriter:
                 first.split()
             )
         model.save_weights(os.path.join(folder, WEIGHTS_FILENAME))
-        fix = _fix(model)
-        if not self._warned:
-            self._warned = True
-            warnings.warn(
-                f"Checkpoints of this trial hold the model's weights and optimizer state "
-                f"({WEIGHTS_FILENAME}, {optimizers.OPTIMIZERS_FILENAME}) but no {MODEL_FILENAME}:"
-                f" {why} They resume exactly. To get the full model, {fix}.",
-                UserWarning,
-                stacklevel=2,
-            )
-        return [{"what": f"full model ({MODEL_FILENAME})", "why": why[:2000], "fix": fix}]
+        return self._missing(model, why, MODEL_FILENAME)
 
 
 def mark_built(model: KerasModel) -> bool:
@@ -114,4 +131,114 @@ def has_model_part(folder: str) -> bool:
     return any(os.path.exists(os.path.join(folder, n)) for n in (MODEL_FILENAME, WEIGHTS_FILENAME))
 
 
-__all__ = ["WEIGHTS_FILENAME", "ModelPartWriter", "has_model_part", "mark_built"]
+def weights_only_trial_checkpoint(folder: str) -> bool:
+    """A TFKerasTrial checkpoint whose model this Keras cannot rebuild from the files alone (a
+    subclassed model: weights only), so loading it needs a model built by code."""
+    if not os.path.isfile(os.path.join(folder, SEQUENCER_FILENAME)):
+        return False
+    if backend.IS_KERAS2:
+        if os.path.isdir(os.path.join(folder, "saved_model")):
+            return False
+        return keras2_format.has_weights(folder) and not _keras2_config_rebuilds(folder)
+    return os.path.isfile(os.path.join(folder, WEIGHTS_FILENAME))
+
+
+def _keras2_config_rebuilds(folder: str) -> bool:
+    """Whether ``model_config.json`` describes a model Keras 2 rebuilds (Sequential or
+    functional); a subclassed model's is ``{"class_name": "MyModel", "config": {}}``."""
+    try:
+        with open(os.path.join(folder, keras2_format.MODEL_CONFIG_FILENAME), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("class_name") in ("Sequential", "Functional")
+
+
+def _trial_class(folder: str, modules: Sequence[str]) -> tuple[type, dict[str, Any], str]:
+    """The trial class named in the checkpoint's metadata, its hparams and its module; only
+    from a module this process already imported (using it imports nothing) or one the caller
+    allowed with ``modules=``."""
+    try:
+        with open(os.path.join(folder, "metadata.json"), encoding="utf-8") as f:
+            metadata = json.load(f)
+    except (OSError, ValueError):
+        metadata = {}
+    spec = metadata.get(TRIAL_CLASS_KEY) if isinstance(metadata, dict) else None
+    if not isinstance(spec, str) or ":" not in spec:
+        raise errors.ModelLoadError(
+            f"The TFKerasTrial checkpoint {folder} holds weights only (its model cannot be "
+            "rebuilt from a config) and names no trial class to build it. Build the model with "
+            "your code and pass it: load_model_from_checkpoint_path(path, model=model)."
+        )
+    module_name, _, qualname = spec.partition(":")
+    module = sys.modules.get(module_name)
+    if module is None:
+        if not any(module_name == m or module_name.startswith(m + ".") for m in modules):
+            raise errors.UntrustedCode(
+                f"The TFKerasTrial checkpoint {folder} holds weights only; its model is built "
+                f"by trial class {spec!r}, whose module is not imported here and was not "
+                f"allowed. Import {module_name} yourself, pass modules=[{module_name!r}], or "
+                "build the model and pass model=..."
+            )
+        module = importlib.import_module(module_name)
+    found: Any = module
+    for part in qualname.split("."):
+        found = vars(found).get(part) if hasattr(found, "__dict__") else None
+    if not isinstance(found, type):
+        raise errors.ModelLoadError(
+            f"Module {module_name!r} has no class {qualname!r} (the trial class of {folder}). "
+            "Build the model with your code and pass model=..."
+        )
+    hparams = metadata.get("hparams") if isinstance(metadata.get("hparams"), dict) else {}
+    return found, hparams, spec
+
+
+def build_trial_model(folder: str, modules: Sequence[str] = ()) -> KerasModel:
+    """The model the checkpoint's trial class builds with the checkpoint's hyperparameters
+    (see :func:`_trial_class` for which classes are used)."""
+    from ckptstore.keras_io.trial.context import TFKerasTrialContext
+
+    trial_cls, hparams, spec = _trial_class(folder, modules)
+    logger.info("Building the model of %s with trial class %s", folder, spec)
+    return trial_cls(TFKerasTrialContext(hparams)).build_model()
+
+
+def load_into(model: KerasModel, folder: str) -> KerasModel:
+    """Load a TFKerasTrial checkpoint's weights, and the state of every optimizer the model
+    holds under a name the checkpoint has, into ``model`` (built by the caller's code)."""
+    wrapped = [
+        v for k, v in sorted(vars(model).items()) if hasattr(v, "apply_gradients") and k[0] != "_"
+    ]
+    named = optimizers.named_optimizers(model, wrapped)
+    record = optimizers.read(folder) or {}
+    named = {k: v for k, v in named.items() if k in record}
+    mark_built(model)
+    try:
+        optimizers.build(model, named, {k: record[k] for k in named}, folder)
+        if backend.IS_KERAS2:
+            keras2_format.load_weights(model, folder, with_optimizer=False)
+        else:
+            full = os.path.join(folder, MODEL_FILENAME)
+            model.load_weights(
+                full if os.path.exists(full) else os.path.join(folder, WEIGHTS_FILENAME)
+            )
+        optimizers.assign(named, {k: record[k] for k in named}, folder)
+    except (errors.ResumeError, ValueError) as exc:
+        raise errors.ModelLoadError(
+            f"The checkpoint {folder} does not fit the model passed ({type(model).__name__}): "
+            f"{exc}. Build the model as the trial that wrote it did."
+        ) from exc
+    return model
+
+
+__all__ = [
+    "SEQUENCER_FILENAME",
+    "TRIAL_CLASS_KEY",
+    "WEIGHTS_FILENAME",
+    "ModelPartWriter",
+    "build_trial_model",
+    "has_model_part",
+    "load_into",
+    "mark_built",
+    "weights_only_trial_checkpoint",
+]
