@@ -101,7 +101,10 @@ def test_require_global_batch_size(trial_env):
     hyperparameter is Determined's ``InvalidExperimentException`` (our typed error)."""
     cfg = xor_config(4, 4, 4)
     del cfg["hyperparameters"]["global_batch_size"]
-    with pytest.raises(det.errors.InvalidExperimentException, match="global_batch_size"):
+    with pytest.raises(
+        det.errors.InvalidExperimentException,
+        match="global_batch_size is a required hyperparameter",  # Determined's test's match
+    ):
         run(trial_env, trials.XORTrial, cfg)
     assert issubclass(det.errors.InvalidExperimentException, errors.InvalidConfig)
 
@@ -173,6 +176,30 @@ def test_xor_checkpoint_restore_and_reproducibility(trial_env, trial_class):
     x, y = trials.xor_data()
     loss = keras.losses.BinaryCrossentropy(from_logits=True)(y[:, None], model(x))
     assert float(loss) == pytest.approx(want_val[-1][1]["val_loss"], rel=1e-5)
+
+
+class XORTrialWithLayerInItsModule(trials.XORTrial):
+    """The custom layer lives in a module the process running the trial already imported."""
+
+    def hidden_layer(self):
+        return trials.CustomDenseLayer(self.context.get_hparam("hidden_size"), activation="tanh")
+
+
+def test_custom_layer_of_an_imported_module_loads_without_custom_objects(trial_env):
+    """Issue 38, finding 7 (a held-out trial's shape): the checkpoint of a trial whose custom
+    layer is defined in an already-imported module loads without ``custom_objects``: using the
+    class imports nothing (a module not imported yet is still refused:
+    ``tests/keras_io/test_code_refs_imported.py``)."""
+    storage, registry = trial_env
+    run(trial_env, XORTrialWithLayerInItsModule, xor_config(4, 4, 4))
+    checkpoint = registry.latest_checkpoint(1)
+    # compile=False: its compiled metric functions are recorded by Keras under "builtins"
+    model = det.keras.load_model_from_checkpoint_path(
+        os.path.join(storage, checkpoint.uuid), compile=False
+    )
+    assert any(type(layer) is trials.CustomDenseLayer for layer in model.layers)
+    x, _ = trials.xor_data()
+    assert model(x).shape[0] == len(x)
 
 
 def test_xor_training_with_metrics(trial_env):
