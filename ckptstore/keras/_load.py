@@ -66,12 +66,23 @@ def _check_tags(tags: Sequence[str] | None) -> None:
 def load_h5_model(h5_file: str, custom_objects: Mapping[str, Any] | None = None) -> KerasModel:
     """A whole Keras 2 HDF5 model (Keras 3 reads the legacy format itself), uncompiled as
     Determined loaded it; ModelLoadError naming the file when Keras cannot."""
+    import shutil
+    import tempfile
+
     import keras
 
     try:
-        return keras.saving.load_model(
-            h5_file, compile=False, custom_objects=dict(custom_objects or {}) or None
-        )
+        if h5_file.endswith(".h5"):
+            return keras.saving.load_model(
+                h5_file, compile=False, custom_objects=dict(custom_objects or {}) or None
+            )
+        # Determined 0.12 named the file without extension; Keras picks the format by it
+        with tempfile.TemporaryDirectory(prefix="ckptstore-h5-") as tmp:
+            named = os.path.join(tmp, os.path.basename(h5_file) + ".h5")
+            shutil.copyfile(h5_file, named)
+            return keras.saving.load_model(
+                named, compile=False, custom_objects=dict(custom_objects or {}) or None
+            )
     except (OSError, TypeError, ValueError) as exc:
         raise errors.ModelLoadError(
             f"Keras could not read the HDF5 model {h5_file}: {exc}. If it uses custom layers, "
@@ -245,9 +256,9 @@ def _load_from_folder(
         )
     if model is None:
         model = build_trial_model(folder, trust_code=trust_code)
-    if model is None and layout == layouts.TFKERAS_H5:
+    if model is None and layout in layouts.H5_LAYOUTS:
         # A whole Keras 2 HDF5 model: Keras 3 reads the architecture itself.
-        return load_h5_model(os.path.join(folder, H5_MODEL_NAME), custom_objects)
+        return load_h5_model(os.path.join(folder, layouts.LAYOUT_MARKERS[layout]), custom_objects)
     if model is None:
         raise errors.ModelLoadError(
             f"{folder} is a Determined {layout} checkpoint with weights only and no trial code "
