@@ -323,6 +323,50 @@ def test_callbacks(trial_env):
     assert [step for step, _ in metrics(registry, 1, "validation")] == [20, 40, 60, 75]
 
 
+ANCIENT_UUID = "0c12a3b4-5d6e-4f70-8a9b-0c1d2e3f4a5b"
+
+
+def test_ancient_checkpoint_012_layout(trial_env):
+    """Ports ``test_ancient_checkpoints[0.12.3]`` with our own files (Determined's stay in its
+    repository): a Determined 0.12-era checkpoint is one HDF5 whole model named
+    ``determined-keras-model`` (Keras 2, legacy SGD with its iteration count). A trial named
+    it by UUID (here ``warm_start``, as ``searcher.source_checkpoint_uuid`` does) starts from
+    its weight and optimizer state: the first batch's loss is the analytic loss of that weight."""
+    import tf_keras
+
+    storage, registry = trial_env
+    old = tf_keras.Sequential(
+        [tf_keras.Input((1,)), tf_keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")]
+    )
+    old.compile(tf_keras.optimizers.legacy.SGD(learning_rate=0.05), "mse")
+    old.fit(np.array([[2.0]]), np.array([[1.0]]), epochs=1, verbose=0)  # w: 1 -> 0.6
+    w = float(old.get_weights()[0][0][0])
+    folder = os.path.join(storage, ANCIENT_UUID)
+    os.makedirs(folder)
+    old.save(os.path.join(folder, "determined-keras-model"), save_format="h5")
+    cfg = one_var_config(1, 1)
+    cfg["searcher"]["source_checkpoint_uuid"] = ANCIENT_UUID
+    with ckptstore.core.init(
+        storage=storage,
+        registry=registry,
+        trial_id=1,
+        hparams=cfg["hyperparameters"],
+        preempt_signals=False,
+    ) as core_context:
+        trials.PREEMPTION.update(preempt=core_context.preempt, at=None)
+        controller = TrialController(
+            trials.OneVarTrial,
+            core_context,
+            {"entrypoint": "model_def:OneVarTrial", **cfg},
+            trial_seed=SEED,
+            warm_start=ANCIENT_UUID,
+        )
+        controller.run()
+    (_, logs), *_ = metrics(registry, 1, "training")
+    assert logs["loss"] == pytest.approx(trials.OneVarTrial.calc_loss(w, [0, 1, 2]), abs=1e-5)
+    assert int(keras.backend.get_value(controller.model.optimizer.iterations)) == 2
+
+
 def test_surface_native_error(trial_env):
     """Ports ``test_surface_native_error``: Keras's own error about a model that cannot take its
     data reaches the caller unchanged."""
