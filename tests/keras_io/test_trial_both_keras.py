@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -151,12 +152,22 @@ def test_trial_checkpoint_loads_compiled_with_its_optimizer_state(legacy_trial_e
     assert ("training_config.json" in files) == (KERAS_MAJOR == 2)
     if KERAS_MAJOR == 2:
         _refuses_classes_from_other_modules(legacy_trial_env, result.latest_checkpoint)
-    # The class comes from the caller, never from a module the checkpoint names: refused before
-    # anything is imported, the message naming the custom_objects fix (the code-reference rule).
-    with pytest.raises(errors.UntrustedCode, match="custom_objects"):
-        ckptstore.load_checkpoint_model(
-            checkpoint_uuid=result.latest_checkpoint, storage=storage, registry=registry
-        )
+    # The class comes from the caller, or from a module this process already imported (the
+    # trial's own: nothing new is imported, issue 38 #7); a module not imported is refused
+    # before anything is imported, the message naming the custom_objects fix.
+    module = sys.modules.pop(model_def.Scale.__module__)
+    try:
+        with pytest.raises(errors.UntrustedCode, match="custom_objects"):
+            ckptstore.load_checkpoint_model(
+                checkpoint_uuid=result.latest_checkpoint, storage=storage, registry=registry
+            )
+        assert model_def.Scale.__module__ not in sys.modules
+    finally:
+        sys.modules[model_def.Scale.__module__] = module
+    again = ckptstore.load_checkpoint_model(
+        checkpoint_uuid=result.latest_checkpoint, storage=storage, registry=registry
+    )
+    np.testing.assert_allclose(again.predict(x, verbose=0), trained.model.predict(x, verbose=0))
 
 
 def _refuses_classes_from_other_modules(legacy_trial_env, uuid):
