@@ -172,25 +172,46 @@ class ArrayData(TrainingData):
 
 
 class SequenceData(TrainingData):
-    """A ``keras.utils.PyDataset`` / ``InMemorySequence`` / :class:`SequenceAdapter`."""
+    """A ``keras.utils.PyDataset`` / ``InMemorySequence`` / :class:`SequenceAdapter`.
 
-    def __init__(self, adapter: SequenceAdapter, shuffle: bool, seed: int) -> None:
+    With ``size`` workers each yields per-slot batches, as Determined's did: global batch ``b``
+    of a pass is the sequence's batches ``size*b .. size*b + size-1`` (of the pass's order, the
+    same per-pass shuffle on every worker), worker ``rank`` reading ``size*b + rank``; a
+    trailing remainder of fewer than ``size`` batches is skipped, so every worker trains every
+    step. The position (pass, global batch) is the same on every worker, so a resume is exact.
+    """
+
+    def __init__(
+        self, adapter: SequenceAdapter, shuffle: bool, seed: int, rank: int = 0, size: int = 1
+    ) -> None:
         super().__init__()
         self.adapter = adapter
         self.shuffle = shuffle
         self.seed = seed
-        self.batches_per_pass = len(adapter)
+        self.rank, self.size = rank, size
+        self.batches_per_pass = len(adapter) // size
+        if self.batches_per_pass == 0:
+            raise errors.InvalidConfig(
+                f"The training Sequence has {len(adapter)} batches, fewer than the {size} "
+                "workers (slots_per_trial) that each need one per step. Use fewer slots or more "
+                "data."
+            )
         size = getattr(adapter.sequence, "batch_size", None)
         self.records_per_pass = None
         if isinstance(size, int):
             self.records_per_pass = _sequence_records(adapter.sequence, size)
 
     def _open(self, pass_index: int, start: int) -> Iterator[Any]:
-        if not self.shuffle:
+        if not self.shuffle and self.size == 1:
             return self.adapter.iterate(start)
-        order = np.random.default_rng([self.seed, pass_index]).permutation(len(self.adapter))
+        n = len(self.adapter)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, pass_index]).permutation(n)
+        else:
+            order = np.arange(n)
         seq = self.adapter.sequence
-        return (seq[int(i)] for i in order[start:])
+        mine = order[: (self.batches_per_pass or 0) * self.size][self.rank :: self.size]
+        return (seq[int(i)] for i in mine[start:])
 
     def _on_pass_end(self) -> None:
         self.adapter.on_epoch_end()
@@ -308,15 +329,8 @@ def training_data(
     ``batch_size`` is the global batch size; with ``size`` workers, NumPy data is split by
     rank here and a ``tf.data.Dataset`` is taken as this worker's shard (already batched
     by the per-slot batch size, as Determined's ``wrap_dataset`` examples do)."""
-    if size > 1 and isinstance(data, (SequenceAdapter, SEQUENCE_BASE)):
-        raise errors.NotSupported(
-            f"A Sequence/PyDataset as training data on {size} workers is not supported: "
-            "every worker would read every batch. Return NumPy arrays (split by rank here) or "
-            "a tf.data.Dataset wrapped with context.wrap_dataset(), or use slots_per_trial: 1. "
-            f"Received: {type(data).__name__}."
-        )
     if isinstance(data, SequenceAdapter):
-        return SequenceData(data, bool(shuffle), seed)
+        return SequenceData(data, bool(shuffle), seed, rank, size)
     if isinstance(data, SEQUENCE_BASE):
         adapter = SequenceAdapter(
             data,
@@ -324,7 +338,7 @@ def training_data(
             workers=0 if workers is None else workers,
             max_queue_size=max_queue_size or 10,
         )
-        return SequenceData(adapter, bool(shuffle), seed)
+        return SequenceData(adapter, bool(shuffle), seed, rank, size)
     if is_tf_dataset(data):
         if shuffle:
             logger.info("configure_fit(shuffle=True) does not reorder a tf.data.Dataset")
