@@ -400,7 +400,7 @@ class TrialController:
             model_file = os.path.join(path, MODEL_FILENAME)
             if not os.path.exists(model_file):  # a model Keras could not save whole
                 model_file = os.path.join(path, model_part.WEIGHTS_FILENAME)
-            self._check_layout(os.fspath(path), uuid)
+            model_part.check_layout(os.fspath(path), uuid)
             same_trial = state is not None and state.continue_id == trial_id
             self._ensure_built(os.fspath(path) if same_trial else None)
             if same_trial:
@@ -455,32 +455,6 @@ class TrialController:
                 cb.load_state(state.callbacks[key])
         callback_state.restore_rng(state.rng)
         keras2_format.restore_layer_rng(self.model, state.rng)
-
-    def _check_layout(self, path: str, uuid: str) -> None:
-        """ResumeError unless ``path`` holds the model in the running Keras's layout."""
-        has_keras3 = model_part.has_model_part(path)
-        has_keras2 = keras2_format.has_weights(path)
-        if has_keras2 if backend.IS_KERAS2 else has_keras3:
-            return
-        running = "Keras 2 (tf_keras)" if backend.IS_KERAS2 else "Keras 3"
-        if has_keras2 or has_keras3:
-            written = "Keras 3 (model.keras)" if has_keras3 else "Keras 2 (model_checkpoint.*)"
-            hint = (
-                f"unset {backend.LEGACY_ENV} before TensorFlow is imported"
-                if backend.IS_KERAS2
-                else f"set {backend.LEGACY_ENV}=1 before TensorFlow is imported"
-            )
-            raise errors.ResumeError(
-                f"Checkpoint {uuid} was written by {written}, but this trial runs on {running} "
-                f"({backend.FRAMEWORK}). Resume it with the Keras that wrote it ({hint}), or "
-                "start the trial from scratch."
-            )
-        expected = keras2_format.WEIGHTS_PREFIX + ".index" if backend.IS_KERAS2 else MODEL_FILENAME
-        raise errors.ResumeError(
-            f"Checkpoint {uuid} has no {expected}; it was not written by a TFKerasTrial. "
-            f"Received: {sorted(os.listdir(path))}. Start the trial from scratch or pick "
-            "another checkpoint."
-        )
 
     def _load_weights(self, model_file: str, uuid: str) -> None:
         import warnings

@@ -131,6 +131,33 @@ def has_model_part(folder: str) -> bool:
     return any(os.path.exists(os.path.join(folder, n)) for n in (MODEL_FILENAME, WEIGHTS_FILENAME))
 
 
+def check_layout(path: str, uuid: str) -> None:
+    """ResumeError unless ``path`` holds the model in the running Keras's layout."""
+    has_keras3 = has_model_part(path)
+    has_keras2 = keras2_format.has_weights(path)
+    if has_keras2 if backend.IS_KERAS2 else has_keras3:
+        return
+    running = "Keras 2 (tf_keras)" if backend.IS_KERAS2 else "Keras 3"
+    if has_keras2 or has_keras3:
+        written = "Keras 3 (model.keras)" if has_keras3 else "Keras 2 (model_checkpoint.*)"
+        hint = (
+            f"unset {backend.LEGACY_ENV} before TensorFlow is imported"
+            if backend.IS_KERAS2
+            else f"set {backend.LEGACY_ENV}=1 before TensorFlow is imported"
+        )
+        raise errors.ResumeError(
+            f"Checkpoint {uuid} was written by {written}, but this trial runs on {running} "
+            f"({backend.FRAMEWORK}). Resume it with the Keras that wrote it ({hint}), or "
+            "start the trial from scratch."
+        )
+    expected = keras2_format.WEIGHTS_PREFIX + ".index" if backend.IS_KERAS2 else MODEL_FILENAME
+    raise errors.ResumeError(
+        f"Checkpoint {uuid} has no {expected}; it was not written by a TFKerasTrial. "
+        f"Received: {sorted(os.listdir(path))}. Start the trial from scratch or pick "
+        "another checkpoint."
+    )
+
+
 def weights_only_trial_checkpoint(folder: str) -> bool:
     """A TFKerasTrial checkpoint whose model this Keras cannot rebuild from the files alone (a
     subclassed model: weights only), so loading it needs a model built by code."""
@@ -237,6 +264,7 @@ __all__ = [
     "WEIGHTS_FILENAME",
     "ModelPartWriter",
     "build_trial_model",
+    "check_layout",
     "has_model_part",
     "load_into",
     "mark_built",
