@@ -22,6 +22,7 @@ import pytest
 
 import ckptstore
 from ckptstore import errors
+from ckptstore.keras_io.trial import model_part
 from ckptstore.keras_io.trial.controller import TrialController
 from ckptstore.registry import Registry
 from tests.keras_io import legacy_trial_model_def as model_def
@@ -210,7 +211,7 @@ def test_checkpoint_of_the_other_keras_is_refused(legacy_trial_env, tmp_path):
         controller = TrialController(LegacyOptTrial, ctx, _config())
         controller._build()
         with pytest.raises(errors.ResumeError, match="TF_USE_LEGACY_KERAS"):
-            controller._check_layout(str(copy), "copy")
+            model_part.check_layout(str(copy), "copy")
 
 
 def test_model_def_runs_through_the_experiment_runner(tmp_path, monkeypatch):
