@@ -436,7 +436,9 @@ def _check_batch_size(hparams: list[Hyperparameter]) -> None:
     if gbs is None:
         raise _fail(
             "hyperparameters.global_batch_size",
-            "missing; a TFKerasTrial needs it to batch data and count records",
+            # "is a required hyperparameter": Determined's wording, which its tests match
+            "missing: global_batch_size is a required hyperparameter; a TFKerasTrial needs it "
+            "to batch data and count records",
             "Add e.g. `global_batch_size: 32` under `hyperparameters`.",
             errors.InvalidExperimentException,  # Determined's error for this case
         )

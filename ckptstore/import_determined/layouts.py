@@ -9,6 +9,9 @@ Recognised layouts (the files at the top of one checkpoint folder):
   ``determined-keras-optimizer-weights.h5``, ``rng_state.pkl``, ``determined-callbacks.v1.pkl``,
   ``workload_sequencer.pkl``, ``load_data.json``, ``metadata.json`` (``format: saved_weights``).
 - ``tfkeras_h5``: older ``TFKerasTrial`` checkpoints with one ``determined-keras-model.h5``.
+- ``tfkeras_h5_012``: Determined 0.12-era ``TFKerasTrial`` checkpoints: one HDF5 whole-model
+  file named ``determined-keras-model`` (no extension: ``save_model(..., save_format="h5")``),
+  with the optimizer's weights in its ``optimizer_weights`` group, and nothing else.
 
 Every file is copied as is (Determined's own ``metadata.json`` is kept as
 ``determined_metadata.json``, since ckptstore writes ``metadata.json`` itself). Pickled files are
@@ -45,13 +48,17 @@ logger = logging.getLogger(__name__)
 CALLBACK = "callback"
 TFKERAS_TRIAL = "tfkeras_trial"
 TFKERAS_H5 = "tfkeras_h5"
+TFKERAS_H5_012 = "tfkeras_h5_012"
 
 #: The file whose presence identifies each layout.
 LAYOUT_MARKERS = {
     CALLBACK: "model_checkpoint.index",
     TFKERAS_TRIAL: "determined-keras-model-weights.index",
     TFKERAS_H5: "determined-keras-model.h5",
+    TFKERAS_H5_012: "determined-keras-model",
 }
+#: The layouts whose model is one whole-model HDF5 file (their marker).
+H5_LAYOUTS = (TFKERAS_H5, TFKERAS_H5_012)
 #: Files of each layout that are Python pickles.
 PICKLE_FILES = (
     "callback_state",

@@ -6,7 +6,8 @@ Determined wrote Keras 2 (``tf.keras``) checkpoints that Keras 3 cannot read dir
   ``model.save_weights()`` with the optimizer;
 - ``TFKerasTrial``: ``determined-keras-model-weights.{index,data-*}`` (same format) and
   ``determined-keras-optimizer-weights.h5`` (Keras 2 optimizer weights, one group per optimizer);
-- older ``TFKerasTrial``: ``determined-keras-model.h5`` (a whole Keras 2 HDF5 model).
+- older ``TFKerasTrial``: ``determined-keras-model.h5`` (a whole Keras 2 HDF5 model), and in
+  Determined 0.12 the same file named ``determined-keras-model``.
 
 The checkpoint's variables are matched to the Keras 3 model's ``model.weights`` in order
 (layers in order, each layer's weights in creation order), with shapes checked. Optimizer state
@@ -477,9 +478,11 @@ def load_determined_checkpoint(
         h5_path = os.path.join(folder, "determined-keras-optimizer-weights.h5")
         if load_optimizer and len(plan.assignments) == weight_count and os.path.isfile(h5_path):
             plan.extend(_plan_h5_optimizer_file(model, h5_path))
-    else:
+    else:  # one whole-model HDF5 file, named by the layout (0.12 gave it no extension)
         plan, weight_count = _plan_h5_model(
-            model, os.path.join(folder, "determined-keras-model.h5"), load_optimizer=load_optimizer
+            model,
+            os.path.join(folder, det_import.LAYOUT_MARKERS[info.layout]),
+            load_optimizer=load_optimizer,
         )
     total = plan.commit()
     logger.info(

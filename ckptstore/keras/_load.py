@@ -39,6 +39,7 @@ from ckptstore.import_determined.weights import load_determined_checkpoint
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.loading import _loaders as loaders
 from ckptstore.keras_io.loading._in_place import readable_folder
+from ckptstore.keras_io.trial import model_part
 
 logger = logging.getLogger(__name__)
 
@@ -65,12 +66,23 @@ def _check_tags(tags: Sequence[str] | None) -> None:
 def load_h5_model(h5_file: str, custom_objects: Mapping[str, Any] | None = None) -> KerasModel:
     """A whole Keras 2 HDF5 model (Keras 3 reads the legacy format itself), uncompiled as
     Determined loaded it; ModelLoadError naming the file when Keras cannot."""
+    import shutil
+    import tempfile
+
     import keras
 
     try:
-        return keras.saving.load_model(
-            h5_file, compile=False, custom_objects=dict(custom_objects or {}) or None
-        )
+        if h5_file.endswith(".h5"):
+            return keras.saving.load_model(
+                h5_file, compile=False, custom_objects=dict(custom_objects or {}) or None
+            )
+        # Determined 0.12 named the file without extension; Keras picks the format by it
+        with tempfile.TemporaryDirectory(prefix="ckptstore-h5-") as tmp:
+            named = os.path.join(tmp, os.path.basename(h5_file) + ".h5")
+            shutil.copyfile(h5_file, named)
+            return keras.saving.load_model(
+                named, compile=False, custom_objects=dict(custom_objects or {}) or None
+            )
     except (OSError, TypeError, ValueError) as exc:
         raise errors.ModelLoadError(
             f"Keras could not read the HDF5 model {h5_file}: {exc}. If it uses custom layers, "
@@ -176,8 +188,12 @@ def load_model_from_checkpoint_path(
             ``client.get_checkpoint(uuid).download(path)``, or a checkpoint folder in a local
             or ``shared_fs`` store, deduplicated or not), or a ``.keras`` file.
         tags: SavedModel tags, as in Determined; ckptstore's SavedModels have ``["serve"]``.
-        model: for Determined layouts, the model to load the weights into (built and compiled
-            by your code) instead of the one the checkpoint's ``code/`` builds.
+        model: for Determined layouts and TFKerasTrial checkpoints, the model to load the
+            weights (and the state of each optimizer it holds) into, built and compiled by your
+            code, instead of the one the checkpoint's ``code/`` or trial class builds. A
+            TFKerasTrial checkpoint of a model Keras could not save whole (weights only) is
+            built by the trial class its metadata names when that class's module is already
+            imported or allowed by ``modules=``; else a typed error says to pass ``model=``.
         compile: for ``.keras`` files, as in ``keras.saving.load_model``.
         custom_objects: for ``.keras`` files, as in ``keras.saving.load_model``.
         safe_mode: for ``.keras`` files, as in ``keras.saving.load_model``.
@@ -215,6 +231,13 @@ def _load_from_folder(
     modules: Sequence[str],
 ) -> Any:
     """:func:`load_model_from_checkpoint_path` on a folder holding the checkpoint's files."""
+    trial_ckpt = os.path.isfile(os.path.join(folder, model_part.SEQUENCER_FILENAME))
+    if trial_ckpt and (model is not None or model_part.weights_only_trial_checkpoint(folder)):
+        # a ckptstore TFKerasTrial checkpoint: into the caller's model, or the one its trial
+        # class builds (Keras 2 keeps a subclassed model's weights only)
+        if model is None:
+            model = model_part.build_trial_model(folder, modules)
+        return model_part.load_into(model, folder)
     layout = layouts.detect_layout(os.listdir(folder)) if os.path.isdir(folder) else None
     if layout == layouts.CALLBACK and model is None and _holds_its_keras2_model(folder):
         layout = None  # ckptstore's own Keras 2 checkpoint: loaded like any ckptstore one
@@ -233,9 +256,9 @@ def _load_from_folder(
         )
     if model is None:
         model = build_trial_model(folder, trust_code=trust_code)
-    if model is None and layout == layouts.TFKERAS_H5:
+    if model is None and layout in layouts.H5_LAYOUTS:
         # A whole Keras 2 HDF5 model: Keras 3 reads the architecture itself.
-        return load_h5_model(os.path.join(folder, H5_MODEL_NAME), custom_objects)
+        return load_h5_model(os.path.join(folder, layouts.LAYOUT_MARKERS[layout]), custom_objects)
     if model is None:
         raise errors.ModelLoadError(
             f"{folder} is a Determined {layout} checkpoint with weights only and no trial code "

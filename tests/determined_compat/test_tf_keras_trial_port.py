@@ -101,7 +101,10 @@ def test_require_global_batch_size(trial_env):
     hyperparameter is Determined's ``InvalidExperimentException`` (our typed error)."""
     cfg = xor_config(4, 4, 4)
     del cfg["hyperparameters"]["global_batch_size"]
-    with pytest.raises(det.errors.InvalidExperimentException, match="global_batch_size"):
+    with pytest.raises(
+        det.errors.InvalidExperimentException,
+        match="global_batch_size is a required hyperparameter",  # Determined's test's match
+    ):
         run(trial_env, trials.XORTrial, cfg)
     assert issubclass(det.errors.InvalidExperimentException, errors.InvalidConfig)
 
@@ -173,6 +176,30 @@ def test_xor_checkpoint_restore_and_reproducibility(trial_env, trial_class):
     x, y = trials.xor_data()
     loss = keras.losses.BinaryCrossentropy(from_logits=True)(y[:, None], model(x))
     assert float(loss) == pytest.approx(want_val[-1][1]["val_loss"], rel=1e-5)
+
+
+class XORTrialWithLayerInItsModule(trials.XORTrial):
+    """The custom layer lives in a module the process running the trial already imported."""
+
+    def hidden_layer(self):
+        return trials.CustomDenseLayer(self.context.get_hparam("hidden_size"), activation="tanh")
+
+
+def test_custom_layer_of_an_imported_module_loads_without_custom_objects(trial_env):
+    """Issue 38, finding 7 (a held-out trial's shape): the checkpoint of a trial whose custom
+    layer is defined in an already-imported module loads without ``custom_objects``: using the
+    class imports nothing (a module not imported yet is still refused:
+    ``tests/keras_io/test_code_refs_imported.py``)."""
+    storage, registry = trial_env
+    run(trial_env, XORTrialWithLayerInItsModule, xor_config(4, 4, 4))
+    checkpoint = registry.latest_checkpoint(1)
+    # compile=False: its compiled metric functions are recorded by Keras under "builtins"
+    model = det.keras.load_model_from_checkpoint_path(
+        os.path.join(storage, checkpoint.uuid), compile=False
+    )
+    assert any(type(layer) is trials.CustomDenseLayer for layer in model.layers)
+    x, _ = trials.xor_data()
+    assert model(x).shape[0] == len(x)
 
 
 def test_xor_training_with_metrics(trial_env):
@@ -294,6 +321,50 @@ def test_callbacks(trial_env):
     test_ends = [line for line in lines if line.startswith("on_test_end")]
     assert len(test_ends) == 4 and all("loss" in line for line in test_ends)  # 20, 40, 60, 75
     assert [step for step, _ in metrics(registry, 1, "validation")] == [20, 40, 60, 75]
+
+
+ANCIENT_UUID = "0c12a3b4-5d6e-4f70-8a9b-0c1d2e3f4a5b"
+
+
+def test_ancient_checkpoint_012_layout(trial_env):
+    """Ports ``test_ancient_checkpoints[0.12.3]`` with our own files (Determined's stay in its
+    repository): a Determined 0.12-era checkpoint is one HDF5 whole model named
+    ``determined-keras-model`` (Keras 2, legacy SGD with its iteration count). A trial named
+    it by UUID (here ``warm_start``, as ``searcher.source_checkpoint_uuid`` does) starts from
+    its weight and optimizer state: the first batch's loss is the analytic loss of that weight."""
+    import tf_keras
+
+    storage, registry = trial_env
+    old = tf_keras.Sequential(
+        [tf_keras.Input((1,)), tf_keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")]
+    )
+    old.compile(tf_keras.optimizers.legacy.SGD(learning_rate=0.05), "mse")
+    old.fit(np.array([[2.0]]), np.array([[1.0]]), epochs=1, verbose=0)  # w: 1 -> 0.6
+    w = float(old.get_weights()[0][0][0])
+    folder = os.path.join(storage, ANCIENT_UUID)
+    os.makedirs(folder)
+    old.save(os.path.join(folder, "determined-keras-model"), save_format="h5")
+    cfg = one_var_config(1, 1)
+    cfg["searcher"]["source_checkpoint_uuid"] = ANCIENT_UUID
+    with ckptstore.core.init(
+        storage=storage,
+        registry=registry,
+        trial_id=1,
+        hparams=cfg["hyperparameters"],
+        preempt_signals=False,
+    ) as core_context:
+        trials.PREEMPTION.update(preempt=core_context.preempt, at=None)
+        controller = TrialController(
+            trials.OneVarTrial,
+            core_context,
+            {"entrypoint": "model_def:OneVarTrial", **cfg},
+            trial_seed=SEED,
+            warm_start=ANCIENT_UUID,
+        )
+        controller.run()
+    (_, logs), *_ = metrics(registry, 1, "training")
+    assert logs["loss"] == pytest.approx(trials.OneVarTrial.calc_loss(w, [0, 1, 2]), abs=1e-5)
+    assert int(keras.backend.get_value(controller.model.optimizer.iterations)) == 2
 
 
 def test_surface_native_error(trial_env):

@@ -349,8 +349,19 @@ def save_h5_model_checkpoint(model: Any, folder: str) -> str:
     return folder
 
 
+def save_012_h5_model_checkpoint(model: Any, folder: str) -> str:
+    """A Determined 0.12-era TFKerasTrial checkpoint: the whole Keras 2 model saved as HDF5
+    under the name ``determined-keras-model`` (no extension), alone in its folder."""
+    os.makedirs(folder, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*HDF5 file.*legacy", category=UserWarning)
+        model.save(os.path.join(folder, "determined-keras-model"), save_format="h5")
+    return folder
+
+
 SAVERS = {
     "callback": save_callback_checkpoint,
     "tfkeras_trial": save_tfkeras_trial_checkpoint,
     "tfkeras_h5": save_h5_model_checkpoint,
+    "tfkeras_h5_012": save_012_h5_model_checkpoint,
 }

@@ -311,9 +311,18 @@ def test_unknown_custom_objects_then_custom_objects(where_allowed):
     saved = dict(registered)
     registered.clear()
     try:
-        # Its module is not imported on the checkpoint's word: the caller hands the class over.
-        with pytest.raises(errors.UntrustedCode, match="ckptstore_test_loaders>Doubler"):
-            ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry)
+        # A module this process has not imported is not imported on the checkpoint's word
+        # (here: this test module, hidden from sys.modules): the caller hands the class over.
+        module = sys.modules.pop(Doubler.__module__)
+        try:
+            with pytest.raises(errors.UntrustedCode, match="ckptstore_test_loaders>Doubler"):
+                ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry)
+            assert Doubler.__module__ not in sys.modules
+        finally:
+            sys.modules[Doubler.__module__] = module
+        # Imported already, its class is used as is: nothing new is imported (issue 38, #7)
+        found = ckptstore.load_checkpoint_model(checkpoint_uuid=uuid, registry=registry)
+        assert isinstance(found.layers[0], Doubler)
         loaded = ckptstore.load_checkpoint_model(
             checkpoint_uuid=uuid,
             registry=registry,

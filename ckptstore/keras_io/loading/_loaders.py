@@ -32,7 +32,11 @@ from ckptstore import errors
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.loading._in_place import readable_folder
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
-from ckptstore.keras_io.saving._code_refs import check_code_refs, import_allowed
+from ckptstore.keras_io.saving._code_refs import (
+    check_code_refs,
+    import_allowed,
+    imported_objects,
+)
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME, SAVED_MODEL_DIRNAME
 
 if TYPE_CHECKING:
@@ -94,21 +98,23 @@ def _check_archive(keras_file: str) -> None:
 
 def _check_code(
     keras_file: str, custom_objects: Mapping[str, Any] | None, modules: Sequence[str]
-) -> None:
+) -> dict[str, Any]:
     """Refuse a ``.keras`` file whose ``config.json`` names code the caller did not allow
     (before Keras reads it: older Keras 3 imports any module a config names), then import the
-    allowed modules it names."""
+    allowed modules it names. Returns the caller's ``custom_objects`` plus the classes of
+    modules this process already imported that the config names (Keras 3 would not find them)."""
     import zipfile
 
     with zipfile.ZipFile(keras_file) as archive:
         try:
             config = archive.read("config.json")
         except KeyError:
-            return  # not a model archive: Keras says so in its own words
+            return dict(custom_objects or {})  # not a model archive: Keras says so itself
     allowed = check_code_refs(
         config, what=keras_file, modules=modules, custom_objects=custom_objects
     )
     import_allowed(allowed, keras_file)
+    return {**imported_objects(config), **(custom_objects or {})}
 
 
 def _load_keras_file(
@@ -121,7 +127,7 @@ def _load_keras_file(
     import keras
 
     _check_archive(keras_file)
-    _check_code(keras_file, custom_objects, modules)
+    custom_objects = _check_code(keras_file, custom_objects, modules) or None
     try:
         return keras.saving.load_model(
             keras_file,

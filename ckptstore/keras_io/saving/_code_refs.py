@@ -13,7 +13,13 @@ and exporter calls :func:`check_code_refs` on the config before Keras sees it. A
 - the caller handed it over: its name is a key of ``custom_objects``, or it is registered in
   this process (``@keras.saving.register_keras_serializable`` in code the caller imported);
 - its module is in the caller's ``modules`` allow-list (or under a package there): those are
-  imported before loading, because the caller said so.
+  imported before loading, because the caller said so;
+- its module is one this process already imported and the module itself defines it (a class
+  with ``from_config``, or a Python function): a TFKerasTrial's custom layer in the trial's own
+  module, a layer in the caller's ``__main__``-like helper module. Using it imports nothing and
+  runs no import-time code; a module not imported yet is still refused. Only the module's own
+  namespace is read (never its ``__getattr__``, which could import), and a name the module
+  merely re-exports (``os.system``) does not count.
 
 Anything else raises :class:`~ckptstore.errors.UntrustedCode` naming every refused module and
 class, before anything is imported or deserialized.
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -94,6 +101,40 @@ def _handed_over(ref: CodeRef, custom_objects: Mapping[str, Any]) -> bool:
     return False
 
 
+def _imported_object(ref: CodeRef) -> Any:
+    """The class or function ``ref`` names when a module this process already imported defines
+    it (using it imports nothing), else None."""
+    module = sys.modules.get(ref.module)
+    if module is None:
+        return None
+    # Keras records a function as class_name "function" with its name as registered_name
+    name = ref.registered_name if ref.name == "function" and ref.registered_name else ref.name
+    found = vars(module).get(name.rsplit(">", 1)[-1])
+    if getattr(found, "__module__", None) != ref.module:
+        return None
+    if isinstance(found, type):
+        return found if callable(getattr(found, "from_config", None)) else None
+    return found if inspect.isfunction(found) else None
+
+
+def _already_imported(ref: CodeRef) -> bool:
+    return _imported_object(ref) is not None
+
+
+def imported_objects(config: str | bytes | Mapping[str, Any]) -> dict[str, Any]:
+    """``custom_objects`` for the classes and functions ``config`` names that modules this
+    process already imported define: Keras 3 imports only its own modules, so it finds them
+    only when handed over (keys: the name Keras looks them up by)."""
+    if isinstance(config, (str, bytes)):
+        config = json.loads(config)
+    found = {}
+    for ref in named_code(config):
+        obj = _imported_object(ref)
+        if obj is not None:
+            found[ref.registered_name or ref.name] = obj
+    return found
+
+
 def _allowed(module: str, modules: Iterable[str]) -> bool:
     return any(module == m or module.startswith(m + ".") for m in modules)
 
@@ -118,7 +159,13 @@ def check_code_refs(
             ) from exc
     refs = named_code(config)
     objects = custom_objects or {}
-    refused = [r for r in refs if not _allowed(r.module, modules) and not _handed_over(r, objects)]
+    refused = [
+        r
+        for r in refs
+        if not _allowed(r.module, modules)
+        and not _handed_over(r, objects)
+        and not _already_imported(r)
+    ]
     if refused:
         listed = ", ".join(f"class {r.name!r} of module {r.module!r}" for r in refused)
         names = sorted({r.module for r in refused})
@@ -147,4 +194,11 @@ def import_allowed(names: Sequence[str], what: str) -> None:
             ) from exc
 
 
-__all__ = ["KERAS_PACKAGES", "CodeRef", "check_code_refs", "import_allowed", "named_code"]
+__all__ = [
+    "KERAS_PACKAGES",
+    "CodeRef",
+    "check_code_refs",
+    "import_allowed",
+    "imported_objects",
+    "named_code",
+]

@@ -538,16 +538,21 @@ def load_model(
     from tf_keras.src.saving.serialization_lib import SafeModeScope
 
     from ckptstore.keras_io.backend import keras
-    from ckptstore.keras_io.saving._code_refs import check_code_refs, import_allowed
+    from ckptstore.keras_io.saving._code_refs import (
+        check_code_refs,
+        import_allowed,
+        imported_objects,
+    )
 
     objects = dict(custom_objects) if custom_objects else None
     config = os.path.join(path, MODEL_CONFIG_FILENAME)
     if os.path.isfile(config):  # the same model as the SavedModel's metadata: checked first
         with open(config, "rb") as f:
-            allowed = check_code_refs(
-                f.read(), what=config, modules=modules, custom_objects=custom_objects
-            )
+            raw = f.read()
+        allowed = check_code_refs(raw, what=config, modules=modules, custom_objects=custom_objects)
         import_allowed(allowed, config)
+        # classes of modules already imported: handed over (tf_keras looks them up by name)
+        objects = {**imported_objects(raw), **(objects or {})} or None
     saved = os.path.join(path, "saved_model")
     has_saved = os.path.isfile(os.path.join(saved, "saved_model.pb"))
     compiled = os.path.isfile(os.path.join(path, TRAINING_CONFIG_FILENAME))
@@ -578,6 +583,16 @@ def load_model(
             f"Keras 2 could not rebuild the model of {path}: {exc}. Pass custom_objects= for "
             "custom layers."
         ) from exc
+    if not isinstance(model, keras.Model):
+        # tf_keras writes {"class_name": "MyModel", "config": {}} for a subclassed model whose
+        # __init__ takes objects, and rebuilds it as the string "MyModel"
+        raise errors.ModelLoadError(
+            f"{path} holds the weights of a subclassed model ({model!r}) that Keras 2 cannot "
+            "rebuild from its config (its get_config() is missing or incomplete). Build the "
+            "model with your code and pass it: load_model_from_checkpoint_path(path, "
+            "model=model); a TFKerasTrial checkpoint is built by its trial class when its "
+            "module is imported (or allowed with modules=)."
+        )
     if compile and _compile_as_saved(model, path, objects, safe_mode, modules):
         load_weights(model, path, with_optimizer=True)
     else:

@@ -390,8 +390,10 @@ class TFKerasTrialContext:
         # Determined raises InvalidExperimentException for both a missing and a bad value.
         if "global_batch_size" not in self._hparams:
             raise errors.InvalidExperimentException(
-                "A TFKerasTrial needs an integer `global_batch_size` hyperparameter; add e.g. "
-                "`global_batch_size: 32` under `hyperparameters` in the experiment config. "
+                # Determined's wording, which its tests (and users' scripts) match
+                "global_batch_size is a required hyperparameter: a TFKerasTrial needs an "
+                "integer `global_batch_size`; add e.g. `global_batch_size: 32` under "
+                "`hyperparameters` in the experiment config. "
                 f"Received: hyperparameters {sorted(self._hparams)!r}."
             )
         value = self._hparams["global_batch_size"]

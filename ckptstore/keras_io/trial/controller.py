@@ -73,12 +73,14 @@ from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
 from ckptstore.keras_io.saving import _writer as checkpoint_writer
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME
 from ckptstore.keras_io.trial import data as data_mod
+from ckptstore.keras_io.trial import model_part
+from ckptstore.keras_io.trial import optimizers as optimizers_mod
 from ckptstore.keras_io.trial.context import TFKerasTrialContext
 from ckptstore.keras_io.trial.trial import TFKerasTrial
 
 logger = logging.getLogger(__name__)
 
-SEQUENCER_FILENAME = "workload_sequencer.json"
+SEQUENCER_FILENAME = model_part.SEQUENCER_FILENAME
 
 #: Called at each rung with (rung length in the unit of max_length, searcher metric); True prunes.
 PruneHook = Callable[[int, float], bool]
@@ -100,11 +102,7 @@ def _is_compiled(model: KerasModel) -> bool:
     return bool(getattr(model, "compiled", False) or getattr(model, "_is_compiled", False))
 
 
-def _optimizer_variables(optimizer: Any) -> list[Any]:
-    """Every variable of ``optimizer`` (a property on Keras 3 and Keras 2.11+ optimizers, a
-    method on Keras 2's legacy ones)."""
-    found = optimizer.variables
-    return list(found() if callable(found) else found)
+_optimizer_variables = optimizers_mod.variables_of
 
 
 def _to_float(value: Any) -> Any:
@@ -232,6 +230,9 @@ class TrialController:
                 "build_model() returned a model that is not compiled. Call "
                 "model.compile(optimizer=..., loss=...) before returning it."
             )
+        # model.optimizer and every wrapped one (a GAN's two), saved and restored by name
+        self.optimizers = optimizers_mod.named_optimizers(self.model, self.context.optimizers)
+        self.model_writer = model_part.ModelPartWriter()
         fit = self.context.fit_config
         self.gbs = self.context.get_global_batch_size()
         self.context.get_per_slot_batch_size()  # warns when gbs does not split evenly
@@ -306,16 +307,31 @@ class TrialController:
         searcher (checkpoint now? prune?) must not differ between workers."""
         return self.core.distributed.broadcast(value) if self.size > 1 else value
 
-    def _ensure_built(self) -> None:
+    def _ensure_built(self, folder: str | None = None) -> None:
+        """Create every variable a checkpoint restores into: the model's, and each optimizer's
+        for the variables it was built for (``optimizers.json``; older checkpoints: the model's
+        optimizer for every trainable variable)."""
+        record = optimizers_mod.read(folder) if folder is not None else None
         with self._scope():
-            self._build_variables()
+            self._build_model_variables()
+            if record is not None and folder is not None:
+                optimizers_mod.build(self.model, self.optimizers, record, folder)
+            else:
+                self._build_optimizer()
 
-    def _build_variables(self) -> None:
-        if not self.model.built or not self.model.trainable_variables:
+    def _build_model_variables(self) -> None:
+        if not model_part.mark_built(self.model) or not self.model.trainable_variables:
             position = self.train_data.position()
             x, _, _ = self.train_data.next_batch()
-            self.model(x)
+            try:
+                self.model(x)
+            except Exception:
+                # a GAN's call() may not take a batch; its sub-models hold its variables
+                if not self.model.trainable_variables:
+                    raise
             self.train_data.restore(position)
+
+    def _build_optimizer(self) -> None:
         if backend.IS_KERAS2 and not hasattr(self.model.optimizer, "build"):
             keras2_format._create_legacy_slots(self.model)  # legacy optimizer: slots + iter
         elif backend.IS_KERAS2:
@@ -382,14 +398,19 @@ class TrialController:
                 with open(seq_path, encoding="utf-8") as f:
                     sequencer = json.load(f)
             model_file = os.path.join(path, MODEL_FILENAME)
-            self._check_layout(os.fspath(path), uuid)
-            self._ensure_built()
+            if not os.path.exists(model_file):  # a model Keras could not save whole
+                model_file = os.path.join(path, model_part.WEIGHTS_FILENAME)
+            model_part.check_layout(os.fspath(path), uuid)
             same_trial = state is not None and state.continue_id == trial_id
+            self._ensure_built(os.fspath(path) if same_trial else None)
             if same_trial:
                 if backend.IS_KERAS2:
                     keras2_format.load_weights(self.model, os.fspath(path), with_optimizer=True)
                 else:
                     self._load_weights(model_file, uuid)
+                record = optimizers_mod.read(os.fspath(path))
+                if record is not None:
+                    optimizers_mod.assign(self.optimizers, record, os.fspath(path))
                 if "data_position" in sequencer:
                     self.train_data.restore(sequencer["data_position"])
                     read_files = getattr(self.train_data, "read_files", None)
@@ -435,32 +456,6 @@ class TrialController:
         callback_state.restore_rng(state.rng)
         keras2_format.restore_layer_rng(self.model, state.rng)
 
-    def _check_layout(self, path: str, uuid: str) -> None:
-        """ResumeError unless ``path`` holds the model in the running Keras's layout."""
-        has_keras3 = os.path.exists(os.path.join(path, MODEL_FILENAME))
-        has_keras2 = keras2_format.has_weights(path)
-        if has_keras2 if backend.IS_KERAS2 else has_keras3:
-            return
-        running = "Keras 2 (tf_keras)" if backend.IS_KERAS2 else "Keras 3"
-        if has_keras2 or has_keras3:
-            written = "Keras 3 (model.keras)" if has_keras3 else "Keras 2 (model_checkpoint.*)"
-            hint = (
-                f"unset {backend.LEGACY_ENV} before TensorFlow is imported"
-                if backend.IS_KERAS2
-                else f"set {backend.LEGACY_ENV}=1 before TensorFlow is imported"
-            )
-            raise errors.ResumeError(
-                f"Checkpoint {uuid} was written by {written}, but this trial runs on {running} "
-                f"({backend.FRAMEWORK}). Resume it with the Keras that wrote it ({hint}), or "
-                "start the trial from scratch."
-            )
-        expected = keras2_format.WEIGHTS_PREFIX + ".index" if backend.IS_KERAS2 else MODEL_FILENAME
-        raise errors.ResumeError(
-            f"Checkpoint {uuid} has no {expected}; it was not written by a TFKerasTrial. "
-            f"Received: {sorted(os.listdir(path))}. Start the trial from scratch or pick "
-            "another checkpoint."
-        )
-
     def _load_weights(self, model_file: str, uuid: str) -> None:
         import warnings
 
@@ -494,6 +489,9 @@ class TrialController:
             "continue_id": trial_id,
             "epoch": epochs,
             "framework": "ckptstore.keras.TFKerasTrial",
+            # what builds the model of a checkpoint that holds its weights only
+            model_part.TRIAL_CLASS_KEY: f"{self.trial_class.__module__}:"
+            f"{self.trial_class.__qualname__}",
             "keras_version": keras.__version__,
             # how many workers trained it (Ray Train / TF_CONFIG workers; 1 when launched alone)
             "distributed": {"size": self.context.distributed.get_size()},
@@ -528,11 +526,9 @@ class TrialController:
         )
         extra = {"cuts": cuts} if cuts is not None else {}
         with self.core.checkpoint.store_path(metadata, **extra) as (path, uuid):
-            if backend.IS_KERAS2:  # model_checkpoint.* (weights + optimizer), model_config.json
-                layout = keras2_format.Keras2Layout.of(self.model)
-                keras2_format.take_snapshot(layout).write_into(os.fspath(path))
-            else:
-                self.model.save(os.path.join(path, MODEL_FILENAME))
+            missing = self.model_writer.write(self.model, self.optimizers, os.fspath(path))
+            if missing:  # read when the block exits: the checkpoint says what it lacks
+                metadata["missing"] = missing
             with open(
                 os.path.join(path, callback_state.STATE_FILENAME), "w", encoding="utf-8"
             ) as f:
@@ -599,6 +595,8 @@ class TrialController:
         return metrics
 
     def _train_on_batch(self, x: Any, y: Any, sw: Any, class_weight: Any) -> dict[str, Any]:
+        if y is None and sw is None and self.strategy is None and not backend.graph_mode():
+            return self._train_on_inputs(x)
         if backend.IS_KERAS2 and self.strategy is not None and not backend.graph_mode():
             return mwms_compat.keras2_worker_batch_step(
                 self.model, self.strategy, x, y, sw, class_weight
@@ -610,6 +608,24 @@ class TrialController:
         return self._named(
             self.model.train_on_batch(x, y, sample_weight=sw, class_weight=class_weight)
         )
+
+    def _train_on_inputs(self, x: Any) -> dict[str, Any]:
+        """One step on an inputs-only batch: ``train_step`` gets the batch as the data gave
+        it, as under ``fit()`` (``train_on_batch`` would hand it ``(x, None, None)`` on Keras 3,
+        ``(x,)`` on Keras 2, which a GAN's ``train_step(images)`` cannot take)."""
+        model = self.model
+        model.make_train_function()
+        model.reset_metrics()
+        if backend.IS_KERAS2:
+            import tensorflow as tf
+
+            strategy = model.distribute_strategy
+            with strategy.scope():
+                batches = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(x))
+                logs = model.train_function(iter(batches))
+        else:
+            logs = model.train_function(iter([x]))
+        return dict(logs)
 
     def _named(self, logs: Any) -> dict[str, Any]:
         """Keras 2's graph-mode Model (a module that called

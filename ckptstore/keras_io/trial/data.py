@@ -31,8 +31,9 @@ from ckptstore.keras_io.trial.sequences import (
 logger = logging.getLogger(__name__)
 
 DATA_TYPES_HELP = (
-    "Return (x, y), (x, y, sample_weights), a tf.data.Dataset, a keras.utils.PyDataset "
-    "(a tf.keras.utils.Sequence on Keras 2) or a ckptstore.keras.SequenceAdapter."
+    "Return (x, y), (x, y, sample_weights), inputs only (an array, a dict of arrays or (x,)), "
+    "a tf.data.Dataset, a keras.utils.PyDataset (a tf.keras.utils.Sequence on Keras 2) or a "
+    "ckptstore.keras.SequenceAdapter."
 )
 
 
@@ -44,13 +45,21 @@ def is_tf_dataset(data: Any) -> bool:
 
 
 def _as_triple(batch: Any) -> tuple[Any, Any, Any]:
-    if isinstance(batch, tuple) and len(batch) in (2, 3):
-        return (batch[0], batch[1], batch[2] if len(batch) == 3 else None)
-    if isinstance(batch, list) and len(batch) in (2, 3):
-        return _as_triple(tuple(batch))
+    """``(x, y, sample_weight)`` of one batch, unpacked as Keras's ``fit()`` unpacks it: a
+    tuple (or list) of 1-3 parts, or anything else as inputs only (images for a GAN's custom
+    ``train_step``, a dict of named inputs)."""
+    if isinstance(batch, list):
+        batch = tuple(batch)
+    if not isinstance(batch, tuple):
+        return (batch, None, None)
+    if len(batch) in (1, 2, 3):
+        padded = (*batch, None, None)
+        return (padded[0], padded[1], padded[2])
     raise errors.InvalidConfig(
-        "A training batch must be (inputs, targets) or (inputs, targets, sample_weights); "
-        f"received a {type(batch).__name__}. Make the data loader return such tuples."
+        "A training batch must be inputs, (inputs,), (inputs, targets) or (inputs, targets, "
+        f"sample_weights), as Keras's fit() takes it; received a tuple of {len(batch)}. Make "
+        "the data loader return one of those (several inputs go in a tuple or dict as the "
+        "first element)."
     )
 
 
@@ -135,9 +144,10 @@ class ArrayData(TrainingData):
     ) -> None:
         super().__init__()
         self.rank, self.size = rank, size
-        self.x, self.y, self.sw = x, np.asarray(y), (None if sw is None else np.asarray(sw))
+        self.x, self.sw = x, (None if sw is None else np.asarray(sw))
+        self.y = None if y is None else np.asarray(y)
         self.n = _num_records(x)
-        if self.n != len(self.y):
+        if self.y is not None and self.n != len(self.y):
             raise errors.InvalidConfig(
                 f"Training data has {self.n} inputs but {len(self.y)} targets; pass x and y with "
                 "the same number of rows."
@@ -158,29 +168,50 @@ class ArrayData(TrainingData):
             if self.size > 1:
                 idx = np.array_split(idx, self.size)[self.rank]
             sw = None if self.sw is None else self.sw[idx]
-            yield (_slice(self.x, idx), self.y[idx], sw)
+            yield (_slice(self.x, idx), None if self.y is None else self.y[idx], sw)
 
 
 class SequenceData(TrainingData):
-    """A ``keras.utils.PyDataset`` / ``InMemorySequence`` / :class:`SequenceAdapter`."""
+    """A ``keras.utils.PyDataset`` / ``InMemorySequence`` / :class:`SequenceAdapter`.
 
-    def __init__(self, adapter: SequenceAdapter, shuffle: bool, seed: int) -> None:
+    With ``size`` workers each yields per-slot batches, as Determined's did: global batch ``b``
+    of a pass is the sequence's batches ``size*b .. size*b + size-1`` (of the pass's order, the
+    same per-pass shuffle on every worker), worker ``rank`` reading ``size*b + rank``; a
+    trailing remainder of fewer than ``size`` batches is skipped, so every worker trains every
+    step. The position (pass, global batch) is the same on every worker, so a resume is exact.
+    """
+
+    def __init__(
+        self, adapter: SequenceAdapter, shuffle: bool, seed: int, rank: int = 0, size: int = 1
+    ) -> None:
         super().__init__()
         self.adapter = adapter
         self.shuffle = shuffle
         self.seed = seed
-        self.batches_per_pass = len(adapter)
+        self.rank, self.size = rank, size
+        self.batches_per_pass = len(adapter) // size
+        if self.batches_per_pass == 0:
+            raise errors.InvalidConfig(
+                f"The training Sequence has {len(adapter)} batches, fewer than the {size} "
+                "workers (slots_per_trial) that each need one per step. Use fewer slots or more "
+                "data."
+            )
         size = getattr(adapter.sequence, "batch_size", None)
         self.records_per_pass = None
         if isinstance(size, int):
             self.records_per_pass = _sequence_records(adapter.sequence, size)
 
     def _open(self, pass_index: int, start: int) -> Iterator[Any]:
-        if not self.shuffle:
+        if not self.shuffle and self.size == 1:
             return self.adapter.iterate(start)
-        order = np.random.default_rng([self.seed, pass_index]).permutation(len(self.adapter))
+        n = len(self.adapter)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, pass_index]).permutation(n)
+        else:
+            order = np.arange(n)
         seq = self.adapter.sequence
-        return (seq[int(i)] for i in order[start:])
+        mine = order[: (self.batches_per_pass or 0) * self.size][self.rank :: self.size]
+        return (seq[int(i)] for i in mine[start:])
 
     def _on_pass_end(self) -> None:
         self.adapter.on_epoch_end()
@@ -263,6 +294,19 @@ class DatasetData(TrainingData):
             yield tuple(batch) if isinstance(batch, (tuple, list)) else batch
 
 
+def _arrays(data: Any) -> tuple[Any, Any, Any] | None:
+    """``(x, y, sample_weight)`` of in-memory training data (None: not in-memory data): an
+    ``(x, y[, sw])`` / ``(x,)`` tuple, or inputs only (an array or a dict of arrays), as
+    ``fit(x)`` takes them."""
+    if isinstance(data, (tuple, list)) and len(data) in (1, 2, 3):
+        return _as_triple(data)
+    if isinstance(data, np.ndarray) or (
+        isinstance(data, dict) and data and all(hasattr(v, "__len__") for v in data.values())
+    ):
+        return (data, None, None)
+    return None
+
+
 def _sequence_records(seq: Any, batch_size: int) -> int | None:
     n = getattr(seq, "_n", None)
     return n if isinstance(n, int) else len(seq) * batch_size
@@ -285,15 +329,8 @@ def training_data(
     ``batch_size`` is the global batch size; with ``size`` workers, NumPy data is split by
     rank here and a ``tf.data.Dataset`` is taken as this worker's shard (already batched
     by the per-slot batch size, as Determined's ``wrap_dataset`` examples do)."""
-    if size > 1 and isinstance(data, (SequenceAdapter, SEQUENCE_BASE)):
-        raise errors.NotSupported(
-            f"A Sequence/PyDataset as training data on {size} workers is not supported: "
-            "every worker would read every batch. Return NumPy arrays (split by rank here) or "
-            "a tf.data.Dataset wrapped with context.wrap_dataset(), or use slots_per_trial: 1. "
-            f"Received: {type(data).__name__}."
-        )
     if isinstance(data, SequenceAdapter):
-        return SequenceData(data, bool(shuffle), seed)
+        return SequenceData(data, bool(shuffle), seed, rank, size)
     if isinstance(data, SEQUENCE_BASE):
         adapter = SequenceAdapter(
             data,
@@ -301,15 +338,15 @@ def training_data(
             workers=0 if workers is None else workers,
             max_queue_size=max_queue_size or 10,
         )
-        return SequenceData(adapter, bool(shuffle), seed)
+        return SequenceData(adapter, bool(shuffle), seed, rank, size)
     if is_tf_dataset(data):
         if shuffle:
             logger.info("configure_fit(shuffle=True) does not reorder a tf.data.Dataset")
         return DatasetData(data, exact_state=size == 1)
-    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
-        sw = data[2] if len(data) == 3 else None
+    arrays = _arrays(data)
+    if arrays is not None:
         shuffle = True if shuffle is None else shuffle
-        return ArrayData(data[0], data[1], sw, batch_size, shuffle, seed, rank, size)
+        return ArrayData(*arrays, batch_size, shuffle, seed, rank, size)
     raise errors.InvalidConfig(
         f"build_training_data_loader() returned a {type(data).__name__}. {DATA_TYPES_HELP}"
     )
@@ -328,10 +365,12 @@ def evaluate_kwargs(data: Any, batch_size: int, strategy: Any = None) -> dict[st
         return {"x": strategy.distribute_datasets_from_function(lambda _: data)}
     if isinstance(data, SEQUENCE_BASE) or is_tf_dataset(data):
         return {"x": data}
-    if isinstance(data, (tuple, list)) and len(data) in (2, 3):
-        kwargs = {"x": data[0], "y": data[1], "batch_size": batch_size}
-        if len(data) == 3:
-            kwargs["sample_weight"] = data[2]
+    arrays = _arrays(data)
+    if arrays is not None:
+        x, y, sw = arrays
+        kwargs = {"x": x, "y": y, "batch_size": batch_size}
+        if sw is not None:
+            kwargs["sample_weight"] = sw
         return kwargs
     raise errors.InvalidConfig(
         f"build_validation_data_loader() returned a {type(data).__name__}. {DATA_TYPES_HELP}"

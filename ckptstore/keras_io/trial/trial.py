@@ -63,7 +63,8 @@ class TFKerasTrial(abc.ABC):
 
     @abc.abstractmethod
     def build_training_data_loader(self) -> Any:
-        """Return training data: ``(x, y)``, ``(x, y, sample_weights)``, a ``tf.data.Dataset``
+        """Return training data: ``(x, y)``, ``(x, y, sample_weights)``, inputs only (an array,
+        a dict of arrays or ``(x,)``, for a custom ``train_step``), a ``tf.data.Dataset``
         (wrapped with ``context.wrap_dataset``), a ``keras.utils.PyDataset`` (on Keras 2, i.e.
         ``TF_USE_LEGACY_KERAS=1``: a ``tf.keras.utils.Sequence``) or a
         :class:`~ckptstore.keras_io.trial.sequences.SequenceAdapter`."""
