@@ -490,15 +490,14 @@ def _download_and_load(
     modules: Sequence[str] = (),
     verify_key: str | os.PathLike[str] | None = None,
 ) -> KerasModel | SavedModelPredictor:
-    """Load checkpoint ``uuid`` (checksums verified): its ``.keras`` file read in place on a
-    local store, else from a download of every file but the SavedModel; the SavedModel is
-    fetched only for a checkpoint without a ``.keras`` file."""
+    """Load checkpoint ``uuid`` (checksums verified): its ``.keras`` file alone, read in place on
+    a local store; every file (the SavedModel too) only for a checkpoint without one."""
     from ckptstore.checkpointing import CheckpointContext
 
     ckpt = CheckpointContext(store, verify=True, cache=cache, verify_key=verify_key)
     logger.info("Loading checkpoint %s from %s", uuid, store.url)
     try:
-        with ckpt.restore_path(uuid, selector=_not_saved_model) as folder:
+        with ckpt.restore_path(uuid, selector=_keras_archive) as folder:
             keras_file = _find_keras_file(os.fspath(folder))
             if keras_file is not None:
                 model = _load_keras_file(
@@ -541,8 +540,9 @@ def _download_and_load(
     return model
 
 
-def _not_saved_model(rel: str) -> bool:
-    return rel.split("/", 1)[0] != SAVED_MODEL_DIRNAME
+def _keras_archive(rel: str) -> bool:
+    """Whether ``rel`` is a ``.keras`` file at the top of a checkpoint (what loads a model)."""
+    return "/" not in rel and rel.endswith(".keras")
 
 
 @contextlib.contextmanager
