@@ -496,13 +496,15 @@ def _download_and_load(
 
     ckpt = CheckpointContext(store, verify=True, cache=cache, verify_key=verify_key)
     logger.info("Loading checkpoint %s from %s", uuid, store.url)
+    keras_file = None
     try:
-        with ckpt.restore_path(uuid, selector=_keras_archive) as folder:
-            keras_file = _find_keras_file(os.fspath(folder))
-            if keras_file is not None:
-                model = _load_keras_file(
-                    keras_file, compile, custom_objects, safe_mode, modules, checked=True
-                )
+        if any(map(_keras_archive, ckpt._manifest(uuid)["files"])):
+            with ckpt.restore_path(uuid, selector=_keras_archive) as folder:
+                keras_file = _find_keras_file(os.fspath(folder))
+                if keras_file is not None:
+                    model = _load_keras_file(
+                        keras_file, compile, custom_objects, safe_mode, modules, checked=True
+                    )
     except BaseException:
         with _suppress():
             ckpt.close()

@@ -32,11 +32,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from ckptstore.keras_io.saving._keras_archive import WEIGHTS_NAME
-from ckptstore.storage_backends.base import pwrite_all
+from ckptstore.storage_backends.local import copy_range
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
-#: Read and written per step when the kernel cannot copy a range itself.
+#: Bytes per step when inflating a compressed entry.
 _COPY_STEP = 8 << 20
 
 
@@ -62,22 +62,6 @@ def _hdf5_reads_at(fd: int, offset: int) -> bool:
         for at in candidates
         if at < offset
     )
-
-
-def _copy_range(src: int, dst: int, offset: int, size: int) -> None:
-    done = 0
-    with contextlib.suppress(OSError):  # no copy_file_range here: read and write below
-        while done < size:
-            n = os.copy_file_range(src, dst, size - done, offset + done, done)
-            if n == 0:
-                break
-            done += n
-    while done < size:
-        data = os.pread(src, min(_COPY_STEP, size - done), offset + done)
-        if not data:
-            raise zipfile.BadZipFile("the archive ends inside model.weights.h5")
-        pwrite_all(dst, data, done)
-        done += len(data)
 
 
 def place_weights(keras_file: str, target: str) -> str | None:
@@ -106,7 +90,8 @@ def place_weights(keras_file: str, target: str) -> str | None:
             return "linked"
         out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            _copy_range(fd, out, offset, info.file_size)
+            if copy_range(fd, out, info.file_size, offset, 0) != info.file_size:
+                return None  # the archive ends inside its weights: Keras says it is damaged
         finally:
             os.close(out)
         return "extracted"
