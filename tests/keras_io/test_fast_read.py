@@ -133,3 +133,25 @@ def test_weights_at_an_aligned_offset_are_linked_unless_hdf5_would_stop_earlier(
     assert weights_view.load_weights(fresh, odd) == ("extracted" if decoy else "linked")
     for got, want in zip(state(fresh), state(model), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def test_resumable_array_input_builds_its_pipeline_once_per_fit(tmp_path, monkeypatch):
+    """DeterminedCallback's exact-resume input (arrays) traces its tf.data pipeline once per
+    fit(), not every epoch (0.4 s of every epoch on a loaded 2-core machine)."""
+    from ckptstore.keras_io.data import _resumable
+
+    built: list[int] = []
+    real = _resumable._ArrayData._build_dataset
+
+    def counting(self):  # type: ignore[no-untyped-def]
+        built.append(id(self))
+        return real(self)
+
+    monkeypatch.setattr(_resumable._ArrayData, "_build_dataset", counting)
+    url, registry = str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
+    model = model_with_adam(1)
+    with det.core.init(storage=url, registry=registry, trial_id=1, preempt_signals=False) as ctx:
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        history = model.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[cb])
+    assert len(history.history["loss"]) == 3
+    assert len(built) == 1
