@@ -42,7 +42,15 @@ def check_archive(path: str, size: int, crc: str) -> None:
     assert crc == fmt.crc32c_bytes(data) == fmt.crc32c_file(path)
     with zipfile.ZipFile(path) as zf:
         assert zf.testzip() is None  # every entry's CRC-32 is right
-        assert zf.namelist()[:3] == ["metadata.json", "config.json", "model.weights.h5"]
+        assert zf.namelist()[:3] == ["model.weights.h5", "metadata.json", "config.json"]
+        weights = zf.getinfo("model.weights.h5")
+    # The weights' bytes sit where HDF5 looks for a superblock: h5py opens the archive itself
+    # as the weights file (what a resume reads, without Keras's zip reader).
+    assert data[keras_archive.WEIGHTS_DATA_OFFSET :][: weights.file_size] == zipfile.ZipFile(
+        path
+    ).read("model.weights.h5")
+    with h5py.File(path, "r") as h5:
+        assert h5.userblock_size == keras_archive.WEIGHTS_DATA_OFFSET
 
 
 def assert_same_state(a: keras.Model, b: keras.Model) -> None:

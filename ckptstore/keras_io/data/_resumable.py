@@ -343,7 +343,8 @@ class _ArrayData(_Base):
     def __init__(self, epoch_iterator: Any, adapter: Any, seed: int) -> None:
         self._adapter = adapter
         self._seed = int(seed)
-        self._inputs_ds: Any = None
+        self._dataset: Any = None
+        self._batches: list[np.ndarray] = []
         super().__init__(epoch_iterator, int(adapter.num_batches))
 
     def _extra(self) -> dict[str, Any]:
@@ -364,19 +365,27 @@ class _ArrayData(_Base):
         return batches
 
     def _epoch_iterator(self) -> Iterator[Any]:
+        adapter = self._adapter
+        self._batches = self._epoch_batches(
+            adapter._num_samples, adapter._batch_size, adapter._shuffle
+        )
+        if self._dataset is None:
+            self._dataset = self._distribute(self._build_dataset())
+        return iter(self._dataset)
+
+    def _build_dataset(self) -> Any:
+        """The input pipeline, built (and its map traced) once per fit(): each iterator takes
+        the batches of its epoch from ``self._batches`` when it starts."""
         import tensorflow as tf
         from keras.src import tree
         from keras.src.trainers.data_adapters import array_slicing
 
-        adapter = self._adapter
-        batches = self._epoch_batches(adapter._num_samples, adapter._batch_size, adapter._shuffle)
-        if self._inputs_ds is None:
-            inputs = array_slicing.convert_to_sliceable(
-                adapter._inputs, target_backend="tensorflow"
-            )
-            self._inputs_ds = tf.data.Dataset.from_tensors(tree.lists_to_tuples(inputs)).repeat()
+        inputs = array_slicing.convert_to_sliceable(
+            self._adapter._inputs, target_backend="tensorflow"
+        )
+        inputs_ds = tf.data.Dataset.from_tensors(tree.lists_to_tuples(inputs)).repeat()
         indices = tf.data.Dataset.from_generator(
-            lambda: iter(batches), output_signature=tf.TensorSpec([None], tf.int64)
+            lambda: iter(self._batches), output_signature=tf.TensorSpec([None], tf.int64)
         )
 
         def grab_batch(i: Any, data: Any) -> Any:
@@ -389,7 +398,7 @@ class _ArrayData(_Base):
                 data,
             )
 
-        dataset = tf.data.Dataset.zip((indices, self._inputs_ds)).map(
+        dataset = tf.data.Dataset.zip((indices, inputs_ds)).map(
             grab_batch, num_parallel_calls=tf.data.AUTOTUNE
         )
         options = tf.data.Options()
@@ -397,8 +406,7 @@ class _ArrayData(_Base):
         options.experimental_distribute.auto_shard_policy = (
             tf.data.experimental.AutoShardPolicy.DATA
         )
-        dataset = dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
-        return iter(self._distribute(dataset))
+        return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
 def _stateful_dataset(py_dataset: Any, base: type) -> bool:

@@ -24,6 +24,7 @@ from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
 from ckptstore.keras_io.fit._mwms_compat import apply_mwms_compat
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.keras_io.saving import _snapshot as snapshot_lib
+from ckptstore.keras_io.saving import _weights_view as weights_view
 from ckptstore.keras_io.saving._snapshot import SAVED_MODEL_DIRNAME
 from ckptstore.keras_io.saving._writer import CheckpointWriter, SaveJob
 from ckptstore.validators import int_at_least
@@ -625,10 +626,13 @@ class DeterminedCallback(backend.CallbackBase):
 
     def _load(self, uuid: str) -> None:
         self._set_status("restoring")
-        with self._core.checkpoint.restore_path(uuid) as path:
+        user_load = self._overrides("load_model")
+        # Resuming never reads the SavedModel: not fetched, copied or checked (a subclass's
+        # load_model may read anything).
+        select = None if user_load else (lambda r: r.split("/", 1)[0] != SAVED_MODEL_DIRNAME)
+        with self._core.checkpoint.restore_path(uuid, selector=select) as path:
             path = os.fspath(path)
             model_path = os.path.join(path, snapshot_lib.MODEL_FILENAME)
-            user_load = self._overrides("load_model")
             keras2_weights = keras2_format.has_weights(path)
             if not user_load and not keras2_weights and not os.path.exists(model_path):
                 raise errors.ResumeError(
@@ -697,16 +701,10 @@ class DeterminedCallback(backend.CallbackBase):
         _fit_log.log_resumed(uuid, state, self._resume_batch, self._core)
 
     def _load_model_file(self, uuid: str, model_path: str, *, with_optimizer: bool) -> None:
-        from keras.src.saving import saving_lib
-
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                if with_optimizer:
-                    self.model.load_weights(model_path)
-                else:
-                    skip = [self.model.optimizer] if self.model.optimizer is not None else None
-                    saving_lib.load_weights_only(self.model, model_path, objects_to_skip=skip)
+                weights_view.load_weights(self.model, model_path, with_optimizer=with_optimizer)
             except (ValueError, KeyError, OSError) as exc:
                 # Keras' message holds weight values: a summary of both models instead.
                 raise _fit_log.other_model(uuid, model_path, self.model, self._core) from exc

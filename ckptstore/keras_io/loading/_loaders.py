@@ -123,10 +123,13 @@ def _load_keras_file(
     custom_objects: Mapping[str, Any] | None,
     safe_mode: bool,
     modules: Sequence[str] = (),
+    checked: bool = False,
 ) -> Any:
+    """``checked``: the file matched its manifest's size and crc32c (no second CRC pass)."""
     import keras
 
-    _check_archive(keras_file)
+    if not checked:
+        _check_archive(keras_file)
     custom_objects = _check_code(keras_file, custom_objects, modules) or None
     try:
         return keras.saving.load_model(
@@ -494,13 +497,33 @@ def _download_and_load(
     modules: Sequence[str] = (),
     verify_key: str | os.PathLike[str] | None = None,
 ) -> KerasModel | SavedModelPredictor:
-    """Download checkpoint ``uuid`` (checksums verified) to a temporary folder and load it."""
+    """Load checkpoint ``uuid`` (checksums verified): its ``.keras`` file alone, read in place on
+    a local store; every file (the SavedModel too) only for a checkpoint without one."""
     from ckptstore.checkpointing import CheckpointContext
 
     ckpt = CheckpointContext(store, verify=True, cache=cache, verify_key=verify_key)
+    logger.info("Loading checkpoint %s from %s", uuid, store.url)
+    keras_file = None
+    try:
+        if any(map(_keras_archive, ckpt._manifest(uuid)["files"])):
+            with ckpt.restore_path(uuid, selector=_keras_archive) as folder:
+                keras_file = _find_keras_file(os.fspath(folder))
+                if keras_file is not None:
+                    model = _load_keras_file(
+                        keras_file, compile, custom_objects, safe_mode, modules, checked=True
+                    )
+    except BaseException:
+        with _suppress():
+            ckpt.close()
+        raise
+    if keras_file is not None:
+        with _suppress():  # lets context.evaluate() record metrics against this checkpoint
+            model._ckptstore_checkpoint_uuid = uuid
+        with _suppress():
+            ckpt.close()
+        return model
     tmp = tempfile.mkdtemp(prefix=f"ckptstore-load-{uuid[:8]}-")
     try:
-        logger.info("Downloading checkpoint %s from %s", uuid, store.url)
         ckpt.download(uuid, tmp)
         model = load_model_from_folder(
             tmp,
@@ -524,6 +547,11 @@ def _download_and_load(
     with _suppress():
         ckpt.close()
     return model
+
+
+def _keras_archive(rel: str) -> bool:
+    """Whether ``rel`` is a ``.keras`` file at the top of a checkpoint (what loads a model)."""
+    return "/" not in rel and rel.endswith(".keras")
 
 
 @contextlib.contextmanager

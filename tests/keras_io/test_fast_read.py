@@ -1,0 +1,157 @@
+"""Resume and load read only what they need, the fast way (issue 41): the weights through
+HDF5's own file driver (never Keras's zip reader), the SavedModel never unless asked for.
+Each test fails if the fast path is lost (no timings)."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+
+import keras
+import numpy as np
+import pytest
+
+import ckptstore as det
+from ckptstore.keras_io.exporting import export_checkpoint
+from ckptstore.keras_io.saving import _weights_view as weights_view
+
+pytestmark = pytest.mark.e2e  # trains Keras models end to end
+
+X = np.random.RandomState(5).rand(32, 64).astype("float32")
+Y = np.random.RandomState(6).randint(0, 3, 32)
+
+
+def model_with_adam(seed: int) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [keras.Input((64,)), keras.layers.Dense(300, activation="relu"), keras.layers.Dense(3)]
+    )
+    model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(True))
+    return model
+
+
+def state(model: keras.Model) -> list[np.ndarray]:
+    return [v.numpy() for v in model.weights + model.optimizer.variables]
+
+
+@pytest.fixture
+def zip_reads(monkeypatch):
+    """Names of the members read through ``zipfile`` while the fixture is active."""
+    opened: list[str] = []
+    real = zipfile.ZipFile.open
+
+    def spy(self, name, *args, **kwargs):  # type: ignore[no-untyped-def]
+        opened.append(getattr(name, "filename", name))
+        return real(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", spy)
+    return opened
+
+
+@pytest.mark.parametrize("dedup", [True, False])
+def test_resume_and_load_read_weights_directly_and_never_the_saved_model(
+    tmp_path, zip_reads, dedup
+):
+    url, registry = str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
+    trained = model_with_adam(1)
+    with det.core.init(storage=url, registry=registry, trial_id=1, preempt_signals=False) as ctx:
+        ctx.checkpoint.dedup = dedup
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        trained.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[cb])
+        cb.wait()
+        uuid = cb.last_checkpoint
+    assert uuid is not None
+    export_checkpoint(uuid, storage=url, registry=registry, verify=False)
+    # A damaged SavedModel: whoever reads or checks it fails.
+    saved = os.path.join(url, uuid, "saved_model", "saved_model.pb")
+    with open(saved, "r+b") as f:
+        f.write(b"not a SavedModel")
+    zip_reads.clear()
+
+    resumed = model_with_adam(2)
+    with det.core.init(storage=url, registry=registry, trial_id=1, preempt_signals=False) as ctx:
+        cb = det.keras.DeterminedCallback(ctx, uuid, 1, export_saved_model="never")
+        resumed.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[cb])
+    assert cb.resumed
+    assert "model.weights.h5" not in zip_reads  # HDF5 read the archive itself
+    for got, want in zip(state(resumed), state(trained), strict=True):
+        np.testing.assert_array_equal(got, want)  # nothing trained: 2 epochs were done
+
+    loaded = det.load_checkpoint_model(checkpoint_uuid=uuid, storage=url, registry=registry)
+    for got, want in zip(state(loaded), state(trained), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_weights_file_forms_of_every_archive(tmp_path):
+    model = model_with_adam(3)
+    model.fit(X, Y, batch_size=8, epochs=1, verbose=0)
+    keras_made = str(tmp_path / "keras.keras")
+    model.save(keras_made)  # Keras's own layout: the weights after config.json, unaligned
+    deflated = str(tmp_path / "deflated.keras")
+    with zipfile.ZipFile(keras_made) as src, zipfile.ZipFile(deflated, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info), zipfile.ZIP_DEFLATED)
+    from ckptstore.keras_io.saving import _snapshot as snapshot_lib
+
+    ours = str(tmp_path / "ours.keras")
+    snap = snapshot_lib.take_snapshot(snapshot_lib.StateLayout.of(model))
+    snapshot_lib.write_model_archive(snap, ours)
+    for path, how in ((ours, "linked"), (keras_made, "extracted"), (deflated, "inflated")):
+        fresh = model_with_adam(4)
+        fresh.optimizer.build(fresh.trainable_variables)
+        assert weights_view.load_weights(fresh, path) == how
+        for got, want in zip(state(fresh), state(model), strict=True):
+            np.testing.assert_array_equal(got, want)
+    not_a_zip = tmp_path / "bad.keras"
+    not_a_zip.write_bytes(b"PK\x03\x04 truncated")
+    with weights_view.weights_file(str(not_a_zip)) as (path, how):
+        assert (path, how) == (str(not_a_zip), None)  # Keras reports it in its own words
+
+
+@pytest.mark.parametrize("decoy", [False, True])
+def test_weights_at_an_aligned_offset_are_linked_unless_hdf5_would_stop_earlier(tmp_path, decoy):
+    """HDF5 takes the first superblock signature at 0, 512, 1024, ...: weights at 1024 are read
+    in place, unless a signature at 512 (inside a member before them) would be taken first."""
+    model = model_with_adam(3)
+    model.fit(X, Y, batch_size=8, epochs=1, verbose=0)
+    ref = str(tmp_path / "ref.keras")
+    model.save(ref)
+    odd = str(tmp_path / "odd.keras")
+    pad = bytearray(1024 - 44 - 46)  # 44, 46: the two local headers before the weights' bytes
+    if decoy:
+        pad[512 - 44 : 512 - 44 + 8] = b"\x89HDF\r\n\x1a\n"
+    with zipfile.ZipFile(ref) as src, zipfile.ZipFile(odd, "w") as dst:
+        dst.writestr("assets/pad.bin", bytes(pad))
+        dst.writestr("model.weights.h5", src.read("model.weights.h5"))
+        for info in src.infolist():
+            if info.filename != "model.weights.h5":
+                dst.writestr(info.filename, src.read(info))
+    with open(odd, "rb") as f:
+        assert f.read(1032)[1024:] == b"\x89HDF\r\n\x1a\n"
+    fresh = model_with_adam(4)
+    fresh.optimizer.build(fresh.trainable_variables)
+    assert weights_view.load_weights(fresh, odd) == ("extracted" if decoy else "linked")
+    for got, want in zip(state(fresh), state(model), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_resumable_array_input_builds_its_pipeline_once_per_fit(tmp_path, monkeypatch):
+    """DeterminedCallback's exact-resume input (arrays) traces its tf.data pipeline once per
+    fit(), not every epoch (0.4 s of every epoch on a loaded 2-core machine)."""
+    from ckptstore.keras_io.data import _resumable
+
+    built: list[int] = []
+    real = _resumable._ArrayData._build_dataset
+
+    def counting(self):  # type: ignore[no-untyped-def]
+        built.append(id(self))
+        return real(self)
+
+    monkeypatch.setattr(_resumable._ArrayData, "_build_dataset", counting)
+    url, registry = str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
+    model = model_with_adam(1)
+    with det.core.init(storage=url, registry=registry, trial_id=1, preempt_signals=False) as ctx:
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        history = model.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[cb])
+    assert len(history.history["loss"]) == 3
+    assert len(built) == 1
