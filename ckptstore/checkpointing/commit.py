@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ckptstore import errors
 from ckptstore.checkpointing import blobs, condemned, signing
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing.clock import elapsed_clock
 from ckptstore.checkpointing.index import (
     DELETED,
     DELETING,
@@ -354,7 +354,7 @@ def _commit_dedup(
     meta_bytes = fmt.dump_json(metadata)
     record_pending(index, uuid, metadata, url)
     known = known_blobs.get() if known_blobs is not None else None
-    checked_at = time.monotonic()
+    checked_at = elapsed_clock()
     with PendingMarker(storage, uuid, blobs.referenced({"files": entries})) as marker:
         entries, stats = upload_entries(
             storage, uuid, prepared.local_dir, entries, chunk_bytes, marker, known, move=owned

@@ -338,6 +338,40 @@ def kept_whole_in_place(storage: Storage, uuid: str) -> Callable[[str], bool]:
 # ---- manifest and metadata on storage ----------------------------------------------------------
 _DAMAGED = "the checkpoint is damaged or was not written by ckptstore; do not load it"
 
+#: The deepest nesting a checkpoint's JSON files may have (ckptstore writes at most ~10
+#: levels; a callback's own state a few more). Deeper is refused before parsing: Python's
+#: parser would raise RecursionError (or, in a thread with a small stack, crash).
+MAX_JSON_DEPTH = 200
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def load_json(data: bytes | str, where: str, max_bytes: int) -> Any:
+    """Parse a JSON file a checkpoint holds, bounded: over ``max_bytes`` bytes or
+    :data:`MAX_JSON_DEPTH` levels, or not JSON, raises
+    :class:`~ckptstore.errors.InvalidCheckpoint` naming ``where`` (never RecursionError or
+    unbounded memory). The one reader of every such file."""
+    if len(data) > max_bytes:
+        raise _refuse(where, f"has {len(data)} bytes, over the {max_bytes}-byte limit")
+    try:
+        text = data.decode() if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        raise _refuse(where, f"is not UTF-8 ({str(exc)[:200]})") from None
+    depth = deepest = 0
+    for char in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):  # in C; then few chars
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_JSON_DEPTH:
+                raise _refuse(where, f"nests values over {MAX_JSON_DEPTH} levels deep")
+        elif char in "]}":
+            depth -= 1
+    try:
+        return json.loads(text)
+    # ValueError: also an int literal of over 4300 digits; RecursionError: deep nesting.
+    except (ValueError, RecursionError) as exc:
+        raise _refuse(where, f"is not valid JSON ({str(exc)[:200]})") from None
+
 
 def _refuse(where: str, what: str) -> errors.InvalidCheckpoint:
     return errors.InvalidCheckpoint(f"{where} {what}; {_DAMAGED}.")
@@ -354,13 +388,7 @@ def parse_manifest(data: bytes, uuid: str) -> dict[str, Any]:
             f"Checkpoint {uuid} was deleted ({where} holds the tombstone GC and deletes leave); "
             "it is not a checkpoint. Use another checkpoint UUID."
         )
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise _refuse(where, f"has {len(data)} bytes, over the {MAX_MANIFEST_BYTES}-byte limit")
-    try:
-        manifest = json.loads(data)
-    # ValueError: also an int literal of over 4300 digits; RecursionError: deep nesting.
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise _refuse(where, f"is not valid JSON ({str(exc)[:200]})") from None
+    manifest = load_json(data, where, MAX_MANIFEST_BYTES)
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         raise _refuse(where, "has no 'files' mapping")
     version = manifest.get("format_version")
@@ -480,15 +508,8 @@ def read_metadata(storage: Storage, uuid: str) -> dict[str, Any]:
         raise errors.InvalidCheckpoint(
             f"{where} does not exist in {storage.url}; the checkpoint is incomplete."
         ) from None
-    if len(data) > MAX_METADATA_BYTES:
-        raise errors.InvalidCheckpoint(
-            f"{where} has {len(data)} bytes, over the {MAX_METADATA_BYTES}-byte limit of "
-            "metadata.json; it was not parsed. The checkpoint was not written by ckptstore."
-        )
     try:
-        metadata = to_json(json.loads(data), what=where)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise errors.InvalidCheckpoint(f"{where} is not valid JSON ({exc}).") from None
+        metadata = to_json(load_json(data, where, MAX_METADATA_BYTES), what=where)
     except errors.InvalidConfig as exc:
         raise errors.InvalidCheckpoint(str(exc)) from None
     if not isinstance(metadata, dict):
