@@ -92,3 +92,26 @@ def test_a_signed_checkpoint_replayed_under_a_new_uuid_is_refused(tmp_path, keys
     for load in _loaders():
         with pytest.raises(errors.SignatureError, match="made for checkpoint"):
             load(os.path.join(store, new))
+
+
+def test_unsigned_metadata_never_chooses_the_trial_class_imported(tmp_path, keys, monkeypatch):
+    """A Determined <= 0.17 checkpoint names its trial class in metadata.json, which no
+    signature covers: with a verify key, trust_code=True imports nothing from it."""
+    from ckptstore.keras import load_model_from_checkpoint_path
+
+    key, pub = keys
+    folder = tmp_path / "det-0.17"
+    (folder / "code").mkdir(parents=True)
+    sentinel = tmp_path / "imported"
+    (folder / "code" / "evil.py").write_text(
+        f"open({str(sentinel)!r}, 'w').close()\nclass Trial:\n    pass\n"
+    )
+    (folder / "determined-keras-model.h5").write_bytes(b"\x89HDF not really")
+    signing.sign_folder(folder, key)  # every file but metadata.json is signed
+    (folder / "metadata.json").write_text(
+        json.dumps({"experiment_config": {"entrypoint": "evil:Trial"}, "hparams": {}})
+    )
+    monkeypatch.setenv(signing.VERIFY_KEY_ENV, pub)
+    with pytest.raises(errors.SignatureError, match="metadata.json"):
+        load_model_from_checkpoint_path(folder, trust_code=True)
+    assert not sentinel.exists()
