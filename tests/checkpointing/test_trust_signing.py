@@ -23,7 +23,7 @@ FILES = {"model.keras": os.urandom(4000), "callback_state.json": b"{}"}
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory):
+def key_pair(tmp_path_factory):
     return ec_key_pair(tmp_path_factory.mktemp("keys"))
 
 
@@ -43,9 +43,9 @@ def _loaders():
 
 
 def test_in_place_loaders_refuse_a_swapped_whole_file_model_before_keras_opens_it(
-    tmp_path, keys, monkeypatch
+    tmp_path, key_pair, monkeypatch
 ):
-    key, pub = keys
+    key, pub = key_pair
     store = str(tmp_path / "store")
     uuid = _commit(store, key)
     model = Path(store, uuid, "model.keras")
@@ -57,8 +57,8 @@ def test_in_place_loaders_refuse_a_swapped_whole_file_model_before_keras_opens_i
             load(os.path.join(store, uuid))
 
 
-def test_in_place_loaders_refuse_unsigned_folders_of_every_layout(tmp_path, keys, monkeypatch):
-    _, pub = keys
+def test_in_place_loaders_refuse_unsigned_folders_of_every_layout(tmp_path, key_pair, monkeypatch):
+    _, pub = key_pair
     store = str(tmp_path / "store")
     whole = os.path.join(store, _commit(store, None))
     dedup = os.path.join(store, _commit(store, None, dedup=True))
@@ -72,8 +72,8 @@ def test_in_place_loaders_refuse_unsigned_folders_of_every_layout(tmp_path, keys
                 load(folder)
 
 
-def test_a_signed_checkpoint_replayed_under_a_new_uuid_is_refused(tmp_path, keys, monkeypatch):
-    key, pub = keys
+def test_a_signed_checkpoint_replayed_under_a_new_uuid_is_refused(tmp_path, key_pair, monkeypatch):
+    key, pub = key_pair
     store = str(tmp_path / "store")
     old = _commit(store, key)
     new = str(_uuid.uuid4())
@@ -94,12 +94,12 @@ def test_a_signed_checkpoint_replayed_under_a_new_uuid_is_refused(tmp_path, keys
             load(os.path.join(store, new))
 
 
-def test_unsigned_metadata_never_chooses_the_trial_class_imported(tmp_path, keys, monkeypatch):
+def test_unsigned_metadata_never_chooses_the_trial_class_imported(tmp_path, key_pair, monkeypatch):
     """A Determined <= 0.17 checkpoint names its trial class in metadata.json, which no
     signature covers: with a verify key, trust_code=True imports nothing from it."""
     from ckptstore.keras import load_model_from_checkpoint_path
 
-    key, pub = keys
+    key, pub = key_pair
     folder = tmp_path / "det-0.17"
     (folder / "code").mkdir(parents=True)
     sentinel = tmp_path / "imported"
