@@ -13,7 +13,11 @@ in the other direction:
    :class:`CheckpointConflict` (the files stay unlisted, the checkpoint unchanged);
 4. replace the manifest with one listing the old and new files (a single-object replace on
    every backend: local files are renamed into place, object stores replace whole objects),
-   so a reader sees either the old checkpoint or the new one, never a mix;
+   so a reader sees either the old checkpoint or the new one, never a mix. The replace is
+   conditional on the exact bytes read in step 1
+   (:func:`~ckptstore.checkpointing.commit.replace_manifest`): a writer paused while GC
+   deleted the checkpoint (which fences the manifest with a tombstone) gets
+   :class:`CheckpointConflict` and never lists files whose bytes are gone;
 5. update the index row (resources); a crash before this leaves the index behind storage,
    which ``ckptstore reindex`` repairs (storage is the source of truth).
 
@@ -49,6 +53,7 @@ from ckptstore.checkpointing.commit import (
     PreparedFiles,
     record_committed,
     remove_pending_marker,
+    replace_manifest,
     upload_entries,
 )
 from ckptstore.checkpointing.index import CheckpointIndex, CheckpointRecord
@@ -89,7 +94,8 @@ def add_files(
     not committed, :class:`~ckptstore.errors.InvalidConfig` for reserved names.
     """
     fmt.check_storage_id(uuid)
-    manifest = fmt.read_manifest(storage, uuid)  # raises InvalidCheckpoint if not committed
+    # Raises InvalidCheckpoint if not committed; ``raw`` is what the rewrite must find there.
+    manifest, raw = fmt.read_manifest_and_bytes(storage, uuid)
     before = fmt.dump_json(manifest)
     prepared = PreparedFiles(local_dir)
     if prepared.has_reserved:
@@ -117,17 +123,17 @@ def add_files(
             entries, _stats = upload_entries(storage, uuid, local_dir, entries, chunk, marker)
             new_manifest = _rewrite(storage, uuid, manifest, before, entries)
             marker.check_live()
-            storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.manifest_bytes(new_manifest))
+            replace_manifest(storage, uuid, raw, new_manifest)
         remove_pending_marker(storage, uuid)
     else:
         replaced = set(replace) & set(manifest["files"]) & set(prepared.entries)
         if replaced:  # never list a file whose content is being overwritten
             manifest = _rewrite(storage, uuid, manifest, before, {}, drop=replaced)
-            storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.manifest_bytes(manifest))
-            before = fmt.dump_json(manifest)
+            replace_manifest(storage, uuid, raw, manifest)
+            before, raw = fmt.dump_json(manifest), fmt.manifest_bytes(manifest)
         prepared.upload_to(storage, uuid)
         new_manifest = _rewrite(storage, uuid, manifest, before, prepared.entries)
-        storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.manifest_bytes(new_manifest))
+        replace_manifest(storage, uuid, raw, new_manifest)
     logger.info("Added %d files to checkpoint %s in %s", len(prepared.entries), uuid, storage.url)
     metadata = fmt.read_metadata(storage, uuid)
     metadata.setdefault("uuid", uuid)

@@ -76,6 +76,8 @@ def _references(storage: Storage) -> set[str] | None:
             data = storage.read_bytes(f"{name}/{fmt.MANIFEST_NAME}")
         except errors.StorageNotFound:
             continue
+        if data == fmt.TOMBSTONE_MANIFEST:
+            continue  # a deleted checkpoint's fence names nothing
         try:
             found |= referenced(fmt.parse_manifest(data, name))
         except errors.InvalidCheckpoint as exc:

@@ -48,13 +48,13 @@ import logging
 import os
 import re
 import threading
-import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
+from ckptstore.checkpointing.clock import elapsed_clock
 from ckptstore.storage_backends.object_store import tmp_name
 
 if TYPE_CHECKING:
@@ -225,15 +225,16 @@ class KnownBlobs:
 
     def get(self) -> frozenset[str] | None:
         with self._lock:
-            if time.monotonic() - self._since > self.MAX_AGE_SECONDS:
+            if elapsed_clock() - self._since > self.MAX_AGE_SECONDS:
                 return None
             return self._shas
 
     def set(self, shas: Iterable[str], since: float | None = None) -> None:
-        """Believe ``shas`` are stored, as checked at ``since`` (monotonic; default now)."""
+        """Believe ``shas`` are stored, as checked at ``since`` (:func:`~ckptstore.
+        checkpointing.clock.elapsed_clock`, which counts time asleep; default now)."""
         with self._lock:
             self._shas = frozenset(shas)
-            self._since = time.monotonic() if since is None else since
+            self._since = elapsed_clock() if since is None else since
 
 
 def listed(storage: Storage) -> set[str]:

@@ -18,8 +18,10 @@ from storage), and keeps each file it assembled or downloaded (a hard link, no c
 Choices made where the issue is silent:
 
 - **Never trusted blindly.** A chunk read from a cached file is used only if its bytes hash to
-  its SHA-256; a file taken whole only if its size and CRC-32C match the manifest (the check
-  a download from storage gets). A damaged entry (a disk error, or a hard-linked copy the
+  its SHA-256; a file taken whole only if it is unchanged since insertion (its identity:
+  device, inode, size, mtime, ctime as last seen, else its SHA-256 recorded at insertion) and
+  its size and CRC-32C match the manifest (CRC-32C alone is affine: an edit can keep it).
+  The folder is private (0700, owner checked); entries are read-only. A damaged entry (a disk error, or a hard-linked copy the
   user edited in place, see below) is dropped and fetched again.
 - **Files, not chunks.** Chunks as separate entries (tried first) cost a copy of every byte
   into the cache on a first load (1.2x a plain download on moto) and a copy out of it plus a
@@ -75,6 +77,7 @@ import os
 import re
 import shutil
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -84,7 +87,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptstore import defaults, errors
 from ckptstore.checkpointing.checksums import file_sums
-from ckptstore.storage_backends.object_store import tmp_name
+from ckptstore.storage_backends.object_store import TMP_MARK, tmp_name
 
 if TYPE_CHECKING:
     from ckptstore.storage_backends.base import Storage
@@ -237,19 +240,39 @@ class RestoreCache:
         path = self._path(key)
         part = tmp_name(target)
         os.makedirs(os.path.dirname(target), exist_ok=True)
+        recorded = self._recorded(key)
+        before = _ident_of(path)
         try:
             _link_or_copy(path, part)
         except FileNotFoundError:
             return None
-        # Checked on the link, not the entry's name: an eviction meanwhile cannot swap it.
-        if os.path.getsize(part) == entry["size"]:
-            crc, sha = file_sums(part, sha256=sha256)
-            if crc == entry["crc32c"]:
+        # CRC-32C is affine (16 bytes of arithmetic keep it through an edit), so a hit is
+        # served only if the file is unchanged since insertion: its identity (device, inode,
+        # size, mtime, ctime) as last seen, else its SHA-256 as recorded. Checked on the link,
+        # not the entry's name: an eviction meanwhile cannot swap it.
+        same = recorded is not None and recorded[0] == before and _same_inode(before, part)
+        if recorded is not None and os.path.getsize(part) == entry["size"]:
+            crc, sha = file_sums(part, sha256=sha256 or not same)
+            if crc == entry["crc32c"] and (same or sha == recorded[1]):
                 os.replace(part, target)
+                self._seen(key, _ident_of(path))  # our own link changed its ctime
                 return sha or ""
         os.unlink(part)
         self.drop(key)
         return None
+
+    def _recorded(self, key: str) -> tuple[str | None, str] | None:
+        """(identity as last seen, SHA-256 at insertion) of entry ``key``; None: unknown
+        (an orphan, or an index from before: never served whole)."""
+        if not (self.root / _INDEX).exists():
+            return None
+        with self._db() as db:
+            row = db.execute("SELECT ident, sha FROM entries WHERE key = ?", (key,)).fetchone()
+        return (row[0], row[1]) if row and row[1] else None
+
+    def _seen(self, key: str, ident: str | None) -> None:
+        with self._db() as db:
+            db.execute("UPDATE entries SET ident = ? WHERE key = ?", (ident, key))
 
     def chunk_places(self, shas: Iterable[str]) -> dict[str, list[tuple[str, int]]]:
         """``{sha256: [(key, offset), ...]}``: the cached files holding each chunk (one query
@@ -293,6 +316,9 @@ class RestoreCache:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             part = tmp_name(path)
             _link_or_copy(source, part)
+            # Read-only: a link to it in a user's folder cannot be written by accident (an
+            # edit anyway changes its identity, and the entry is then a miss).
+            os.chmod(part, 0o444)
             os.replace(part, path)
         except OSError as exc:
             logger.warning("Restore cache %s: could not keep %s (%s)", self.root, key, exc)
@@ -311,9 +337,24 @@ class RestoreCache:
             db.execute("COMMIT")
 
     # ---- the index -----------------------------------------------------------------------------
+    def _private_root(self) -> None:
+        """Create the cache folder private to this user (0700) or check that it is: cached
+        weights are other users' to read, and a folder another user made could serve them
+        anything. :class:`~ckptstore.errors.InvalidConfig` otherwise."""
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        info = os.lstat(self.root)
+        if info.st_uid != os.getuid() or not stat.S_ISDIR(info.st_mode):
+            raise errors.InvalidConfig(
+                f"The restore cache folder {self.root} is not a folder of yours (owner uid "
+                f"{info.st_uid}, yours {os.getuid()}; a link is refused too): not used. Set "
+                f"{DIR_ENV} to a folder of your own. Received: {str(self.root)!r}"
+            )
+        if info.st_mode & 0o077:  # ours, made with a looser umask: made private
+            os.chmod(self.root, 0o700)
+
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
-        os.makedirs(self.root, exist_ok=True)
+        self._private_root()
         db = sqlite3.connect(self.root / _INDEX, timeout=60, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
@@ -329,6 +370,11 @@ class RestoreCache:
                 " offset INTEGER NOT NULL, PRIMARY KEY (sha, key))"
             )
             db.execute("CREATE INDEX IF NOT EXISTS chunks_key ON chunks (key)")
+            columns = [row[1] for row in db.execute("PRAGMA table_info(entries)")]
+            for column in ("ident", "sha"):  # an index from before they were recorded
+                if column not in columns:
+                    with contextlib.suppress(sqlite3.OperationalError):  # another process did
+                        db.execute(f"ALTER TABLE entries ADD COLUMN {column} TEXT")
             db.execute(
                 "CREATE TABLE IF NOT EXISTS loads (id INTEGER PRIMARY KEY AUTOINCREMENT,"
                 " at REAL NOT NULL, from_storage INTEGER NOT NULL, from_cache INTEGER NOT NULL)"
@@ -341,7 +387,7 @@ class RestoreCache:
         """The limit in bytes (``cached``: the cache's own size, counted as free space)."""
         if self._limit is not None:
             return self._limit
-        os.makedirs(self.root, exist_ok=True)
+        self._private_root()
         return int((shutil.disk_usage(self.root).free + cached) * DEFAULT_FRACTION)
 
     def record(self, stats: LoadStats) -> None:
@@ -358,11 +404,17 @@ class RestoreCache:
                         size = os.path.getsize(self._path(key))
                     except OSError:
                         continue
-                    db.execute(
-                        "INSERT INTO entries VALUES (?, ?, ?) ON CONFLICT(key)"
-                        " DO UPDATE SET used = excluded.used, size = excluded.size",
-                        (key, size, now),
-                    )
+                    if db.execute("SELECT 1 FROM entries WHERE key = ?", (key,)).fetchone():
+                        db.execute(
+                            "UPDATE entries SET used = ?, size = ? WHERE key = ?", (now, size, key)
+                        )
+                    else:  # inserted now: its identity and SHA-256 (what later hits must match)
+                        ident = _ident_of(self._path(key))
+                        sha = file_sums(self._path(key), sha256=True)[1]
+                        db.execute(
+                            "INSERT INTO entries (key, size, used, ident, sha) VALUES (?, ?, ?, ?, ?)",
+                            (key, size, now, ident, sha),
+                        )
                     db.executemany(
                         "INSERT OR IGNORE INTO chunks VALUES (?, ?, ?)",
                         [(sha, key, off) for sha, off in stats.layouts.get(key, ())],
@@ -381,7 +433,33 @@ class RestoreCache:
                 db.execute("ROLLBACK")
                 raise
 
+    def _adopt_orphans(self, db: sqlite3.Connection) -> None:
+        """Count the files a crash left without a row (written before the load recorded them)
+        as least recently used entries, so eviction sees them; remove temporary files a
+        killed load left. Younger than a minute: a load running now is about to record it."""
+        known = {row[0] for row in db.execute("SELECT key FROM entries")}
+        cutoff = time.time() - 60
+        for folder, _dirs, names in os.walk(self.root / "files"):
+            for name in names:
+                path = os.path.join(folder, name)
+                key = os.path.relpath(path, self.root).replace(os.sep, "/")
+                try:
+                    info = os.lstat(path)
+                except FileNotFoundError:
+                    continue
+                if key in known or info.st_mtime > cutoff:
+                    continue
+                if TMP_MARK in name or not stat.S_ISREG(info.st_mode):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+                    continue
+                db.execute(
+                    "INSERT OR IGNORE INTO entries (key, size, used, ident) VALUES (?, ?, ?, ?)",
+                    (key, info.st_size, 0.0, None),  # no identity: never served whole
+                )
+
     def _evict(self, db: sqlite3.Connection) -> None:
+        self._adopt_orphans(db)
         total = db.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0]
         limit = self.limit(total)
         if total <= limit:
@@ -425,6 +503,24 @@ class RestoreCache:
             db.execute("DELETE FROM loads")
             db.execute("COMMIT")
         return int(size)
+
+
+def _ident_of(path: str) -> str | None:
+    """A file's identity: device, inode, size, mtime and ctime (ns); None if it is gone."""
+    try:
+        s = os.stat(path)
+    except OSError:
+        return None
+    return f"{s.st_dev}:{s.st_ino}:{s.st_size}:{s.st_mtime_ns}:{s.st_ctime_ns}"
+
+
+def _same_inode(ident: str | None, path: str) -> bool:
+    """Whether ``path`` is the file whose identity is ``ident`` (a link to it, not a copy)."""
+    try:
+        s = os.stat(path)
+    except OSError:
+        return False
+    return ident is not None and ident.split(":")[:2] == [str(s.st_dev), str(s.st_ino)]
 
 
 def _link_or_copy(source: str, target: str) -> None:

@@ -232,7 +232,12 @@ def _collect_leftovers(
         if uuid in keep or uuid in in_flight():
             continue
         try:
-            if name == uuid and storage.exists(f"{uuid}/{fmt.MANIFEST_NAME}"):
+            slot = _commit_slot(storage, name) if name == uuid else None
+            if slot == "removed":  # a removal cut short (or done): finish it, keep the fence
+                if not dry_run and not fmt.is_removed(storage, name):
+                    commit.remove_marked_folder(storage, name)
+                continue
+            if slot == "committed":
                 # committed (or a damaged manifest: left for a human to look at)
                 marker = f"{uuid}/{fmt.PENDING_MARKER_NAME}"
                 if not dry_run and storage.file_exists(marker):
@@ -274,15 +279,26 @@ def _remove_debris(storage: Storage, name: str, now: float, grace: float) -> boo
     return not os.path.exists(path)
 
 
+def _commit_slot(storage: Storage, name: str) -> str:
+    """``"committed"`` (a manifest, valid or not), ``"removed"`` (the tombstone) or
+    ``"empty"``: what the commit slot of folder ``name`` holds."""
+    try:
+        data = storage.read_bytes(f"{name}/{fmt.MANIFEST_NAME}")
+    except errors.StorageNotFound:
+        return "empty"
+    return "removed" if data == fmt.TOMBSTONE_MANIFEST else "committed"
+
+
 def _remove_leftover(storage: Storage, index: CheckpointIndex | None, name: str, uuid: str) -> bool:
     """The marker becomes a tombstone first, so a writer that checks it afterwards commits
-    nothing and a kill leaves a folder GC still knows; the manifest is looked for after the
-    age was judged, so a writer that committed in time is seen
-    (:class:`~ckptstore.checkpointing.commit.PendingMarker`)."""
-    if storage.exists(f"{name}/{fmt.MANIFEST_NAME}"):
-        return False
+    nothing; then the commit slot is fenced, create-only, with the tombstone manifest
+    (:func:`~ckptstore.checkpointing.commit.fence_uncommitted`): a writer that committed in
+    time wins and the folder is kept, and a writer paused for any length of time before its
+    manifest write finds the slot taken when it wakes up (CheckpointConflict), so it never
+    commits a folder whose files and blobs GC removes below. A staging folder has no slot
+    (its writer renames it into ``<uuid>`` or fails)."""
     storage.write_bytes(f"{name}/{fmt.PENDING_MARKER_NAME}", commit.TOMBSTONE)
-    if storage.exists(f"{name}/{fmt.MANIFEST_NAME}"):
+    if name == uuid and not commit.fence_uncommitted(storage, name):
         return False
     commit.remove_marked_folder(storage, name)
     if index is not None and name == uuid:

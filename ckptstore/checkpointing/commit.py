@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ckptstore import errors
 from ckptstore.checkpointing import blobs, condemned, signing
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing.clock import elapsed_clock
 from ckptstore.checkpointing.index import (
     DELETED,
     DELETING,
@@ -209,9 +209,16 @@ def write_manifest(storage: Storage, uuid: str, manifest: Mapping[str, Any]) -> 
     data = fmt.manifest_bytes(manifest)
     if not storage.write_if_absent(key, data):
         try:
-            if storage.read_bytes(key) == data:
+            there = storage.read_bytes(key)
+            if there == data:
                 logger.debug("Manifest of %s already written by a retried request.", uuid)
                 return
+            if there == fmt.TOMBSTONE_MANIFEST:
+                raise errors.CheckpointConflict(
+                    f"The upload of checkpoint {uuid} to {storage.url} was stopped longer than "
+                    "GC's grace period (a paused process or a machine asleep), and GC removed "
+                    "its folder meanwhile; nothing was committed. Save again."
+                )
         except errors.StorageNotFound:
             pass
         raise errors.CheckpointConflict(
@@ -362,7 +369,7 @@ def _commit_dedup(
     meta_bytes = fmt.dump_json(metadata)
     record_pending(index, uuid, metadata, url)
     known = known_blobs.get() if known_blobs is not None else None
-    checked_at = time.monotonic()
+    checked_at = elapsed_clock()
     with PendingMarker(storage, uuid, blobs.referenced({"files": entries})) as marker:
         entries, stats = upload_entries(
             storage, uuid, prepared.local_dir, entries, chunk_bytes, marker, known, move=owned
@@ -484,22 +491,94 @@ TOMBSTONE = fmt.dump_json({"removing": True})
 
 
 def remove_files(storage: Storage, uuid: str) -> None:
-    """Remove checkpoint ``uuid`` from storage: the manifest first (so a removal cut short
-    leaves an uncommitted folder, never a checkpoint with missing files), then the rest.
+    """Remove checkpoint ``uuid`` from storage: its manifest is replaced by the tombstone
+    first (:func:`fence_committed`: a removal cut short leaves a folder readers ignore, never
+    a checkpoint with missing files, and an amend that wakes up later cannot rewrite it), then
+    the rest, then the tombstone: the slot of a committed checkpoint was won by its writer, and
+    every later rewrite of it is conditional on the manifest it read, so none can land on an
+    empty slot (an uncommitted folder's tombstone stays: :func:`fence_uncommitted`).
     Idempotent."""
     storage.write_bytes(f"{uuid}/{fmt.PENDING_MARKER_NAME}", TOMBSTONE)
-    storage.delete(f"{uuid}/{fmt.MANIFEST_NAME}")
+    fence_committed(storage, uuid)
     remove_marked_folder(storage, uuid)
+    storage.delete(uuid)
+
+
+def fence_uncommitted(storage: Storage, name: str) -> bool:
+    """Take the commit slot of uncommitted folder ``name`` with the tombstone manifest,
+    create-only; True if it holds the tombstone now, False if a writer committed first."""
+    key = f"{name}/{fmt.MANIFEST_NAME}"
+    if storage.write_if_absent(key, fmt.TOMBSTONE_MANIFEST):
+        return True
+    try:
+        return storage.read_bytes(key) == fmt.TOMBSTONE_MANIFEST
+    except errors.StorageNotFound:
+        return False  # removed by hand meanwhile: judged again by the next GC
+
+
+def fence_committed(storage: Storage, uuid: str, attempts: int = 5) -> None:
+    """Replace the manifest of ``uuid`` (whatever it holds) with the tombstone, by a write
+    conditional on what was read, so a rewrite by a late amend or partial delete either
+    lands before it (and is removed with the rest) or fails."""
+    key = f"{uuid}/{fmt.MANIFEST_NAME}"
+    for _ in range(attempts):
+        try:
+            current = storage.read_bytes(key)
+        except errors.StorageNotFound:
+            if storage.write_if_absent(key, fmt.TOMBSTONE_MANIFEST):
+                return
+            continue
+        if current == fmt.TOMBSTONE_MANIFEST:
+            return
+        try:
+            if storage.replace_if_unchanged(key, current, fmt.TOMBSTONE_MANIFEST):
+                return
+        except errors.NotSupported:
+            storage.write_bytes(key, fmt.TOMBSTONE_MANIFEST)  # no conditional writes there
+            return
+    raise errors.CheckpointConflict(
+        f"The manifest of checkpoint {uuid} in {storage.url} kept changing while it was being "
+        "deleted (an amend or partial delete running); it was not deleted. Run GC again."
+    )
+
+
+def replace_manifest(
+    storage: Storage, uuid: str, before: bytes, manifest: Mapping[str, Any]
+) -> None:
+    """Rewrite the manifest of committed checkpoint ``uuid`` only if it still holds the
+    ``before`` bytes the caller read (a conditional write): a writer paused while GC deleted
+    the checkpoint finds the tombstone there and raises CheckpointConflict, never recommits
+    files that are gone. A retried write that already landed counts as done."""
+    key = f"{uuid}/{fmt.MANIFEST_NAME}"
+    data = fmt.manifest_bytes(manifest)
+    try:
+        if storage.replace_if_unchanged(key, before, data):
+            return
+    except errors.NotSupported:
+        if storage.read_bytes(key) == before:  # no conditional writes there: best effort
+            storage.write_bytes(key, data)
+            return
+    try:
+        if storage.read_bytes(key) == data:
+            return
+    except errors.StorageNotFound:
+        pass
+    raise errors.CheckpointConflict(
+        f"The manifest of checkpoint {uuid} in {storage.url} changed while it was being "
+        "rewritten (the checkpoint was deleted, or another amend or delete ran at the same "
+        "time); it was left as the other writer made it. Run the command again."
+    )
 
 
 def remove_marked_folder(storage: Storage, name: str) -> None:
-    """Remove folder ``name`` whose pending marker is a :data:`TOMBSTONE`: every other file,
-    then the marker, so a kill at any point leaves a folder GC removes later."""
-    marker = fmt.PENDING_MARKER_NAME
-    rest = [_glob.escape(r) for r in storage.list(name) if r != marker]
+    """Remove folder ``name`` whose pending marker is a :data:`TOMBSTONE` and whose commit
+    slot is fenced: every other file, then the marker, keeping the tombstone manifest (a kill
+    at any point leaves a folder GC finishes later; the slot stays fenced for good)."""
+    marker, manifest = fmt.PENDING_MARKER_NAME, fmt.MANIFEST_NAME
+    rest = [_glob.escape(r) for r in storage.list(name) if r not in (marker, manifest)]
     if rest:
         storage.delete(name, globs=rest)
-    storage.delete(name)
+    storage.delete(name, globs=[_glob.escape(marker)])
 
 
 def delete_files(
@@ -516,7 +595,7 @@ def delete_files(
     """
     globs = [globs] if isinstance(globs, str) else list(globs)
     select = fmt.compile_selector(globs)
-    manifest = fmt.read_manifest(storage, uuid)
+    manifest, before = fmt.read_manifest_and_bytes(storage, uuid)
     files = manifest["files"]
     doomed = [r for r in files if r != fmt.METADATA_NAME and select(r)]
     if not doomed:
@@ -536,7 +615,7 @@ def delete_files(
             )
         except errors.CheckpointNotFound:
             pass  # not in the index
-    storage.write_bytes(f"{uuid}/{fmt.MANIFEST_NAME}", fmt.manifest_bytes(new_manifest))
+    replace_manifest(storage, uuid, before, new_manifest)
     storage.delete(uuid, globs=[_glob.escape(r) for r in doomed])
     logger.info("Deleted %d files of checkpoint %s (globs=%s)", len(doomed), uuid, globs)
     return PARTIALLY_DELETED

@@ -45,7 +45,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import uuid as _uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from typing import TYPE_CHECKING
 from ckptstore import errors
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.blobs import BLOBS_DIR, SHA_RE
+from ckptstore.checkpointing.clock import elapsed_clock
 
 if TYPE_CHECKING:
     from ckptstore.storage_backends.base import Storage
@@ -132,12 +132,9 @@ def clean_probes(storage: Storage, clock: StorageClock, older_than: float = DEBR
 
 
 def _monotonic() -> float:
-    # CLOCK_BOOTTIME keeps counting while the machine is suspended, so a laptop that wakes up
-    # cannot believe less time has passed than the storage saw.
-    try:
-        return time.clock_gettime(time.CLOCK_BOOTTIME)
-    except (AttributeError, OSError):
-        return time.monotonic()
+    # Counts time asleep, so a laptop that wakes up cannot believe less time has passed than
+    # the storage saw (the one clock: checkpointing.clock).
+    return elapsed_clock()
 
 
 @dataclass(frozen=True)

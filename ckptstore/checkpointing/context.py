@@ -130,7 +130,7 @@ class CheckpointContext:
         #: EC private key (PEM file) signing every commit, and the trusted public key every
         #: download/restore is verified against (:mod:`.signing`); default: the environment.
         self.signing_key = signing.key_from(signing_key, signing.SIGNING_KEY_ENV)
-        self.verify_key = signing.key_from(verify_key, signing.VERIFY_KEY_ENV)
+        self.verify_key = signing.verify_key(verify_key)
         if self.signing_key or self.verify_key:
             signing.load_model_signing()  # here, not at the first commit (a one-off ~1 s import)
         #: Store files as content-addressed chunks (format 2, :mod:`.blobs`): unchanged chunks
@@ -548,7 +548,7 @@ class CheckpointContext:
         sig = os.path.join(local, signing.SIGNATURE_NAME)
         if signing.SIGNATURE_NAME not in manifest["files"] or not os.path.isfile(sig):
             raise signing.unsigned_error(local)
-        expected = signing.Expected.read(sig, self.verify_key)
+        expected = signing.Expected.read(sig, self.verify_key, subject=manifest.get("uuid"))
         digests: dict[str, str] = {}
         fmt.verify_files(local, manifest, selector, sha256=digests, check=self.verify)
         digests.update(signing.unlisted_digests(local, manifest["files"]))

@@ -69,6 +69,11 @@ SAVED_MODEL_DIRNAME = "saved_model"
 #: Folders a deduplicated checkpoint on a store with a local path stores whole, in the
 #: checkpoint folder, so they can be opened in place: see :func:`kept_whole_in_place`.
 IN_PLACE_FOLDERS = (SAVED_MODEL_DIRNAME + "/",)
+#: What GC and deletes put in a folder's commit slot (``MANIFEST.json``) before they remove
+#: its files, and leave there: readers take the folder for "not a checkpoint", and a writer
+#: that wakes up late finds the slot taken (its create-only manifest write and any
+#: conditional rewrite fail), so it never commits into a folder whose bytes are gone.
+TOMBSTONE_MANIFEST = b'{"ckptstore_removed": true}\n'
 #: The crc32c of no bytes: what a folder entry (``"x/"``) carries.
 EMPTY_CRC32C = crc32c_bytes(b"")
 
@@ -333,6 +338,40 @@ def kept_whole_in_place(storage: Storage, uuid: str) -> Callable[[str], bool]:
 # ---- manifest and metadata on storage ----------------------------------------------------------
 _DAMAGED = "the checkpoint is damaged or was not written by ckptstore; do not load it"
 
+#: The deepest nesting a checkpoint's JSON files may have (ckptstore writes at most ~10
+#: levels; a callback's own state a few more). Deeper is refused before parsing: Python's
+#: parser would raise RecursionError (or, in a thread with a small stack, crash).
+MAX_JSON_DEPTH = 200
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def load_json(data: bytes | str, where: str, max_bytes: int) -> Any:
+    """Parse a JSON file a checkpoint holds, bounded: over ``max_bytes`` bytes or
+    :data:`MAX_JSON_DEPTH` levels, or not JSON, raises
+    :class:`~ckptstore.errors.InvalidCheckpoint` naming ``where`` (never RecursionError or
+    unbounded memory). The one reader of every such file."""
+    if len(data) > max_bytes:
+        raise _refuse(where, f"has {len(data)} bytes, over the {max_bytes}-byte limit")
+    try:
+        text = data.decode() if isinstance(data, bytes) else data
+    except UnicodeDecodeError as exc:
+        raise _refuse(where, f"is not UTF-8 ({str(exc)[:200]})") from None
+    depth = deepest = 0
+    for char in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):  # in C; then few chars
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_JSON_DEPTH:
+                raise _refuse(where, f"nests values over {MAX_JSON_DEPTH} levels deep")
+        elif char in "]}":
+            depth -= 1
+    try:
+        return json.loads(text)
+    # ValueError: also an int literal of over 4300 digits; RecursionError: deep nesting.
+    except (ValueError, RecursionError) as exc:
+        raise _refuse(where, f"is not valid JSON ({str(exc)[:200]})") from None
+
 
 def _refuse(where: str, what: str) -> errors.InvalidCheckpoint:
     return errors.InvalidCheckpoint(f"{where} {what}; {_DAMAGED}.")
@@ -344,13 +383,12 @@ def parse_manifest(data: bytes, uuid: str) -> dict[str, Any]:
     Raises :class:`~ckptstore.errors.InvalidCheckpoint` naming what is wrong (an unsafe path:
     :class:`~ckptstore.errors.UnsafeManifestEntry`, a subclass)."""
     where = f"{uuid}/{MANIFEST_NAME}"
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise _refuse(where, f"has {len(data)} bytes, over the {MAX_MANIFEST_BYTES}-byte limit")
-    try:
-        manifest = json.loads(data)
-    # ValueError: also an int literal of over 4300 digits; RecursionError: deep nesting.
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise _refuse(where, f"is not valid JSON ({str(exc)[:200]})") from None
+    if data == TOMBSTONE_MANIFEST:
+        raise errors.InvalidCheckpoint(
+            f"Checkpoint {uuid} was deleted ({where} holds the tombstone GC and deletes leave); "
+            "it is not a checkpoint. Use another checkpoint UUID."
+        )
+    manifest = load_json(data, where, MAX_MANIFEST_BYTES)
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         raise _refuse(where, "has no 'files' mapping")
     version = manifest.get("format_version")
@@ -443,6 +481,12 @@ def _check_no_prefix_conflict(files: Mapping[str, Any], where: str) -> None:
 
 def read_manifest(storage: Storage, uuid: str) -> dict[str, Any]:
     """The validated manifest of checkpoint ``uuid``; InvalidCheckpoint if missing or bad."""
+    return read_manifest_and_bytes(storage, uuid)[0]
+
+
+def read_manifest_and_bytes(storage: Storage, uuid: str) -> tuple[dict[str, Any], bytes]:
+    """:func:`read_manifest` and the bytes it was parsed from (what a conditional rewrite of
+    the manifest must find still there)."""
     check_storage_id(uuid)
     try:
         data = storage.read_bytes(f"{uuid}/{MANIFEST_NAME}")
@@ -451,7 +495,7 @@ def read_manifest(storage: Storage, uuid: str) -> dict[str, Any]:
             f"{uuid}/{MANIFEST_NAME} does not exist in {storage.url}: checkpoint {uuid} was "
             "never committed (or is being written). Use a committed checkpoint UUID."
         ) from None
-    return parse_manifest(data, uuid)
+    return parse_manifest(data, uuid), data
 
 
 def read_metadata(storage: Storage, uuid: str) -> dict[str, Any]:
@@ -464,15 +508,8 @@ def read_metadata(storage: Storage, uuid: str) -> dict[str, Any]:
         raise errors.InvalidCheckpoint(
             f"{where} does not exist in {storage.url}; the checkpoint is incomplete."
         ) from None
-    if len(data) > MAX_METADATA_BYTES:
-        raise errors.InvalidCheckpoint(
-            f"{where} has {len(data)} bytes, over the {MAX_METADATA_BYTES}-byte limit of "
-            "metadata.json; it was not parsed. The checkpoint was not written by ckptstore."
-        )
     try:
-        metadata = to_json(json.loads(data), what=where)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise errors.InvalidCheckpoint(f"{where} is not valid JSON ({exc}).") from None
+        metadata = to_json(load_json(data, where, MAX_METADATA_BYTES), what=where)
     except errors.InvalidConfig as exc:
         raise errors.InvalidCheckpoint(str(exc)) from None
     if not isinstance(metadata, dict):
@@ -492,6 +529,23 @@ def is_committed(storage: Storage, uuid: str) -> bool:
     return True
 
 
+def holds_commit(storage: Storage, uuid: str) -> bool:
+    """True if ``uuid``'s commit slot holds a manifest (valid or not), not nothing and not
+    the :data:`TOMBSTONE_MANIFEST` of a deleted checkpoint."""
+    try:
+        return storage.read_bytes(f"{uuid}/{MANIFEST_NAME}") != TOMBSTONE_MANIFEST
+    except errors.StorageNotFound:
+        return False
+
+
+def is_removed(storage: Storage, name: str) -> bool:
+    """True if folder ``name`` holds nothing but the tombstone of a deleted checkpoint."""
+    listed = storage.list(name)
+    if set(listed) != {MANIFEST_NAME} or listed[MANIFEST_NAME] != len(TOMBSTONE_MANIFEST):
+        return False
+    return not holds_commit(storage, name)
+
+
 def is_checkpoint_name(name: str) -> bool:
     """True if ``name`` could be a checkpoint folder (not a staging or hidden folder)."""
     return bool(_ID_RE.match(name)) and ".." not in name
@@ -509,6 +563,8 @@ def _try_manifest(
     except errors.StorageNotFound:
         logger.debug("Ignoring %s in %s: no manifest (not committed).", uuid, storage.url)
         return None
+    if data == TOMBSTONE_MANIFEST:
+        return None  # deleted: its commit slot is fenced
     try:
         return parse_manifest(data, uuid)
     except errors.InvalidCheckpoint as exc:

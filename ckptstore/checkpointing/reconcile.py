@@ -217,6 +217,8 @@ def _reconcile_one(
         data: bytes | None = storage.read_bytes(key)
     except errors.StorageNotFound:
         data = None
+    if data == fmt.TOMBSTONE_MANIFEST:
+        data = None  # deleted (GC fenced its commit slot): no checkpoint
     if data is not None:
         record = _record(storage, uuid, data, row.storage_url or url)
         if record is None:
@@ -270,6 +272,8 @@ def _confirm(
     key = f"{uuid}/{fmt.MANIFEST_NAME}"
     try:
         again = storage.read_bytes(key)
+        if again == fmt.TOMBSTONE_MANIFEST:
+            raise errors.StorageNotFound(key)
     except errors.StorageNotFound:
         index.set_checkpoint_state(uuid, DELETED, resources={})
         logger.info("Checkpoint %s was deleted while being reconciled; marked DELETED.", uuid)
@@ -285,7 +289,7 @@ def _confirm(
 def has_leftovers(storage: Storage, uuid: str) -> bool:
     """True if storage still holds anything of uncommitted checkpoint ``uuid`` (its folder,
     or on a local file system its staging folder)."""
-    if storage.exists(uuid):
+    if storage.exists(uuid) and not fmt.is_removed(storage, uuid):
         return True
     if storage.local_path(uuid) is not None:
         return bool(storage.exists(fmt.STAGING_PREFIX + uuid))
@@ -307,7 +311,7 @@ def newest_in_storage(
     for record in records:
         if record.state not in LIVE_STATES or not same_storage(record, url):
             return record
-        if storage.exists(f"{record.uuid}/{fmt.MANIFEST_NAME}"):
+        if fmt.holds_commit(storage, record.uuid):
             return record
         logger.warning(
             "Skipping checkpoint %s%s: the index calls it %s but %s has no manifest for it "

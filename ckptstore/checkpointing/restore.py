@@ -152,7 +152,7 @@ def download_signed(
     download_checkpoint(
         storage, uuid, manifest, out_dir, lambda rel: rel == signing.SIGNATURE_NAME, **options
     )
-    expected = signing.Expected.read(sig, public_key)
+    expected = signing.Expected.read(sig, public_key, subject=uuid)
     digests: dict[str, str] = {}
     wanted = lambda rel: rel != signing.SIGNATURE_NAME and select(rel)  # noqa: E731
     signed = expected.digests if expected.algorithm == signing.HASH_ALGORITHM else None

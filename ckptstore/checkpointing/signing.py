@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import uuid as _uuid
 from collections.abc import Iterable, Mapping
 
 from ckptstore import errors
@@ -136,8 +137,8 @@ def sign_digests(
 
     The statement is the one ``model_signing sign key`` writes over the same folder with
     :data:`UNSIGNED_NAMES` ignored (resources = relative paths with their SHA-256,
-    serialization ``files``/``sha256``, those ``ignore_paths``); ``name`` is its subject
-    (informative only: verifiers ignore it)."""
+    serialization ``files``/``sha256``, those ``ignore_paths``); ``name`` is its subject, the
+    checkpoint's UUID: readers refuse the signature under any other UUID."""
     _, manifest, digest_mod, signing, sign_ec_key, _ = load_model_signing()
     items = [
         manifest.FileManifestItem(
@@ -221,6 +222,13 @@ def signed_digests(signature_path: str, public_key: KeyPath) -> tuple[str, Mappi
     """The hash algorithm and ``{relative path: hex digest}`` a signature file vouches for,
     once its signature checks out against ``public_key``;
     :class:`~ckptstore.errors.SignatureError` if it does not."""
+    return _checked_statement(signature_path, public_key)[:2]
+
+
+def _checked_statement(
+    signature_path: str, public_key: KeyPath
+) -> tuple[str, Mapping[str, str], str]:
+    """(hash algorithm, digests, subject name) of a signature that checks out."""
     *_, sign_ec_key, sign_sigstore_pb = load_model_signing()
     size = os.path.getsize(signature_path)
     if size > MAX_SIGNATURE_BYTES:
@@ -247,7 +255,20 @@ def signed_digests(signature_path: str, public_key: KeyPath) -> tuple[str, Mappi
             f"Received: {signature_path!r}."
         )
     digests = {str(r.identifier): r.digest.digest_hex for r in manifest.resource_descriptors()}
-    return str(kind["hash_type"]), digests
+    return str(kind["hash_type"]), digests, str(manifest.model_name)
+
+
+def _is_uuid(name: str) -> bool:
+    try:
+        return str(_uuid.UUID(name)) == name.lower()
+    except ValueError:
+        return False
+
+
+def verify_key(explicit: KeyPath | None = None) -> str | None:
+    """The trusted public key every reader checks signatures with: ``explicit``, else
+    :data:`VERIFY_KEY_ENV`, else None (the one place that lookup is written)."""
+    return key_from(explicit, VERIFY_KEY_ENV)
 
 
 def unsigned_error(where: str) -> errors.SignatureError:
@@ -273,8 +294,23 @@ class Expected:
         self.digests = dict(digests)
 
     @classmethod
-    def read(cls, signature_path: str, public_key: KeyPath) -> Expected:
-        return cls(*signed_digests(signature_path, public_key))
+    def read(
+        cls, signature_path: str, public_key: KeyPath, *, subject: str | None = None
+    ) -> Expected:
+        """The checked envelope; with ``subject`` (the UUID of the checkpoint being read) its
+        statement must name that checkpoint, so a signed checkpoint copied under another
+        UUID (a replay, to pass an old model off as the newest) is refused. A statement whose
+        subject is not a UUID (``model_signing sign`` over a folder names it by the folder)
+        binds no checkpoint; ``ckptstore checkpoint sign UUID`` binds one."""
+        algorithm, digests, name = _checked_statement(signature_path, public_key)
+        if subject is not None and name != subject and _is_uuid(name):
+            raise errors.SignatureError(
+                f"The signature {signature_path} was made for checkpoint {name!r}, not for "
+                f"{subject!r}, the checkpoint being read: a signed checkpoint was copied "
+                "under another UUID. Do not load it. Received: "
+                f"{signature_path!r}."
+            )
+        return cls(algorithm, digests)
 
     def compare(
         self, folder: str, actual: Mapping[str, str] | None, *, partial: bool = False
@@ -322,6 +358,7 @@ def verify_folder(
     *,
     partial: bool = False,
     digests: Mapping[str, str] | None = None,
+    subject: str | None = None,
 ) -> None:
     """Check that ``folder`` holds exactly the files its ``model.sig`` vouches for, with their
     contents, signed by ``public_key``. ``partial``: a selection was downloaded, so signed
@@ -332,7 +369,24 @@ def verify_folder(
     sig = os.path.join(folder, SIGNATURE_NAME)
     if not os.path.isfile(sig):
         raise unsigned_error(folder)
-    Expected.read(sig, public_key).compare(folder, digests, partial=partial)
+    Expected.read(sig, public_key, subject=subject).compare(folder, digests, partial=partial)
+
+
+def verify(
+    folder: str | os.PathLike[str],
+    public_key: KeyPath | None = None,
+    *,
+    subject: str | None = None,
+    partial: bool = False,
+) -> str | None:
+    """The check every reader of a local checkpoint folder runs before anything opens a file
+    in it: with a verify key (``public_key``, else :data:`VERIFY_KEY_ENV`) the folder must
+    hold exactly the files its signature vouches for, signed for checkpoint ``subject``
+    (when known); without one, nothing is checked. Returns the key used (None: none set)."""
+    key = verify_key(public_key)
+    if key is not None:
+        verify_folder(folder, key, partial=partial, subject=subject)
+    return key
 
 
 __all__ = [
@@ -353,5 +407,7 @@ __all__ = [
     "signed_names",
     "unlisted_digests",
     "unsigned_error",
+    "verify",
     "verify_folder",
+    "verify_key",
 ]

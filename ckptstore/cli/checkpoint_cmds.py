@@ -190,7 +190,7 @@ def download_cmd(
         out_dir,
         list(selectors) or None,
         cache=False if no_cache else None,
-        verify_key=signing.key_from(None, signing.VERIFY_KEY_ENV),
+        verify_key=signing.verify_key(),
     )
     if as_json:
         emit_json({"uuid": uuid, "output": out_dir, **report.as_dict()})
@@ -230,7 +230,7 @@ def verify_cmd(state: CliState, uuid: str, public_key: str | None, as_json: bool
     """
     from ckptstore.checkpointing import signing
 
-    key = signing.key_from(public_key, signing.VERIFY_KEY_ENV)
+    key = signing.verify_key(public_key)
     uuid = full_uuid(state, uuid)
     with tempfile.TemporaryDirectory(prefix="ckptstore-verify-") as tmp:
         # The point is to check what storage holds: nothing comes from the local cache.

@@ -214,7 +214,7 @@ def download_cmd(
         out_dir,
         list(selectors) or None,
         cache=False if no_cache else None,
-        verify_key=signing.key_from(None, signing.VERIFY_KEY_ENV),
+        verify_key=signing.verify_key(),
     ).files
     click.echo(
         f"Downloaded {name}:{view['version']} (checkpoint {view['checkpoint_uuid']}, "

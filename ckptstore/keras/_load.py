@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ckptstore import errors
+from ckptstore.checkpointing import signing
 from ckptstore.import_determined import layouts
 from ckptstore.import_determined.weights import load_determined_checkpoint
 from ckptstore.keras_io._types import KerasModel
@@ -105,6 +106,14 @@ def trial_spec(folder: str) -> tuple[str, dict[str, Any], dict[str, Any]] | None
     config = metadata.get("experiment_config") or {}
     entrypoint = config.get("entrypoint") if isinstance(config, dict) else None
     if isinstance(entrypoint, str) and ":" in entrypoint and " " not in entrypoint.strip():
+        if signing.verify_key() is not None:
+            # metadata.json is outside every signature: it must not choose code to import.
+            raise errors.SignatureError(
+                f"The Determined checkpoint {folder} names its trial class ({entrypoint!r}) "
+                "only in metadata.json, which no signature covers, and a verify key is set: "
+                "nothing was imported. Build the model with your code and pass it: "
+                "load_model_from_checkpoint_path(path, model=model)."
+            )
         return entrypoint, dict(metadata.get("hparams") or {}), dict(config)
     return None
 

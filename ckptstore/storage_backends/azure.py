@@ -254,6 +254,24 @@ class AzureStorage(ObjectStorage):
             return False
         return True
 
+    def _replace_if_match(self, name: str, expected: bytes, data: bytes) -> bool:
+        from azure.core import MatchConditions
+
+        try:
+            stream = self._container.download_blob(name)
+            if stream.readall() != expected:
+                return False
+            self._container.upload_blob(
+                name,
+                data,
+                overwrite=True,
+                etag=stream.properties.etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except (aexc.ResourceModifiedError, aexc.ResourceNotFoundError):
+            return False
+        return True
+
     def _delete_objects(self, names: list[str]) -> None:
         for name in names:
             try:

@@ -119,6 +119,19 @@ class Storage(abc.ABC):
         system skip the fsync (content-addressed chunks: as durable as any file the OS
         writes back; object stores are durable either way)."""
 
+    def replace_if_unchanged(self, key: str, expected: bytes, data: bytes) -> bool:
+        """Replace the object at ``key`` with ``data`` only if it holds ``expected`` now,
+        atomically (S3 ``IfMatch``, GCS ``ifGenerationMatch``, Azure ``If-Match`` on the
+        version read with the bytes; a local file under an exclusive lock). True if replaced,
+        False if it holds something else or is absent. A rewrite of a committed manifest
+        (amend, export, partial delete) uses it, so a writer that wakes up after GC fenced
+        the folder changes nothing. :class:`~ckptstore.errors.NotSupported` for a backend
+        without conditional writes."""
+        raise errors.NotSupported(
+            f"{type(self).__name__} has no conditional writes (needed to rewrite a committed "
+            "manifest safely). Use a local path, S3, GCS or Azure."
+        )
+
     # ---- helpers with default implementations -------------------------------------------------
     def read_into(
         self,

@@ -322,6 +322,19 @@ class GCSStorage(ObjectStorage):
             return False
         return True
 
+    def _replace_if_match(self, name: str, expected: bytes, data: bytes) -> bool:
+        blob = self._bucket.blob(name)
+        try:
+            if blob.download_as_bytes(timeout=self._timeout, retry=None) != expected:
+                return False
+            # download_as_bytes sets the generation it read: write only over that one.
+            blob.upload_from_string(
+                data, if_generation_match=blob.generation, timeout=self._timeout, retry=None
+            )
+        except (gexc.PreconditionFailed, gexc.NotFound):
+            return False
+        return True
+
     def _delete_objects(self, names: list[str]) -> None:
         for name in names:
             try:

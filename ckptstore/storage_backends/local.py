@@ -344,6 +344,39 @@ class LocalStorage(ObjectStorage):
         # The file system's clock (on NFS, the server's): the same one for every writer.
         return os.stat(self._path(name)).st_mtime
 
+    def _replace_if_match(self, name: str, expected: bytes, data: bytes) -> bool:
+        # Every conditional replace of one file takes an exclusive lock on the file it read
+        # and checks the path still names it (a replace since the open makes it stale), so two
+        # of them (an amend, GC's tombstone) never both win. NFS maps flock to its own locks.
+        target = self._path(name)
+        try:
+            fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            return False
+        try:
+            _lock_briefly(fd, target)
+            try:
+                if os.stat(target, follow_symlinks=False).st_ino != os.fstat(fd).st_ino:
+                    return False
+            except FileNotFoundError:
+                return False
+            with os.fdopen(os.dup(fd), "rb") as f:
+                if f.read() != expected:
+                    return False
+            tmp = tmp_name(target)
+            try:
+                with open(tmp, "xb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, target)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            return True
+        finally:
+            os.close(fd)
+
     # ---- overrides ----------------------------------------------------------------------------
     def delete(self, key: str, globs: Iterable[str] | None = None) -> dict[str, int]:
         if globs is not None:
@@ -369,3 +402,27 @@ class LocalStorage(ObjectStorage):
         except OSError as exc:
             raise self._translate(exc, check_key(key), False) from exc
         return {}
+
+
+#: How long a conditional replace waits for another one's lock on the same file (held for
+#: one small write; a holder stopped longer than this makes the caller's step fail, not wait).
+LOCK_WAIT_SECONDS = 10.0
+
+
+def _lock_briefly(fd: int, path: str) -> None:
+    import fcntl
+    import time
+
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise errors.StorageUnavailable(
+                    f"{path} stayed locked by another ckptstore process for over "
+                    f"{LOCK_WAIT_SECONDS:.0f} s (a paused amend or GC); nothing was changed. "
+                    "Run the command again."
+                ) from None
+            time.sleep(0.05)

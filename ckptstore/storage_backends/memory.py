@@ -80,6 +80,14 @@ class MemoryStorage(ObjectStorage):
             _STAMPS[name] = time.time()
             return True
 
+    def _replace_if_match(self, name: str, expected: bytes, data: bytes) -> bool:
+        with _LOCK:
+            if _OBJECTS.get(name) != expected:
+                return False
+            _OBJECTS[name] = data
+            _STAMPS[name] = time.time()
+            return True
+
     def _delete_objects(self, names: list[str]) -> None:
         with _LOCK:
             for name in names:

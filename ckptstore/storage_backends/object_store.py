@@ -188,6 +188,12 @@ class ObjectStorage(Storage):
         """Delete these objects; missing ones are fine."""
         raise NotImplementedError
 
+    def _replace_if_match(self, name: str, expected: bytes, data: bytes) -> bool:
+        """Replace ``name`` with ``data`` only if it holds ``expected`` now, atomically
+        (the object's version read with its bytes, then a write conditional on it).
+        Backends without conditional writes keep the base class's refusal."""
+        return Storage.replace_if_unchanged(self, name, expected, data)
+
     def _is_object(self, name: str) -> bool:
         raise NotImplementedError
 
@@ -462,6 +468,17 @@ class ObjectStorage(Storage):
     def write_bytes(self, key: str, data: bytes) -> None:
         name = join_key(self.prefix, check_relpath(key))
         self._call(lambda: self._write(name, bytes(data)), name, "write")
+
+    def replace_if_unchanged(self, key: str, expected: bytes, data: bytes) -> bool:
+        name = join_key(self.prefix, check_relpath(key))
+        try:
+            return bool(
+                self._call(
+                    lambda: self._replace_if_match(name, expected, bytes(data)), name, "write"
+                )
+            )
+        except errors.StorageNotFound:
+            return False
 
     def write_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
         name = join_key(self.prefix, check_relpath(key))

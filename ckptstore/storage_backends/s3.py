@@ -311,6 +311,19 @@ class S3Storage(ObjectStorage):
             raise
         return True
 
+    def _replace_if_match(self, name: str, expected: bytes, data: bytes) -> bool:
+        try:
+            got = self._client.get_object(Bucket=self.bucket, Key=name)
+            if got["Body"].read() != expected:
+                return False
+            self._client.put_object(Bucket=self.bucket, Key=name, Body=data, IfMatch=got["ETag"])
+        except botocore.exceptions.ClientError as exc:
+            code, status = _error_code(exc)
+            if code == "PreconditionFailed" or status == 412 or code in _NOT_FOUND:
+                return False
+            raise
+        return True
+
     def _delete_objects(self, names: list[str]) -> None:
         if not names:
             return

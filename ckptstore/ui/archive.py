@@ -116,7 +116,7 @@ def _expected_signature(
 ) -> signing.Expected | None:
     """With a verify key in the UI's environment, what the checkpoint's signature vouches for
     (each file is compared with it before it joins the archive); None without one."""
-    key = signing.key_from(None, signing.VERIFY_KEY_ENV)
+    key = signing.verify_key()
     if key is None:
         return None
     if signing.SIGNATURE_NAME not in manifest["files"]:

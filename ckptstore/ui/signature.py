@@ -31,7 +31,7 @@ def signature_status(storage: Storage, uuid: str, manifest: Mapping[str, Any]) -
     if signing.SIGNATURE_NAME not in (manifest.get("files") or {}):
         return {"state": "UNSIGNED", "message": f"no {signing.SIGNATURE_NAME} in the checkpoint"}
     try:
-        key = signing.key_from(None, signing.VERIFY_KEY_ENV)
+        key = signing.verify_key()
     except errors.CkptstoreError as exc:  # a key file that is gone: say so on the page
         return {"state": "SIGNED", "message": f"not checked: {exc}"}
     if key is None:

@@ -58,6 +58,16 @@ class KillingStorage:
         if is_manifest and self._point == "after_manifest":
             die()
 
+    def replace_if_unchanged(self, key: str, expected: bytes, data: bytes) -> bool:
+        # The manifest rewrite is conditional on the bytes read (a fence against a late amend).
+        is_manifest = key.endswith("/" + fmt.MANIFEST_NAME)
+        if is_manifest and self._point == "before_manifest":
+            die()
+        replaced = self._storage.replace_if_unchanged(key, expected, data)
+        if is_manifest and self._point == "after_manifest":
+            die()
+        return replaced
+
 
 def main() -> None:
     url, uuid, src, point = sys.argv[1:5]

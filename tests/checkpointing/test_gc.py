@@ -199,7 +199,8 @@ def test_gc_removes_only_stale_uncommitted_leftovers(local_and_s3_url, tmp_path,
         ctx.storage.write_bytes("not-a-checkpoint/readme.txt", b"left alone")  # no marker
         assert ctx.gc() == [stale]
         assert ctx.storage.exists(f"{foreign}/metadata.json")
-        assert ctx.storage.list(stale) == {}
+        # Its commit slot stays fenced: a writer waking up now cannot commit into it.
+        assert fmt.is_removed(ctx.storage, stale)
         assert ctx.storage.exists(f"{fresh}/weights.bin")
         assert ctx.storage.exists("not-a-checkpoint/readme.txt")
         assert fmt.list_committed(ctx.storage) == [good]

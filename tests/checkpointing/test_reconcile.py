@@ -222,7 +222,7 @@ def test_stale_pending_rows_without_a_manifest_become_deleted(
             "elsewhere": PENDING,
             "marker_young": PENDING,
         }
-        assert not storage.exists(ids["leftover"]) and storage.exists(ids["marker_young"])
+        assert fmt.is_removed(storage, ids["leftover"]) and storage.exists(ids["marker_young"])
     storage.close()
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore import errors
+from ckptstore.checkpointing.format import load_json
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.validators import is_int, is_number
 
@@ -80,13 +81,8 @@ class TrainingState:
 
     @classmethod
     def from_json(cls, text: str) -> TrainingState:
-        try:
-            raw = json.loads(text)
-        except ValueError as exc:
-            raise errors.InvalidCheckpoint(
-                f"{STATE_FILENAME} is not valid JSON ({exc}); the checkpoint is damaged. "
-                "Resume from another checkpoint."
-            ) from exc
+        # Bounded (size, depth): a hostile file raises InvalidCheckpoint, not RecursionError.
+        raw = load_json(text, STATE_FILENAME, MAX_STATE_BYTES)
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in _checked(raw).items() if k in known})
 

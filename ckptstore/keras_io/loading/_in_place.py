@@ -25,10 +25,11 @@ import contextlib
 import logging
 import os
 import tempfile
+import uuid as _uuid
 from collections.abc import Iterator
 
 from ckptstore import errors
-from ckptstore.checkpointing import blobs
+from ckptstore.checkpointing import blobs, signing
 from ckptstore.checkpointing import format as fmt
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,25 @@ def _blob_manifest(folder: str) -> bool:
     return blobs.uses_blobs(fmt.parse_manifest(data, name))
 
 
+def _subject(folder: str) -> str | None:
+    """The UUID of the checkpoint in ``folder``, as far as a folder can tell: its name when
+    that is a UUID (``<store>/<uuid>``), else its manifest's (a plain download), else None
+    (Determined's layouts: no subject to check)."""
+    name = os.path.basename(folder)
+    try:
+        return str(_uuid.UUID(name)) if str(_uuid.UUID(name)) == name.lower() else None
+    except ValueError:
+        pass
+    path = os.path.join(folder, fmt.MANIFEST_NAME)
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        data = f.read(fmt.MAX_MANIFEST_BYTES + 1)
+    manifest = fmt.load_json(data, path, fmt.MAX_MANIFEST_BYTES)
+    uuid = manifest.get("uuid") if isinstance(manifest, dict) else None
+    return uuid if isinstance(uuid, str) else None
+
+
 @contextlib.contextmanager
 def readable_folder(path: str) -> Iterator[str]:
     """``path``, or for a deduplicated checkpoint folder a verified temporary download of it
@@ -68,6 +88,10 @@ def readable_folder(path: str) -> Iterator[str]:
     """
     folder = os.path.abspath(path)
     if not os.path.isdir(folder) or not _blob_manifest(folder):
+        if os.path.isdir(folder):
+            # Every layout (whole-file, Determined's, a plain folder) is checked before
+            # Keras or the trial loader opens a file in it, exactly as a download is.
+            signing.verify(folder, subject=_subject(folder))
         yield path
         return
     store, uuid = os.path.split(folder)
