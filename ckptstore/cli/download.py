@@ -53,7 +53,7 @@ def download_checkpoint(
     the restore cache unless ``cache=False``; a damaged blob is reported with every
     checkpoint in the prefix that uses it. ``sha256`` receives every file's SHA-256 (from
     the read that checks its crc32c). ``verify_key``: the checkpoint's signature must check
-    out with it (``signing.key_from(None, VERIFY_KEY_ENV)`` for the environment's)."""
+    out with it (``signing.verify_key()`` for the environment's)."""
     from ckptstore.checkpointing import blob_gc, restore, signing
     from ckptstore.checkpointing import format as ckpt_format
 
