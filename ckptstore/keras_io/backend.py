@@ -102,6 +102,24 @@ def check_eager(what: str) -> None:
     )
 
 
+#: Keras 3 backends DeterminedCallback, the loaders and the Keras API checkpoint on (docs:
+#: the compatibility table's backend column).
+SUPPORTED_BACKENDS = ("tensorflow", "jax")
+
+
+def check_backend(what: str, supported: tuple[str, ...] = SUPPORTED_BACKENDS) -> None:
+    """:class:`~ckptstore.errors.NotSupported` naming the Keras backend ``what`` cannot run on
+    (``KERAS_BACKEND=torch``: ckptstore ships no PyTorch support; see the compatibility page)."""
+    name = backend_name()
+    if name in supported:
+        return
+    raise errors.NotSupported(
+        f"{what} runs on the Keras backends {', '.join(supported)}, not {name!r}. Received: "
+        f"KERAS_BACKEND={os.environ.get('KERAS_BACKEND', name)!r} (keras.backend.backend() == "
+        f"{name!r}). Set KERAS_BACKEND={' or '.join(supported)} before Keras is imported."
+    )
+
+
 def keras_of(obj: Any) -> str | None:
     """``"keras"`` or ``"tf_keras"``: the Keras package ``obj``'s class comes from, else None."""
     for cls in type(obj).__mro__:

@@ -127,6 +127,7 @@ class DeterminedCallback(backend.CallbackBase):
         preempt_check_period: int = 1,
     ) -> None:
         super().__init__()
+        backend.check_backend("DeterminedCallback")
         int_at_least("checkpoint_epochs", checkpoint_epochs, 0, hint=" (0 = save only at the end).")
         if train_metrics_report_period != "epoch":
             int_at_least(
