@@ -26,8 +26,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HERE = keras.backend.backend()
 OTHER = "tensorflow" if HERE == "jax" else "jax"
 
-pytestmark = pytest.mark.e2e
-
 
 def _run_worker(backend_name: str, workdir, epochs: int) -> dict:
     out = os.path.join(workdir, f"{backend_name}-{epochs}.json")
@@ -83,7 +81,6 @@ def _pretend_backend(monkeypatch, name: str) -> None:
     monkeypatch.setenv("KERAS_BACKEND", name)
 
 
-@pytest.mark.unit
 def test_torch_backend_is_refused_when_the_callback_is_made(tmp_path, monkeypatch):
     with det.core.init(
         storage=str(tmp_path / "c"), registry=f"sqlite:///{tmp_path}/r.db", trial_id=1
@@ -95,7 +92,6 @@ def test_torch_backend_is_refused_when_the_callback_is_made(tmp_path, monkeypatc
     assert "'torch'" in text and "KERAS_BACKEND=tensorflow or jax" in text
 
 
-@pytest.mark.unit
 def test_tfkerastrial_refuses_jax(tmp_path, monkeypatch):
     from ckptstore.keras_io.trial.controller import TrialController
     from tests.keras_io.trial.tiny_trial import TinyTrial

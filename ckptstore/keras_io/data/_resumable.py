@@ -107,6 +107,7 @@ def attach(
     seed: int,
     distributed_size: int = 1,
     on_boundary: Callable[[], None] | None = None,
+    adapt: Callable[[Any, int], tuple[Any, str | None]] | None = None,
 ) -> ResumableData | None:
     """Take over the epoch iteration of the running ``fit()`` of ``model``.
 
@@ -114,7 +115,8 @@ def attach(
     resumed mid-epoch exactly. ``seed`` orders shuffled arrays/PyDatasets (saved in every
     checkpoint, so a resumed run gets the same orders). ``on_boundary`` is called first thing
     at every epoch end, validation begin and train end -- once every callback has finished
-    the last batch and before any of them reacts to the end of the epoch.
+    the last batch and before any of them reacts to the end of the epoch. ``adapt`` (the JAX
+    loop's) makes the handle for the fit's epoch iterator instead of this module's classes.
     """
     on_backend = keras.backend.backend() in ("tensorflow", "jax")
     frame = find_fit_frame(model) if on_backend else None
@@ -134,10 +136,8 @@ def attach(
             "exact)."
         )
         return None
-    if keras.backend.backend() == "jax":
-        from ckptstore.keras_io.data import _resumable_jax
-
-        data, reason = _resumable_jax.attach(epoch_iterator, seed)
+    if adapt is not None:  # the JAX loop's (see _resumable_jax.attach)
+        data, reason = adapt(epoch_iterator, seed)
         return data if data is not None else _restarts(reason)
     adapter = epoch_iterator.data_adapter
     from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter

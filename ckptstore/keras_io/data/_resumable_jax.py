@@ -25,7 +25,7 @@ is left out), so a checkpoint's position is always the next untrained batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -153,7 +153,28 @@ class _GeneratorData(_JaxHook, base._Base):
         self._stream.skip = int(state["drawn"])
 
 
-def attach(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
+def attach(
+    model: Any,
+    *,
+    seed: int,
+    distributed_size: int = 1,
+    on_boundary: Callable[[], None] | None = None,
+) -> base.ResumableData | None:
+    """:func:`ckptstore.keras_io.data._resumable.attach` for the JAX fit loop."""
+    return base.attach(
+        model,
+        seed=seed,
+        distributed_size=distributed_size,
+        on_boundary=on_boundary,
+        adapt=_adapt,
+    )
+
+
+#: Puts the interrupted epoch's metric accumulators back (the TensorFlow loop's own rule).
+restore_metrics = base.restore_metrics
+
+
+def _adapt(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
     """``(handle, None)`` for an input this module resumes, else ``(None, reason)``."""
     from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
     from keras.src.trainers.data_adapters.generator_data_adapter import GeneratorDataAdapter
@@ -183,4 +204,4 @@ def attach(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
     return None, f"a {type(adapter).__name__} input cannot be rewound"
 
 
-__all__ = ["attach"]
+__all__ = ["attach", "restore_metrics"]
