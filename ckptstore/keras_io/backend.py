@@ -120,6 +120,24 @@ def check_backend(what: str, supported: tuple[str, ...] = SUPPORTED_BACKENDS) ->
     )
 
 
+def saved_model_export(requested: Any) -> Any:
+    """``requested`` (an export policy), or ``"never"`` with one warning when the SavedModel
+    cannot be written: off TensorFlow, Keras's ``model.export()`` converts the model with
+    TensorFlow, which may be missing (ckptstore installs it except on arm64)."""
+    import importlib.util
+
+    if backend_name() == "tensorflow" or importlib.util.find_spec("tensorflow") is not None:
+        return requested
+    if requested != "never":
+        logger.warning(
+            "Checkpoints will commit without saved_model/: Keras exports a SavedModel on %s "
+            "through TensorFlow, which is not installed. Install tensorflow-cpu for it, or pass "
+            "export_saved_model='never' to silence this.",
+            backend_name(),
+        )
+    return "never"
+
+
 def keras_of(obj: Any) -> str | None:
     """``"keras"`` or ``"tf_keras"``: the Keras package ``obj``'s class comes from, else None."""
     for cls in type(obj).__mro__:

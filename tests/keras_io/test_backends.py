@@ -109,3 +109,23 @@ def test_tfkerastrial_refuses_jax(tmp_path, monkeypatch):
                 core,
                 {"searcher": {"name": "single", "metric": "loss", "max_length": {"batches": 1}}},
             )
+
+
+def test_without_tensorflow_jax_checkpoints_commit_without_a_savedmodel(
+    tmp_path, monkeypatch, caplog
+):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    with det.core.init(
+        storage=str(tmp_path / "c"), registry=f"sqlite:///{tmp_path}/r.db", trial_id=1
+    ) as core:
+        _pretend_backend(monkeypatch, "jax")
+        monkeypatch.setattr(  # what an arm64 install without TensorFlow finds
+            importlib.util,
+            "find_spec",
+            lambda n, *a: None if n == "tensorflow" else find_spec(n, *a),
+        )
+        cb = det.keras.DeterminedCallback(core, None, continue_id=1)
+    assert cb._exports.policy.mode == "never"
+    assert "commit without saved_model/" in caplog.text and "tensorflow-cpu" in caplog.text

@@ -137,7 +137,7 @@ class DeterminedCallback(backend.CallbackBase):
                 1,
                 hint=" Pass 'epoch' or a number of batches.",
             )
-        exports = CheckpointExports(export_saved_model)
+        exports = CheckpointExports(backend.saved_model_export(export_saved_model))
         int_at_least(
             "preempt_check_period", preempt_check_period, 0, hint=" (0 = epoch ends only)."
         )
