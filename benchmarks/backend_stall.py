@@ -15,6 +15,8 @@ before Keras is imported), in one run, and prints them side by side:
 Target: blocked <= 0.05x ``model.save`` on JAX as on TensorFlow.
 
     .venv/bin/python benchmarks/backend_stall.py --sizes-mb 25 --rounds 3
+
+JAX comes from ``.venv-jax/`` (``scripts/setup.sh --test``) or from the venv if installed there.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+from tests._helpers.jax_env import jax_missing, keras_env  # noqa: E402 - after the path
 
 BACKENDS = ("tensorflow", "jax")
 KEYS = ("model.save", "snapshot", "blocked", "final blocked")
@@ -76,7 +79,7 @@ def measure(size_mb: float, rounds: int, epochs: int, steps: int) -> dict[str, l
 
 
 def _child(backend: str, args: argparse.Namespace) -> dict[str, list[float]]:
-    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=REPO)
+    env = keras_env(backend)  # JAX from .venv-jax/ (scripts/setup.sh --test) for the JAX child
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--child", *sys.argv[1:]],
         env=env,
@@ -102,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         results = {str(s): measure(s, args.rounds, args.epochs, args.steps) for s in sizes}
         print(json.dumps(results))
         return 0
+    if jax_missing():
+        raise SystemExit(jax_missing())
     runs = {backend: _child(backend, args) for backend in BACKENDS}
     for size in sizes:
         print(

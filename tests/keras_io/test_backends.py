@@ -20,16 +20,16 @@ import pytest
 import ckptstore as det
 from ckptstore import errors
 from ckptstore.keras_io import backend
+from tests._helpers.jax_env import REPO, keras_env, require_jax
 from tests.keras_io import backend_worker
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = keras.backend.backend()
 OTHER = "tensorflow" if HERE == "jax" else "jax"
 
 
 def _run_worker(backend_name: str, workdir, epochs: int) -> dict:
     out = os.path.join(workdir, f"{backend_name}-{epochs}.json")
-    env = dict(os.environ, KERAS_BACKEND=backend_name, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env = keras_env(backend_name, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(
         [sys.executable, "-m", "tests.keras_io.backend_worker", "--dir", str(workdir),
          "--epochs", str(epochs), "--out", out],
@@ -45,7 +45,7 @@ def _run_worker(backend_name: str, workdir, epochs: int) -> dict:
     HERE not in ("tensorflow", "jax"), reason="TensorFlow <-> JAX: run on one of them"
 )
 def test_checkpoints_resume_and_load_across_backends(tmp_path):
-    pytest.importorskip("jax")
+    require_jax()
     # 1 epoch here
     backend_worker.main(["--dir", str(tmp_path), "--epochs", "1", "--out", str(tmp_path / "a")])
     with open(tmp_path / "a") as f:

@@ -21,9 +21,9 @@ import sys
 import numpy as np
 import pytest
 
+from tests._helpers.jax_env import REPO, keras_env
 from tests.checkpointing._helpers import stored_folder
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS_PER_EPOCH = 5
 EPOCHS = 3
 TOTAL = STEPS_PER_EPOCH * EPOCHS
@@ -38,7 +38,7 @@ def run(
         args += ["--preempt-check-period", str(period)]
     if sigterm_at is not None:
         args += ["--sigterm-at-step", str(sigterm_at)]
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    env = keras_env(TF_CPP_MIN_LOG_LEVEL="2")  # on this process's backend (JAX in the JAX run)
     proc = subprocess.run(
         [sys.executable, "-m", "tests.keras_io.exact_resume_worker", *args],
         cwd=REPO,

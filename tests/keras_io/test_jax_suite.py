@@ -14,14 +14,14 @@ shuffled arrays and a Python generator with ``steps_per_epoch``.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests._helpers.jax_env import REPO, keras_env, require_jax
+
 EXACT = "tests/keras_io/test_exact_resume.py::"
 CALLBACK = "tests/keras_io/test_callback.py::"
 MODULES = [
@@ -41,8 +41,8 @@ MODULES = [
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_keras_tests_pass_on_jax():
-    pytest.importorskip("jax")
-    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    require_jax()
+    env = keras_env("jax", TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *MODULES],
         cwd=REPO,
