@@ -24,9 +24,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 fi
 
 # JAX for the tests on KERAS_BACKEND=jax, outside the venv: with JAX in site-packages every
-# `import tensorflow` imports it (tensorflow/lite/python/util.py tries `from jax import jit`), ~0.8 s
-# in each of the suite's hundreds of TensorFlow processes. Only the JAX runs put .venv-jax on
-# PYTHONPATH (tests/_helpers/jax_env.py). --no-deps: numpy, ml_dtypes and opt_einsum are the venv's
+# `import tensorflow` imports it (tensorflow/lite/python/util.py tries `from jax import jit`),
+# ~1.3 CPU-seconds in each of the suite's hundreds of TensorFlow processes (docs/development.md).
+# Only the JAX runs put .venv-jax on PYTHONPATH (tests/_helpers/jax_env.py). --no-deps: numpy, ml_dtypes and opt_einsum are the venv's
 # (TensorFlow's; never a second numpy here); scipy goes here too, as TensorFlow imports it if found.
 if [ "${1:-}" = "--test" ]; then
   jax_pins="jax==0.10.2 jaxlib==0.10.2 scipy==1.17.1"

@@ -2,10 +2,10 @@
 
 ``scripts/setup.sh --test`` installs JAX into ``.venv-jax/`` at the repository root, outside the
 venv's site-packages: with JAX importable, ``import tensorflow`` imports it too
-(``tensorflow/lite/python/util.py`` tries ``from jax import jit``), about 0.8 s more in every one
-of the hundreds of TensorFlow processes the suite starts. Only processes that run Keras on JAX get
-the folder on ``PYTHONPATH`` (:func:`keras_env`, :func:`repo_pythonpath`). A JAX installed the
-usual way (``pip install "jax[cpu]"`` into the venv) works too.
+(``tensorflow/lite/python/util.py`` tries ``from jax import jit``), about 1.3 CPU-seconds more in
+each of the hundreds of TensorFlow processes the suite starts (measured: docs/development.md).
+Only processes that run Keras on JAX get the folder on ``PYTHONPATH`` (:func:`keras_env`,
+:func:`repo_pythonpath`). A JAX installed the usual way (``pip install "jax[cpu]"``) works too.
 """
 
 from __future__ import annotations
