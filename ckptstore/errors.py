@@ -208,7 +208,9 @@ class InvalidHP(CkptstoreError):
 
 
 class NotSupported(CkptstoreError, NotImplementedError):
-    """A Determined API that needs a Determined cluster (master, agents, Horovod, the profiler).
+    """A Determined API that needs a Determined cluster (master, agents, Horovod, the profiler),
+    or a Keras backend a feature does not run on (``KERAS_BACKEND=torch``; TFKerasTrial off
+    TensorFlow).
 
     The message names the call and what to use instead with ckptstore.
     """

@@ -2,7 +2,8 @@
 # Creates .venv and installs ckptstore (editable) with its dependencies.
 #   bash scripts/setup.sh          # library + main job
 #   bash scripts/setup.sh --test   # plus the test and docs extras (moto, fake-gcs-server, psycopg,
-#                                  # pytest, ruff, mkdocs: tests/docs builds the site)
+#                                  # pytest, ruff, mkdocs: tests/docs builds the site), and JAX
+#                                  # into .venv-jax/ for the tests that run Keras on JAX
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -20,4 +21,21 @@ full=".venv/.ckptstore-installed[test,docs]"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q -e ".${extras}"
   touch "$stamp"
+fi
+
+# JAX for the tests on KERAS_BACKEND=jax, outside the venv: with JAX in site-packages every
+# `import tensorflow` imports it (tensorflow/lite/python/util.py tries `from jax import jit`),
+# ~1.3 CPU-seconds in each of the suite's hundreds of TensorFlow processes (docs/development.md).
+# Only the JAX runs put .venv-jax on PYTHONPATH (tests/_helpers/jax_env.py). --no-deps: numpy, ml_dtypes and opt_einsum are the venv's
+# (TensorFlow's; never a second numpy here); scipy goes here too, as TensorFlow imports it if found.
+if [ "${1:-}" = "--test" ]; then
+  jax_pins="jax==0.10.2 jaxlib==0.10.2 scipy==1.17.1"
+  # The wheels are built for one Python: the stamp names it with the pins.
+  want="$(.venv/bin/python -c 'import sys; print(sys.implementation.cache_tag)') $jax_pins"
+  if [ "$(cat .venv-jax/.installed 2>/dev/null)" != "$want" ]; then
+    rm -rf .venv-jax
+    # shellcheck disable=SC2086 # the pins are separate words
+    .venv/bin/python -m pip install -q --no-deps --target .venv-jax $jax_pins
+    echo "$want" > .venv-jax/.installed
+  fi
 fi

@@ -201,6 +201,10 @@ SHARED_HELPERS = {
     "make_env": "tests/cli/helpers.py",
     "make_tree": "tests/_helpers/trees.py",
     "read_tree": "tests/_helpers/trees.py",
+    "jax_missing": "tests/_helpers/jax_env.py",
+    "require_jax": "tests/_helpers/jax_env.py",
+    "repo_pythonpath": "tests/_helpers/jax_env.py",
+    "keras_env": "tests/_helpers/jax_env.py",
 }
 
 

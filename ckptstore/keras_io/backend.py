@@ -102,6 +102,42 @@ def check_eager(what: str) -> None:
     )
 
 
+#: Keras 3 backends DeterminedCallback, the loaders and the Keras API checkpoint on (docs:
+#: the compatibility table's backend column).
+SUPPORTED_BACKENDS = ("tensorflow", "jax")
+
+
+def check_backend(what: str, supported: tuple[str, ...] = SUPPORTED_BACKENDS) -> None:
+    """:class:`~ckptstore.errors.NotSupported` naming the Keras backend ``what`` cannot run on
+    (``KERAS_BACKEND=torch``: ckptstore ships no PyTorch support; see the compatibility page)."""
+    name = backend_name()
+    if name in supported:
+        return
+    raise errors.NotSupported(
+        f"{what} runs on the Keras backends {', '.join(supported)}, not {name!r}. Received: "
+        f"KERAS_BACKEND={os.environ.get('KERAS_BACKEND', name)!r} (keras.backend.backend() == "
+        f"{name!r}). Set KERAS_BACKEND={' or '.join(supported)} before Keras is imported."
+    )
+
+
+def saved_model_export(requested: Any) -> Any:
+    """``requested`` (an export policy), or ``"never"`` with one warning when the SavedModel
+    cannot be written: off TensorFlow, Keras's ``model.export()`` converts the model with
+    TensorFlow, which may be missing (ckptstore installs it except on arm64)."""
+    import importlib.util
+
+    if backend_name() == "tensorflow" or importlib.util.find_spec("tensorflow") is not None:
+        return requested
+    if requested != "never":
+        logger.warning(
+            "Checkpoints will commit without saved_model/: Keras exports a SavedModel on %s "
+            "through TensorFlow, which is not installed. Install tensorflow-cpu for it, or pass "
+            "export_saved_model='never' to silence this.",
+            backend_name(),
+        )
+    return "never"
+
+
 def keras_of(obj: Any) -> str | None:
     """``"keras"`` or ``"tf_keras"``: the Keras package ``obj``'s class comes from, else None."""
     for cls in type(obj).__mro__:

@@ -15,12 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from tests._helpers.jax_env import jax_missing, repo_pythonpath
 from tests.docs.examples import ROOT, Block, blocks_of, pages, unrunnable_bash
 from tests.servers.emulators import create_bucket
 
 #: The emulator fixture each URL scheme in a runnable example needs.
 SERVERS = {"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}
 _BUCKET = re.compile(r"\b(s3|gs|az)://([a-z0-9][a-z0-9.-]+)")
+#: ``os.environ["KERAS_BACKEND"] = "jax"`` or ``KERAS_BACKEND=jax``: the page runs Keras on JAX.
+_ON_JAX = re.compile(r"""KERAS_BACKEND["'\]]*\s*=\s*["']?jax\b""")
 
 
 def _runnable(path: Path) -> list[Block]:
@@ -33,6 +36,10 @@ def _buckets(path: Path) -> set[tuple[str, str]]:
 
 def _needs_postgres(path: Path) -> bool:
     return any("DATABASE_URL" in b.code for b in _runnable(path))
+
+
+def _on_jax(path: Path) -> bool:
+    return any(_ON_JAX.search(b.code) for b in _runnable(path))
 
 
 def _params() -> list[object]:
@@ -86,7 +93,8 @@ _MKDOCS = (ROOT / "mkdocs.yml").read_text()
 
 def _run_page(page: Path, tmp: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """One page's examples in ``tmp/work`` with CKPTSTORE_HOME ``tmp/home`` (fresh, or the
-    ones the pages before it in :func:`in_order` used)."""
+    ones the pages before it in :func:`in_order` used), and the suite's JAX on PYTHONPATH for a
+    page on JAX (tests/_helpers/jax_env.py)."""
     work = tmp / "work"
     if not work.exists():
         work.mkdir(parents=True)
@@ -94,7 +102,9 @@ def _run_page(page: Path, tmp: Path, extra_env: dict[str, str]) -> subprocess.Co
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_")}
     env.update(
         CKPTSTORE_HOME=str(tmp / "home"),
-        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+        PYTHONPATH=os.pathsep.join(
+            [repo_pythonpath("jax" if _on_jax(page) else None), env.get("PYTHONPATH", "")]
+        ),
         PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
         PYTHONUNBUFFERED="1",
         **extra_env,
@@ -157,6 +167,8 @@ def page_runs(
 @pytest.mark.e2e
 @pytest.mark.parametrize("page", _params())
 def test_page_examples_run(page: Path, page_runs) -> None:
+    if _on_jax(page) and jax_missing():
+        pytest.skip(jax_missing())  # with CI=true the skip fails (tests/_helpers/ci_skips.py)
     done = page_runs[page].result()
     output = done.stdout + done.stderr
     print(done.stdout[-3000:])  # what the page printed (pytest -rP shows it)

@@ -235,8 +235,9 @@ def test_warm_start_loads_weights_only_and_protects(init):
             (Keras 2's fit() refuses epochs=0)."""
 
             def on_train_batch_begin(self, batch, logs=None):
-                seen.setdefault("weights", [w.numpy().copy() for w in model.weights])
-                seen.setdefault("iterations", int(model.optimizer.iterations.numpy()))
+                # self.model: on JAX, Keras syncs the trainer's state back into the variables
+                seen.setdefault("weights", [w.numpy().copy() for w in self.model.weights])
+                seen.setdefault("iterations", int(self.model.optimizer.iterations.numpy()))
 
         fit(model, [cb, Probe()], epochs=1)
         for a, b in zip(trained.weights, seen["weights"], strict=True):

@@ -26,8 +26,9 @@ Python generator, ...  cannot be rewound: a warning at fit start, and a preempte
                        from its first batch on resume.
 =====================  =========================================================================
 
-Only Keras 3 with the TensorFlow backend is handled here (the one place that knows Keras's
-``EpochIterator`` internals); Keras 2 (``tf_keras``) has the same classes hooked into its
+Keras 3 with the TensorFlow backend is handled here; on the JAX backend the same classes are
+hooked into the JAX epoch iterator by :mod:`~ckptstore.keras_io.data._resumable_jax`; Keras 2
+(``tf_keras``) has the same classes hooked into its
 ``DataHandler`` in :mod:`~ckptstore.keras_io.data._resumable_keras2`. Anything else gets
 :data:`None` from :func:`attach` and the epoch-restart behaviour.
 
@@ -106,6 +107,7 @@ def attach(
     seed: int,
     distributed_size: int = 1,
     on_boundary: Callable[[], None] | None = None,
+    adapt: Callable[[Any, int], tuple[Any, str | None]] | None = None,
 ) -> ResumableData | None:
     """Take over the epoch iteration of the running ``fit()`` of ``model``.
 
@@ -113,12 +115,14 @@ def attach(
     resumed mid-epoch exactly. ``seed`` orders shuffled arrays/PyDatasets (saved in every
     checkpoint, so a resumed run gets the same orders). ``on_boundary`` is called first thing
     at every epoch end, validation begin and train end -- once every callback has finished
-    the last batch and before any of them reacts to the end of the epoch.
+    the last batch and before any of them reacts to the end of the epoch. ``adapt`` (the JAX
+    loop's) makes the handle for the fit's epoch iterator instead of this module's classes.
     """
-    frame = find_fit_frame(model) if keras.backend.backend() == "tensorflow" else None
+    on_backend = keras.backend.backend() in ("tensorflow", "jax")
+    frame = find_fit_frame(model) if on_backend else None
     if frame is None:
         logger.warning(
-            "Could not find the running fit() loop (not Keras 3's TensorFlow trainer?): a "
+            "Could not find the running fit() loop (not Keras 3's TensorFlow or JAX trainer?): a "
             "preempted epoch will restart from its first batch on resume."
         )
         return None
@@ -132,6 +136,9 @@ def attach(
             "exact)."
         )
         return None
+    if adapt is not None:  # the JAX loop's (see _resumable_jax.attach)
+        data, reason = adapt(epoch_iterator, seed)
+        return data if data is not None else _restarts(reason)
     adapter = epoch_iterator.data_adapter
     from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
     from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
@@ -159,12 +166,15 @@ def attach(
         reason = "a tf.data.Dataset of unknown length without steps_per_epoch"
     else:
         reason = f"a {type(adapter).__name__} input (e.g. a Python generator) cannot be rewound"
+    return _restarts(reason)
+
+
+def _restarts(reason: str | None) -> None:
     logger.warning(
         "Exact mid-epoch resume is not available for %s: a preempted epoch will restart from "
         "its first batch on resume (epoch-boundary resume stays exact).",
         reason,
     )
-    return None
 
 
 def add_boundary_callback(fit_frame: Any, on_boundary: Callable[[], None]) -> None:

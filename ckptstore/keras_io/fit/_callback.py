@@ -14,6 +14,7 @@ from typing import Any
 
 from ckptstore import errors
 from ckptstore.keras_io import backend
+from ckptstore.keras_io import data as data_pkg
 from ckptstore.keras_io.backend import keras
 from ckptstore.keras_io.data import _resumable as resumable_data
 from ckptstore.keras_io.exporting._checkpoint_exports import CheckpointExports
@@ -129,6 +130,7 @@ class DeterminedCallback(backend.CallbackBase):
         preempt_check_period: int = 1,
     ) -> None:
         super().__init__()
+        backend.check_backend("DeterminedCallback")
         int_at_least("checkpoint_epochs", checkpoint_epochs, 0, hint=" (0 = save only at the end).")
         if train_metrics_report_period != "epoch":
             int_at_least(
@@ -137,7 +139,7 @@ class DeterminedCallback(backend.CallbackBase):
                 1,
                 hint=" Pass 'epoch' or a number of batches.",
             )
-        exports = CheckpointExports(export_saved_model)
+        exports = CheckpointExports(backend.saved_model_export(export_saved_model))
         int_at_least(
             "preempt_check_period", preempt_check_period, 0, hint=" (0 = epoch ends only)."
         )
@@ -231,7 +233,7 @@ class DeterminedCallback(backend.CallbackBase):
         self._data_seed = resumable_data.default_seed()
         # Mid-epoch resume hooks into the fit loop (Keras 3's epoch iterator, Keras 2's
         # DataHandler); None, after a warning, for inputs a cut epoch restarts with.
-        self._data = _data_module().attach(
+        self._data = data_pkg.for_running_keras().attach(
             self.model,
             seed=self._data_seed,
             distributed_size=getattr(self._core.distributed, "size", 1),
@@ -271,7 +273,7 @@ class DeterminedCallback(backend.CallbackBase):
         if self._resume_metrics is not None:
             # fit() has just reset the metrics; the interrupted epoch's accumulators go back
             spec = None if self._data is None else self._data.element_spec
-            _data_module().restore_metrics(self.model, self._resume_metrics, spec)
+            data_pkg.for_running_keras().restore_metrics(self.model, self._resume_metrics, spec)
             self._resume_metrics = None
         self._batches_this_epoch = start
 
@@ -772,13 +774,3 @@ def _fit_callbacks(me: Any) -> list[Any]:
         "Could not find the fit() callback list; other callbacks' state will not be saved."
     )
     return [me]
-
-
-def _data_module() -> Any:
-    """The module that resumes an epoch mid-way on the Keras ``tf.keras`` is (both share the
-    Keras 3 module's snapshot format; the Keras 2 one hooks Keras 2's ``DataHandler``)."""
-    if backend.IS_KERAS2:
-        from ckptstore.keras_io.data import _resumable_keras2 as resumable_data_keras2
-
-        return resumable_data_keras2
-    return resumable_data

@@ -8,7 +8,8 @@ ckptstore splits the save in two:
    format stores (layer weights, every optimizer slot and ``iterations``). On TensorFlow a
    variable read returns a tensor that shares the variable's buffer; the next update of that
    variable copies the buffer first (TensorFlow's copy-on-write for shared variable buffers), so
-   the read is both cheap and a true point-in-time copy. On JAX values are immutable already.
+   the read is both cheap and a true point-in-time copy. On JAX the training step donates (and
+   so deletes) the arrays it is given: the snapshot copies them on the device first.
 2. :func:`write_model_archive` (background thread): writes a standard ``model.keras`` zip
    (``metadata.json``, ``config.json``, ``model.weights.h5``) from the snapshot with the same
    HDF5 layout Keras's ``saving_lib`` uses, so ``keras.models.load_model`` reads it back with
@@ -235,7 +236,8 @@ def _walk_container(
 
 
 def _read_value(variable: Any) -> Any:
-    """A point-in-time value of ``variable`` that later updates cannot change."""
+    """A point-in-time value of ``variable`` that later updates cannot change (TensorFlow and
+    other backends; JAX values are read in one batch by :func:`_jax_copies`)."""
     import keras
 
     backend = keras.backend.backend()
@@ -247,9 +249,37 @@ def _read_value(variable: Any) -> Any:
         import tensorflow as tf
 
         return tf.identity(value)
-    if backend == "jax":
-        return value  # immutable
     return keras.ops.copy(value)
+
+
+def _jax_copies(model: Any, variables: list[Any]) -> list[Any]:
+    """Owned copies of the JAX ``variables``' current values, safe to read in another thread.
+
+    During ``fit()`` on JAX the current values live in the trainer's state, not in the
+    variables: ``jax_state_sync()`` puts them back (what ``Callback.model`` does for Keras's own
+    savers). The arrays themselves are *donated* to the next training step, which deletes
+    them, so holding them is not enough: they are copied on the device (``may_alias=False``,
+    one asynchronous batch; JAX orders the copies before the donating step).
+    """
+    import jax
+
+    sync = getattr(model, "jax_state_sync", None)
+    if callable(sync):
+        sync()
+    return list(jax.device_put([v.value for v in variables], may_alias=False))
+
+
+def _read_values(layout: StateLayout) -> list[Any]:
+    import keras
+
+    if keras.backend.backend() != "jax":
+        return [
+            _read_value(e.variable) if e.variable is not None else e.constant
+            for e in layout.entries
+        ]
+    variables = [e.variable for e in layout.entries if e.variable is not None]
+    copies = iter(_jax_copies(layout.model, variables))
+    return [next(copies) if e.variable is not None else e.constant for e in layout.entries]
 
 
 def take_snapshot(layout: StateLayout) -> Snapshot:
@@ -263,10 +293,7 @@ def take_snapshot(layout: StateLayout) -> Snapshot:
             fresh.groups,
             fresh.assets_dir,
         )
-    values = [
-        _read_value(e.variable) if e.variable is not None else e.constant for e in layout.entries
-    ]
-    return Snapshot(layout=layout, values=values)
+    return Snapshot(layout=layout, values=_read_values(layout))
 
 
 def _to_numpy(value: Any) -> np.ndarray:

@@ -167,6 +167,7 @@ class TrialController:
                 f"The entrypoint must name a subclass of ckptstore.keras.TFKerasTrial. "
                 f"Received: {trial_class!r}."
             )
+        backend.check_backend("TFKerasTrial", ("tensorflow",))
         self.trial_class = trial_class
         self.core = core_context
         self.config = config if isinstance(config, ExperimentConfig) else parse_config(config)

@@ -1,0 +1,128 @@
+"""How long does a checkpoint hold up ``model.fit()`` on each Keras 3 backend? (issue 42)
+
+Runs the same measurement once per backend, each in its own process (``KERAS_BACKEND`` must be set
+before Keras is imported), in one run, and prints them side by side:
+
+- ``model.save``: Keras's own full save of the model (weights + Adam state) to local disk, the
+  yardstick;
+- ``snapshot``: :func:`~ckptstore.keras_io.saving._snapshot.take_snapshot` alone (TensorFlow: a
+  copy-on-write read of every variable; JAX: the trainer state synced back and copied once on the
+  device, because the next step donates and deletes the arrays);
+- ``blocked``: what ``fit()`` waits for at a checkpoint with ``DeterminedCallback``'s defaults
+  (``on_epoch_end`` + the next ``on_epoch_begin``), and ``final blocked`` (the last epoch's
+  ``on_epoch_end`` + ``on_train_end``, which hands the SavedModel export to the worker).
+
+Target: blocked <= 0.05x ``model.save`` on JAX as on TensorFlow.
+
+    .venv/bin/python benchmarks/backend_stall.py --sizes-mb 25 --rounds 3
+
+JAX comes from ``.venv-jax/`` (``scripts/setup.sh --test``) or from the venv if installed there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from tests._helpers.jax_env import jax_missing, keras_env  # noqa: E402 - after the path
+
+BACKENDS = ("tensorflow", "jax")
+KEYS = ("model.save", "snapshot", "blocked", "final blocked")
+
+
+def measure(size_mb: float, rounds: int, epochs: int, steps: int) -> dict[str, list[float]]:
+    """Every key of :data:`KEYS` per round, on the backend this process runs (a child)."""
+    import numpy as np
+
+    import ckptstore as det
+    from benchmarks.keras_stall import WIDTH, build_model, keras_save, run_fit, timed_callback
+    from ckptstore.keras_io.saving import _snapshot as snapshot_lib
+
+    model = build_model(size_mb)
+    x = np.random.default_rng(0).standard_normal((16 * steps, WIDTH), dtype=np.float32)
+    run_fit(model, (x, x), 1, [])  # build + compile the step
+    out: dict[str, list[float]] = {key: [] for key in KEYS}
+    work = tempfile.mkdtemp(prefix="backend-stall-")
+    for i in range(rounds):
+        started = time.perf_counter()
+        keras_save(model, os.path.join(work, f"save{i}"))
+        out["model.save"].append(time.perf_counter() - started)
+        os.remove(os.path.join(work, f"save{i}.keras"))
+        layout = snapshot_lib.StateLayout.of(model)
+        started = time.perf_counter()
+        snapshot_lib.take_snapshot(layout)
+        out["snapshot"].append(time.perf_counter() - started)
+        blocked: list[float] = []
+        final: list[float] = []
+        with det.core.init(
+            storage=os.path.join(work, f"ckpts{i}"),
+            registry=f"sqlite:///{work}/reg{i}.db",
+            trial_id=1,
+            preempt_signals=False,
+        ) as ctx:
+            cb = det.keras.DeterminedCallback(ctx, None, 1)
+            timed_callback(cb, blocked, final)
+            run_fit(model, (x, x), epochs, [cb])
+            cb.wait()
+        out["blocked"].append(statistics.median(blocked))
+        out["final blocked"].append(statistics.median(final))
+    return out
+
+
+def _child(backend: str, args: argparse.Namespace) -> dict[str, list[float]]:
+    env = keras_env(backend)  # JAX from .venv-jax/ (scripts/setup.sh --test) for the JAX child
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", *sys.argv[1:]],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"{backend} run failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-mb", default="25", help="comma-separated state sizes")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5, help="training steps per epoch")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    sizes = [float(s) for s in args.sizes_mb.split(",") if s]
+    if args.child:
+        results = {str(s): measure(s, args.rounds, args.epochs, args.steps) for s in sizes}
+        print(json.dumps(results))
+        return 0
+    if jax_missing():
+        raise SystemExit(jax_missing())
+    runs = {backend: _child(backend, args) for backend in BACKENDS}
+    for size in sizes:
+        print(
+            f"\n=== state {size:.0f} MB (weights + Adam), {args.epochs} epochs x {args.steps} "
+            f"steps, median of {args.rounds} rounds, load average {os.getloadavg()[0]:.1f} ==="
+        )
+        print(f"{'seconds':16s}" + "".join(f"{b:>16s}{'x save':>9s}" for b in BACKENDS))
+        for key in KEYS:
+            row = f"{key:16s}"
+            for backend in BACKENDS:
+                values = runs[backend][str(size)]
+                ratios = [a / b for a, b in zip(values[key], values["model.save"], strict=True)]
+                row += f"{statistics.median(values[key]):16.4f}{statistics.median(ratios):9.3f}"
+            print(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The Keras 3 tests again on the JAX backend (``KERAS_BACKEND=jax``, issue 42), in a child pytest.
+
+``KERAS_BACKEND`` must be set before Keras is first imported, and this pytest process has
+imported it on TensorFlow already, so the tests run in a child pytest (a fresh interpreter) with
+the variable set, like the Keras 2 child run (``tests/keras_io/test_keras2_suite.py``).
+
+Kept small (the child's budget is ~3 minutes of CI): the plain-Keras tutorial's shape through
+``DeterminedCallback`` (checkpoint contents and schedule, resume, warm start, a failed S3 upload,
+stateful callbacks: ``test_callback.py``), the loaders (``load_checkpoint_model`` on local and S3
+storage, ``test_loaders.py``'s latest/best/UUID case), checkpoints moving between JAX and
+TensorFlow both ways (``test_backends.py``), and bit-equal SIGTERM/resume in fresh processes for
+shuffled arrays and a Python generator with ``steps_per_epoch``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests._helpers.jax_env import REPO, keras_env, require_jax
+
+EXACT = "tests/keras_io/test_exact_resume.py::"
+CALLBACK = "tests/keras_io/test_callback.py::"
+MODULES = [
+    f"{CALLBACK}test_checkpoint_contents_and_schedule",
+    f"{CALLBACK}test_warm_start_loads_weights_only_and_protects",
+    f"{CALLBACK}test_failed_background_save_raises_from_fit",
+    f"{CALLBACK}test_callback_state_applied_after_on_train_begin",
+    f"{CALLBACK}test_snapshot_archive_matches_keras_layout_and_is_point_in_time",
+    "tests/keras_io/test_loaders.py::test_latest_best_and_uuid",
+    "tests/keras_io/test_backends.py::test_checkpoints_resume_and_load_across_backends",
+    f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[arrays_shuffle]",
+    f"{EXACT}test_generator_with_steps_per_epoch_resumes_bit_exactly_on_jax",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_keras_tests_pass_on_jax():
+    require_jax()
+    env = keras_env("jax", TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *MODULES],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
+    tail = proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, tail
+    summary = proc.stdout.strip().splitlines()[-1]
+    passed = re.search(r"(\d+) passed", summary)
+    # test_loaders.py's case runs on local storage and S3
+    assert passed and int(passed.group(1)) >= len(MODULES), tail
+    assert "skipped" not in summary and "xfail" not in summary, tail
