@@ -305,24 +305,13 @@ def worker_export_blocker(model: KerasModel, config_json: str | None) -> str | N
         return "the model is subclassed (its config does not describe its layers)"
     if not getattr(model, "built", False):
         return "the model is not built when fit() starts (give it an input shape)"
-    found: set[str] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if "class_name" in node and "module" in node:
-                module = node.get("module")
-                if node.get("registered_name") and module in (None, "__main__"):
-                    found.add(str(node.get("registered_name")))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
+    from ckptstore.keras_io.exporting._best_effort import script_classes
 
     try:
-        walk(json.loads(config_json))
+        json.loads(config_json)
     except ValueError:
         return "the model config is not JSON"
+    found = script_classes(config_json)
     if found:
         return f"the model uses {sorted(found)} defined in the training script (__main__)"
     return None
