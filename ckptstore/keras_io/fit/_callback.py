@@ -600,19 +600,7 @@ class DeterminedCallback(backend.CallbackBase):
 
     # ---- loading ------------------------------------------------------------------------------
     def _ensure_optimizer_built(self) -> None:
-        optimizer = getattr(self.model, "optimizer", None)
-        # Keras 2: legacy optimizers have no build() (TensorFlow restores their slots when the
-        # first step creates them); Keras 2.11+ optimizers keep the flag in ``_built``.
-        if optimizer is None or not hasattr(optimizer, "build"):
-            return
-        if getattr(optimizer, "built", None) or getattr(optimizer, "_built", False):
-            return
-        strategy = getattr(self.model, "distribute_strategy", None)
-        if strategy is not None:
-            with strategy.scope():
-                optimizer.build(self.model.trainable_variables)
-        else:
-            optimizer.build(self.model.trainable_variables)
+        keras2_format.build_optimizer(self.model)
 
     def _load(self, uuid: str) -> None:
         self._set_status("restoring")

@@ -251,6 +251,23 @@ def _create_legacy_slots(model: KerasModel) -> None:
         create(model.trainable_variables)
 
 
+def build_optimizer(model: KerasModel) -> None:
+    """Create ``model.optimizer``'s variables now, so a load restores them (Keras 2 legacy
+    optimizers have no build(): TensorFlow restores their slots when the first step makes them;
+    Keras 2.11+ optimizers keep the flag in ``_built``)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not hasattr(optimizer, "build"):
+        return
+    if getattr(optimizer, "built", None) or getattr(optimizer, "_built", False):
+        return
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is not None:
+        with strategy.scope():
+            optimizer.build(model.trainable_variables)
+    else:
+        optimizer.build(model.trainable_variables)
+
+
 def load_weights(model: KerasModel, path: str, *, with_optimizer: bool) -> None:
     """Restore ``path/model_checkpoint`` into ``model`` (and its optimizer if ``with_optimizer``).
 
@@ -545,8 +562,9 @@ def load_model(
     if not os.path.isfile(config):
         raise errors.ModelLoadError(
             f"Keras 2 checkpoint {path} has weights but no {MODEL_CONFIG_FILENAME} or "
-            "saved_model/ (a subclassed model): build the model in code and call "
-            f"model.load_weights('{os.path.join(path, WEIGHTS_PREFIX)}')."
+            "saved_model/ (a subclassed model): it holds weights and optimizer state only. "
+            "Build the model in code and pass it: load_checkpoint_model(..., model=my_model) "
+            f"(or model.load_weights('{os.path.join(path, WEIGHTS_PREFIX)}'))."
         )
     with open(config, encoding="utf-8") as f:
         text = f.read()
