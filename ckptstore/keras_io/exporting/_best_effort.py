@@ -82,7 +82,7 @@ def config_shortfall(layout: Any) -> str | None:
     """Why ``layout``'s model has no saved config (None: it has one)."""
     error = getattr(layout, "config_error", None)  # Keras 3
     if error:
-        return f"its config cannot be serialized ({error})"
+        return f"its config cannot be serialized ({' '.join(error.split())[:500]})"
     if hasattr(layout, "export_blocker") and getattr(layout, "config_json", "") is None:
         return "it is subclassed and has no get_config() (Keras 2 model.to_json() failed)"
     return None
@@ -147,8 +147,7 @@ def export_live(model: KerasModel, out_dir: str) -> None:
 
 def reason_of(exc: BaseException) -> str:
     """One line of an export failure for metadata and the warning."""
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:500]
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
 
 
 __all__ = [
