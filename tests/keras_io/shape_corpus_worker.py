@@ -287,7 +287,8 @@ def run_shape(name: str, phase: str, root: str) -> dict:
     last = cb.last_checkpoint
     out.update(steps_here=sigterm.steps_here, iterations=int(model.optimizer.iterations.numpy()))
     # by position: the straight and preempted runs share a process, so layer names differ
-    arrays = {f"model/{i:03d}": v.numpy() for i, v in enumerate(model.variables)}
+    variables = [v for v in model.variables if hasattr(v, "numpy")]  # not Keras 2's handlers
+    arrays = {f"model/{i:03d}": v.numpy() for i, v in enumerate(variables)}
     opt = optimizer_variables(model)
     arrays.update({f"opt/{i:03d}": v.numpy() for i, v in enumerate(opt)})
     np.savez(os.path.join(root, f"{phase}-{name}.npz"), **arrays)
