@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import MutableMapping
@@ -147,7 +148,13 @@ def export_live(model: KerasModel, out_dir: str) -> None:
 
 def reason_of(exc: BaseException) -> str:
     """One line of an export failure for metadata and the warning."""
-    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    # Keras's "could not deserialize" messages quote the whole config before the class it
+    # could not find: keep that part.
+    missing = re.search(r"Could not locate (?:class|function) '[^']+'", text)
+    if missing and missing.start() > 300:
+        return f"{text[:300]} ... {missing.group(0)}"
+    return text[:500]
 
 
 __all__ = [

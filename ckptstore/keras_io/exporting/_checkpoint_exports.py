@@ -116,7 +116,7 @@ class CheckpointExports:
         failure is recorded in ``metadata``). Whether it did."""
         if preempted or not self.policy.wants(final=final, metrics=metrics):
             return False
-        logger.info(
+        logger.warning(
             "SavedModel exported on the training thread (fit() waits for it): %s, "
             "which the export worker process cannot rebuild.",
             why,
