@@ -47,9 +47,11 @@ class DeterminedCallback(backend.CallbackBase):
     ``epoch``, ``metrics``). The final checkpoint also holds an inference SavedModel in
     ``saved_model/`` (see ``export_saved_model``), exported from the checkpoint's own
     ``model.keras`` (Keras 2: ``model_checkpoint.*`` + ``model_config.json``) by a worker
-    process (:mod:`ckptstore.keras_io.exporting`) and verified before the checkpoint commits (on
-    Keras 2 a model no other process can rebuild is exported on the training thread, with a
-    warning). ``fit()`` never waits for an export: a checkpoint carrying one may
+    process (:mod:`ckptstore.keras_io.exporting`) and verified before the checkpoint commits (a
+    model no other process can rebuild, e.g. with classes from ``__main__``, is exported on the
+    training thread, with a warning). The full model's config and the SavedModel are best
+    effort: when one cannot be made the checkpoint commits without it, ``metadata["missing"]``
+    says why and one warning per run names the fix; what resumes training always commits. ``fit()`` never waits for an export: a checkpoint carrying one may
     commit after ``fit()`` returned; :meth:`wait`, reading :attr:`last_checkpoint`, the next
     ``fit()``, leaving ``with ckptstore.core.init(...)`` (``core_context.checkpoint.wait()``)
     and interpreter exit wait for it.
