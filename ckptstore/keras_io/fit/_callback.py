@@ -22,6 +22,7 @@ from ckptstore.keras_io.exporting._policy import ExportPolicy
 from ckptstore.keras_io.fit import _callback_state as state_lib
 from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
 from ckptstore.keras_io.fit._mwms_compat import apply_mwms_compat
+from ckptstore.keras_io.loading._into_model import raise_partial_load
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.keras_io.saving import _snapshot as snapshot_lib
 from ckptstore.keras_io.saving._snapshot import SAVED_MODEL_DIRNAME
@@ -707,14 +708,13 @@ class DeterminedCallback(backend.CallbackBase):
                     f"Could not load checkpoint {uuid} into this model: {exc}. The model "
                     "(layers, shapes) must be the one the checkpoint was saved from."
                 ) from exc
-        for w in caught:
-            text = str(w.message)
-            if "Skipping variable loading" in text or "mismatch" in text.lower():
-                raise errors.ResumeError(
-                    f"Checkpoint {uuid} could not be restored exactly: {text.strip()} Compile "
-                    "the model with the same optimizer it was saved with."
-                )
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        raise_partial_load(
+            caught,
+            lambda text: errors.ResumeError(
+                f"Checkpoint {uuid} could not be restored exactly: {text} Compile the model "
+                "with the same optimizer it was saved with."
+            ),
+        )
 
     def _apply_callback_states(self, states: dict[str, Any]) -> None:
         targets = {

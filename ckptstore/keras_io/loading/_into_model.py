@@ -66,11 +66,22 @@ def _load_keras_file_weights(model: KerasModel, keras_file: str) -> None:
                 "optimizer) must be the one the checkpoint was saved from; build a subclassed "
                 "model (call it on a batch) before loading."
             ) from exc
+    raise_partial_load(
+        caught,
+        lambda text: errors.ModelLoadError(
+            f"{keras_file} does not fit model=: {text} Build the model as it was saved (and "
+            "compile it with the same optimizer, or not at all)."
+        ),
+    )
+
+
+def raise_partial_load(
+    caught: list[warnings.WarningMessage], error: Callable[[str], Exception]
+) -> None:
+    """Keras 3 reports a partial ``load_weights`` (variables skipped, shapes that do not match)
+    only as a warning: raise ``error(text)`` for one, and re-issue the other warnings."""
     for w in caught:
         text = str(w.message)
         if "Skipping variable loading" in text or "mismatch" in text.lower():
-            raise errors.ModelLoadError(
-                f"{keras_file} does not fit model=: {text.strip()} Build the model as it was "
-                "saved (and compile it with the same optimizer, or not at all)."
-            )
+            raise error(text.strip())
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
