@@ -17,7 +17,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
@@ -26,6 +25,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from ckptstore.keras_io._types import KerasModel
+from ckptstore.keras_io.saving._keras2_format import script_classes
 
 logger = logging.getLogger(__name__)
 
@@ -87,29 +87,6 @@ def config_shortfall(layout: Any) -> str | None:
     if hasattr(layout, "export_blocker") and getattr(layout, "config_json", "") is None:
         return "it is subclassed and has no get_config() (Keras 2 model.to_json() failed)"
     return None
-
-
-def script_classes(config_json: str | None) -> list[str]:
-    """Custom classes ``config_json`` names that live in the training script (``__main__``:
-    Keras records them with ``"module": null``), which no other process can import."""
-    found: set[str] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if "class_name" in node and "module" in node:
-                if node.get("registered_name") and node.get("module") in (None, "__main__"):
-                    found.add(str(node.get("registered_name")))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    try:
-        walk(json.loads(config_json or "null"))
-    except ValueError:
-        return []
-    return sorted(found)
 
 
 def export_blocker(layout: Any) -> str | None:

@@ -391,6 +391,29 @@ def _weights_match(model: KerasModel, prefix: str) -> bool:
     return True
 
 
+def script_classes(config_json: str | None) -> list[str]:
+    """Custom classes ``config_json`` names that live in the training script (``__main__``:
+    Keras records them with ``"module": null``), which no other process can import."""
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "class_name" in node and "module" in node:
+                if node.get("registered_name") and node.get("module") in (None, "__main__"):
+                    found.add(str(node.get("registered_name")))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    try:
+        walk(json.loads(config_json or "null"))
+    except ValueError:
+        return []
+    return sorted(found)
+
+
 def worker_export_blocker(model: KerasModel, config_json: str | None) -> str | None:
     """Why a separate process could not rebuild ``model`` (config ``config_json``) to export
     its SavedModel, or None when it can.
@@ -405,8 +428,6 @@ def worker_export_blocker(model: KerasModel, config_json: str | None) -> str | N
         return "the model is subclassed (its config does not describe its layers)"
     if not getattr(model, "built", False):
         return "the model is not built when fit() starts (give it an input shape)"
-    from ckptstore.keras_io.exporting._best_effort import script_classes
-
     try:
         json.loads(config_json)
     except ValueError:
