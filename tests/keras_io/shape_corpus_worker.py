@@ -231,6 +231,67 @@ def shape_endless_generator():
     return compiled(model), (batches(),), {"steps_per_epoch": STEPS}, x, {}
 
 
+class GAN(keras.Model):
+    """A subclassed model with its own train_step and two optimizers, trained on input-only
+    batches (the keras-io DCGAN's shape; the latent batch comes from the data, no RNG)."""
+
+    def __init__(self, discriminator, generator, latent_dim, **kwargs):
+        super().__init__(**kwargs)
+        self.discriminator = discriminator
+        self.generator = generator
+        self.latent_dim = latent_dim
+
+    def compile(self, d_optimizer, g_optimizer):
+        super().compile()
+        self.d_optimizer, self.g_optimizer = d_optimizer, g_optimizer
+        self.loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+
+    @property
+    def metrics(self):
+        return [self.d_loss_tracker, self.g_loss_tracker]
+
+    def call(self, z):
+        return self.generator(z)
+
+    def train_step(self, real):
+        z = tf.matmul(real, tf.ones((real.shape[-1], self.latent_dim)) / 7.0)
+        fake = self.generator(z)
+        both = tf.concat([fake, real], axis=0)
+        labels = tf.concat([tf.ones((tf.shape(real)[0], 1)), tf.zeros((tf.shape(real)[0], 1))], 0)
+        with tf.GradientTape() as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(both))
+        weights = self.discriminator.trainable_weights
+        self.d_optimizer.apply_gradients(zip(tape.gradient(d_loss, weights), weights, strict=True))
+        with tf.GradientTape() as tape:
+            g_loss = self.loss_fn(
+                tf.zeros((tf.shape(real)[0], 1)), self.discriminator(self.generator(z))
+            )
+        weights = self.generator.trainable_weights
+        self.g_optimizer.apply_gradients(zip(tape.gradient(g_loss, weights), weights, strict=True))
+        self.d_loss_tracker.update_state(d_loss)
+        self.g_loss_tracker.update_state(g_loss)
+        return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
+
+
+def _gan():
+    keras.utils.set_random_seed(11)
+    disc = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6), keras.layers.Dense(1)])
+    gen = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4)])
+    gan = GAN(disc, gen, latent_dim=2)
+    gan.compile(keras.optimizers.Adam(0.01), keras.optimizers.Adam(0.02))
+    gan(np.zeros((1, 2), "float32"))  # built before fit, as a loader needs it
+    return gan
+
+
+def shape_gan_two_optimizers():
+    x, _ = numbers()
+    ds = tf.data.Dataset.from_tensor_slices(x).shuffle(N, seed=4).batch(BATCH)
+    z = np.linspace(-1, 1, 2 * N, dtype="float32").reshape(N, 2)
+    return _gan(), (ds,), {}, z, {"model": _gan}
+
+
 SHAPES = {
     name.removeprefix("shape_"): fn
     for name, fn in dict(globals()).items()
@@ -246,7 +307,7 @@ SIGTERM_AT_EPOCH_END = {"endless_generator"}
 
 
 class Sigterm(keras.callbacks.Callback):
-    """SIGTERM to this process right after optimizer step ``step`` (first in the list)."""
+    """SIGTERM to this process right after batch ``step`` of this run (first in the list)."""
 
     def __init__(self, step):
         super().__init__()
@@ -254,7 +315,7 @@ class Sigterm(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps_here += 1
-        if self.step is not None and int(self.model.optimizer.iterations.numpy()) == self.step:
+        if self.step is not None and self.steps_here == self.step:  # the part run starts at 0
             os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -285,11 +346,16 @@ def run_shape(name: str, phase: str, root: str) -> dict:
         model.fit(*args, epochs=EPOCHS, verbose=0, callbacks=[sigterm, cb], **_batch(args, kwargs))
         out.update(preempted=bool(core.preempt.acknowledged), resumed=cb.resumed)
     last = cb.last_checkpoint
-    out.update(steps_here=sigterm.steps_here, iterations=int(model.optimizer.iterations.numpy()))
+    stepped = getattr(model, "d_optimizer", model.optimizer)  # a GAN steps its own optimizers
+    out.update(steps_here=sigterm.steps_here, iterations=int(stepped.iterations.numpy()))
     # by position: the straight and preempted runs share a process, so layer names differ
     variables = [v for v in model.variables if hasattr(v, "numpy")]  # not Keras 2's handlers
     arrays = {f"model/{i:03d}": v.numpy() for i, v in enumerate(variables)}
     opt = optimizer_variables(model)
+    for extra in ("d_optimizer", "g_optimizer"):  # the GAN's own optimizers
+        if hasattr(model, extra):
+            found = getattr(model, extra).variables
+            opt = opt + list(found() if callable(found) else found)
     arrays.update({f"opt/{i:03d}": v.numpy() for i, v in enumerate(opt)})
     np.savez(os.path.join(root, f"{phase}-{name}.npz"), **arrays)
     meta = {}
