@@ -30,9 +30,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WORKER = os.path.join(REPO, "tests", "keras_io", "shape_corpus_worker.py")
 TABLE = os.path.join(REPO, "docs", "reference", "model-shapes.md")
 COLUMNS = {3: 1, 2: 2}  # table column of each Keras version
-#: Known limits (the table says so too): neither Keras saves a stateful RNN's carried states
-#: with its weights, so the resumed epoch starts from zero states.
-NOT_EXACT = {(3, "stateful_rnn"), (2, "stateful_rnn")}
+#: Known limits, not asserted here (the table says what happens): neither Keras saves a stateful
+#: RNN's carried states with its weights, so the resumed epoch starts from zero states; a GAN's
+#: own optimizers are not built when the resumed run loads them (Keras 3 skips their slots).
+NOT_EXACT = {(3, "stateful_rnn"), (2, "stateful_rnn"), (3, "gan_two_optimizers")}
 
 
 def run_phase(workdir, phase: str) -> dict:
@@ -138,7 +139,8 @@ def test_every_shape_resumes_bit_exactly_loads_and_matches_the_docs_table(tmp_pa
         assert "model_config" in final["custom_layer_no_config"]["missing"]
         assert final["custom_layer_no_config"]["load"]["without_model"].endswith("model=")
     warned = "saved without their full model"
-    assert first["stderr"].count(warned) == 2 if KERAS_MAJOR == 3 else True  # straight + part
+    without_config = [s for s in final if "model_config" in final[s].get("missing", {})]
+    assert first["stderr"].count(warned) == 2 * len(without_config)  # one per run (2 per shape)
     assert "register_keras_serializable" in final_run["stderr"]
     # an export that fails (a stateful RNN's fixed batch) leaves the checkpoint without it
     assert "saved_model" in final["stateful_rnn"]["missing"]

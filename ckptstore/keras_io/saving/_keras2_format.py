@@ -362,6 +362,7 @@ def load_weights(model: KerasModel, path: str, *, with_optimizer: bool) -> None:
     try:
         if with_optimizer:
             _create_legacy_slots(model)
+            prefix = _lasting_copy(model, prefix)
             status = model.load_weights(prefix)
         else:
             status = _weights_only_root(model).read(prefix)
@@ -378,6 +379,29 @@ def load_weights(model: KerasModel, path: str, *, with_optimizer: bool) -> None:
             f"Could not load {prefix} into this model: {exc}. The model (layers, shapes) must "
             "be the one the checkpoint was saved from."
         ) from exc
+
+
+def _lasting_copy(model: KerasModel, prefix: str) -> str:
+    """A copy of the checkpoint files at ``prefix`` that lives as long as ``model``.
+
+    TensorFlow restores the slots of an optimizer not built yet (a GAN's own optimizers, which
+    build at their first step) when they are created, reading the files then: a downloaded
+    checkpoint's temporary folder is gone by that time. Hard links where possible."""
+    import shutil
+    import tempfile
+    import weakref
+
+    folder = tempfile.mkdtemp(prefix="ckptstore-deferred-restore-")
+    base = os.path.basename(prefix)
+    for name in os.listdir(os.path.dirname(prefix)):
+        if name.startswith(base + ".") or name == "checkpoint":
+            source = os.path.join(os.path.dirname(prefix), name)
+            try:
+                os.link(source, os.path.join(folder, name))
+            except OSError:
+                shutil.copy2(source, os.path.join(folder, name))
+    weakref.finalize(model, shutil.rmtree, folder, True)
+    return os.path.join(folder, base)
 
 
 def _weights_match(model: KerasModel, prefix: str) -> bool:
