@@ -68,6 +68,10 @@ MODULES = [
     "tests/keras_io/test_trial_warm_start.py::"
     "test_trial_whose_latest_checkpoint_was_imported_from_determined",
     "tests/keras_io/test_trial_warm_start.py::test_determined_folder_read_in_place_on_object_storage",
+    # issue 38: best-effort artifacts, load_checkpoint_model(model=), the model-shape corpus
+    # (which checks the Keras 2 column of docs/reference/model-shapes.md)
+    "tests/keras_io/test_fit_best_effort.py",
+    "tests/keras_io/test_shape_corpus.py",
     # Determined 0.38.1's test_tf_keras_trial.py, ported, with legacy optimizers
     "tests/determined_compat/test_tf_keras_trial_port.py",
     # a TFKerasTrial on two workers (Keras 2's train_on_batch would halve each worker's batch)
@@ -102,10 +106,13 @@ def test_keras_modules_pass_under_keras2():
     # test_tensorboard.py (2), test_keras_callback_state.py (3), test_loaders.py (12),
     # test_keras_context.py (5), test_resume.py (2), test_exact_resume.py (4),
     # test_export_keras2.py (7), test_tf_bundle_keras2.py (2), test_trial_warm_start.py (2),
-    # test_tf_keras_trial_port.py (18), test_trial_slots.py (1), test_gan_trial.py (4)
-    assert passed and int(passed.group(1)) >= 94, tail
+    # test_tf_keras_trial_port.py (18), test_trial_slots.py (1), test_gan_trial.py (4),
+    # test_export_keras2.py's adapted lookups (1), test_fit_best_effort.py (2),
+    # test_shape_corpus.py (1)
+    assert passed and int(passed.group(1)) >= 98, tail
     assert "skipped" not in summary and "xfail" not in summary, tail
     # the keras3_only tests (README, "Keras 2 (tf_keras)"): test_callback.py's snapshot archive
-    # layout and test_loaders.py's bare .keras files; a new one updates this count and the README
+    # layout, test_loaders.py's bare .keras files and test_fit_best_effort.py's layer saving a
+    # generator; a new one updates this count and docs/concepts/keras2.md
     deselected = re.search(r"(\d+) deselected", summary)
-    assert deselected and int(deselected.group(1)) == 2, tail
+    assert deselected and int(deselected.group(1)) == 3, tail

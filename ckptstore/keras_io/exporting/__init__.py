@@ -12,16 +12,16 @@ snapshot it takes for every checkpoint. The callback's writer thread writes ``mo
 that snapshot into the checkpoint's staging folder and then asks an :class:`ExportWorker` — a
 separate Python process started on the first export and kept for the rest of the run — to load
 that file, call ``model.export()`` and verify the result. The checkpoint is committed only after
-the worker answered "verified", so the manifest lists (and checksums) ``saved_model/``; a failed
-export means no commit and a :class:`~ckptstore.errors.BackgroundUploadError` from ``fit()``.
+the worker answered "verified", so the manifest lists (and checksums) ``saved_model/``. A failed
+export is best effort (:mod:`._best_effort`): the checkpoint commits without ``saved_model/``, its
+metadata records why under ``missing``, and the run logs one warning naming the fix.
 
 Why a process and not a thread: see :mod:`._worker`. The cost is the worker's start (importing
 TensorFlow, a few CPU seconds, once per run) and its memory (a second copy of the model while
 exporting). The worker imports the modules the
 model config names for custom layers; classes defined in the training script itself
-(``__main__``) cannot be found there: move them into a module, or train with
-``export_saved_model="never"`` and export later with :func:`export_checkpoint` in a process
-that has them.
+(``__main__``) cannot be found there, so such a model (and one without a config) is exported
+in-process from the live model on the training thread instead, on Keras 3 as on Keras 2.
 
 **Keras 2** (``tf_keras``, ``TF_USE_LEGACY_KERAS=1``): the same, with a worker started with
 ``TF_USE_LEGACY_KERAS=1``. The writer thread writes the Keras 2 checkpoint (``model_checkpoint.*``
@@ -34,7 +34,7 @@ rebuild — subclassed (its config does not describe its layers), not built when
 or using classes/functions of the training script (``__main__``) — is detected when ``fit()``
 starts (:func:`~ckptstore.keras_io.saving._keras2_format.worker_export_blocker`) and, as documented
 fallback, exported on the training thread as before, with a warning saying why; any other
-failure in the worker fails the checkpoint as on Keras 3. :func:`export_checkpoint` of a Keras 2
+failure in the worker leaves the checkpoint without a SavedModel, as on Keras 3. :func:`export_checkpoint` of a Keras 2
 checkpoint exports in the calling process when it runs Keras 2, else in a Keras 2 worker.
 
 **Verification**: see :mod:`._savedmodel`.

@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from ckptstore import errors
+from ckptstore.keras_io.exporting._best_effort import (
+    SAVED_MODEL,
+    Shortfalls,
+    export_live,
+    reason_of,
+)
 from ckptstore.keras_io.exporting._policy import ExportPolicy
 from ckptstore.keras_io.exporting._savedmodel import custom_modules
 from ckptstore.keras_io.exporting._worker import ExportWorker
@@ -40,6 +47,8 @@ class CheckpointExports:
         self._worker: ExportWorker | None = None
         self._modules: tuple[str, list[str]] | None = None
         self._finishers: list[_Finisher] = []
+        #: What this run's checkpoints lack (one warning per artifact per run).
+        self.shortfalls = Shortfalls()
         #: Whether a checkpoint with an export was handed to the writer since the last detach.
         self.submitted = False
 
@@ -51,11 +60,14 @@ class CheckpointExports:
         metrics: Mapping[str, Any],
         config_json: str,
         keras2: bool = False,
+        metadata: dict[str, Any] | None = None,
     ) -> Any:
         """The writer's ``before_commit`` for this checkpoint, or None if it gets no export.
         A preemption's checkpoint never does: the run must stop quickly, the resumed run's
         checkpoints export as the policy says. ``keras2``: the checkpoint is a Keras 2 one
-        (``model_checkpoint.*`` + ``model_config.json``), exported by a Keras 2 worker."""
+        (``model_checkpoint.*`` + ``model_config.json``), exported by a Keras 2 worker.
+        A failed export is best effort: the checkpoint commits without ``saved_model/`` and
+        ``metadata`` (the checkpoint's, still open) records why."""
         if preempted or not self.policy.wants(final=final, metrics=metrics):
             return None
         if self._modules is None or self._modules[0] != config_json:
@@ -68,10 +80,18 @@ class CheckpointExports:
 
         def before_commit(path: str) -> None:
             out = os.path.join(path, SAVED_MODEL_DIRNAME)
-            if keras2:
-                result = worker.export_keras2(path, out, modules=modules)
-            else:
-                result = worker.export(os.path.join(path, MODEL_FILENAME), out, modules=modules)
+            try:
+                if keras2:
+                    result = worker.export_keras2(path, out, modules=modules)
+                else:
+                    model_file = os.path.join(path, MODEL_FILENAME)
+                    result = worker.export(model_file, out, modules=modules)
+            except Exception as exc:  # noqa: BLE001 - a secondary artifact never fails the run
+                shutil.rmtree(out, ignore_errors=True)
+                self.shortfalls.record(
+                    metadata if metadata is not None else {}, SAVED_MODEL, reason_of(exc)
+                )
+                return
             logger.info(
                 "SavedModel exported and verified in %.2f s (max |serve - keras| %.2g)",
                 result.seconds,
@@ -79,6 +99,35 @@ class CheckpointExports:
             )
 
         return before_commit
+
+    def export_here(
+        self,
+        model: Any,
+        out: str,
+        *,
+        final: bool,
+        preempted: bool,
+        metrics: Mapping[str, Any],
+        metadata: dict[str, Any],
+        why: str | None,
+    ) -> bool:
+        """The fallback for a model no worker process can rebuild (``why``): export the live
+        ``model`` to ``out`` on the training thread when the policy wants one (best effort: a
+        failure is recorded in ``metadata``). Whether it did."""
+        if preempted or not self.policy.wants(final=final, metrics=metrics):
+            return False
+        logger.warning(
+            "SavedModel exported on the training thread (fit() waits for it): %s, "
+            "which the export worker process cannot rebuild.",
+            why,
+        )
+        try:
+            export_live(model, out)
+        except Exception as exc:  # noqa: BLE001 - a secondary artifact never fails the run
+            shutil.rmtree(out, ignore_errors=True)
+            self.shortfalls.record(metadata, SAVED_MODEL, reason_of(exc))
+            return False
+        return True
 
     def prestart(self) -> None:
         """Start the worker at the beginning of ``fit()`` when most checkpoints may export

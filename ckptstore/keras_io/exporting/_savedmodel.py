@@ -185,7 +185,6 @@ def export_keras2_folder(
             f"{folder} is a Keras 2 checkpoint; its SavedModel must be exported by Keras 2 "
             f"(tf_keras with {backend.LEGACY_ENV}=1), but tf.keras is {backend.FRAMEWORK} here."
         )
-    keras = backend.keras
     started = time.perf_counter()
     config_path = os.path.join(folder, keras2_format.MODEL_CONFIG_FILENAME)
     if not os.path.isfile(config_path):
@@ -206,7 +205,7 @@ def export_keras2_folder(
     objects = {**_module_classes(config_json, allowed), **dict(custom_objects or {})}
     try:
         with serialization_lib.SafeModeScope(safe_mode):
-            model = keras.models.model_from_json(config_json, custom_objects=objects or None)
+            model = keras2_format.model_from_config_json(config_json, objects or None)
     except Exception as exc:
         hint = (
             " The model uses classes or functions defined in the training script (__main__), "

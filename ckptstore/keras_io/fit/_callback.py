@@ -17,12 +17,14 @@ from ckptstore.keras_io import backend
 from ckptstore.keras_io import data as data_pkg
 from ckptstore.keras_io.backend import keras
 from ckptstore.keras_io.data import _resumable as resumable_data
+from ckptstore.keras_io.exporting import _best_effort as best_effort
 from ckptstore.keras_io.exporting._checkpoint_exports import CheckpointExports
 from ckptstore.keras_io.exporting._policy import ExportPolicy
 from ckptstore.keras_io.fit import _callback_state as state_lib
 from ckptstore.keras_io.fit import _fit_log
 from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
 from ckptstore.keras_io.fit._mwms_compat import apply_mwms_compat
+from ckptstore.keras_io.loading._into_model import raise_partial_load
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.keras_io.saving import _snapshot as snapshot_lib
 from ckptstore.keras_io.saving import _weights_view as weights_view
@@ -49,9 +51,11 @@ class DeterminedCallback(backend.CallbackBase):
     ``epoch``, ``metrics``). The final checkpoint also holds an inference SavedModel in
     ``saved_model/`` (see ``export_saved_model``), exported from the checkpoint's own
     ``model.keras`` (Keras 2: ``model_checkpoint.*`` + ``model_config.json``) by a worker
-    process (:mod:`ckptstore.keras_io.exporting`) and verified before the checkpoint commits (on
-    Keras 2 a model no other process can rebuild is exported on the training thread, with a
-    warning). ``fit()`` never waits for an export: a checkpoint carrying one may
+    process (:mod:`ckptstore.keras_io.exporting`) and verified before the checkpoint commits (a
+    model no other process can rebuild, e.g. with classes from ``__main__``, is exported on the
+    training thread, with a warning). The full model's config and the SavedModel are best
+    effort: when one cannot be made the checkpoint commits without it, ``metadata["missing"]``
+    says why and one warning per run names the fix; what resumes training always commits. ``fit()`` never waits for an export: a checkpoint carrying one may
     commit after ``fit()`` returned; :meth:`wait`, reading :attr:`last_checkpoint`, the next
     ``fit()``, leaving ``with ckptstore.core.init(...)`` (``core_context.checkpoint.wait()``)
     and interpreter exit wait for it.
@@ -169,6 +173,8 @@ class DeterminedCallback(backend.CallbackBase):
 
         self._writer: CheckpointWriter | None = None
         self._layout: snapshot_lib.StateLayout | keras2_format.Keras2Layout | None = None
+        #: Why the export worker cannot rebuild the model (exported in-process); None: it can.
+        self._export_blocker: str | None = None
         self._callbacks: list[Any] = []
         self._pending_callback_states: dict[str, Any] | None = None
         self._loaded = False
@@ -253,9 +259,10 @@ class DeterminedCallback(backend.CallbackBase):
         if self._is_chief:
             if self._layout is None or self._layout.model is not self.model:
                 self._layout = keras2_format.layout_of(self.model)
+                self._export_blocker = best_effort.export_blocker(self._layout)
             if self._writer is None or self._writer.closed:
                 self._writer = CheckpointWriter(self._core.checkpoint)
-            if getattr(self._layout, "export_blocker", None) is None:  # see _save
+            if self._export_blocker is None:  # see _save
                 self._exports.prestart()
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
@@ -490,19 +497,20 @@ class DeterminedCallback(backend.CallbackBase):
         # snapshot first, then the state that goes with them; the writer thread does the rest.
         snap = keras2_format.snapshot_of(self._layout)
         state, arrays = self._training_state(complete)
-        # Keras 2 exports in a Keras 2 worker too (model_checkpoint.* + model_config.json),
-        # unless no other process can rebuild the model (no config, classes from __main__):
-        # then its SavedModel (model.save) is written by _export_on_this_thread.
-        export_blocker = getattr(self._layout, "export_blocker", None)
+        metadata = self._checkpoint_metadata(logs, final=final)
+        # The export runs in a worker process (Keras 2: a Keras 2 worker) from the checkpoint's
+        # files, unless no other process can rebuild the model (no config, classes from
+        # __main__): then _export_on_this_thread exports the live model.
         export_hook = (
             None
-            if export_blocker is not None
+            if self._export_blocker is not None
             else self._exports.hook(
                 final=final,
                 preempted=self._preempted,
                 metrics=_floats(logs),
-                config_json=self._layout.config_json,
+                config_json=self._layout.config_json or "null",
                 keras2=backend.IS_KERAS2,
+                metadata=metadata,
             )
         )
         files = {}
@@ -516,15 +524,23 @@ class DeterminedCallback(backend.CallbackBase):
                 state.data = self._data.snapshot(self._epochs_completed, batches, extra_dir)
             state_json, state_cuts = state.to_json_with_cuts()
             files[state_lib.STATE_FILENAME] = state_json.encode()
-            exported_here = self._export_on_this_thread(export_blocker, logs, final, extra_dir)
+            exported_here = self._export_blocker is not None and self._exports.export_here(
+                self.model,
+                os.path.join(extra_dir, SAVED_MODEL_DIRNAME),
+                final=final,
+                preempted=self._preempted,
+                metrics=_floats(logs),
+                metadata=metadata,
+                why=self._export_blocker,
+            )
             for cb in self._callbacks:
                 hook = getattr(cb, "on_checkpoint_end", None)
                 if cb is not self and callable(hook):
                     hook(extra_dir)
-            saved_model = export_hook is not None or exported_here
+            metadata["saved_model"] = export_hook is not None or exported_here
             job = SaveJob(
                 snapshot=snap,
-                metadata=self._checkpoint_metadata(logs, final=final, saved_model=saved_model),
+                metadata=metadata,
                 files=files,
                 extra_dir=extra_dir,
                 on_done=self._on_committed,
@@ -568,30 +584,10 @@ class DeterminedCallback(backend.CallbackBase):
         )
         return state, arrays
 
-    def _export_on_this_thread(
-        self, export_blocker: str | None, logs: dict[str, Any], final: bool, extra_dir: str
-    ) -> bool:
-        """Keras 2's documented fallback: write the SavedModel of a model no worker process can
-        rebuild here, when the policy wants one. Whether it did."""
-        if (
-            export_blocker is None
-            or self._preempted
-            or not self._exports.policy.wants(final=final, metrics=_floats(logs))
-        ):
-            return False
-        logger.warning(
-            "SavedModel exported on the training thread (fit() waits for it): %s, "
-            "which the export worker process cannot rebuild.",
-            export_blocker,
-        )
-        keras2_format.export_saved_model(self.model, os.path.join(extra_dir, SAVED_MODEL_DIRNAME))
-        return True
-
-    def _checkpoint_metadata(
-        self, logs: dict[str, Any], *, final: bool, saved_model: bool
-    ) -> dict[str, Any]:
-        """The checkpoint's ``metadata.json`` (Determined's keys plus what a resume checks)."""
-        return {
+    def _checkpoint_metadata(self, logs: dict[str, Any], *, final: bool) -> dict[str, Any]:
+        """The checkpoint's ``metadata.json`` (Determined's keys plus what a resume checks,
+        and ``missing``: the secondary artifacts it lacks, and why)."""
+        metadata = {
             "steps_completed": self._steps_completed,
             "continue_id": self._continue_id_json,
             "epoch": self._epochs_completed,
@@ -600,11 +596,15 @@ class DeterminedCallback(backend.CallbackBase):
             "keras_version": backend.keras.__version__,
             "keras_backend": backend.backend_name(),
             "final": final,
-            "saved_model": saved_model,
+            "full_model": True,
             **self._exports.policy.metadata(),
             # how many workers trained it (TF_CONFIG / Ray Train workers; 1 alone)
             "distributed": {"size": int(getattr(self._core.distributed, "size", 1))},
         }
+        shortfall = best_effort.config_shortfall(self._layout)
+        if shortfall:
+            self._exports.shortfalls.record(metadata, best_effort.MODEL_CONFIG, shortfall)
+        return metadata
 
     def _on_committed(self, uuid: str) -> None:
         self._last_checkpoint = uuid
@@ -612,19 +612,7 @@ class DeterminedCallback(backend.CallbackBase):
 
     # ---- loading ------------------------------------------------------------------------------
     def _ensure_optimizer_built(self) -> None:
-        optimizer = getattr(self.model, "optimizer", None)
-        # Keras 2: legacy optimizers have no build() (TensorFlow restores their slots when the
-        # first step creates them); Keras 2.11+ optimizers keep the flag in ``_built``.
-        if optimizer is None or not hasattr(optimizer, "build"):
-            return
-        if getattr(optimizer, "built", None) or getattr(optimizer, "_built", False):
-            return
-        strategy = getattr(self.model, "distribute_strategy", None)
-        if strategy is not None:
-            with strategy.scope():
-                optimizer.build(self.model.trainable_variables)
-        else:
-            optimizer.build(self.model.trainable_variables)
+        keras2_format.build_optimizer(self.model)
 
     def _load(self, uuid: str) -> None:
         self._set_status("restoring")
@@ -710,14 +698,13 @@ class DeterminedCallback(backend.CallbackBase):
             except (ValueError, KeyError, OSError) as exc:
                 # Keras' message holds weight values: a summary of both models instead.
                 raise _fit_log.other_model(uuid, model_path, self.model, self._core) from exc
-        for w in caught:
-            text = str(w.message)
-            if "Skipping variable loading" in text or "mismatch" in text.lower():
-                raise errors.ResumeError(
-                    f"Checkpoint {uuid} could not be restored exactly: {text.strip()} Compile "
-                    "the model with the same optimizer it was saved with."
-                )
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        raise_partial_load(
+            caught,
+            lambda text: errors.ResumeError(
+                f"Checkpoint {uuid} could not be restored exactly: {text} Compile the model "
+                "with the same optimizer it was saved with."
+            ),
+        )
 
     def _apply_callback_states(self, states: dict[str, Any]) -> None:
         targets = {

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from ckptstore import errors
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.loading._in_place import readable_folder
+from ckptstore.keras_io.loading._into_model import load_into_model
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.keras_io.saving._code_refs import (
     check_code_refs,
@@ -110,6 +111,13 @@ def _check_code(
             config = archive.read("config.json")
         except KeyError:
             return dict(custom_objects or {})  # not a model archive: Keras says so itself
+    if config.strip() == b"null":  # written by DeterminedCallback for a model without config
+        raise errors.ModelLoadError(
+            f"{keras_file} holds no full model, only its weights and optimizer state: the "
+            "model's config could not be saved (see the checkpoint's metadata 'missing'). "
+            "Build the model in code and pass it: load_checkpoint_model(..., model=my_model) "
+            "(or a function returning it)."
+        )
     allowed = check_code_refs(
         config, what=keras_file, modules=modules, custom_objects=custom_objects
     )
@@ -418,6 +426,7 @@ def load_checkpoint_model(
     cache: bool | None = None,
     modules: Sequence[str] = (),
     verify_key: str | os.PathLike[str] | None = None,
+    model: KerasModel | Callable[[], KerasModel] | None = None,
 ) -> KerasModel | SavedModelPredictor:
     """Download, verify and load the model of a checkpoint.
 
@@ -446,12 +455,19 @@ def load_checkpoint_model(
         verify_key: a PEM file with the trusted EC public key (default
             ``CKPTSTORE_VERIFY_KEY``): an unsigned or altered checkpoint is refused before
             Keras reads it (:mod:`ckptstore.checkpointing.signing`).
+        model: a model built in code (or a function with no arguments returning one) to load
+            the checkpoint's weights, and its optimizer state when it is compiled, into: for
+            any checkpoint of either Keras version, including weights-only ones (a model
+            whose config could not be saved, a Keras 2 subclassed model). It is returned.
+            The model must have the checkpoint's layers and shapes (build it first when it
+            is subclassed); nothing the checkpoint names is imported.
 
     Raises:
         TrialNotFound: the registry has no such trial.
         CheckpointNotFound: no such checkpoint, or the trial has none.
         ChecksumMismatch: a downloaded file differs from the manifest.
-        ModelLoadError: the files hold no loadable model.
+        ModelLoadError: the files hold no loadable model (a weights-only checkpoint without
+            ``model=`` says so), or they do not fit ``model``.
         UnsafeCheckpointContent: a Lambda layer with ``safe_mode=True``.
         UntrustedCode: the config names code the caller did not allow (nothing imported).
         SignatureError: a verify key is set and the checkpoint is unsigned or altered.
@@ -483,6 +499,7 @@ def load_checkpoint_model(
             cache=cache,
             modules=modules,
             verify_key=verify_key,
+            model=model,
         )
 
 
@@ -496,16 +513,19 @@ def _download_and_load(
     cache: bool | None = None,
     modules: Sequence[str] = (),
     verify_key: str | os.PathLike[str] | None = None,
+    model: KerasModel | Callable[[], KerasModel] | None = None,
 ) -> KerasModel | SavedModelPredictor:
     """Load checkpoint ``uuid`` (checksums verified): its ``.keras`` file alone, read in place on
-    a local store; every file (the SavedModel too) only for a checkpoint without one."""
+    a local store, or into ``model`` when given (:func:`._into_model.load_into_model`); every
+    file (the SavedModel too) only for a checkpoint without a ``.keras`` file."""
     from ckptstore.checkpointing import CheckpointContext
 
     ckpt = CheckpointContext(store, verify=True, cache=cache, verify_key=verify_key)
     logger.info("Loading checkpoint %s from %s", uuid, store.url)
     keras_file = None
     try:
-        if any(map(_keras_archive, ckpt._manifest(uuid)["files"])):
+        # model=: the caller's model takes any layout's weights (Keras 2's too): every file.
+        if model is None and any(map(_keras_archive, ckpt._manifest(uuid)["files"])):
             with ckpt.restore_path(uuid, selector=_keras_archive) as folder:
                 keras_file = _find_keras_file(os.fspath(folder))
                 if keras_file is not None:
@@ -525,13 +545,16 @@ def _download_and_load(
     tmp = tempfile.mkdtemp(prefix=f"ckptstore-load-{uuid[:8]}-")
     try:
         ckpt.download(uuid, tmp)
-        model = load_model_from_folder(
-            tmp,
-            compile=compile,
-            custom_objects=custom_objects,
-            safe_mode=safe_mode,
-            modules=modules,
-        )
+        if model is not None:
+            model = load_into_model(model, tmp, uuid)
+        else:
+            model = load_model_from_folder(
+                tmp,
+                compile=compile,
+                custom_objects=custom_objects,
+                safe_mode=safe_mode,
+                modules=modules,
+            )
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -91,6 +91,8 @@ class Keras2Layout:
             # building the model in code + load_weights(); log why the file is missing.
             logger.info("Model has no JSON config (%s); %s not written", exc, MODEL_CONFIG_FILENAME)
             config_json = None
+        if config_json is not None:
+            config_json = with_adapted_vocabularies(model, config_json)
         return cls(
             model=model,
             entries=[_Var(v) for v in model.variables],
@@ -251,6 +253,104 @@ def _create_legacy_slots(model: KerasModel) -> None:
         create(model.trainable_variables)
 
 
+def _adapted_vocabulary(layer: Any) -> dict[str, Any] | None:
+    """The config entries that rebuild an adapted Keras 2 lookup (``StringLookup``,
+    ``IntegerLookup``, ``TextVectorization``) with its vocabulary; None for other layers."""
+    import numpy as np
+
+    names = {c.__name__ for c in type(layer).__mro__}
+    if not names & {"IndexLookup", "TextVectorization"}:
+        return None
+    lookup = getattr(layer, "_lookup_layer", layer)
+    if getattr(lookup, "_has_input_vocabulary", True):
+        return None  # built with a vocabulary: its config has it
+    vocabulary = layer.get_vocabulary(include_special_tokens=False)
+    if not vocabulary:
+        return None  # not adapted
+    special = len(layer.get_vocabulary()) - len(vocabulary)
+    entries: dict[str, Any] = {
+        "vocabulary": [v.decode() if isinstance(v, bytes) else v for v in vocabulary]
+        if isinstance(vocabulary[0], (str, bytes))
+        else np.asarray(vocabulary).tolist()
+    }
+    if getattr(lookup, "output_mode", None) == "tf_idf":
+        entries["idf_weights"] = np.asarray(lookup.idf_weights)[special:].tolist()
+    return entries
+
+
+def with_adapted_vocabularies(model: KerasModel, config_json: str) -> str:
+    """``config_json`` with the vocabulary (and tf-idf weights) of every adapted lookup layer of
+    ``model`` put in its layer's config. Keras 2 leaves an adapted vocabulary out of the config
+    and a rebuilt layer is called with an empty one; a lookup whose output size depends on it
+    (multi_hot, count, one_hot, tf_idf) then refuses the checkpoint's vocabulary ("the
+    vocabulary size cannot be changed after the layer is called"), and an "int" lookup's
+    table is never filled. Given in the config, the rebuilt layer matches the saved one."""
+    flatten = getattr(model, "_flatten_layers", None)
+    layers = list(flatten(include_self=False, recursive=True)) if flatten else []
+    adapted = {layer.name: e for layer in layers if (e := _adapted_vocabulary(layer)) is not None}
+    if not adapted:
+        return config_json
+    config = json.loads(config_json)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            inner = node.get("config")
+            if "class_name" in node and isinstance(inner, dict) and inner.get("name") in adapted:
+                inner.update(adapted[inner["name"]])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(config)
+    config[ADAPTED_KEY] = sorted(adapted)
+    return json.dumps(config)
+
+
+#: Top-level key of ``model_config.json``: the adapted lookups whose vocabulary was put in
+#: their config (:func:`with_adapted_vocabularies`); ``model_from_json`` ignores it.
+ADAPTED_KEY = "ckptstore_adapted_lookups"
+
+
+def model_from_config_json(config_json: str, custom_objects: Any = None) -> KerasModel:
+    """``model_from_json`` of a ``model_config.json``, with the adapted lookups as saved.
+
+    A lookup given its vocabulary in the config has no vocabulary weight, which the adapted
+    layer that was saved had; its place among the model's layers with weights (how a TensorFlow
+    checkpoint names them) would shift every later layer's and their weights would silently not
+    load. The weight is given back to the layers :func:`with_adapted_vocabularies` filled in."""
+    from ckptstore.keras_io.backend import keras
+
+    model = keras.models.model_from_json(config_json, custom_objects=custom_objects)
+    adapted = set(json.loads(config_json).get(ADAPTED_KEY) or ())
+    if adapted:
+        from tf_keras.src.layers.preprocessing.index_lookup import VocabWeightHandler
+
+        for layer in model._flatten_layers(include_self=False, recursive=True):
+            if layer.name in adapted:
+                lookup = getattr(layer, "_lookup_layer", layer)
+                lookup._add_trackable(VocabWeightHandler(lookup), False)
+    return model
+
+
+def build_optimizer(model: KerasModel) -> None:
+    """Create ``model.optimizer``'s variables now, so a load restores them (Keras 2 legacy
+    optimizers have no build(): TensorFlow restores their slots when the first step makes them;
+    Keras 2.11+ optimizers keep the flag in ``_built``)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or not hasattr(optimizer, "build"):
+        return
+    if getattr(optimizer, "built", None) or getattr(optimizer, "_built", False):
+        return
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is not None:
+        with strategy.scope():
+            optimizer.build(model.trainable_variables)
+    else:
+        optimizer.build(model.trainable_variables)
+
+
 def load_weights(model: KerasModel, path: str, *, with_optimizer: bool) -> None:
     """Restore ``path/model_checkpoint`` into ``model`` (and its optimizer if ``with_optimizer``).
 
@@ -262,6 +362,7 @@ def load_weights(model: KerasModel, path: str, *, with_optimizer: bool) -> None:
     try:
         if with_optimizer:
             _create_legacy_slots(model)
+            prefix = _lasting_copy(model, prefix)
             status = model.load_weights(prefix)
         else:
             status = _weights_only_root(model).read(prefix)
@@ -280,6 +381,29 @@ def load_weights(model: KerasModel, path: str, *, with_optimizer: bool) -> None:
         ) from exc
 
 
+def _lasting_copy(model: KerasModel, prefix: str) -> str:
+    """A copy of the checkpoint files at ``prefix`` that lives as long as ``model``.
+
+    TensorFlow restores the slots of an optimizer not built yet (a GAN's own optimizers, which
+    build at their first step) when they are created, reading the files then: a downloaded
+    checkpoint's temporary folder is gone by that time. Hard links where possible."""
+    import shutil
+    import tempfile
+    import weakref
+
+    folder = tempfile.mkdtemp(prefix="ckptstore-deferred-restore-")
+    base = os.path.basename(prefix)
+    for name in os.listdir(os.path.dirname(prefix)):
+        if name.startswith(base + ".") or name == "checkpoint":
+            source = os.path.join(os.path.dirname(prefix), name)
+            try:
+                os.link(source, os.path.join(folder, name))
+            except OSError:
+                shutil.copy2(source, os.path.join(folder, name))
+    weakref.finalize(model, shutil.rmtree, folder, True)
+    return os.path.join(folder, base)
+
+
 def _weights_match(model: KerasModel, prefix: str) -> bool:
     """Whether the model's own weights (not its optimizer) restore from ``prefix``."""
     try:
@@ -289,6 +413,29 @@ def _weights_match(model: KerasModel, prefix: str) -> bool:
     except (AssertionError, ValueError, KeyError, OSError):
         return False
     return True
+
+
+def script_classes(config_json: str | None) -> list[str]:
+    """Custom classes ``config_json`` names that live in the training script (``__main__``:
+    Keras records them with ``"module": null``), which no other process can import."""
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if "class_name" in node and "module" in node:
+                if node.get("registered_name") and node.get("module") in (None, "__main__"):
+                    found.add(str(node.get("registered_name")))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    try:
+        walk(json.loads(config_json or "null"))
+    except ValueError:
+        return []
+    return sorted(found)
 
 
 def worker_export_blocker(model: KerasModel, config_json: str | None) -> str | None:
@@ -305,24 +452,11 @@ def worker_export_blocker(model: KerasModel, config_json: str | None) -> str | N
         return "the model is subclassed (its config does not describe its layers)"
     if not getattr(model, "built", False):
         return "the model is not built when fit() starts (give it an input shape)"
-    found: set[str] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if "class_name" in node and "module" in node:
-                module = node.get("module")
-                if node.get("registered_name") and module in (None, "__main__"):
-                    found.add(str(node.get("registered_name")))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
     try:
-        walk(json.loads(config_json))
+        json.loads(config_json)
     except ValueError:
         return "the model config is not JSON"
+    found = script_classes(config_json)
     if found:
         return f"the model uses {sorted(found)} defined in the training script (__main__)"
     return None
@@ -561,14 +695,15 @@ def load_model(
     if not os.path.isfile(config):
         raise errors.ModelLoadError(
             f"Keras 2 checkpoint {path} has weights but no {MODEL_CONFIG_FILENAME} or "
-            "saved_model/ (a subclassed model): build the model in code and call "
-            f"model.load_weights('{os.path.join(path, WEIGHTS_PREFIX)}')."
+            "saved_model/ (a subclassed model): it holds weights and optimizer state only. "
+            "Build the model in code and pass it: load_checkpoint_model(..., model=my_model) "
+            f"(or model.load_weights('{os.path.join(path, WEIGHTS_PREFIX)}'))."
         )
     with open(config, encoding="utf-8") as f:
         text = f.read()
     try:
         with SafeModeScope(safe_mode):
-            model = keras.models.model_from_json(text, custom_objects=objects)
+            model = model_from_config_json(text, objects)
     except (ValueError, TypeError) as exc:
         _raise_if_unsafe(path, exc)
         if has_saved:

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptstore import errors
 from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.saving import _keras_archive as keras_archive
@@ -82,14 +83,21 @@ class StateLayout:
     config_json: str
     assets_dir: str | None
     dynamic: bool
+    #: Why the model config could not be serialized (None: it was); the archive then holds
+    #: the weights and optimizer state (what a resume needs) under a ``null`` config.
+    config_error: str | None = None
 
     @classmethod
     def of(cls, model: KerasModel) -> StateLayout:
         """Walk ``model`` the way ``keras.saving`` does and record its layout."""
         from keras.src.saving import serialization_lib
 
-        with serialization_lib.ObjectSharingScope():
-            config_json = json.dumps(serialization_lib.serialize_keras_object(model))
+        config_error = None
+        try:
+            with serialization_lib.ObjectSharingScope():
+                config_json = json.dumps(serialization_lib.serialize_keras_object(model))
+        except Exception as exc:  # noqa: BLE001 - the config is best effort, weights are not
+            config_json, config_error = "null", f"{type(exc).__name__}: {exc}".strip()
         recorder = _Recorder()
         assets_root = tempfile.mkdtemp(prefix="ckptstore-assets-")
         _walk(model, recorder, "", set(), assets_root)
@@ -103,6 +111,7 @@ class StateLayout:
             config_json=config_json,
             assets_dir=assets_root,
             dynamic=recorder.dynamic,
+            config_error=config_error,
         )
 
     def close(self) -> None:
@@ -156,7 +165,16 @@ class _Recorder:
             self.entries.append(_Entry(self._path, str(key), variable=value))
         else:
             self.dynamic = True
-            self.entries.append(_Entry(self._path, str(key), constant=np.array(value)))
+            array = np.array(value)
+            if array.dtype == object:  # h5py would fail in the writer thread, at the end
+                name = (self._metadata or {}).get("name") or self._path or "the model"
+                raise errors.CheckpointError(
+                    f"Layer {name!r} (at {self._path or '/'!r}) saves {key!r} = "
+                    f"{type(value).__name__}, which is not an array: no checkpoint of this "
+                    "model can be written. Make its save_own_variables() store arrays or "
+                    "variables only (keep Python objects such as generators out of it)."
+                )
+            self.entries.append(_Entry(self._path, str(key), constant=array))
 
     def add_variables(self, variables: list[Any]) -> None:
         for i, variable in enumerate(variables):
