@@ -179,6 +179,7 @@ def export_keras2_folder(
     Raises :class:`~ckptstore.errors.ExportError` (what failed, and what to do)."""
     from ckptstore.keras_io import backend
     from ckptstore.keras_io.saving import _keras2_format as keras2_format
+    from ckptstore.keras_io.saving import _keras2_lookups as keras2_lookups
 
     if not backend.IS_KERAS2:
         raise errors.ExportError(
@@ -205,7 +206,7 @@ def export_keras2_folder(
     objects = {**_module_classes(config_json, allowed), **dict(custom_objects or {})}
     try:
         with serialization_lib.SafeModeScope(safe_mode):
-            model = keras2_format.model_from_config_json(config_json, objects or None)
+            model = keras2_lookups.model_from_config_json(config_json, objects or None)
     except Exception as exc:
         hint = (
             " The model uses classes or functions defined in the training script (__main__), "
