@@ -20,7 +20,13 @@ from ckptstore.keras_io.exporting import ExportPolicy, export_checkpoint
 from ckptstore.storage_backends import open_storage
 from tests.checkpointing._helpers import stored_folder
 from tests.cli.helpers import make_env
-from tests.keras_io.export_common import X, fit, has_saved_model, init
+from tests.keras_io.export_common import (
+    X,
+    assert_committed_without_saved_model,
+    fit,
+    has_saved_model,
+    init,
+)
 from tests.keras_io.keras_under_test import tiny_model
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
@@ -118,18 +124,10 @@ def test_a_failed_export_commits_the_checkpoint_without_it_and_warns_once(tmp_pa
 
     model = keras.Sequential([keras.Input((4,)), LocalDoubler(), keras.layers.Dense(2)])
     model.compile(keras.optimizers.SGD(0.01), loss="mse")
-    with caplog.at_level("WARNING"), init(tmp_path) as ctx:
-        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="every")
-        fit(model, [cb], epochs=2)
-        cb.wait()
-        rows = ctx.registry.list_checkpoints(trial_id=1)
-    assert len(rows) == 2
-    for row in rows:
-        assert row.metadata["saved_model"] is False
-        assert "LocalDoubler" in row.metadata["missing"]["saved_model"]
-        assert not has_saved_model(open_storage(str(tmp_path / "ckpts")), row.uuid)
-    warned = [r for r in caplog.records if "saved without their inference SavedModel" in r.message]
-    assert len(warned) == 1 and "register_keras_serializable" in warned[0].message
+    with init(tmp_path) as ctx:
+        assert_committed_without_saved_model(
+            ctx, model, caplog, "LocalDoubler", "register_keras_serializable"
+        )
 
 
 def test_cli_export_adds_a_verified_saved_model_to_an_existing_checkpoint(tmp_path):

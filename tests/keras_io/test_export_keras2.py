@@ -26,7 +26,13 @@ from ckptstore.keras_io.exporting import export_checkpoint
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.storage_backends import open_storage
 from tests.checkpointing._helpers import stored_folder
-from tests.keras_io.export_common import X, fit, has_saved_model, init
+from tests.keras_io.export_common import (
+    X,
+    assert_committed_without_saved_model,
+    fit,
+    has_saved_model,
+    init,
+)
 from tests.keras_io.keras_under_test import KERAS2_ONLY_MODULE, keras, tiny_model
 
 pytestmark = KERAS2_ONLY_MODULE
@@ -146,18 +152,8 @@ def test_default_exports_only_the_final_checkpoint(tmp_path, no_training_thread_
 def test_a_failed_worker_export_commits_without_it_and_warns_once(tmp_path, caplog):
     # best effort (issue 38): the checkpoints commit without saved_model/, metadata says why
     model = keras2_model(Unbuildable(3.0))
-    with caplog.at_level("WARNING"), init(tmp_path) as ctx:
-        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="every")
-        fit(model, [cb], epochs=2)
-        cb.wait()
-        rows = ctx.registry.list_checkpoints(trial_id=1)
-    assert len(rows) == 2
-    for row in rows:
-        assert row.metadata["saved_model"] is False
-        assert "could not rebuild" in row.metadata["missing"]["saved_model"]
-        assert not has_saved_model(ctx.storage, row.uuid)
-    warned = [r for r in caplog.records if "saved without their inference SavedModel" in r.message]
-    assert len(warned) == 1 and "get_config" in warned[0].message
+    with init(tmp_path) as ctx:
+        assert_committed_without_saved_model(ctx, model, caplog, "could not rebuild", "get_config")
 
 
 def test_adapted_lookups_round_trip_through_save_load_by_uuid_and_export(tmp_path):
