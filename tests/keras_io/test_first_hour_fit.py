@@ -16,7 +16,7 @@ import pytest
 import ckptstore as det
 from ckptstore import errors
 from tests._helpers.fresh_home import fresh_home_env
-from tests.keras_io.keras_under_test import KERAS_MAJOR, tiny_model
+from tests.keras_io.keras_under_test import tiny_model
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
 
@@ -90,16 +90,34 @@ def test_the_lines_show_on_stderr_unless_verbose_0(tmp_path):
     assert "ckptstore: Checkpoint" in shown and "ckptstore: fit() done for trial 2" in shown
 
 
+def _two_lines(error: BaseException) -> str:
+    """The other-model error's text: two lines naming both models, no weight values."""
+    text = str(error)
+    assert len(text.splitlines()) == 2, text
+    assert "Dense(6)" in text and "Sequential" in text, text
+    assert not re.search(r"\d\.\d{4,}", text)  # no weight values
+    return text
+
+
 def test_a_resume_into_another_model_says_which_is_which_in_two_lines(where):
+    """Keras 3 reads the model from model.keras; Keras 2 (the child run of
+    test_keras2_suite.py) from model_config.json beside its TF checkpoint."""
     _fit(where, 3, tiny_model(hidden=6), 1)
     with pytest.raises(errors.ResumeError) as info:
         _fit(where, 3, tiny_model(hidden=0), 2)
-    text = str(info.value)
-    assert len(text.splitlines()) == 2, text
+    text = _two_lines(info.value)
     assert "trial 3" in text and "ckptstore trial delete 3 --yes" in text
-    if KERAS_MAJOR == 3:
-        assert "Dense(6)" in text and "Sequential" in text
-    assert not re.search(r"\d\.\d{4,}", text)  # no weight values
+
+
+def test_a_warm_start_into_another_model_names_both_trials(where):
+    """A warm start (another trial's checkpoint, weights only) into another model says which
+    trial holds which model and never suggests deleting the trial it came from."""
+    source = _fit(where, 5, tiny_model(hidden=6), 1).last_checkpoint
+    with pytest.raises(errors.ResumeError) as info:
+        _fit(where, 6, tiny_model(hidden=0), 1, checkpoint=source)
+    text = _two_lines(info.value)
+    assert f"Checkpoint {source} of trial 5 holds" in text
+    assert "this run is trial 6" in text and "trial delete" not in text
 
 
 def test_starting_fresh_in_a_trial_with_checkpoints_warns(where, caplog):

@@ -1,6 +1,7 @@
 """Issue 39: every UI page renders for signed, deduplicated, sharded and Determined-imported
-checkpoints (a test per kind). A signed checkpoint's trial page answered HTTP 400 (the file
-name model.sig was masked as a secret and its size became '***')."""
+checkpoints (a test per kind), each on local files and on S3 (the moto server). A signed
+checkpoint's trial page answered HTTP 400 (the file name model.sig was masked as a secret and
+its size became '***')."""
 
 from __future__ import annotations
 
@@ -49,9 +50,10 @@ def _upload(env, folder: Path, **options) -> str:
             return ctx.upload(str(folder), {"steps_completed": 1})
 
 
-@pytest.fixture
-def kinds_env(tmp_path):
-    environment = make_env(tmp_path)
+@pytest.fixture(params=("file", "s3"))
+def kinds_env(request, tmp_path, storage_url_factory):
+    """A registry with trial 1 beside a fresh store on local files or on S3."""
+    environment = make_env(tmp_path, storage_url_factory(request.param))
     with Registry(environment.registry_url) as registry:
         registry.ensure_trial(1)
     return environment

@@ -637,7 +637,10 @@ class DeterminedCallback(backend.CallbackBase):
                     self.model, os.path.join(path, USER_MODEL_NAME), self._core.distributed
                 )
             elif backend.IS_KERAS2 or (keras2_weights and not os.path.exists(model_path)):
-                keras2_format.load_into(self.model, path, with_optimizer=continuing)
+                try:
+                    keras2_format.load_into(self.model, path, with_optimizer=continuing)
+                except keras2_format.OtherModelError as exc:  # TF's text may list weight values
+                    raise _fit_log.other_model(uuid, path, self.model, self._core) from exc
             else:
                 self._load_model_file(uuid, model_path, with_optimizer=continuing)
             if continuing:

@@ -18,18 +18,22 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
+import os
 import sys
 import zipfile
 from typing import Any, ClassVar
 
 from ckptstore import errors
+from ckptstore.checkpointing import format as fmt
+from ckptstore.keras_io.saving import _keras2_format as keras2_format
 
 __all__ = ["FitLog", "log_resumed", "log_summary", "other_model", "show_during_fit", "stop_showing"]
 
 logger = logging.getLogger("ckptstore.keras_io.fit")
 _ROOT = logging.getLogger("ckptstore")
+#: A model config read for the message of :func:`other_model` (only its layer names are used).
+_MAX_CONFIG_BYTES = 16 * 2**20
 
 
 def show_during_fit(verbose: object) -> logging.Handler | None:
@@ -145,11 +149,23 @@ def _layers_word(names: list[str]) -> str:
     return shown or "no layers"
 
 
-def _saved_layers(model_path: str) -> str:
-    """The layers of the model in a ``.keras`` file, read from its config (no weights)."""
+def _saved_config(saved: str) -> Any:
+    """The model config a checkpoint holds: ``model.to_json()`` beside a Keras 2 checkpoint's
+    weights (``saved`` a folder), or the ``config.json`` of a ``.keras`` file."""
+    if os.path.isdir(saved):
+        with open(os.path.join(saved, keras2_format.MODEL_CONFIG_FILENAME), "rb") as f:
+            data = f.read(_MAX_CONFIG_BYTES + 1)
+    else:
+        with zipfile.ZipFile(saved) as archive, archive.open("config.json") as f:
+            data = f.read(_MAX_CONFIG_BYTES + 1)
+    return fmt.load_json(data, saved, _MAX_CONFIG_BYTES)
+
+
+def _saved_layers(saved: str) -> str:
+    """The layers of the model a ``.keras`` file or a Keras 2 checkpoint folder holds, read
+    from its config (no weights)."""
     try:
-        with zipfile.ZipFile(model_path) as archive:
-            config = json.loads(archive.read("config.json"))
+        config = _saved_config(saved)
         layers = config.get("config", {}).get("layers", [])
         words = [  # model.layers leaves the InputLayer out: so does this
             _layer(entry["class_name"], entry.get("config", {}))
@@ -157,8 +173,16 @@ def _saved_layers(model_path: str) -> str:
             if entry.get("class_name") != "InputLayer"
         ]
         return f"{config.get('class_name', 'Model')} [{_layers_word(words)}]"
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile, AttributeError, TypeError):
-        return "a model this file does not describe"
+    except (
+        OSError,
+        KeyError,
+        ValueError,
+        zipfile.BadZipFile,
+        AttributeError,
+        TypeError,
+        errors.InvalidCheckpoint,
+    ):
+        return "a model whose config it does not hold"
 
 
 def _layer(class_name: str, config: dict[str, Any]) -> str:
@@ -171,15 +195,29 @@ def _live_layers(model: Any) -> str:
     return f"{type(model).__name__} [{_layers_word(words)}]"
 
 
-def other_model(uuid: str, model_path: str, model: Any, core: Any) -> errors.ResumeError:
-    """The two-line error of a resume into a model of another shape: which trial and
-    checkpoint hold which model, and how to start fresh (Keras' own message dumps weights)."""
-    trial_id = getattr(core, "trial_id", "?")
+def other_model(uuid: str, saved: str, model: Any, core: Any) -> errors.ResumeError:
+    """The two-line error of a resume or warm start into a model of another shape: which trial
+    and checkpoint hold which model, and how to start fresh (Keras' own message dumps weights).
+    ``saved``: the checkpoint's ``.keras`` file, or its folder for a Keras 2 checkpoint.
+
+    Deleting the trial is suggested only when the checkpoint is the running trial's own: a warm
+    start from another trial's checkpoint must not suggest deleting that trial."""
+    running = getattr(core, "trial_id", None)
+    holder = running
     with contextlib.suppress(Exception):
-        trial_id = core.registry.get_checkpoint(uuid).trial_id
+        holder = core.registry.get_checkpoint(uuid).trial_id
+    if holder is not None and holder == running:
+        fresh = (
+            "To start fresh pass checkpoint=None in a new trial (core.init() without trial_id), "
+            f"or delete trial {holder} first: ckptstore trial delete {holder} --yes"
+        )
+    else:
+        fresh = (
+            f"To start fresh pass checkpoint=None (this run is trial {running}); to warm start, "
+            "pass a checkpoint of a model built like this one."
+        )
+    of_trial = f" of trial {holder}" if holder is not None else ""
     return errors.ResumeError(
-        f"Checkpoint {uuid} of trial {trial_id} holds {_saved_layers(model_path)}; fit() was "
-        f"given {_live_layers(model)}: its weights do not fit this model.\n"
-        f"To start fresh pass checkpoint=None in a new trial (core.init() without trial_id), "
-        f"or delete trial {trial_id} first: ckptstore trial delete {trial_id} --yes"
+        f"Checkpoint {uuid}{of_trial} holds {_saved_layers(saved)}; fit() was given "
+        f"{_live_layers(model)}: its weights do not fit this model.\n{fresh}"
     )

@@ -295,10 +295,16 @@ def load_weights(model: KerasModel, path: str, *, with_optimizer: bool) -> None:
                 f"({type(model.optimizer).__name__}): {exc}. Compile the model with the same "
                 "optimizer it was saved with."
             ) from exc
-        raise errors.ResumeError(
+        raise OtherModelError(
             f"Could not load {prefix} into this model: {exc}. The model (layers, shapes) must "
             "be the one the checkpoint was saved from."
         ) from exc
+
+
+class OtherModelError(errors.ResumeError):
+    """The model's own weights do not fit a Keras 2 checkpoint: another model's. TensorFlow's
+    text may list unmatched variables with their values; DeterminedCallback says instead which
+    checkpoint holds which model (``keras_io.fit._fit_log.other_model``)."""
 
 
 def _lasting_copy(model: KerasModel, prefix: str) -> str:
