@@ -69,8 +69,9 @@ class DeterminedCallback(backend.CallbackBase):
     Resuming: if ``checkpoint`` was written with the same ``continue_id``, training continues
     exactly where it stopped: weights, optimizer slots and ``iterations``, the epoch to start
     from (``fit(initial_epoch=...)`` is overridden), ``steps_completed``, stateful callbacks and
-    RNG states. Otherwise the checkpoint only provides the starting weights (warm start: fresh
-    optimizer, epoch 0). The checkpoint resumed from is protected from checkpoint GC.
+    RNG states; on Keras 3 also the optimizers the model holds in its own attributes (a GAN's
+    ``d_optimizer``; ``optimizers.json`` says which variables each was built for). Otherwise
+    the checkpoint only provides the starting weights (warm start: fresh optimizers, epoch 0). The checkpoint resumed from is protected from checkpoint GC.
 
     Preemption (SIGTERM/SIGINT through ``core_context.preempt``) is checked at batch ends and
     epoch ends; training then saves at that batch boundary and stops. The resumed run continues
