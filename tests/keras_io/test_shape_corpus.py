@@ -31,9 +31,8 @@ WORKER = os.path.join(REPO, "tests", "keras_io", "shape_corpus_worker.py")
 TABLE = os.path.join(REPO, "docs", "reference", "model-shapes.md")
 COLUMNS = {3: 1, 2: 2}  # table column of each Keras version
 #: Known limits, not asserted here (the table says what happens): neither Keras saves a stateful
-#: RNN's carried states with its weights, so the resumed epoch starts from zero states; a GAN's
-#: own optimizers are not built when the resumed run loads them (Keras 3 skips their slots).
-NOT_EXACT = {(3, "stateful_rnn"), (2, "stateful_rnn"), (3, "gan_two_optimizers")}
+#: RNN's carried states with its weights, so the resumed epoch starts from zero states.
+NOT_EXACT = {(3, "stateful_rnn"), (2, "stateful_rnn")}
 
 
 def run_phase(workdir, phase: str) -> dict:

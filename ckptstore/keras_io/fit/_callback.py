@@ -26,6 +26,7 @@ from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
 from ckptstore.keras_io.fit._mwms_compat import apply_mwms_compat
 from ckptstore.keras_io.loading._into_model import raise_partial_load
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving import _optimizers as optimizers_lib
 from ckptstore.keras_io.saving import _snapshot as snapshot_lib
 from ckptstore.keras_io.saving import _weights_view as weights_view
 from ckptstore.keras_io.saving._snapshot import SAVED_MODEL_DIRNAME
@@ -68,8 +69,9 @@ class DeterminedCallback(backend.CallbackBase):
     Resuming: if ``checkpoint`` was written with the same ``continue_id``, training continues
     exactly where it stopped: weights, optimizer slots and ``iterations``, the epoch to start
     from (``fit(initial_epoch=...)`` is overridden), ``steps_completed``, stateful callbacks and
-    RNG states. Otherwise the checkpoint only provides the starting weights (warm start: fresh
-    optimizer, epoch 0). The checkpoint resumed from is protected from checkpoint GC.
+    RNG states; on Keras 3 also the optimizers the model holds in its own attributes (a GAN's
+    ``d_optimizer``; ``optimizers.json`` says which variables each was built for). Otherwise
+    the checkpoint only provides the starting weights (warm start: fresh optimizers, epoch 0). The checkpoint resumed from is protected from checkpoint GC.
 
     Preemption (SIGTERM/SIGINT through ``core_context.preempt``) is checked at batch ends and
     epoch ends; training then saves at that batch boundary and stops. The resumed run continues
@@ -516,6 +518,10 @@ class DeterminedCallback(backend.CallbackBase):
         files = {}
         if arrays:
             files[cb_arrays.ARRAYS_FILENAME] = cb_arrays.arrays_to_bytes(arrays)
+        own = {} if backend.IS_KERAS2 else optimizers_lib.attribute_optimizers(self.model)
+        if own:  # what each was built for: a resume builds it so model.keras fills its slots
+            record = optimizers_lib.describe(self.model, own)
+            files[optimizers_lib.OPTIMIZERS_FILENAME] = json.dumps(record).encode()
         extra_dir = self._user_saved_dir or tempfile.mkdtemp(prefix="ckptstore-extra-")
         self._user_saved_dir = None
         try:
@@ -697,6 +703,10 @@ class DeterminedCallback(backend.CallbackBase):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
+                if with_optimizer:  # a GAN's own optimizers, built as when it was saved
+                    optimizers_lib.build_attribute_optimizers(
+                        self.model, os.path.dirname(model_path)
+                    )
                 weights_view.load_weights(self.model, model_path, with_optimizer=with_optimizer)
             except (ValueError, KeyError, OSError) as exc:
                 # Keras' message holds weight values: a summary of both models instead.
@@ -708,6 +718,8 @@ class DeterminedCallback(backend.CallbackBase):
                 "with the same optimizer it was saved with."
             ),
         )
+        if with_optimizer:
+            optimizers_lib.raise_if_unrestored(self.model, f"checkpoint {uuid}")
 
     def _apply_callback_states(self, states: dict[str, Any]) -> None:
         targets = {

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from ckptstore import errors
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving import _optimizers as optimizers_lib
 from ckptstore.keras_io.saving import _weights_view as weights_view
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME
 
@@ -57,6 +58,8 @@ def _load_keras_file_weights(model: KerasModel, keras_file: str) -> None:
     Keras's own mismatch warnings are raised as ModelLoadError (a silent partial load would
     hand back an untrained model)."""
     keras2_format.build_optimizer(model)
+    # a GAN's own optimizers, built as when it was saved, so that their slots load
+    optimizers_lib.build_attribute_optimizers(model, os.path.dirname(keras_file))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -74,6 +77,7 @@ def _load_keras_file_weights(model: KerasModel, keras_file: str) -> None:
             "compile it with the same optimizer, or not at all)."
         ),
     )
+    optimizers_lib.raise_if_unrestored(model, keras_file)
 
 
 def raise_partial_load(

@@ -86,6 +86,8 @@ class StateLayout:
     #: Why the model config could not be serialized (None: it was); the archive then holds
     #: the weights and optimizer state (what a resume needs) under a ``null`` config.
     config_error: str | None = None
+    #: Each optimizer walked, with its number of variables then (see :meth:`grown`).
+    optimizers: list[tuple[Any, int]] = dataclasses.field(default_factory=list)
 
     @classmethod
     def of(cls, model: KerasModel) -> StateLayout:
@@ -112,7 +114,13 @@ class StateLayout:
             assets_dir=assets_root,
             dynamic=recorder.dynamic,
             config_error=config_error,
+            optimizers=recorder.optimizers,
         )
+
+    def grown(self) -> bool:
+        """Whether an optimizer has built variables since the walk (a GAN's own optimizers
+        build at their first step, after ``fit()`` began): the layout then lacks their slots."""
+        return any(len(opt.variables) != count for opt, count in self.optimizers)
 
     def close(self) -> None:
         """Remove the temporary assets copy, if any."""
@@ -149,6 +157,7 @@ class _Recorder:
         self.entries: list[_Entry] = []
         self.groups: dict[str, dict[str, Any] | None] = {}
         self.dynamic = False
+        self.optimizers: list[tuple[Any, int]] = []
         self._path = ""
         self._metadata: dict[str, Any] | None = None
 
@@ -204,7 +213,9 @@ def _walk(saveable: Any, store: _Recorder, inner_path: str, visited: set[int], a
         metadata = {"name": name} if isinstance(name, str) else None
         store.make(inner_path, metadata=metadata)
         if isinstance(saveable, BaseOptimizer):
-            store.add_variables(list(saveable.variables))
+            variables = list(saveable.variables)
+            store.optimizers.append((saveable, len(variables)))
+            store.add_variables(variables)
         else:
             saveable.save_own_variables(store)
     if hasattr(saveable, "save_assets"):
@@ -302,16 +313,19 @@ def _read_values(layout: StateLayout) -> list[Any]:
 
 def take_snapshot(layout: StateLayout) -> Snapshot:
     """Read every variable of ``layout`` now (cheap; see the module docstring)."""
-    if layout.dynamic:
-        # Some layer saves non-variable state: re-record it so constants are current.
+    if layout.dynamic or layout.grown():
+        # Some layer saves non-variable state, or an optimizer built its slots since the walk:
+        # re-record it so constants are current and every slot is saved.
         fresh = StateLayout.of(layout.model)
         layout.close()
-        layout.entries, layout.groups, layout.assets_dir = (
+        layout.entries, layout.groups, layout.assets_dir, layout.optimizers = (
             fresh.entries,
             fresh.groups,
             fresh.assets_dir,
+            fresh.optimizers,
         )
-    return Snapshot(layout=layout, values=_read_values(layout))
+    # a copy of the layout's fields: a later re-record must not change what this one writes
+    return Snapshot(layout=dataclasses.replace(layout), values=_read_values(layout))
 
 
 def _to_numpy(value: Any) -> np.ndarray:

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ckptstore.keras_io.saving._keras_archive import WEIGHTS_NAME
+from ckptstore.keras_io.saving._optimizers import attribute_optimizers
 from ckptstore.storage_backends.local import copy_range
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -123,8 +124,11 @@ def load_weights(model: Any, keras_file: str, *, with_optimizer: bool = True) ->
         if with_optimizer:
             model.load_weights(path)
         else:
-            skip = [model.optimizer] if getattr(model, "optimizer", None) is not None else None
-            saving_lib.load_weights_only(model, path, objects_to_skip=skip)
+            # the model's own optimizers too (a GAN's), which a warm start leaves fresh
+            skip = [*attribute_optimizers(model).values()]
+            if getattr(model, "optimizer", None) is not None:
+                skip.append(model.optimizer)
+            saving_lib.load_weights_only(model, path, objects_to_skip=skip or None)
     return how
 
 

@@ -69,12 +69,12 @@ from ckptstore.keras_io.backend import keras
 from ckptstore.keras_io.fit import _callback_state as callback_state
 from ckptstore.keras_io.fit import _mwms_compat as mwms_compat
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving import _optimizers as optimizers_mod
 from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
 from ckptstore.keras_io.saving import _writer as checkpoint_writer
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME
 from ckptstore.keras_io.trial import data as data_mod
 from ckptstore.keras_io.trial import model_part
-from ckptstore.keras_io.trial import optimizers as optimizers_mod
 from ckptstore.keras_io.trial.context import TFKerasTrialContext
 from ckptstore.keras_io.trial.trial import TFKerasTrial
 

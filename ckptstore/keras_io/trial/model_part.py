@@ -8,7 +8,7 @@ only for trials: the checkpoint commits, its metadata's ``missing`` says what is
 and one warning per trial names the fix. Keras 2 writes its TF checkpoint layout
 (:mod:`ckptstore.keras_io.saving._keras2_format`), which holds any model's weights. Every
 optimizer (``model.optimizer`` and the wrapped ones) goes to ``optimizers.json``/``.npz``
-(:mod:`ckptstore.keras_io.trial.optimizers`).
+(:mod:`ckptstore.keras_io.saving._optimizers`).
 
 Example::
 
@@ -31,8 +31,8 @@ from ckptstore import errors
 from ckptstore.keras_io import backend
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving import _optimizers as optimizers
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME
-from ckptstore.keras_io.trial import optimizers
 
 logger = logging.getLogger(__name__)
 
@@ -233,9 +233,7 @@ def build_trial_model(folder: str, modules: Sequence[str] = ()) -> KerasModel:
 def load_into(model: KerasModel, folder: str) -> KerasModel:
     """Load a TFKerasTrial checkpoint's weights, and the state of every optimizer the model
     holds under a name the checkpoint has, into ``model`` (built by the caller's code)."""
-    wrapped = [
-        v for k, v in sorted(vars(model).items()) if hasattr(v, "apply_gradients") and k[0] != "_"
-    ]
+    wrapped = list(optimizers.attribute_optimizers(model).values())
     named = optimizers.named_optimizers(model, wrapped)
     record = optimizers.read(folder) or {}
     named = {k: v for k, v in named.items() if k in record}

@@ -1,4 +1,5 @@
-"""Every optimizer of a TFKerasTrial in its checkpoints, each by name.
+"""Every optimizer of a model in its checkpoints, each by name (TFKerasTrial and
+``DeterminedCallback``).
 
 A trial may train with optimizers that are not ``model.optimizer``: a GAN wraps its generator's
 and discriminator's with ``context.wrap_optimizer`` and passes them to its own ``compile()``,
@@ -10,6 +11,11 @@ in order (``iterations``, learning rate, slots). Resuming builds each optimizer 
 variables, then assigns the values: an optimizer the run never used stays unbuilt, so its absent
 state is not an error. Works for Keras 3 optimizers, Keras 2.11+ ones and Keras 2 legacy ones.
 
+``DeterminedCallback`` (Keras 3) writes only ``optimizers.json``, for the optimizers the model
+holds in its own attributes (:func:`attribute_optimizers`): their values are in ``model.keras``
+already, which Keras loads only into an optimizer built for as many variables, so a resume
+builds them first (:func:`build_attribute_optimizers`).
+
 Example::
 
     named = named_optimizers(model, context.optimizers)
@@ -20,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
@@ -64,6 +71,20 @@ def named_optimizers(model: KerasModel, wrapped: list[Any]) -> dict[str, Any]:
     return named
 
 
+def attribute_optimizers(model: KerasModel) -> dict[str, Any]:
+    """The optimizers ``model`` holds in its own public attributes (a GAN's ``d_optimizer``,
+    set in its ``compile()``), by attribute name; ``model.optimizer`` is not among them."""
+    main = getattr(model, "optimizer", None)
+    return {
+        key: value
+        for key, value in sorted(vars(model).items())
+        if not key.startswith("_")
+        and key != "optimizer"
+        and value is not main
+        and hasattr(value, "apply_gradients")
+    }
+
+
 def _built_for(optimizer: Any, weights: list[Any]) -> list[int] | None:
     """Positions in ``weights`` of the variables ``optimizer`` was built for (None: unbuilt)."""
     trainable = getattr(optimizer, "_trainable_variables", None)  # Keras 3
@@ -82,22 +103,31 @@ def _built_for(optimizer: Any, weights: list[Any]) -> list[int] | None:
     return None
 
 
-def write(folder: str, model: KerasModel, named: dict[str, Any]) -> None:
-    """Write ``optimizers.json`` and ``optimizers.npz`` into checkpoint ``folder``."""
+def describe(model: KerasModel, named: dict[str, Any]) -> dict[str, Any]:
+    """The ``optimizers.json`` record of ``named``: each one's class, the positions in
+    ``model.weights`` of the variables it was built for (None: unbuilt) and its variable count."""
     weights = list(model.weights)
     record: dict[str, Any] = {}
-    arrays: dict[str, np.ndarray] = {}
     for j, (name, optimizer) in enumerate(named.items()):
         built = _built_for(optimizer, weights)
-        values = variables_of(optimizer) if built is not None else []
         record[name] = {
             "class": type(optimizer).__name__,
             "built_for": built,
-            "count": len(values),
+            "count": len(variables_of(optimizer)) if built is not None else 0,
             "key": f"o{j}",
         }
-        for i, var in enumerate(values):
-            arrays[f"o{j}_{i}"] = np.asarray(var.numpy())
+    return record
+
+
+def write(folder: str, model: KerasModel, named: dict[str, Any]) -> None:
+    """Write ``optimizers.json`` and ``optimizers.npz`` into checkpoint ``folder``."""
+    record = describe(model, named)
+    arrays: dict[str, np.ndarray] = {}
+    for name, optimizer in named.items():
+        if record[name]["built_for"] is None:
+            continue
+        for i, var in enumerate(variables_of(optimizer)):
+            arrays[f"{record[name]['key']}_{i}"] = np.asarray(var.numpy())
     with open(os.path.join(folder, OPTIMIZERS_FILENAME), "w", encoding="utf-8") as f:
         json.dump(record, f)
     np.savez(os.path.join(folder, VALUES_FILENAME), **arrays)
@@ -169,13 +199,57 @@ def assign(named: dict[str, Any], record: dict[str, Any], folder: str) -> None:
                 var.assign(value)
 
 
+def build_attribute_optimizers(model: KerasModel, folder: str) -> None:
+    """Build each optimizer of :func:`attribute_optimizers` for the variables it was built
+    for when checkpoint ``folder`` was written (its ``optimizers.json``), so that loading the
+    checkpoint's ``model.keras`` fills its slots: Keras 3 loads an optimizer's state only into
+    one with as many variables, and skips it with a mere warning otherwise. ResumeError when
+    the checkpoint has no record of one of them (another model)."""
+    named = attribute_optimizers(model)
+    record = read(folder)
+    if not named or record is None:
+        return
+    absent = sorted(set(named) - set(record))
+    if absent:
+        raise errors.ResumeError(
+            f"The model holds optimizers {absent} that the checkpoint in {folder} has no state "
+            f"for (it has {sorted(record)}). Build and compile the model as the run that "
+            "wrote it did."
+        )
+    strategy = getattr(model, "distribute_strategy", None)  # slots live where the weights do
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        build(model, named, {k: record[k] for k in named}, folder)
+
+
+def raise_if_unrestored(model: KerasModel, where: str) -> None:
+    """ResumeError when an optimizer of :func:`attribute_optimizers` has taken steps (its
+    ``iterations`` was restored) but holds no slots: its state was not in ``where`` (a
+    checkpoint written before these optimizers were saved whole), so the resume would
+    silently continue from zeroed slots."""
+    for name, optimizer in attribute_optimizers(model).items():
+        iterations = getattr(optimizer, "iterations", None)
+        steps = 0 if iterations is None else int(np.asarray(iterations))
+        if getattr(optimizer, "built", True) or steps == 0:
+            continue
+        raise errors.ResumeError(
+            f"The state of optimizer {name!r} ({type(optimizer).__name__}, {steps} steps) "
+            f"is not in {where}: only its step count was saved, so training cannot "
+            "continue exactly. Resume from a newer checkpoint, or start the optimizer afresh "
+            "with another continue_id (a warm start)."
+        )
+
+
 __all__ = [
     "MODEL_OPTIMIZER",
     "OPTIMIZERS_FILENAME",
     "VALUES_FILENAME",
     "assign",
+    "attribute_optimizers",
     "build",
+    "build_attribute_optimizers",
+    "describe",
     "named_optimizers",
+    "raise_if_unrestored",
     "read",
     "variables_of",
 ]
