@@ -249,8 +249,19 @@ def test_warm_start_loads_weights_only_and_protects(init):
 
 # ---- background failures surface --------------------------------------------------------------
 def test_failed_background_save_raises_from_fit(init, s3_server):
+    # The bucket is there when core.init checks it (a missing one fails there: issue 39) and
+    # gone when the first checkpoint uploads in the background.
+    from tests.servers.emulators import create_bucket, s3_client
+
+    create_bucket(s3_server, "ckptstore-vanishing-bucket")
     with pytest.raises(errors.BackgroundUploadError):
-        with init(storage="s3://ckptstore-no-such-bucket/x") as ctx:
+        with init(storage="s3://ckptstore-vanishing-bucket/x") as ctx:
+            client = s3_client(s3_server)
+            for item in client.list_objects_v2(Bucket="ckptstore-vanishing-bucket").get(
+                "Contents", []
+            ):
+                client.delete_object(Bucket="ckptstore-vanishing-bucket", Key=item["Key"])
+            client.delete_bucket(Bucket="ckptstore-vanishing-bucket")
             cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
             fit(classifier(), [cb], epochs=3)
 

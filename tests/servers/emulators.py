@@ -261,19 +261,23 @@ def start_server(kind: str, workdir: str) -> ServerHandle:
     return STARTERS[kind](workdir)
 
 
+def s3_client(server: ServerHandle):
+    """A boto3 S3 client of a running S3 emulator."""
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        aws_access_key_id=server.env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=server.env["AWS_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
+
+
 def create_bucket(server: ServerHandle, name: str) -> None:
     """Create a bucket (S3, GCS) or container (Azure) on a running emulator."""
     if server.kind in ("s3", "s3rver"):
-        import boto3
-
-        client = boto3.client(
-            "s3",
-            endpoint_url=server.endpoint,
-            aws_access_key_id=server.env["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=server.env["AWS_SECRET_ACCESS_KEY"],
-            region_name="us-east-1",
-        )
-        client.create_bucket(Bucket=name)
+        s3_client(server).create_bucket(Bucket=name)
     elif server.kind == "gcs":
         body = json.dumps({"name": name}).encode()
         request = urllib.request.Request(
