@@ -544,6 +544,8 @@ class DeterminedCallback(backend.CallbackBase):
                 if cb is not self and callable(hook):
                     hook(extra_dir)
             metadata["saved_model"] = export_hook is not None or exported_here
+            # the policy's state after this checkpoint's export decision, for a resumed run
+            metadata.update(self._exports.policy.metadata())
             job = SaveJob(
                 snapshot=snap,
                 metadata=metadata,
@@ -603,7 +605,6 @@ class DeterminedCallback(backend.CallbackBase):
             "keras_backend": backend.backend_name(),
             "final": final,
             "full_model": True,
-            **self._exports.policy.metadata(),
             # how many workers trained it (TF_CONFIG / Ray Train workers; 1 alone)
             "distributed": {"size": int(getattr(self._core.distributed, "size", 1))},
         }
