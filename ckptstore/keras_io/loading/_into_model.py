@@ -42,6 +42,8 @@ def load_into_model(
         if os.path.isfile(keras_file) and not backend.IS_KERAS2:
             _load_keras_file_weights(model, keras_file)
         elif keras2_format.has_weights(path):
+            if optimizer:  # Keras 2.11+ makes slots lazily: made now, the restore fills them
+                keras2_format.build_optimizer(model)
             keras2_format.load_into(model, path, with_optimizer=optimizer)
         else:
             raise errors.ModelLoadError(
