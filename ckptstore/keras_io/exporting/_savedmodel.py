@@ -21,7 +21,7 @@ from typing import Any
 
 from ckptstore import errors
 from ckptstore.keras_io._types import KerasModel
-from ckptstore.keras_io.saving._code_refs import check_code_refs, import_allowed
+from ckptstore.keras_io.saving._code_refs import check_code_refs, import_allowed, imported_objects
 
 logger = logging.getLogger(__name__)
 
@@ -202,8 +202,13 @@ def export_keras2_folder(
     allowed = _import_modules(config_json, modules, custom_objects, config_path)
     from tf_keras.src.saving import serialization_lib
 
-    # Keras 2 finds only registered classes by name: hand it the modules' unregistered ones.
-    objects = {**_module_classes(config_json, allowed), **dict(custom_objects or {})}
+    # Keras 2 finds only registered classes by name: hand it the unregistered ones of the
+    # allowed modules and of modules this process already imported (check_code_refs let both).
+    objects = {
+        **imported_objects(config_json),
+        **_module_classes(config_json, allowed),
+        **dict(custom_objects or {}),
+    }
     try:
         with serialization_lib.SafeModeScope(safe_mode):
             model = keras2_lookups.model_from_config_json(config_json, objects or None)
