@@ -384,7 +384,7 @@ def parse_manifest(data: bytes, uuid: str) -> dict[str, Any]:
     :class:`~ckptstore.errors.UnsafeManifestEntry`, a subclass)."""
     where = f"{uuid}/{MANIFEST_NAME}"
     if data == TOMBSTONE_MANIFEST:
-        raise errors.InvalidCheckpoint(
+        raise errors.CheckpointDeleted(
             f"Checkpoint {uuid} was deleted ({where} holds the tombstone GC and deletes leave); "
             "it is not a checkpoint. Use another checkpoint UUID."
         )
