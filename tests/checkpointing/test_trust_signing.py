@@ -45,16 +45,25 @@ def _loaders():
 def test_in_place_loaders_refuse_a_swapped_whole_file_model_before_keras_opens_it(
     tmp_path, key_pair, monkeypatch
 ):
+    """Also given the ``.keras`` file itself (both loaders take one): the folder holding it is
+    checked, so a swapped file in a signed checkpoint, or a file outside any signed folder,
+    is refused too (naming the file does not skip the signature)."""
     key, pub = key_pair
     store = str(tmp_path / "store")
     uuid = _commit(store, key)
     model = Path(store, uuid, "model.keras")
     os.chmod(model, 0o644)
     model.write_bytes(b"swapped model that predicts 666".ljust(4000, b"6"))
+    loose = tmp_path / "loose" / "model.keras"
+    loose.parent.mkdir()
+    loose.write_bytes(FILES["model.keras"])
     monkeypatch.setenv(signing.VERIFY_KEY_ENV, pub)
     for load in _loaders():
-        with pytest.raises(errors.SignatureError, match="model.keras"):
-            load(os.path.join(store, uuid))
+        for path in (os.path.join(store, uuid), str(model)):
+            with pytest.raises(errors.SignatureError, match="model.keras"):
+                load(path)
+        with pytest.raises(errors.SignatureError, match="not signed"):
+            load(str(loose))
 
 
 def test_in_place_loaders_refuse_unsigned_folders_of_every_layout(tmp_path, key_pair, monkeypatch):

@@ -19,7 +19,6 @@ Example::
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import sys
@@ -28,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptstore import errors
+from ckptstore.checkpointing.format import read_json_file
 from ckptstore.keras_io import backend
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
@@ -174,9 +174,8 @@ def _keras2_config_rebuilds(folder: str) -> bool:
     """Whether ``model_config.json`` describes a model Keras 2 rebuilds (Sequential or
     functional); a subclassed model's is ``{"class_name": "MyModel", "config": {}}``."""
     try:
-        with open(os.path.join(folder, keras2_format.MODEL_CONFIG_FILENAME), encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
+        config = read_json_file(os.path.join(folder, keras2_format.MODEL_CONFIG_FILENAME))
+    except (OSError, errors.InvalidCheckpoint):
         return False
     return isinstance(config, dict) and config.get("class_name") in ("Sequential", "Functional")
 
@@ -186,9 +185,8 @@ def _trial_class(folder: str, modules: Sequence[str]) -> tuple[type, dict[str, A
     from a module this process already imported (using it imports nothing) or one the caller
     allowed with ``modules=``."""
     try:
-        with open(os.path.join(folder, "metadata.json"), encoding="utf-8") as f:
-            metadata = json.load(f)
-    except (OSError, ValueError):
+        metadata = read_json_file(os.path.join(folder, "metadata.json"))
+    except (OSError, errors.InvalidCheckpoint):
         metadata = {}
     spec = metadata.get(TRIAL_CLASS_KEY) if isinstance(metadata, dict) else None
     if not isinstance(spec, str) or ":" not in spec:
