@@ -74,3 +74,12 @@ def test_the_json_files_loaders_read_from_a_folder_are_bounded_too(tmp_path):
     deep = (tmp_path / "load_data.json").read_bytes()
     with pytest.raises(errors.InvalidCheckpoint, match="levels deep"):
         _code_refs.check_code_refs(deep, what="model.keras")
+    # A Determined HDF5 model's training_config: an unreadable one is ignored, as before.
+    import h5py
+
+    from ckptstore.import_determined import weights
+
+    with h5py.File(tmp_path / "model.h5", "w") as f:
+        f.attrs["training_config"] = deep
+    with h5py.File(tmp_path / "model.h5", "r") as f:
+        assert weights._stored_optimizer_config(f) == ("", {})
