@@ -77,6 +77,12 @@ class InvalidCheckpoint(CheckpointError):
     """A checkpoint's MANIFEST.json or metadata.json is missing, malformed or unsafe."""
 
 
+class CheckpointDeleted(CheckpointNotFound, InvalidCheckpoint):
+    """The checkpoint was deleted: its folder holds only the tombstone deletes and GC leave in
+    its commit slot. Not found (exit 3), and "not a checkpoint" to code that catches
+    :class:`InvalidCheckpoint`."""
+
+
 class SignatureError(InvalidCheckpoint):
     """A verify key is configured and the checkpoint is unsigned, signed by another key, or
     altered after signing (:mod:`ckptstore.checkpointing.signing`); nothing read it (exit 5)."""

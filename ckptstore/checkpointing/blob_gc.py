@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import random
 import uuid as _uuid
@@ -65,12 +64,13 @@ def _references(storage: Storage) -> set[str] | None:
         # The marker before the manifest: a writer writes its manifest before it removes its
         # marker, so one of the two is always seen.
         try:
-            marker = json.loads(storage.read_bytes(f"{name}/{fmt.PENDING_MARKER_NAME}"))
+            key = f"{name}/{fmt.PENDING_MARKER_NAME}"
+            marker = fmt.load_json(storage.read_bytes(key), key, fmt.MAX_MANIFEST_BYTES)
             if isinstance(marker, dict) and isinstance(marker.get("blobs"), list):
                 found |= referenced({"blobs": marker["blobs"]})
         except errors.StorageNotFound:
             pass
-        except (ValueError, RecursionError):
+        except errors.InvalidCheckpoint:
             pass  # a damaged marker names nothing (markers are ours: written whole)
         try:
             data = storage.read_bytes(f"{name}/{fmt.MANIFEST_NAME}")

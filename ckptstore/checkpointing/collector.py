@@ -234,7 +234,7 @@ def _collect_leftovers(
         try:
             slot = _commit_slot(storage, name) if name == uuid else None
             if slot == "removed":  # a removal cut short (or done): finish it, keep the fence
-                if not dry_run and not fmt.is_removed(storage, name):
+                if not dry_run and set(storage.list(name)) != {fmt.MANIFEST_NAME}:
                     commit.remove_marked_folder(storage, name)
                 continue
             if slot == "committed":

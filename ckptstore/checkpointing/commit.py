@@ -215,9 +215,10 @@ def write_manifest(storage: Storage, uuid: str, manifest: Mapping[str, Any]) -> 
                 return
             if there == fmt.TOMBSTONE_MANIFEST:
                 raise errors.CheckpointConflict(
-                    f"The upload of checkpoint {uuid} to {storage.url} was stopped longer than "
-                    "GC's grace period (a paused process or a machine asleep), and GC removed "
-                    "its folder meanwhile; nothing was committed. Save again."
+                    f"Checkpoint {uuid} in {storage.url} was removed while its upload was "
+                    "stopped (a paused process or a machine asleep: GC took it for a leftover, "
+                    "or a delete or retention removed it), or the id names a deleted "
+                    "checkpoint; nothing was committed. Save again under a new id."
                 )
         except errors.StorageNotFound:
             pass
@@ -494,14 +495,13 @@ def remove_files(storage: Storage, uuid: str) -> None:
     """Remove checkpoint ``uuid`` from storage: its manifest is replaced by the tombstone
     first (:func:`fence_committed`: a removal cut short leaves a folder readers ignore, never
     a checkpoint with missing files, and an amend that wakes up later cannot rewrite it), then
-    the rest, then the tombstone: the slot of a committed checkpoint was won by its writer, and
-    every later rewrite of it is conditional on the manifest it read, so none can land on an
-    empty slot (an uncommitted folder's tombstone stays: :func:`fence_uncommitted`).
-    Idempotent."""
+    the rest; the tombstone stays for good (one small object per deleted checkpoint): its
+    writer may still be stopped inside a retry of its create-only manifest write (or, for a
+    folder deleted before it committed, before that write), and that write must find the slot
+    taken, whenever it lands. Idempotent."""
     storage.write_bytes(f"{uuid}/{fmt.PENDING_MARKER_NAME}", TOMBSTONE)
     fence_committed(storage, uuid)
     remove_marked_folder(storage, uuid)
-    storage.delete(uuid)
 
 
 def fence_uncommitted(storage: Storage, name: str) -> bool:

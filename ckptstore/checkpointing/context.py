@@ -602,7 +602,9 @@ class CheckpointContext:
     # ---- deleting ----------------------------------------------------------------------------
     def delete(self, storage_id: str, globs: Iterable[str] | None = None) -> None:
         """Delete checkpoint ``storage_id``, or only its files matching ``globs`` (it is then
-        PARTIALLY_DELETED, with a manifest listing what remains)."""
+        PARTIALLY_DELETED, with a manifest listing what remains). A whole delete leaves its
+        tombstone ``<id>/MANIFEST.json`` (28 bytes) for good: reading the id then raises
+        CheckpointDeleted, and a writer stopped mid-commit can never recommit it."""
         self._check_open()
         fmt.check_storage_id(storage_id)
         if globs is None:

@@ -373,6 +373,16 @@ def load_json(data: bytes | str, where: str, max_bytes: int) -> Any:
         raise _refuse(where, f"is not valid JSON ({str(exc)[:200]})") from None
 
 
+def read_json_file(path: str, max_bytes: int = MAX_MANIFEST_BYTES) -> Any:
+    """A JSON file of a local checkpoint folder (``optimizers.json``, Determined's
+    ``load_data.json``, a model config, ...), read as :func:`load_json` reads stored ones: at
+    most ``max_bytes + 1`` bytes are read, and size, depth and syntax errors are
+    InvalidCheckpoint naming ``path``. OSError (a missing file) is the caller's."""
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    return load_json(data, path, max_bytes)
+
+
 def _refuse(where: str, what: str) -> errors.InvalidCheckpoint:
     return errors.InvalidCheckpoint(f"{where} {what}; {_DAMAGED}.")
 
@@ -384,7 +394,7 @@ def parse_manifest(data: bytes, uuid: str) -> dict[str, Any]:
     :class:`~ckptstore.errors.UnsafeManifestEntry`, a subclass)."""
     where = f"{uuid}/{MANIFEST_NAME}"
     if data == TOMBSTONE_MANIFEST:
-        raise errors.InvalidCheckpoint(
+        raise errors.CheckpointDeleted(
             f"Checkpoint {uuid} was deleted ({where} holds the tombstone GC and deletes leave); "
             "it is not a checkpoint. Use another checkpoint UUID."
         )

@@ -51,7 +51,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -60,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore import errors
+from ckptstore.checkpointing import format as ckpt_format
 from ckptstore.import_determined import layouts as det_import
 from ckptstore.import_determined._plan import (
     _LAYER_RE,
@@ -377,11 +377,12 @@ def _stored_optimizer_config(f: Any) -> tuple[str, dict[str, Any]]:
     if raw is None:
         return "", {}
     try:
-        config = json.loads(raw.decode("utf8") if isinstance(raw, bytes) else raw)
+        # Bounded size and depth: a hostile file's deep nesting is ignored, not a RecursionError.
+        config = ckpt_format.load_json(raw, "training_config", ckpt_format.MAX_MANIFEST_BYTES)
         optimizer = config.get("optimizer_config") or {}
         class_name = str(optimizer.get("class_name", "")).split(">")[-1]
         return class_name, dict(optimizer.get("config") or {})
-    except (ValueError, AttributeError, TypeError):
+    except (errors.InvalidCheckpoint, ValueError, AttributeError, TypeError):
         logger.debug("Unreadable training_config in an HDF5 model; ignored.")
         return "", {}
 

@@ -50,3 +50,36 @@ def test_every_checkpoint_json_file_nested_deep_is_a_typed_invalid_checkpoint(tm
         read(storage, uuid)
     # A string holding brackets is not nesting.
     assert fmt.load_json(b'{"a": "[[[[{{{{"}', "x", 100) == {"a": "[[[[{{{{"}
+
+
+def _deep_file(folder, name: str) -> str:
+    path = folder / name
+    path.write_bytes(b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    return str(path)
+
+
+def test_the_json_files_loaders_read_from_a_folder_are_bounded_too(tmp_path):
+    """Beyond MANIFEST.json, metadata.json and callback_state.json: Determined's
+    load_data.json/metadata.json (the in-place loaders read them), ckptstore's
+    optimizers.json and a model config are read with the same bounds: a typed error."""
+    from ckptstore import errors
+    from ckptstore.import_determined import layouts
+    from ckptstore.keras_io.saving import _code_refs, _optimizers
+
+    with pytest.raises(errors.InvalidCheckpoint, match="levels deep"):
+        layouts.read_json(_deep_file(tmp_path, "load_data.json"))
+    _deep_file(tmp_path, "optimizers.json")
+    with pytest.raises(errors.InvalidCheckpoint, match="levels deep"):
+        _optimizers.read(str(tmp_path))
+    deep = (tmp_path / "load_data.json").read_bytes()
+    with pytest.raises(errors.InvalidCheckpoint, match="levels deep"):
+        _code_refs.check_code_refs(deep, what="model.keras")
+    # A Determined HDF5 model's training_config: an unreadable one is ignored, as before.
+    import h5py
+
+    from ckptstore.import_determined import weights
+
+    with h5py.File(tmp_path / "model.h5", "w") as f:
+        f.attrs["training_config"] = deep
+    with h5py.File(tmp_path / "model.h5", "r") as f:
+        assert weights._stored_optimizer_config(f) == ("", {})

@@ -45,16 +45,25 @@ def _loaders():
 def test_in_place_loaders_refuse_a_swapped_whole_file_model_before_keras_opens_it(
     tmp_path, key_pair, monkeypatch
 ):
+    """Also given the ``.keras`` file itself (both loaders take one): the folder holding it is
+    checked, so a swapped file in a signed checkpoint, or a file outside any signed folder,
+    is refused too (naming the file does not skip the signature)."""
     key, pub = key_pair
     store = str(tmp_path / "store")
     uuid = _commit(store, key)
     model = Path(store, uuid, "model.keras")
     os.chmod(model, 0o644)
     model.write_bytes(b"swapped model that predicts 666".ljust(4000, b"6"))
+    loose = tmp_path / "loose" / "model.keras"
+    loose.parent.mkdir()
+    loose.write_bytes(FILES["model.keras"])
     monkeypatch.setenv(signing.VERIFY_KEY_ENV, pub)
     for load in _loaders():
-        with pytest.raises(errors.SignatureError, match="model.keras"):
-            load(os.path.join(store, uuid))
+        for path in (os.path.join(store, uuid), str(model)):
+            with pytest.raises(errors.SignatureError, match="model.keras"):
+                load(path)
+        with pytest.raises(errors.SignatureError, match="not signed"):
+            load(str(loose))
 
 
 def test_in_place_loaders_refuse_unsigned_folders_of_every_layout(tmp_path, key_pair, monkeypatch):
@@ -115,3 +124,38 @@ def test_unsigned_metadata_never_chooses_the_trial_class_imported(tmp_path, key_
     with pytest.raises(errors.SignatureError, match="metadata.json"):
         load_model_from_checkpoint_path(folder, trust_code=True)
     assert not sentinel.exists()
+
+
+class NotATrial:
+    """An imported class that is not a trial: a checkpoint naming it must not build it."""
+
+    built: list[object] = []
+
+    def __init__(self, context) -> None:
+        NotATrial.built.append(context)
+
+
+def test_a_weights_only_trial_checkpoint_never_builds_what_its_metadata_names(
+    tmp_path, key_pair, monkeypatch
+):
+    """A ckptstore TFKerasTrial checkpoint of a subclassed model (weights only) names its trial
+    class and hparams in metadata.json: an imported class that is no TFKerasTrial is never
+    instantiated, and with a verify key the unsigned metadata.json chooses nothing."""
+    from ckptstore.keras import load_model_from_checkpoint_path
+    from ckptstore.keras_io.trial import model_part
+
+    key, pub = key_pair
+    folder = tmp_path / "trial-ckpt"
+    folder.mkdir()
+    (folder / model_part.SEQUENCER_FILENAME).write_text("{}")
+    (folder / model_part.WEIGHTS_FILENAME).write_bytes(b"\x89HDF not really")
+    signing.sign_folder(folder, key)  # every file but metadata.json is signed
+    spec = f"{__name__}:NotATrial"
+    (folder / "metadata.json").write_text(json.dumps({"trial_class": spec, "hparams": {}}))
+    assert model_part.weights_only_trial_checkpoint(str(folder))  # Keras 3's layout
+    with pytest.raises(errors.ModelLoadError, match="no TFKerasTrial subclass"):
+        load_model_from_checkpoint_path(folder)
+    monkeypatch.setenv(signing.VERIFY_KEY_ENV, pub)
+    with pytest.raises(errors.SignatureError, match="metadata.json"):
+        load_model_from_checkpoint_path(folder)
+    assert NotATrial.built == []

@@ -103,8 +103,11 @@ def test_checkpoint_gc_policy(where):
     with Registry(registry) as reg:
         live = {c.uuid for c in reg.list_checkpoints(trial_id=5, states=("COMMITTED",))}
     assert live == {best, latest}
-    # the checkpoint folders left (beside them: .ckptstore-blobs/, the shared chunks)
-    assert sorted(n for n in os.listdir(storage) if not n.startswith(".")) == sorted([best, latest])
+    # the checkpoint folders left (beside them: .ckptstore-blobs/, the shared chunks, and the
+    # tombstones of the deleted ones: a MANIFEST.json alone)
+    folders = [n for n in os.listdir(storage) if not n.startswith(".")]
+    kept = [n for n in folders if os.listdir(os.path.join(storage, n)) != ["MANIFEST.json"]]
+    assert sorted(kept) == sorted([best, latest]) and len(folders) == 3
     with pytest.raises(errors.InvalidConfig, match="save_trial_lastest"):
         with init(storage=storage, registry=registry, checkpoint_gc={"save_trial_lastest": 1}):
             pass

@@ -84,11 +84,11 @@ def test_cli_delete_with_a_read_only_registry_deletes_nothing(tmp_path, postgres
 
 
 class FailingDelete(LocalStorage):
-    """Local storage whose folder deletes fail after the manifest is gone (a storage error
-    mid-delete)."""
+    """Local storage whose deletes of a folder's files fail after its manifest was replaced
+    by the tombstone (a storage error mid-delete)."""
 
     def delete(self, key, globs=None):
-        if "/" not in key and globs is None:
+        if "/" not in key and globs is not None:
             raise errors.StorageUnavailable(f"injected: deleting {key} failed")
         return super().delete(key, globs)
 
@@ -109,7 +109,7 @@ def test_storage_error_mid_delete_is_finished_by_gc(tmp_path, registry_url, capl
                 ctx.gc()
             assert "Finished 1 delete(s) cut short" in caplog.text
         assert reg.get_checkpoint(newest).state == "DELETED"
-    assert not os.path.exists(os.path.join(storage_url, newest))
+    assert fmt.is_removed(open_storage(storage_url), newest)  # only the tombstone stays
     assert fmt.list_committed(open_storage(storage_url)) == [older]
 
 
@@ -132,7 +132,7 @@ def test_sigkill_mid_delete(tmp_path, registry_url, point):
             ctx.gc()  # rolls the delete forward
         assert reg.get_checkpoint(newest).state == "DELETED"
         assert reg.get_checkpoint(older).state == "COMMITTED"
-    assert not os.path.exists(os.path.join(storage_url, newest))
+    assert fmt.is_removed(open_storage(storage_url), newest)  # only the tombstone stays
     assert fmt.list_committed(open_storage(storage_url)) == [older]
 
 

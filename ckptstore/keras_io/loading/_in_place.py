@@ -88,10 +88,15 @@ def readable_folder(path: str) -> Iterator[str]:
     """
     folder = os.path.abspath(path)
     if not os.path.isdir(folder) or not _blob_manifest(folder):
+        # Every layout (whole-file, Determined's, a plain folder) is checked before Keras or
+        # the trial loader opens a file in it, exactly as a download is; a file (a `.keras`
+        # path) is checked as a member of the folder holding it, so naming the file does
+        # not skip the signature naming its folder would check.
         if os.path.isdir(folder):
-            # Every layout (whole-file, Determined's, a plain folder) is checked before
-            # Keras or the trial loader opens a file in it, exactly as a download is.
             signing.verify(folder, subject=_subject(folder))
+        elif signing.verify_key() is not None:
+            parent = os.path.dirname(folder)
+            signing.verify(parent, subject=_subject(parent))
         yield path
         return
     store, uuid = os.path.split(folder)

@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ckptstore import errors
+from ckptstore.checkpointing.format import MAX_MANIFEST_BYTES, load_json
 
 #: Packages whose classes Keras itself resolves: Keras's own family and Python's builtins
 #: (Keras records built-in activations such as ``relu`` under ``builtins``).
@@ -150,13 +151,9 @@ def check_code_refs(
     :class:`~ckptstore.errors.UntrustedCode` for any other non-Keras module it names that the
     caller did not hand over (see the module docstring). ``what`` names the file in errors."""
     if isinstance(config, (str, bytes)):
-        try:
-            config = json.loads(config)
-        except ValueError as exc:
-            raise errors.InvalidCheckpoint(
-                f"The model config in {what} is not JSON ({exc}); the checkpoint is damaged. "
-                "Load another checkpoint."
-            ) from exc
+        # Bounded size and depth (a config nested 100,000 deep is a typed error, not a
+        # RecursionError); InvalidCheckpoint names the file.
+        config = load_json(config, f"The model config in {what}", MAX_MANIFEST_BYTES)
     refs = named_code(config)
     objects = custom_objects or {}
     refused = [

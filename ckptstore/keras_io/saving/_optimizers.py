@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore import errors
+from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io._types import KerasModel
 
 OPTIMIZERS_FILENAME = "optimizers.json"
@@ -138,8 +139,7 @@ def read(folder: str) -> dict[str, Any] | None:
     path = os.path.join(folder, OPTIMIZERS_FILENAME)
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        record = json.load(f)
+    record = fmt.read_json_file(path)  # bounded size and depth: typed errors
     if not isinstance(record, dict):
         raise errors.InvalidCheckpoint(f"{path} is not a JSON object; the checkpoint is damaged.")
     return record

@@ -59,7 +59,7 @@ import numpy as np
 
 from ckptstore import errors
 from ckptstore.checkpointing import signing
-from ckptstore.checkpointing.format import MANIFEST_NAME, check_storage_id
+from ckptstore.checkpointing.format import MANIFEST_NAME, check_storage_id, read_json_file
 from ckptstore.checkpointing.metrics import reported_value
 from ckptstore.experiment.config import ExperimentConfig, Length, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value
@@ -396,8 +396,7 @@ class TrialController:
             seq_path = os.path.join(path, SEQUENCER_FILENAME)
             sequencer = {}
             if os.path.exists(seq_path):
-                with open(seq_path, encoding="utf-8") as f:
-                    sequencer = json.load(f)
+                sequencer = read_json_file(seq_path)  # bounded: typed errors
             model_file = os.path.join(path, MODEL_FILENAME)
             if not os.path.exists(model_file):  # a model Keras could not save whole
                 model_file = os.path.join(path, model_part.WEIGHTS_FILENAME)

@@ -19,7 +19,6 @@ Example::
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import sys
@@ -28,6 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptstore import errors
+from ckptstore.checkpointing import signing
+from ckptstore.checkpointing.format import read_json_file
 from ckptstore.keras_io import backend
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
@@ -174,9 +175,8 @@ def _keras2_config_rebuilds(folder: str) -> bool:
     """Whether ``model_config.json`` describes a model Keras 2 rebuilds (Sequential or
     functional); a subclassed model's is ``{"class_name": "MyModel", "config": {}}``."""
     try:
-        with open(os.path.join(folder, keras2_format.MODEL_CONFIG_FILENAME), encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
+        config = read_json_file(os.path.join(folder, keras2_format.MODEL_CONFIG_FILENAME))
+    except (OSError, errors.InvalidCheckpoint):
         return False
     return isinstance(config, dict) and config.get("class_name") in ("Sequential", "Functional")
 
@@ -185,10 +185,18 @@ def _trial_class(folder: str, modules: Sequence[str]) -> tuple[type, dict[str, A
     """The trial class named in the checkpoint's metadata, its hparams and its module; only
     from a module this process already imported (using it imports nothing) or one the caller
     allowed with ``modules=``."""
+    if signing.verify_key() is not None:
+        # metadata.json is outside every signature: it must not choose the class built, nor
+        # the hyperparameters it is built with.
+        raise errors.SignatureError(
+            f"The TFKerasTrial checkpoint {folder} holds weights only and names its trial "
+            "class and hparams only in metadata.json, which no signature covers, and a verify "
+            "key is set: nothing was built. Build the model with your code and pass it: "
+            "load_model_from_checkpoint_path(path, model=model)."
+        )
     try:
-        with open(os.path.join(folder, "metadata.json"), encoding="utf-8") as f:
-            metadata = json.load(f)
-    except (OSError, ValueError):
+        metadata = read_json_file(os.path.join(folder, "metadata.json"))
+    except (OSError, errors.InvalidCheckpoint):
         metadata = {}
     spec = metadata.get(TRIAL_CLASS_KEY) if isinstance(metadata, dict) else None
     if not isinstance(spec, str) or ":" not in spec:
@@ -211,10 +219,14 @@ def _trial_class(folder: str, modules: Sequence[str]) -> tuple[type, dict[str, A
     found: Any = module
     for part in qualname.split("."):
         found = vars(found).get(part) if hasattr(found, "__dict__") else None
-    if not isinstance(found, type):
+    from ckptstore.keras_io.trial.trial import TFKerasTrial
+
+    # Only a trial class: a checkpoint must not make us instantiate any other class that
+    # happens to be imported.
+    if not isinstance(found, type) or not issubclass(found, TFKerasTrial):
         raise errors.ModelLoadError(
-            f"Module {module_name!r} has no class {qualname!r} (the trial class of {folder}). "
-            "Build the model with your code and pass model=..."
+            f"Module {module_name!r} has no TFKerasTrial subclass {qualname!r} (the trial "
+            f"class {folder} names). Build the model with your code and pass model=..."
         )
     hparams = metadata.get("hparams") if isinstance(metadata.get("hparams"), dict) else {}
     return found, hparams, spec
