@@ -307,3 +307,45 @@ def test_the_experiment_config_is_one_pydantic_model():
             if defined_here and not issubclass(cls, BaseModel) and name not in CONFIG_VALUE_TYPES:
                 twins.append(f"{path.name}: {name}")
     assert twins == [], "a config class that is not one of the pydantic models"
+
+
+# ---- typed values where they enter (issue 43) ----------------------------------------------------
+#: The one owner of the storage precedence (argument -> env var -> default) and of reading a
+#: spec's retention/dedup keys, plus the entry points that are not a second copy of it: the
+#: defaults themselves, Determined's ``info.storage`` (ClusterInfo) and the command line's
+#: ``--storage`` option (click reads the variable).
+STORAGE_RULE_OWNERS = {
+    "ckptstore/storage_backends/spec.py",
+    "ckptstore/storage_backends/config.py",
+    "ckptstore/storage_backends/__init__.py",
+    "ckptstore/defaults.py",
+    "ckptstore/core/_info.py",
+    "ckptstore/cli/state.py",
+    "ckptstore/cli/experiment.py",
+}
+_STORAGE_RULE_CALLS = {
+    "storage_from_env",
+    "env_storage",
+    "default_storage_url",
+    "split_storage_config",
+    "dedup_option",
+}
+
+
+def _calls(source: str) -> list[tuple[str, ast.Call]]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            found.append((name, node))
+    return found
+
+
+def test_a_storage_spec_is_resolved_once():
+    copies = []
+    for path, source in _package_files().items():
+        for name, call in _calls(source):
+            if name in _STORAGE_RULE_CALLS and path not in STORAGE_RULE_OWNERS:
+                copies.append(f"{path}:{call.lineno} {name}()")
+    assert copies == [], "resolve the spec with storage_backends.spec.resolve / StorageConfig"

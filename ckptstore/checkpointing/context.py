@@ -27,8 +27,9 @@ from ckptstore.checkpointing.pins import DEFAULT_PIN_LEASE_SECONDS, PinKeeper
 from ckptstore.checkpointing.reconcile import ReconcileReport, newest_in_storage, reconcile
 from ckptstore.checkpointing.retention import GCPolicy
 from ckptstore.checkpointing.uploader import BackgroundUploader, snapshot_dir
-from ckptstore.storage_backends import Storage, dedup_option, open_storage
+from ckptstore.storage_backends import Storage
 from ckptstore.storage_backends.local import check_links_inside
+from ckptstore.storage_backends.spec import StorageConfig
 from ckptstore.validators import number_at_least
 
 logger = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class CheckpointContext:
 
     def __init__(
         self,
-        storage: Storage | str | Mapping[str, Any],
+        storage: Storage | str | Mapping[str, Any] | StorageConfig,
         *,
         index: CheckpointIndex | None = None,
         trial_id: int | None = None,
@@ -111,10 +112,9 @@ class CheckpointContext:
     ) -> None:
         # A storage opened here is closed here; a caller that opened it may hand it over
         # (owns_storage=True) so there is exactly one owner.
-        self._owns_storage = (
-            not isinstance(storage, Storage) if owns_storage is None else owns_storage
-        )
-        self.storage: Storage = open_storage(storage)
+        given = StorageConfig.parse(storage)
+        self._owns_storage = given.instance is None if owns_storage is None else owns_storage
+        self.storage: Storage = given.open()
         self.storage_url = storage_url or self.storage.url
         self.index = index
         self.trial_id = trial_id
@@ -138,8 +138,8 @@ class CheckpointContext:
         #: is uploaded and billed, on local disk and shared file systems every checkpoint of
         #: a fine-tuning run would otherwise hold the whole model again. The one owner of
         #: this default; ``dedup=False`` (or ``dedup: false`` in the storage dict) opts out.
-        if dedup is None and isinstance(storage, Mapping):
-            dedup = dedup_option(storage)
+        if dedup is None:
+            dedup = given.dedup
         self.dedup = True if dedup is None else bool(dedup)
         self.dedup_chunk_bytes = check_chunk_bytes(dedup_chunk_bytes)
         self.cache = cache_mod.resolve(cache, self.storage)

@@ -528,7 +528,7 @@ class KerasContext:
 
         import numpy as np
 
-        from ckptstore.storage_backends import open_storage, split_storage_config
+        from ckptstore.storage_backends.spec import resolve
 
         if hasattr(data, "to_csv"):
             payload = data.to_csv(index=False).encode()
@@ -538,14 +538,8 @@ class KerasContext:
             payload = buffer.getvalue()
         folder = f"jobs/{self.job_id}" if self.job_id is not None else "outputs"
         key = f"{folder}/{name}"
-        spec = self._storage or trial_info.storage_from_env()
-        if spec is None:
-            from ckptstore import defaults
-
-            spec = defaults.default_storage_url()
-        if isinstance(spec, Mapping):
-            spec = split_storage_config(dict(spec))[0]
-        store = spec if not isinstance(spec, (str, dict)) else open_storage(spec)
+        config = resolve(self._storage or None)
+        store = config.open()
         try:
             url = f"{store.url.rstrip('/')}/{key}"
             if self._distributed.rank == 0:
@@ -553,7 +547,7 @@ class KerasContext:
                 logger.info("Wrote %d bytes to %s", len(payload), url)
             return url
         finally:
-            if store is not spec:
+            if config.instance is None:
                 store.close()
 
     def load_checkpoint_model(
