@@ -342,10 +342,16 @@ def _calls(source: str) -> list[tuple[str, ast.Call]]:
     return found
 
 
-def test_a_storage_spec_is_resolved_once():
-    copies = []
+def test_a_storage_spec_is_resolved_once_and_commit_options_are_typed():
+    copies, probes = [], []
     for path, source in _package_files().items():
         for name, call in _calls(source):
             if name in _STORAGE_RULE_CALLS and path not in STORAGE_RULE_OWNERS:
                 copies.append(f"{path}:{call.lineno} {name}()")
+            text = ast.unparse(call)
+            if name == "signature" and "store_path" in text:
+                probes.append(f"{path}:{call.lineno} {text}")
+            if name == "getattr" and len(call.args) > 1 and ast.unparse(call.args[1]) == "'dedup'":
+                probes.append(f"{path}:{call.lineno} {text}")
     assert copies == [], "resolve the spec with storage_backends.spec.resolve / StorageConfig"
+    assert probes == [], "pass CommitHints to store_path and read CheckpointContext.dedup"

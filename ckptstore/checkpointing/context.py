@@ -22,6 +22,7 @@ from ckptstore.checkpointing.blobs import DEFAULT_CHUNK_BYTES, check_chunk_bytes
 from ckptstore.checkpointing.collector import DEFAULT_GRACE_SECONDS, collect
 from ckptstore.checkpointing.distributed import ProcessGroup
 from ckptstore.checkpointing.download_mode import DownloadMode, check_download_mode
+from ckptstore.checkpointing.hints import CommitHints
 from ckptstore.checkpointing.index import CheckpointIndex
 from ckptstore.checkpointing.pins import DEFAULT_PIN_LEASE_SECONDS, PinKeeper
 from ckptstore.checkpointing.reconcile import ReconcileReport, newest_in_storage, reconcile
@@ -271,6 +272,7 @@ class CheckpointContext:
         background: bool = False,
         checksums: dict[str, str] | None = None,
         cuts: dict[str, list[int]] | None = None,
+        hints: CommitHints | None = None,
     ) -> Iterator[tuple[pathlib.Path, str]]:
         """Yield ``(path, uuid)``: write the checkpoint files into ``path`` (a ``pathlib.Path``,
         as Determined yields); they are committed
@@ -284,7 +286,8 @@ class CheckpointContext:
         values instead of reading the files again. ``cuts``: likewise ``{relpath: [offset,
         ...]}``, where the pieces of a file's content (its tensors) begin and end; with
         ``dedup`` its chunks are cut there, so a changed tensor costs its own bytes. Both are
-        ignored with ``shard=True``."""
+        ignored with ``shard=True``. ``hints``: both as one
+        :class:`~ckptstore.checkpointing.hints.CommitHints` (what the Keras writer passes)."""
         self._check_open()
         self._uploader.raise_pending_error()
         if shard and self.distributed.size > 1:
@@ -313,6 +316,9 @@ class CheckpointContext:
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
+        if hints is not None:  # read now: the writer fills them until the block exits
+            checksums = {**(checksums or {}), **hints.checksums}
+            cuts = {**(cuts or {}), **hints.cuts}
         known = dict(checksums) if checksums else None
         known_cuts = {r: list(c) for r, c in cuts.items()} if cuts else None
         if not background:
