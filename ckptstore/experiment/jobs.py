@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.core import _info as trial_info
+from ckptstore.core import info as trial_info
 from ckptstore.experiment.common import child_process_env, die_with_parent, run_settings
 from ckptstore.experiment.config import ExperimentConfig, load_config, parse_config
 from ckptstore.experiment.runner import (

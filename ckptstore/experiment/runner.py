@@ -6,7 +6,7 @@ records the experiment in the registry, then runs its trials: one after another,
 entrypoint runs in :mod:`ckptstore.keras_io.trial.worker`, a script entrypoint such as
 ``python3 train.py`` runs under ckptstore's interpreter with ``import determined`` resolving to
 ckptstore, see :mod:`ckptstore.launch.process`). Every trial gets its id, hyperparameters, storage and registry
-through the environment (:mod:`ckptstore.core._info`), and its checkpoints, metrics and
+through the environment (:mod:`ckptstore.core.info`), and its checkpoints, metrics and
 GC go through the registry. Trials die with the runner (Linux ``PR_SET_PDEATHSIG``), so a killed
 runner leaves no orphans; ``resume_experiment(id)`` then continues every unfinished trial from
 its latest checkpoint and starts the trials still missing.
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import defaults, errors
-from ckptstore.core import _info as trial_info
+from ckptstore.core import info as trial_info
 from ckptstore.experiment.common import (
     MODEL_DIR_ENV,
     RUNNER_KEY,
@@ -204,12 +204,11 @@ class RunOutcome:
 def searcher_env(config: ExperimentConfig) -> dict[str, str]:
     """What ``core_context.searcher`` in a trial needs: the searcher's lengths and the plugin
     that asks Optuna whether to go on at a rung (see :mod:`ckptstore.core._searcher`)."""
-    from ckptstore.core import _searcher
 
     s = config.searcher
     length = s.search_length()
     env = {
-        _searcher.SEARCHER_ENV: json.dumps(
+        trial_info.SEARCHER_ENV: json.dumps(
             {
                 "name": s.name,
                 "metric": s.metric,
@@ -220,7 +219,7 @@ def searcher_env(config: ExperimentConfig) -> dict[str, str]:
     }
     # (a TFKerasTrial's controller asks the pruner at its rungs itself)
     if s.name == "adaptive_asha" and not config.entrypoint.is_trial_class:
-        env[_searcher.ORACLE_ENV] = "ckptstore.experiment.searcher:oracle_from_env"
+        env[trial_info.ORACLE_ENV] = "ckptstore.experiment.searcher:oracle_from_env"
     return env
 
 

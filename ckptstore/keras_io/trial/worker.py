@@ -2,7 +2,7 @@
 
 ``python -m ckptstore.keras_io.trial.worker`` reads the trial from the environment
 (``CKPTSTORE_TRIAL_ID``, ``CKPTSTORE_EXPERIMENT_ID``, ``CKPTSTORE_HPARAMS``,
-``CKPTSTORE_STORAGE``, ``CKPTSTORE_REGISTRY``; see :mod:`ckptstore.core._info`) plus
+``CKPTSTORE_STORAGE``, ``CKPTSTORE_REGISTRY``; see :mod:`ckptstore.core.info`) plus
 ``CKPTSTORE_MODEL_DIR`` and ``CKPTSTORE_OPTUNA_TRIAL``, loads the experiment config from the
 registry, imports the trial class from the model folder and trains it with
 :class:`~ckptstore.keras_io.trial.controller.TrialController`. It resumes from the trial's latest
@@ -24,7 +24,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.core import _info as trial_info
+from ckptstore.core import info as trial_info
 from ckptstore.experiment.common import MODEL_DIR_ENV, OPTUNA_TRIAL_ENV, experiment_config
 
 if TYPE_CHECKING:
@@ -155,9 +155,8 @@ def _distributed() -> tuple[DistributedContext | None, Any]:
     launcher's or Ray Train's: ``slots_per_trial > 1``), else ``(None, None)``: one process,
     Keras's default strategy, as before."""
     from ckptstore.core import DistributedContext
-    from ckptstore.core._distributed import TF_CONFIG_ENV, parse_tf_config
 
-    if parse_tf_config(os.environ.get(TF_CONFIG_ENV) or "{}") is None:
+    if trial_info.parse_tf_config(os.environ.get(trial_info.TF_CONFIG_ENV) or "{}") is None:
         return None, None
     return DistributedContext.from_tf_config()
 
