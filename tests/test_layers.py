@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -332,9 +333,15 @@ _STORAGE_RULE_CALLS = {
 }
 
 
-def _calls(source: str) -> list[tuple[str, ast.Call]]:
+@functools.cache
+def _trees() -> dict[str, ast.Module]:
+    """Every package module parsed once for the checks below."""
+    return {path: ast.parse(source) for path, source in _package_files().items()}
+
+
+def _calls(tree: ast.Module) -> list[tuple[str, ast.Call]]:
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
@@ -344,11 +351,11 @@ def _calls(source: str) -> list[tuple[str, ast.Call]]:
 
 def test_a_storage_spec_is_resolved_once_and_commit_options_are_typed():
     copies, probes = [], []
-    for path, source in _package_files().items():
-        for name, call in _calls(source):
+    for path, tree in _trees().items():
+        for name, call in _calls(tree):
             if name in _STORAGE_RULE_CALLS and path not in STORAGE_RULE_OWNERS:
                 copies.append(f"{path}:{call.lineno} {name}()")
-            text = ast.unparse(call)
+            text = ast.unparse(call) if name in ("signature", "getattr") else ""
             if name == "signature" and "store_path" in text:
                 probes.append(f"{path}:{call.lineno} {text}")
             if name == "getattr" and len(call.args) > 1 and ast.unparse(call.args[1]) == "'dedup'":
@@ -366,11 +373,11 @@ def _private_imports() -> list[str]:
     """``importer -> private module`` for every import (TYPE_CHECKING ones too) of a ``_x``
     module below another top-level package of ckptstore."""
     found = set()
-    for path, source in _package_files().items():
+    for path, tree in _trees().items():
         parts = path.removesuffix(".py").split("/")
         parts = parts[:-1] if parts[-1] == "__init__" else parts
         package = parts[1] if len(parts) > 1 else ""
-        for node in ast.walk(ast.parse(source)):
+        for node in ast.walk(tree):
             names: list[str] = []
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
@@ -394,9 +401,9 @@ def test_packages_meet_through_public_names():
     # import_determined sits below keras_io: it names the model type from below both.
     migration = [
         f"{path}: {ast.unparse(node)}"
-        for path, source in _package_files().items()
+        for path, tree in _trees().items()
         if path.startswith("ckptstore/import_determined/")
-        for node in ast.walk(ast.parse(source))
+        for node in ast.walk(tree)
         if isinstance(node, (ast.Import, ast.ImportFrom)) and "keras_io" in ast.unparse(node)
     ]
     assert migration == []
