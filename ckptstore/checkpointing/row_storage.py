@@ -39,7 +39,6 @@ from typing import Any
 
 from ckptstore import errors
 from ckptstore.masking import mask_text
-from ckptstore.storage_backends import open_storage
 from ckptstore.storage_backends.local import local_root_from_url
 from ckptstore.storage_backends.spec import StorageConfig
 
@@ -151,4 +150,4 @@ def open_row_storage(config: StorageConfig, recorded: str | None, *, follow: boo
     :func:`storage_of_row` trusts that URL (under ``config``'s, allowed, or followed), else for
     ``config``; the caller closes it."""
     url = storage_of_row(recorded, config.url, follow=follow)
-    return open_storage(url) if url is not None else config.open()
+    return config.open_at(url) if url is not None else config.open()

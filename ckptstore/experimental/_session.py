@@ -53,7 +53,6 @@ class Session:
         ``CKPTSTORE_STORAGE`` / the default, or ``CKPTSTORE_ALLOWED_STORAGE``; ``follow``: a
         download also follows S3/GCS/Azure bucket URLs), else the default."""
         from ckptstore.checkpointing.row_storage import storage_of_row
-        from ckptstore.storage_backends import open_storage
         from ckptstore.storage_backends.spec import resolve
 
         config = resolve(self._storage_spec)
@@ -65,7 +64,7 @@ class Session:
         key = row_url or config.to_env()
         with self._lock:
             if key not in self._storages:
-                self._storages[key] = open_storage(row_url) if row_url else config.open()
+                self._storages[key] = config.open_at(row_url) if row_url else config.open()
             return self._storages[key]
 
     def close(self) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from ckptstore import defaults
 from ckptstore.errors import InvalidConfig, InvalidStorageConfig
-from ckptstore.storage_backends import open_storage
+from ckptstore.storage_backends import open_storage, url_scheme
 from ckptstore.storage_backends.base import Storage
 from ckptstore.storage_backends.config import (
     DEDUP_KEY,
@@ -120,6 +120,13 @@ class StorageConfig:
         if self.instance is not None:
             return self.instance
         return open_storage(self.url, **self.options)
+
+    def open_at(self, url: str) -> Storage:
+        """A new ``Storage`` at ``url`` (a registry row's, once trusted) with this config's
+        options (endpoint, credentials, transfer settings) when it is the same backend: a row
+        picks a bucket, never an endpoint or a credential. Another backend gets none."""
+        same = url_scheme(url) == url_scheme(self.url)
+        return open_storage(url, **(self.options if same else {}))
 
 
 def env_storage(environ: Mapping[str, str] | None = None) -> str | dict[str, Any] | None:

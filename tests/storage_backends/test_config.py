@@ -243,3 +243,11 @@ def test_a_storage_config_reaches_a_child_process_unchanged(spec, gc, dedup, ext
     assert (child.url, dict(child.options)) == (parent.url, dict(parent.options))
     assert (dict(child.retention), child.dedup) == (dict(parent.retention), parent.dedup)
     assert parent.retention == {**extra, **(gc if isinstance(spec, dict) else {})}
+
+
+def test_a_trusted_row_url_is_opened_with_the_callers_own_options(tmp_path):
+    # A registry row picks a location, never the options: the same backend gets the caller's.
+    config = resolve({"type": "directory", "container_path": str(tmp_path / "a"), "concurrency": 3})
+    with config.open_at(str(tmp_path / "b")) as same, config.open_at("memory://other") as other:
+        assert same.url.endswith("/b") and same.concurrency == 3
+        assert other.url == "memory://other"
