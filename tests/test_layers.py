@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -307,3 +308,115 @@ def test_the_experiment_config_is_one_pydantic_model():
             if defined_here and not issubclass(cls, BaseModel) and name not in CONFIG_VALUE_TYPES:
                 twins.append(f"{path.name}: {name}")
     assert twins == [], "a config class that is not one of the pydantic models"
+
+
+# ---- typed values where they enter (issue 43) ----------------------------------------------------
+#: The one owner of the storage precedence (argument -> env var -> default) and of reading a
+#: spec's retention/dedup keys, plus the entry points that are not a second copy of it: the
+#: defaults themselves, Determined's ``info.storage`` (ClusterInfo) and the command line's
+#: ``--storage`` option (click reads the variable).
+STORAGE_RULE_OWNERS = {
+    "ckptstore/storage_backends/spec.py",
+    "ckptstore/storage_backends/config.py",
+    "ckptstore/storage_backends/__init__.py",
+    "ckptstore/defaults.py",
+    "ckptstore/core/_info.py",
+    "ckptstore/cli/state.py",
+    "ckptstore/cli/experiment.py",
+}
+_STORAGE_RULE_CALLS = {
+    "storage_from_env",
+    "env_storage",
+    "default_storage_url",
+    "split_storage_config",
+    "dedup_option",
+}
+
+
+@functools.cache
+def _trees() -> dict[str, ast.Module]:
+    """Every package module parsed once for the checks below."""
+    return {path: ast.parse(source) for path, source in _package_files().items()}
+
+
+def _calls(tree: ast.Module) -> list[tuple[str, ast.Call]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            found.append((name, node))
+    return found
+
+
+def test_a_storage_spec_is_resolved_once_and_commit_options_are_typed():
+    copies, probes = [], []
+    for path, tree in _trees().items():
+        for name, call in _calls(tree):
+            if name in _STORAGE_RULE_CALLS and path not in STORAGE_RULE_OWNERS:
+                copies.append(f"{path}:{call.lineno} {name}()")
+            text = ast.unparse(call) if name in ("signature", "getattr") else ""
+            if name == "signature" and "store_path" in text:
+                probes.append(f"{path}:{call.lineno} {text}")
+            if name == "getattr" and len(call.args) > 1 and ast.unparse(call.args[1]) == "'dedup'":
+                probes.append(f"{path}:{call.lineno} {text}")
+    assert copies == [], "resolve the spec with storage_backends.spec.resolve / StorageConfig"
+    assert probes == [], "pass CommitHints to store_path and read CheckpointContext.dedup"
+
+
+#: Imports of another package's private ``_x`` module (issue 43 counted 15; 5 now: the SDK and the
+#: TensorBoard callback use core's cluster-only refusal and TensorBoard sync). May only shrink.
+MAX_PRIVATE_IMPORTS = 5
+
+
+def _private_imports() -> list[str]:
+    """``importer -> private module`` for every import (TYPE_CHECKING ones too) of a ``_x``
+    module below another top-level package of ckptstore."""
+    found = set()
+    for path, tree in _trees().items():
+        parts = path.removesuffix(".py").split("/")
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        package = parts[1] if len(parts) > 1 else ""
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                bits = name.split(".")
+                if bits[0] != "ckptstore" or len(bits) < 3 or bits[1] == package:
+                    continue
+                private = [i for i, b in enumerate(bits) if i > 1 and b.startswith("_")]
+                if private and not bits[private[0]].startswith("__"):
+                    found.add(f"{'.'.join(parts)} -> {'.'.join(bits[: private[0] + 1])}")
+    return sorted(found)
+
+
+def test_packages_meet_through_public_names():
+    found = _private_imports()
+    assert len(found) <= MAX_PRIVATE_IMPORTS, "\n".join(found)
+    # The run-environment contract between runner and trial has a public name.
+    assert not [f for f in found if f.endswith("core._info")]
+    # import_determined sits below keras_io: it names the model type from below both.
+    migration = [
+        f"{path}: {ast.unparse(node)}"
+        for path, tree in _trees().items()
+        if path.startswith("ckptstore/import_determined/")
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and "keras_io" in ast.unparse(node)
+    ]
+    assert migration == []
+
+
+def test_keras_io_reads_determined_folders_without_an_import_hook(tmp_path):
+    # No global hook installed by importing ckptstore.keras: keras_io calls the migration code.
+    (tmp_path / "determined-keras-model-weights.index").write_bytes(b"")
+    code = (
+        "import sys; from ckptstore.keras_io.saving import _keras2_format as k\n"
+        f"print(k.determined_layout({str(tmp_path)!r}), 'ckptstore.keras' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split()
+    assert out == ["tfkeras_trial", "False"]

@@ -29,6 +29,7 @@ from ckptstore.checkpointing.format import (
     scan_checkpoints,
     verify_files,
 )
+from ckptstore.checkpointing.hints import CommitHints
 from ckptstore.checkpointing.index import (
     COMMITTED,
     DELETED,
@@ -48,6 +49,7 @@ from ckptstore.checkpointing.retention import (
 )
 
 __all__ = [
+    "CommitHints",
     "DownloadMode",
     "DownloadReport",
     "AnyOf",

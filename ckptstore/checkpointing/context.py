@@ -22,13 +22,15 @@ from ckptstore.checkpointing.blobs import DEFAULT_CHUNK_BYTES, check_chunk_bytes
 from ckptstore.checkpointing.collector import DEFAULT_GRACE_SECONDS, collect
 from ckptstore.checkpointing.distributed import ProcessGroup
 from ckptstore.checkpointing.download_mode import DownloadMode, check_download_mode
+from ckptstore.checkpointing.hints import CommitHints
 from ckptstore.checkpointing.index import CheckpointIndex
 from ckptstore.checkpointing.pins import DEFAULT_PIN_LEASE_SECONDS, PinKeeper
 from ckptstore.checkpointing.reconcile import ReconcileReport, newest_in_storage, reconcile
 from ckptstore.checkpointing.retention import GCPolicy
 from ckptstore.checkpointing.uploader import BackgroundUploader, snapshot_dir
-from ckptstore.storage_backends import Storage, dedup_option, open_storage
+from ckptstore.storage_backends import Storage
 from ckptstore.storage_backends.local import check_links_inside
+from ckptstore.storage_backends.spec import StorageConfig
 from ckptstore.validators import number_at_least
 
 logger = logging.getLogger(__name__)
@@ -90,7 +92,7 @@ class CheckpointContext:
 
     def __init__(
         self,
-        storage: Storage | str | Mapping[str, Any],
+        storage: Storage | str | Mapping[str, Any] | StorageConfig,
         *,
         index: CheckpointIndex | None = None,
         trial_id: int | None = None,
@@ -111,10 +113,9 @@ class CheckpointContext:
     ) -> None:
         # A storage opened here is closed here; a caller that opened it may hand it over
         # (owns_storage=True) so there is exactly one owner.
-        self._owns_storage = (
-            not isinstance(storage, Storage) if owns_storage is None else owns_storage
-        )
-        self.storage: Storage = open_storage(storage)
+        given = StorageConfig.parse(storage)
+        self._owns_storage = given.instance is None if owns_storage is None else owns_storage
+        self.storage: Storage = given.open()
         self.storage_url = storage_url or self.storage.url
         self.index = index
         self.trial_id = trial_id
@@ -138,8 +139,8 @@ class CheckpointContext:
         #: is uploaded and billed, on local disk and shared file systems every checkpoint of
         #: a fine-tuning run would otherwise hold the whole model again. The one owner of
         #: this default; ``dedup=False`` (or ``dedup: false`` in the storage dict) opts out.
-        if dedup is None and isinstance(storage, Mapping):
-            dedup = dedup_option(storage)
+        if dedup is None:
+            dedup = given.dedup
         self.dedup = True if dedup is None else bool(dedup)
         self.dedup_chunk_bytes = check_chunk_bytes(dedup_chunk_bytes)
         self.cache = cache_mod.resolve(cache, self.storage)
@@ -271,6 +272,7 @@ class CheckpointContext:
         background: bool = False,
         checksums: dict[str, str] | None = None,
         cuts: dict[str, list[int]] | None = None,
+        hints: CommitHints | None = None,
     ) -> Iterator[tuple[pathlib.Path, str]]:
         """Yield ``(path, uuid)``: write the checkpoint files into ``path`` (a ``pathlib.Path``,
         as Determined yields); they are committed
@@ -284,7 +286,8 @@ class CheckpointContext:
         values instead of reading the files again. ``cuts``: likewise ``{relpath: [offset,
         ...]}``, where the pieces of a file's content (its tensors) begin and end; with
         ``dedup`` its chunks are cut there, so a changed tensor costs its own bytes. Both are
-        ignored with ``shard=True``."""
+        ignored with ``shard=True``. ``hints``: both as one
+        :class:`~ckptstore.checkpointing.hints.CommitHints` (what the Keras writer passes)."""
         self._check_open()
         self._uploader.raise_pending_error()
         if shard and self.distributed.size > 1:
@@ -313,6 +316,9 @@ class CheckpointContext:
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
+        if hints is not None:  # read now: the writer fills them until the block exits
+            checksums = {**(checksums or {}), **hints.checksums}
+            cuts = {**(cuts or {}), **hints.cuts}
         known = dict(checksums) if checksums else None
         known_cuts = {r: list(c) for r, c in cuts.items()} if cuts else None
         if not background:

@@ -58,6 +58,18 @@ def check_gc_keys(keys: object, where: str) -> dict[str, Any]:
     return dict(keys)
 
 
+def run_retention(keys: Mapping[str, Any], *, trial_class: bool) -> dict[str, int] | None:
+    """The GC keys a run keeps its checkpoints by, Determined's defaults filled in, from the
+    keys given with its storage (``StorageConfig.retention``, the one route from a YAML block,
+    a ``checkpoint_storage`` dict or ``CKPTSTORE_STORAGE``). A TFKerasTrial always has a policy
+    (Determined's harness applied one); a script has one only when keys were given: None
+    keeps every checkpoint."""
+    given = {k: v for k, v in keys.items() if k in GC_KEYS and v is not None}
+    if not given and not trial_class:
+        return None
+    return {**DETERMINED_DEFAULTS, **given}
+
+
 @dataclasses.dataclass
 class GCContext:
     """What a policy may look at besides the trial's checkpoints."""

@@ -35,16 +35,19 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
+from typing import Any
 
 from ckptstore import errors
 from ckptstore.masking import mask_text
 from ckptstore.storage_backends.local import local_root_from_url
+from ckptstore.storage_backends.spec import StorageConfig
 
 __all__ = [
     "ALLOWED_STORAGE_ENV",
     "FOLLOWED_SCHEMES",
     "allowed_from_env",
     "is_under",
+    "open_row_storage",
     "storage_of_row",
 ]
 
@@ -140,3 +143,11 @@ def storage_of_row(
         f"{ALLOWED_STORAGE_ENV}={shown} (URL prefixes, comma-separated). "
         f"Received: storage_url={shown!r}"
     )
+
+
+def open_row_storage(config: StorageConfig, recorded: str | None, *, follow: bool = False) -> Any:
+    """A new ``Storage`` for a checkpoint a registry row recorded at ``recorded`` when
+    :func:`storage_of_row` trusts that URL (under ``config``'s, allowed, or followed), else for
+    ``config``; the caller closes it."""
+    url = storage_of_row(recorded, config.url, follow=follow)
+    return config.open_at(url) if url is not None else config.open()

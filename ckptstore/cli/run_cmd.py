@@ -54,7 +54,7 @@ def run(ctx: click.Context, trial_id: int | None, config_path: str | None, comma
       ckptstore run -- python3 train.py --epochs 3
       ckptstore --storage s3://b/ckpts run --trial-id 7 -- python3 -m determined.launch.tensorflow -- python3 train.py
     """
-    from ckptstore.core import _info as trial_info
+    from ckptstore.core import info as trial_info
     from ckptstore.experiment.common import child_process_env, run_settings
     from ckptstore.launch.process import child_command
 

@@ -20,13 +20,14 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ckptstore import defaults, errors
+from ckptstore import errors
 from ckptstore.core import _info as trial_info
 from ckptstore.core._heartbeat import Heartbeat
 from ckptstore.core._modes import PreemptMode, TensorboardMode
 from ckptstore.core._preempt import DEFAULT_SIGNALS, PreemptContext
 from ckptstore.core._searcher import SearcherContext
 from ckptstore.core._train import TrainContext
+from ckptstore.storage_backends.spec import StorageConfig, resolve
 
 if TYPE_CHECKING:
     from ckptstore.checkpointing import CheckpointContext
@@ -259,31 +260,6 @@ class Context:
 
 
 # ---- building blocks -----------------------------------------------------------------------------
-def resolve_storage(
-    storage: str | Mapping[str, Any] | Storage | None,
-) -> tuple[str | dict[str, Any] | Storage, dict[str, Any]]:
-    """``(storage spec, gc keys)``: the argument, else ``CKPTSTORE_STORAGE``, else the default
-    local folder. GC keys are taken out of a Determined ``checkpoint_storage`` dict."""
-    if storage is None:
-        storage = trial_info.storage_from_env() or defaults.default_storage_url()
-    if isinstance(storage, Mapping):
-        from ckptstore.storage_backends import split_storage_config
-
-        storage_dict, gc = split_storage_config(dict(storage))
-        return storage_dict, dict(gc)
-    return storage, {}
-
-
-def _storage_dedup(storage: str | Mapping[str, Any] | Storage | None) -> bool | None:
-    """The ``dedup`` key of the ``checkpoint_storage`` dict this run uses (argument, else the
-    launcher's environment), or None."""
-    from ckptstore.storage_backends import dedup_option
-
-    if storage is None:
-        storage = trial_info.storage_from_env()
-    return dedup_option(storage) if isinstance(storage, Mapping) else None
-
-
 def build_gc_policy(checkpoint_gc: Mapping[str, Any] | None) -> GCPolicy | None:
     """A GC policy from Determined's keys, or None (keep every checkpoint) for None.
 
@@ -426,13 +402,13 @@ def init(
     """
     if storage is not None and checkpoint_storage is not None:
         raise errors.InvalidConfig("Pass storage= or checkpoint_storage= (an alias), not both.")
-    given = storage if storage is not None else checkpoint_storage
-    storage_spec, storage_gc = resolve_storage(given)
-    # resolve_storage drops the dict's ``dedup`` key from the storage keys; read it first.
-    dedup = checkpoint_dedup if checkpoint_dedup is not None else _storage_dedup(given)
-    gc_policy = build_gc_policy(
-        checkpoint_gc if checkpoint_gc is not None else (storage_gc or None)
-    )
+    storage_config = resolve(storage if storage is not None else checkpoint_storage)
+    dedup = checkpoint_dedup if checkpoint_dedup is not None else storage_config.dedup
+    if checkpoint_gc is None:
+        from ckptstore.checkpointing.retention import run_retention
+
+        checkpoint_gc = run_retention(storage_config.retention, trial_class=False)
+    gc_policy = build_gc_policy(checkpoint_gc)
     if trial_id is None:
         trial_id = trial_info.parse_int_env(trial_info.TRIAL_ID_ENV)
     if experiment_id is None:
@@ -442,7 +418,7 @@ def init(
     if set_trial_state is None:
         set_trial_state = not os.environ.get(trial_info.TRIAL_STATE_BY_ENV)
     opened = _Opened(
-        storage_spec,
+        storage_config,
         registry,
         distributed if distributed is not None else _single_distributed(),
         owns_distributed=distributed is None or close_distributed,
@@ -480,24 +456,23 @@ class _Opened:
 
     def __init__(
         self,
-        storage_spec: str | dict[str, Any] | Storage,
+        storage: StorageConfig,
         registry: Registry | str | None,
         distributed: DistributedContext,
         *,
         owns_distributed: bool,
     ) -> None:
         from ckptstore.registry import Registry
-        from ckptstore.storage_backends import Storage, open_storage
 
-        self.storage_spec = storage_spec
+        self.storage = storage
         self.registry_arg = registry
         self.owns_registry = not isinstance(registry, Registry)
         self.distributed = distributed
         self.owns_distributed = owns_distributed
         # One owner opens the URL: this Storage is handed to reconcile and to the checkpoint
         # context (which closes it when it is closed), instead of each opening its own.
-        self.owns_store = not isinstance(storage_spec, Storage)
-        self.store = open_storage(storage_spec)
+        self.owns_store = storage.instance is None
+        self.store = storage.open()
         self.reg: Registry | None = None
         self.ckpt: CheckpointContext | None = None
         self.preempt: PreemptContext | None = None
@@ -587,10 +562,10 @@ def _open_context(
         signals=DEFAULT_SIGNALS if preempt_signals else (),
         preempt_mode=preempt_mode,
     )
-    spec = opened.storage_spec
+    given = opened.storage
     info = trial_info.ClusterInfo(
         trial_info.TrialInfo(trial_id=tid, experiment_id=experiment_id, hparams=trial_hparams),
-        storage=spec if isinstance(spec, (str, dict)) else None,
+        storage=None if given.instance is not None else dict(given.block or {}) or given.url,
         registry=reg,
         latest_checkpoint=latest,
     )
@@ -620,4 +595,4 @@ def _open_context(
     return context
 
 
-__all__ = ["Context", "build_gc_policy", "init", "resolve_storage"]
+__all__ = ["Context", "build_gc_policy", "init"]

@@ -112,14 +112,11 @@ def parse_json_env(name: str, environ: Mapping[str, str] | None = None) -> dict[
 
 
 def storage_from_env(environ: Mapping[str, str] | None = None) -> str | dict[str, Any] | None:
-    """``CKPTSTORE_STORAGE`` as a URL, or as a dict when it holds a JSON object; None if unset."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get(STORAGE_ENV, "").strip()
-    if not raw:
-        return None
-    if raw.startswith("{"):
-        return parse_json_env(STORAGE_ENV, environ)
-    return raw
+    """``CKPTSTORE_STORAGE`` as a URL, or as a dict when it holds a JSON object; None if unset
+    (:class:`~ckptstore.storage_backends.config.StorageConfig` parses it)."""
+    from ckptstore.storage_backends.spec import env_storage
+
+    return env_storage(environ)
 
 
 @dataclasses.dataclass
@@ -268,7 +265,7 @@ def lookup_latest_checkpoint(
     from ckptstore.checkpointing.format import sort_records
     from ckptstore.checkpointing.reconcile import newest_in_storage
     from ckptstore.registry import Registry, open_registry
-    from ckptstore.storage_backends import open_storage, split_storage_config
+    from ckptstore.storage_backends.spec import StorageConfig
 
     owned = not isinstance(registry, Registry)
     reg = open_registry(registry)
@@ -279,8 +276,7 @@ def lookup_latest_checkpoint(
         newest_first = list(reversed(sort_records(records)))
         if storage is None:
             return newest_first[0].uuid
-        spec = split_storage_config(dict(storage))[0] if isinstance(storage, Mapping) else storage
-        store = open_storage(spec)
+        store = StorageConfig.parse(storage).open()
         try:
             found = newest_in_storage(store, newest_first, trial_id=trial_id)
         finally:

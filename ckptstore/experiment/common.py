@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ckptstore.core import _info as trial_info
+from ckptstore.core import info as trial_info
 from ckptstore.launch.process import child_command, child_env
 from ckptstore.launch.tensorflow import SLOTS_ENV
 
@@ -34,13 +34,11 @@ RUNNER_KEY = "_ckptstore"
 def runner_set_env() -> frozenset[str]:
     """The variables the runner sets in every trial process (from the experiment and the
     trial): ``environment.environment_variables`` may not name them."""
-    from ckptstore.core import _searcher
-
     return frozenset(
         {trial_info.TRIAL_ID_ENV, trial_info.EXPERIMENT_ID_ENV, trial_info.HPARAMS_ENV}
         | {trial_info.DATA_CONFIG_ENV, trial_info.STORAGE_ENV, trial_info.REGISTRY_ENV}
         | {trial_info.JOB_ID_ENV, MODEL_DIR_ENV, OPTUNA_TRIAL_ENV, SLOTS_ENV}
-        | {_searcher.SEARCHER_ENV, _searcher.ORACLE_ENV}
+        | {trial_info.SEARCHER_ENV, trial_info.ORACLE_ENV}
     )
 
 
@@ -104,7 +102,7 @@ def run_settings(
     registry_url: str | None = None,
     slots: int | None = None,
 ) -> dict[str, str]:
-    """The keys a launched process reads (:mod:`ckptstore.core._info`) for what is given:
+    """The keys a launched process reads (:mod:`ckptstore.core.info`) for what is given:
     its ``data`` config, checkpoint storage, registry and worker count."""
     settings: dict[str, str] = {}
     if data is not None:

@@ -51,7 +51,7 @@ from pydantic import (
 )
 
 from ckptstore import errors
-from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS
+from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS, run_retention
 from ckptstore.experiment import config_schema as keys
 from ckptstore.experiment.config_schema import HP_TYPES, SEARCHERS, Length
 from ckptstore.experiment.hparams import Hyperparameter, Hyperparameters, nest_hparams
@@ -278,8 +278,9 @@ class ExperimentConfig(keys._Section):
         return nest_hparams({hp.name: hp.val for hp in self.hyperparameters})  # type: ignore
 
     def gc_settings(self) -> dict[str, int]:
-        """Determined's GC keys from ``checkpoint_storage`` (defaults filled in)."""
-        return {**DETERMINED_DEFAULTS, **self.retention}
+        """Determined's GC keys from ``checkpoint_storage`` (defaults filled in), as a
+        TFKerasTrial of this config keeps its checkpoints by."""
+        return run_retention(self.retention, trial_class=True) or {}
 
 
 def _entrypoint(value: str | list[str] | None, script: str | list[str] | None) -> Entrypoint:

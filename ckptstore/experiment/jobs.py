@@ -32,7 +32,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -44,14 +43,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.core import _info as trial_info
+from ckptstore.core import info as trial_info
 from ckptstore.experiment.common import child_process_env, die_with_parent, run_settings
 from ckptstore.experiment.config import ExperimentConfig, load_config, parse_config
 from ckptstore.experiment.runner import (
-    _check_storage,
     _open_registry,
     _registry_url,
-    _storage_spec,
+    _storage_config,
     warn_ignored_keys,
 )
 from ckptstore.launch.process import OutputTail, child_command
@@ -189,12 +187,12 @@ def run_job(
             f"MODEL_DIR {str(folder)!r} is not a folder. Pass the folder holding the job's "
             "script, e.g. `ckptstore job run batch_inference.yaml .`."
         )
-    spec = _storage_spec(storage, config)
-    _check_storage(spec)
+    resolved = _storage_config(storage, config)
+    spec = resolved.spec
     warn_ignored_keys(config)
     reg, owned = _open_registry(registry)
     try:
-        storage_url = spec if isinstance(spec, str) else json.dumps(spec)
+        storage_url = resolved.to_env()
         job_id = reg.create_job(config.raw, str(folder), storage_url, config.description or None)
         cmd = child_command(config.entrypoint.command())
         if config.slots > 1:

@@ -6,7 +6,7 @@ records the experiment in the registry, then runs its trials: one after another,
 entrypoint runs in :mod:`ckptstore.keras_io.trial.worker`, a script entrypoint such as
 ``python3 train.py`` runs under ckptstore's interpreter with ``import determined`` resolving to
 ckptstore, see :mod:`ckptstore.launch.process`). Every trial gets its id, hyperparameters, storage and registry
-through the environment (:mod:`ckptstore.core._info`), and its checkpoints, metrics and
+through the environment (:mod:`ckptstore.core.info`), and its checkpoints, metrics and
 GC go through the registry. Trials die with the runner (Linux ``PR_SET_PDEATHSIG``), so a killed
 runner leaves no orphans; ``resume_experiment(id)`` then continues every unfinished trial from
 its latest checkpoint and starts the trials still missing.
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import defaults, errors
-from ckptstore.core import _info as trial_info
+from ckptstore.core import info as trial_info
 from ckptstore.experiment.common import (
     MODEL_DIR_ENV,
     RUNNER_KEY,
@@ -68,6 +68,7 @@ from ckptstore.experiment.trial_logs import TrialLogs
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
     from ckptstore.storage_backends import StorageSpec
+    from ckptstore.storage_backends.spec import StorageConfig
 
 logger = logging.getLogger(__name__)
 
@@ -110,38 +111,16 @@ def warn_ignored_keys(config: ExperimentConfig) -> None:
         )
 
 
-def _as_storage_dict(spec: str | dict[str, Any]) -> dict[str, Any]:
-    """A storage URL as a ``checkpoint_storage`` dict that GC keys can join: a ``directory``
-    block's ``container_path`` is opened as the URL it holds (local path or ``s3://...``)."""
-    return dict(spec) if isinstance(spec, dict) else {"type": "directory", "container_path": spec}
+def _storage_config(storage: StorageSpec | None, config: ExperimentConfig) -> StorageConfig:
+    """The experiment's storage (:func:`~ckptstore.storage_backends.config.resolve`: the
+    argument, the config's ``checkpoint_storage``, ``CKPTSTORE_STORAGE``, the default) with the
+    config's retention keys, opened once so a bad URL/dict fails before any trial starts."""
+    from ckptstore.storage_backends.spec import resolve
 
-
-def _storage_spec(storage: StorageSpec | None, config: ExperimentConfig) -> str | dict[str, Any]:
-    if storage is not None:
-        spec = storage
-    elif config.checkpoint_storage is not None:
-        spec = config.checkpoint_storage
-    else:
-        spec = trial_info.storage_from_env() or defaults.default_storage_url()
-        if config.retention:  # a block of GC keys alone: Determined merges it with the default
-            spec = {**_as_storage_dict(spec), **config.retention}
-    if not isinstance(spec, (str, dict)):
-        url = getattr(spec, "url", None)
-        if not isinstance(url, str):
-            raise errors.InvalidConfig(
-                f"storage must be a URL or a checkpoint_storage dict. Received: {type(spec).__name__}."
-            )
-        spec = url
-    return spec
-
-
-def _check_storage(spec: str | dict[str, Any]) -> None:
-    """Open the storage once so a bad URL/dict fails before any trial starts."""
-    from ckptstore.storage_backends import open_storage, split_storage_config
-
-    if isinstance(spec, dict):
-        spec, _ = split_storage_config(dict(spec))
-    open_storage(spec).close()
+    resolved = resolve(storage, fallback=config.checkpoint_storage, retention=config.retention)
+    if resolved.instance is None:
+        resolved.open().close()
+    return resolved
 
 
 def _check_model_dir(config: ExperimentConfig, model_dir: Path) -> None:
@@ -225,12 +204,11 @@ class RunOutcome:
 def searcher_env(config: ExperimentConfig) -> dict[str, str]:
     """What ``core_context.searcher`` in a trial needs: the searcher's lengths and the plugin
     that asks Optuna whether to go on at a rung (see :mod:`ckptstore.core._searcher`)."""
-    from ckptstore.core import _searcher
 
     s = config.searcher
     length = s.search_length()
     env = {
-        _searcher.SEARCHER_ENV: json.dumps(
+        trial_info.SEARCHER_ENV: json.dumps(
             {
                 "name": s.name,
                 "metric": s.metric,
@@ -241,7 +219,7 @@ def searcher_env(config: ExperimentConfig) -> dict[str, str]:
     }
     # (a TFKerasTrial's controller asks the pruner at its rungs itself)
     if s.name == "adaptive_asha" and not config.entrypoint.is_trial_class:
-        env[_searcher.ORACLE_ENV] = "ckptstore.experiment.searcher:oracle_from_env"
+        env[trial_info.ORACLE_ENV] = "ckptstore.experiment.searcher:oracle_from_env"
     return env
 
 
@@ -285,12 +263,16 @@ class ExperimentRun:
             self.model_dir = str(folder)
         else:
             self.model_dir = runner.get("model_dir") or os.getcwd()
-        if storage is not None:
-            self.storage = _storage_spec(storage, self.config)
-        elif runner.get("storage") is not None:
-            self.storage = runner["storage"]
-        else:
-            self.storage = _storage_spec(None, self.config)
+        from ckptstore.storage_backends.spec import resolve
+
+        # the argument, else the storage `create` recorded, else the config's, env, default
+        self.storage_config = resolve(
+            storage if storage is not None else runner.get("storage"),
+            fallback=self.config.checkpoint_storage,
+            retention=self.config.retention,
+        )
+        #: What trial processes get in ``CKPTSTORE_STORAGE`` (a URL, or a dict).
+        self.storage = self.storage_config.spec
         self.queue = TrialQueue(self.config, experiment_id, registry, registry_url)
         self.running: dict[int, tuple[subprocess.Popen, Claim]] = {}
         self.logs = TrialLogs(self.storage, runner_name())
@@ -543,15 +525,15 @@ def create_experiment(
         from ckptstore.experiment.ray_engine import check_config
 
         check_config(config)
-    spec = _storage_spec(storage, config)
-    _check_storage(spec)
+    resolved = _storage_config(storage, config)
     warn_ignored_keys(config)
     reg, owned = _open_registry(registry)
     try:
         stored = dict(config.raw)
         stored[RUNNER_KEY] = {
             "model_dir": str(folder),
-            "storage": spec if isinstance(spec, str) else None,
+            # a URL is kept for `resume`/`join`; a dict (maybe with secrets) comes from the config
+            "storage": resolved.url if resolved.block is None else None,
         }
         exp_id = reg.create_experiment(
             config.description or None, config=stored, description=config.description or None

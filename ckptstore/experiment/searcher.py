@@ -307,7 +307,7 @@ def oracle_from_env() -> Callable[[int, float], bool]:
     (named in ``CKPTSTORE_SEARCHER_ORACLE`` by the runner): ``oracle(rung_length, metric)``
     reports the metric to the experiment's Optuna study and returns True when the trial is
     pruned. A trial without an Optuna id never stops early."""
-    from ckptstore.core import _info as trial_info
+    from ckptstore.core import info as trial_info
     from ckptstore.experiment.common import OPTUNA_TRIAL_ENV, experiment_config
     from ckptstore.experiment.config import parse_config
     from ckptstore.registry import Registry

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ckptstore import defaults, errors
+from ckptstore import errors
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
@@ -53,22 +53,18 @@ class Session:
         ``CKPTSTORE_STORAGE`` / the default, or ``CKPTSTORE_ALLOWED_STORAGE``; ``follow``: a
         download also follows S3/GCS/Azure bucket URLs), else the default."""
         from ckptstore.checkpointing.row_storage import storage_of_row
-        from ckptstore.core._info import storage_from_env
-        from ckptstore.storage_backends import Storage, open_storage, split_storage_config
+        from ckptstore.storage_backends.spec import resolve
 
-        spec: Any = self._storage_spec
-        if spec is None:
-            spec = storage_from_env() or defaults.default_storage_url()
-        if isinstance(spec, Storage):
-            return spec
-        if isinstance(spec, Mapping):
-            spec = split_storage_config(dict(spec))[0]
+        config = resolve(self._storage_spec)
+        if config.instance is not None:
+            return config.instance
+        row_url = None
         if self._storage_spec is None:
-            spec = storage_of_row(recorded_url, spec, follow=follow) or spec
-        key = spec if isinstance(spec, str) else repr(sorted(spec.items()))
+            row_url = storage_of_row(recorded_url, config.url, follow=follow)
+        key = row_url or config.to_env()
         with self._lock:
             if key not in self._storages:
-                self._storages[key] = open_storage(spec)
+                self._storages[key] = config.open_at(row_url) if row_url else config.open()
             return self._storages[key]
 
     def close(self) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore import errors
-from ckptstore.keras_io._types import KerasModel
+from ckptstore.keras_model import KerasModel
 
 # The loader's messages keep the public module's logger name, which users filter on.
 logger = logging.getLogger("ckptstore.import_determined.weights")

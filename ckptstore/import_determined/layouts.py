@@ -302,11 +302,11 @@ def import_determined(
     ``storage`` is a Storage, URL or config dict (default: ``CKPTSTORE_STORAGE`` / the local
     default). Returns one :class:`ImportedCheckpoint` per checkpoint, oldest steps first.
     """
-    from ckptstore import defaults
     from ckptstore.checkpointing import CheckpointContext
+    from ckptstore.storage_backends.spec import resolve
 
     context = CheckpointContext(
-        storage if storage is not None else defaults.default_storage_url(),
+        resolve(storage),
         index=index,
         trial_id=trial_id,
         experiment_id=experiment_id,

@@ -83,7 +83,7 @@ from ckptstore.import_determined._plan import (
     _warn_hyperparameter,
     nadam_u_product,
 )
-from ckptstore.keras_io._types import KerasModel
+from ckptstore.keras_model import KerasModel
 
 logger = logging.getLogger(__name__)
 

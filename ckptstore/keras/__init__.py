@@ -21,7 +21,6 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ckptstore.import_determined.layouts import detect_layout
 from ckptstore.import_determined.weights import load_determined_checkpoint
 from ckptstore.keras import callbacks
 from ckptstore.keras._load import load_model_from_checkpoint_path
@@ -38,7 +37,6 @@ from ckptstore.keras_io.fit import (
     set_rng_state,
 )
 from ckptstore.keras_io.loading import load_checkpoint_model
-from ckptstore.keras_io.saving import register_keras3_importer
 from ckptstore.keras_io.trial import (
     ArrayLike,
     InMemorySequence,
@@ -63,11 +61,6 @@ class TFKerasTensorBoard(TrialTensorBoard):
         )
         super().__init__(*args, **kwargs)
 
-
-# Explicit wiring, not an import side effect: Keras 2 checkpoints resumed under Keras 3 go through
-# the migration code, which sits a layer above keras_io.
-# The same code reads a Determined checkpoint folder a TFKerasTrial warm-starts from.
-register_keras3_importer(load_determined_checkpoint, detect=detect_layout)
 
 __all__ = [
     "ArrayLike",

@@ -5,7 +5,7 @@ The layout decides (detected from the folder's top-level names, the same rule
 ``ckptstore import-determined`` uses, :func:`ckptstore.import_determined.layouts.detect_layout`):
 
 - a ckptstore checkpoint (``model.keras`` or an inference ``saved_model/``): loaded by
-  :func:`ckptstore.keras_io.loading._loaders.load_model_from_folder`;
+  :func:`ckptstore.keras_io.loading.load_model_from_folder`;
 - Determined's ``TFKerasTrial`` layouts (``determined-keras-model-weights.*``, and the 0.17-era
   ``determined-keras-model.h5``) and ``DeterminedCallback``'s ``model_checkpoint.*``: the model is
   built by the trial class saved in the checkpoint's ``code/`` folder (named by ``load_data.json``,
@@ -37,10 +37,9 @@ from ckptstore import errors
 from ckptstore.checkpointing import signing
 from ckptstore.import_determined import layouts
 from ckptstore.import_determined.weights import load_determined_checkpoint
-from ckptstore.keras_io._types import KerasModel
-from ckptstore.keras_io.loading import _loaders as loaders
-from ckptstore.keras_io.loading._in_place import readable_folder
+from ckptstore.keras_io.loading import load_model_from_folder, readable_folder
 from ckptstore.keras_io.trial import model_part
+from ckptstore.keras_model import KerasModel
 
 logger = logging.getLogger(__name__)
 
@@ -171,11 +170,11 @@ def _holds_its_keras2_model(folder: str) -> bool:
     """A Keras 2 checkpoint written by ckptstore that this process can load without model=:
     under Keras 2 (its model_config.json / SavedModel), or under Keras 3 from its SavedModel."""
     from ckptstore.keras_io import backend
-    from ckptstore.keras_io.saving import _keras2_format as keras2_format
+    from ckptstore.keras_io.saving import SAVED_MODEL_DIRNAME, written_by_keras2
 
-    if not keras2_format.written_by_keras2(folder):
+    if not written_by_keras2(folder):
         return False
-    return backend.IS_KERAS2 or os.path.isdir(os.path.join(folder, loaders.SAVED_MODEL_DIRNAME))
+    return backend.IS_KERAS2 or os.path.isdir(os.path.join(folder, SAVED_MODEL_DIRNAME))
 
 
 def load_model_from_checkpoint_path(
@@ -256,7 +255,7 @@ def _load_from_folder(
                 f"model= is for Determined checkpoints; {folder} is a ckptstore checkpoint, "
                 "which holds its model. Received: model=" + type(model).__name__ + "."
             )
-        return loaders.load_model_from_folder(
+        return load_model_from_folder(
             folder,
             compile=compile,
             custom_objects=custom_objects,

@@ -19,7 +19,12 @@ from typing import Any
 
 from ckptstore import errors
 from ckptstore.checkpointing.index import CheckpointRecord
-from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS, GCContext, GCPolicy
+from ckptstore.checkpointing.retention import (
+    DETERMINED_DEFAULTS,
+    GCContext,
+    GCPolicy,
+    run_retention,
+)
 from ckptstore.experiment.config import parse_config
 from ckptstore.registry import Registry, Trial
 from ckptstore.ui import queries
@@ -42,9 +47,8 @@ def gc_settings(config: Mapping[str, Any] | None) -> dict[str, int] | None:
         parsed = parse_config(dict(config))
     except errors.CkptstoreError:
         parsed = None  # a config from an import or a hand-made registry: judge by its keys
-    if parsed is not None and parsed.entrypoint.is_trial_class:
-        return parsed.gc_settings()
-    return {**DETERMINED_DEFAULTS, **given} if given else None
+    trial_class = parsed is not None and parsed.entrypoint.is_trial_class
+    return run_retention(parsed.retention if trial_class else given, trial_class=trial_class)
 
 
 def kept_by(

@@ -60,3 +60,41 @@ def test_trial_and_job_get_the_same_run_keys(tmp_path, monkeypatch):
     assert job[trial_info.JOB_ID_ENV] == "5" and trial_info.TRIAL_ID_ENV not in job
     # The experiment's keys never carry the driver's PYTHONPATH: a Ray node builds its own.
     assert "PYTHONPATH" not in experiment and ALIAS_ENV not in experiment
+
+
+def test_retention_keys_reach_gc_by_one_route_for_scripts_and_tfkerastrial(tmp_path, monkeypatch):
+    """A config's GC keys ride in the trial's CKPTSTORE_STORAGE (a StorageConfig): a script's
+    core.init and the TFKerasTrial worker both build their policy from it, whether the keys
+    came in a typed storage block, in a block of GC keys alone (the default storage), or with
+    a storage named by the caller."""
+    from ckptstore import core
+    from ckptstore.checkpointing.retention import GCPolicy, run_retention
+    from ckptstore.storage_backends.spec import resolve
+
+    registry_url = f"sqlite:///{tmp_path / 'r.db'}"
+    folder = str(tmp_path / "st")
+    monkeypatch.setenv("CKPTSTORE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("CKPTSTORE_STORAGE", raising=False)
+    cases = [
+        ({"type": "directory", "container_path": folder, "save_trial_latest": 3}, None),
+        ({"save_trial_best": 2}, None),
+        ({"save_trial_latest": 2, "save_experiment_best": 1}, folder),
+    ]
+    for block, given in cases:
+        raw = {
+            "hyperparameters": {"units": 4},
+            "searcher": {"name": "single", "metric": "val_loss"},
+            "entrypoint": f"{sys.executable} train.py",
+            "checkpoint_storage": block,
+        }
+        exp_id = create_experiment(raw, tmp_path, storage=given, registry=registry_url, run=False)
+        with Registry(registry_url) as registry:
+            run = ExperimentRun(exp_id, registry, registry_url, given)
+            env = trial_env(dict(os.environ), run.experiment_env(), 7, {"units": 4}, None)
+        keys = {k: v for k, v in block.items() if k.startswith("save_")}
+        worker = run_retention(resolve(environ=env).retention, trial_class=True)
+        assert worker == run.config.gc_settings() == {**run_retention({}, trial_class=True), **keys}
+        monkeypatch.setenv(trial_info.STORAGE_ENV, env[trial_info.STORAGE_ENV])
+        with core.init(registry=registry_url, set_trial_state=False, preempt_signals=False) as ctx:
+            assert ctx.checkpoint.gc_policy == GCPolicy.from_determined(**keys)
+        monkeypatch.delenv(trial_info.STORAGE_ENV)

@@ -107,6 +107,18 @@ def test_best_exports_improving_checkpoints_across_a_resume(tmp_path):
     assert rows[-1].metadata["saved_model_best"] == 0.5
 
 
+def test_best_ranks_through_the_one_metric_rule():
+    """'best' reads a checkpoint's metric as GC's best-N and best_checkpoint do: an infinite
+    value (a diverged run) is no value, and Determined's nested form counts."""
+    policy = ExportPolicy("best", metric="val_loss")
+    assert not policy.wants(final=False, metrics={"val_loss": float("inf")})
+    assert policy.best is None
+    assert policy.wants(final=False, metrics={"validation_metrics": {"val_loss": 0.5}})
+    assert not policy.wants(final=False, metrics={"val_loss": float("-inf")})
+    assert not policy.wants(final=False, metrics={"val_loss": 0.7})
+    assert policy.best == 0.5 and policy.metadata() == {"saved_model_best": 0.5}
+
+
 @keras.saving.register_keras_serializable(package="ckptstore_test_export")
 class Doubler(keras.layers.Layer):
     def call(self, x):

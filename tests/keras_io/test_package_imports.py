@@ -64,7 +64,7 @@ OLD_KERAS_IO = {
     "snapshot": "take_snapshot",
     "checkpoint_writer": "CheckpointWriter",
     "tf_bundle": "folder_cuts",
-    "keras2_format": "register_keras3_importer",
+    "keras2_format": "load_into",
     "keras_archive": "write_archive",
     "export": "export_checkpoint",
     "loaders": "load_checkpoint_model",

@@ -180,3 +180,74 @@ def test_s3_request_checksums_default_on_and_follow_boto3_switch(monkeypatch):
     monkeypatch.setenv("AWS_REQUEST_CHECKSUM_CALCULATION", "WHEN_REQUIRED")
     with open_storage("s3://bucket-x/p", endpoint_url="http://127.0.0.1:9") as st:
         assert st._client.meta.config.request_checksum_calculation == "when_required"
+
+
+# ---- StorageConfig: parsed once where a spec enters, one precedence rule (issue 43) ----------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ckptstore.storage_backends.spec import StorageConfig, resolve  # noqa: E402
+
+
+def test_resolve_owns_the_precedence_argument_config_env_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("CKPTSTORE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("CKPTSTORE_STORAGE", raising=False)
+    assert resolve().url == str(tmp_path / "home" / "checkpoints")
+    monkeypatch.setenv(
+        "CKPTSTORE_STORAGE",
+        '{"type": "s3", "bucket": "env", "save_trial_latest": 3, "dedup": false}',
+    )
+    env = resolve()
+    assert (env.url, env.retention, env.dedup) == ("s3://env", {"save_trial_latest": 3}, False)
+    assert resolve(fallback="gs://config/p").url == "gs://config/p"
+    assert resolve(str(tmp_path), fallback="gs://config/p").url == str(tmp_path)
+    # A config's GC keys join the storage chosen; the storage's own keys win.
+    joined = resolve(retention={"save_trial_latest": 5, "save_trial_best": 2})
+    assert joined.retention == {"save_trial_latest": 3, "save_trial_best": 2}
+    monkeypatch.setenv("CKPTSTORE_STORAGE", "{not json")
+    with pytest.raises(errors.InvalidConfig, match="CKPTSTORE_STORAGE must hold a JSON object"):
+        resolve()
+
+
+def test_an_open_storage_is_used_as_it_is_and_never_closed_by_its_config(tmp_path):
+    store = open_storage(str(tmp_path))
+    config = resolve(store)
+    assert config.open() is store and config.url == store.url and config.to_env() == store.url
+    assert resolve(config) is config  # a StorageConfig passes through every layer unchanged
+
+
+_GC = st.dictionaries(
+    st.sampled_from(["save_trial_best", "save_trial_latest", "save_experiment_best"]),
+    st.integers(0, 9),
+)
+_SPECS = st.one_of(
+    st.sampled_from(["/data/ckpts", "s3://b/p", "gs://g", "memory://m"]),
+    st.fixed_dictionaries(
+        {"type": st.just("s3"), "bucket": st.sampled_from(["b", "c"])},
+        optional={
+            "prefix": st.sampled_from(["p", "a/b"]),
+            "endpoint_url": st.just("http://127.0.0.1:1"),
+            "concurrency": st.integers(1, 64),
+        },
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(spec=_SPECS, gc=_GC, dedup=st.sampled_from([None, True, False]), extra=_GC)
+def test_a_storage_config_reaches_a_child_process_unchanged(spec, gc, dedup, extra):
+    if isinstance(spec, dict):
+        spec = {**spec, **gc, **({} if dedup is None else {"dedup": dedup})}
+    parent = resolve(spec, retention=extra)
+    child = StorageConfig.parse(parent.to_env())  # CKPTSTORE_STORAGE / a registry row
+    assert (child.url, dict(child.options)) == (parent.url, dict(parent.options))
+    assert (dict(child.retention), child.dedup) == (dict(parent.retention), parent.dedup)
+    assert parent.retention == {**extra, **(gc if isinstance(spec, dict) else {})}
+
+
+def test_a_trusted_row_url_is_opened_with_the_callers_own_options(tmp_path):
+    # A registry row picks a location, never the options: the same backend gets the caller's.
+    config = resolve({"type": "directory", "container_path": str(tmp_path / "a"), "concurrency": 3})
+    with config.open_at(str(tmp_path / "b")) as same, config.open_at("memory://other") as other:
+        assert same.url.endswith("/b") and same.concurrency == 3
+        assert other.url == "memory://other"

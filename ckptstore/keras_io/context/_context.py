@@ -37,8 +37,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.core import _info as trial_info
-from ckptstore.core._distributed import shard_batch_size
+from ckptstore.core import info as trial_info
 from ckptstore.keras_io._types import KerasModel
 
 if TYPE_CHECKING:
@@ -82,7 +81,7 @@ class _DistributedView:
         self._distributed = distributed
 
     def shard_batch_size(self, global_batch_size: int) -> int:
-        return shard_batch_size(global_batch_size, self._distributed.size)
+        return trial_info.shard_batch_size(global_batch_size, self._distributed.size)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._distributed, name)
@@ -217,7 +216,7 @@ class KerasContext:
     Attributes:
         training: :class:`TrainingInfo` with ``hparams``.
         config_data: the config's ``data`` section (also ``context.data``, with ``.wrap``).
-        distributed: the DistributedContext, with ``shard_batch_size(global_batch_size)``.
+        distributed: the DistributedContext, with ``trial_info.shard_batch_size(global_batch_size)``.
         strategy: the ``tf.distribute.Strategy`` to build and compile models under.
 
     Example::
@@ -279,7 +278,7 @@ class KerasContext:
 
     @property
     def distributed(self) -> Any:
-        """The DistributedContext (``rank``, ``size``, ``shard_batch_size()``, collectives)."""
+        """The DistributedContext (``rank``, ``size``, ``trial_info.shard_batch_size()``, collectives)."""
         if hasattr(self._distributed, "shard_batch_size"):
             return self._distributed
         return _DistributedView(self._distributed)
@@ -292,7 +291,7 @@ class KerasContext:
                 "This Keras context was closed; call ckptstore.keras.init() again."
             )
         if self._core is None:
-            from ckptstore.core._context import init as core_init
+            from ckptstore.core import init as core_init
 
             self._core = self._stack.enter_context(
                 core_init(
@@ -528,7 +527,7 @@ class KerasContext:
 
         import numpy as np
 
-        from ckptstore.storage_backends import open_storage, split_storage_config
+        from ckptstore.storage_backends.spec import resolve
 
         if hasattr(data, "to_csv"):
             payload = data.to_csv(index=False).encode()
@@ -538,14 +537,8 @@ class KerasContext:
             payload = buffer.getvalue()
         folder = f"jobs/{self.job_id}" if self.job_id is not None else "outputs"
         key = f"{folder}/{name}"
-        spec = self._storage or trial_info.storage_from_env()
-        if spec is None:
-            from ckptstore import defaults
-
-            spec = defaults.default_storage_url()
-        if isinstance(spec, Mapping):
-            spec = split_storage_config(dict(spec))[0]
-        store = spec if not isinstance(spec, (str, dict)) else open_storage(spec)
+        config = resolve(self._storage or None)
+        store = config.open()
         try:
             url = f"{store.url.rstrip('/')}/{key}"
             if self._distributed.rank == 0:
@@ -553,7 +546,7 @@ class KerasContext:
                 logger.info("Wrote %d bytes to %s", len(payload), url)
             return url
         finally:
-            if store is not spec:
+            if config.instance is None:
                 store.close()
 
     def load_checkpoint_model(
@@ -677,7 +670,7 @@ def init(
 
     owns_distributed = distributed is None
     if distributed is None:
-        from ckptstore.core._distributed import DistributedContext
+        from ckptstore.core import DistributedContext
 
         distributed, strategy = DistributedContext.from_tf_config()
     else:

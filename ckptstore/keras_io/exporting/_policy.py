@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from ckptstore import errors
+from ckptstore.checkpointing.metrics import metric_value
 
 logger = logging.getLogger(__name__)
 
@@ -70,15 +70,16 @@ class ExportPolicy:
         if self.mode == "final":
             return final
         name = self.metric or ("val_loss" if "val_loss" in metrics else "loss")
-        value = metrics.get(name)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+        # the one metric rule (as GC's best-N and best_checkpoint): a NaN or inf is no value
+        value = metric_value(metrics, name)
+        if value is None:
             logger.warning(
-                "export_saved_model='best': this checkpoint has no metric %r (has %s); no export.",
+                "export_saved_model='best': this checkpoint has no finite metric %r (has %s); "
+                "no export.",
                 name,
                 sorted(metrics),
             )
             return False
-        value = float(value)
         better = self.best is None or (
             value < self.best if self.smaller_is_better else value > self.best
         )

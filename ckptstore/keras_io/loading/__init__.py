@@ -10,6 +10,7 @@ Example::
     model = load_checkpoint_model(trial_id=3, storage="s3://bucket/ckpts")
 """
 
+from ckptstore.keras_io.loading._in_place import readable_folder
 from ckptstore.keras_io.loading._loaders import (
     SavedModelPredictor,
     load_checkpoint_model,
@@ -21,5 +22,6 @@ __all__ = [
     "SavedModelPredictor",
     "load_checkpoint_model",
     "load_model_from_folder",
+    "readable_folder",
     "resolve_checkpoint",
 ]

@@ -639,21 +639,15 @@ def storage_opener(
     storage_of_row` trusts it (``follow``: a user's own load follows bucket URLs), else
     ``CKPTSTORE_STORAGE``, else the default folder.
     Storages it opens are appended to ``opened`` for the caller to close."""
-    from ckptstore import defaults
-    from ckptstore.checkpointing.row_storage import storage_of_row
-    from ckptstore.core._info import storage_from_env
-    from ckptstore.storage_backends import Storage, open_storage, split_storage_config
+    from ckptstore.checkpointing.row_storage import open_row_storage
+    from ckptstore.storage_backends.spec import resolve
 
     def storage_for(url: str | None = None) -> Any:
-        spec = storage if storage is not None else storage_from_env()
-        spec = spec or defaults.default_storage_url()
-        if isinstance(spec, Storage):
-            return spec
-        if isinstance(spec, Mapping):
-            spec = split_storage_config(dict(spec))[0]
-        if storage is None:  # a registry row's URL only where the caller trusts it
-            spec = storage_of_row(url, spec, follow=follow) or spec
-        opened.append(open_storage(spec))
+        config = resolve(storage)
+        if config.instance is not None:
+            return config.instance
+        # a registry row's URL only when no storage was given, and where the caller trusts it
+        opened.append(open_row_storage(config, url if storage is None else None, follow=follow))
         return opened[-1]
 
     return storage_for

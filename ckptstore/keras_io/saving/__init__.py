@@ -9,14 +9,15 @@ Example::
     from ckptstore.keras_io.saving import CheckpointWriter, take_snapshot
 """
 
-from ckptstore.keras_io.saving._keras2_format import register_keras3_importer
-from ckptstore.keras_io.saving._snapshot import Snapshot, take_snapshot
+from ckptstore.keras_io.saving._keras2_format import written_by_keras2
+from ckptstore.keras_io.saving._snapshot import SAVED_MODEL_DIRNAME, Snapshot, take_snapshot
 from ckptstore.keras_io.saving._writer import CheckpointWriter, SaveJob
 
 __all__ = [
+    "SAVED_MODEL_DIRNAME",
     "CheckpointWriter",
     "SaveJob",
     "Snapshot",
-    "register_keras3_importer",
     "take_snapshot",
+    "written_by_keras2",
 ]

@@ -38,7 +38,7 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ckptstore import errors
@@ -508,45 +508,19 @@ def set_initial_epoch(model: KerasModel, epoch: int | None) -> None:
         model._initial_epoch = epoch
 
 
-#: Loads a Keras 2 checkpoint folder into a Keras 3 model: ``fn(model, path, load_optimizer=)``.
-#: Set by :mod:`ckptstore.keras` to the migration code (``import_determined``), which sits above
-#: this layer.
-_keras3_importer: Callable[..., Any] | None = None
-
-
-#: Names the Determined layout of a folder's top-level file names (None: not Determined's); set
-#: with the importer, since the layout markers belong to the migration code too.
-_determined_layout: Callable[[set[str]], str | None] | None = None
-
-
-def register_keras3_importer(
-    fn: Callable[..., Any], *, detect: Callable[[set[str]], str | None] | None = None
-) -> None:
-    """Install the function that reads Keras 2 (Determined) checkpoint folders into a model,
-    and ``detect``, which names the Determined layout of a folder's file names."""
-    global _keras3_importer, _determined_layout
-    _keras3_importer = fn
-    if detect is not None:
-        _determined_layout = detect
-
-
 def determined_layout(path: str) -> str | None:
-    """The Determined layout of folder ``path`` (None: not one of Determined's, or the migration
-    code is not loaded)."""
-    if _determined_layout is None:
-        return None
-    return _determined_layout(set(os.listdir(path)))
+    """The Determined layout of folder ``path`` (None: not one of Determined's)."""
+    from ckptstore.import_determined.layouts import detect_layout
+
+    return detect_layout(os.listdir(path))
 
 
 def load_determined(model: KerasModel, path: str, *, with_optimizer: bool) -> None:
     """Load Determined checkpoint folder ``path`` into ``model`` through the migration code."""
-    if _keras3_importer is None:
-        raise errors.ResumeError(
-            f"Checkpoint folder {path} was written by Determined; reading it needs the migration "
-            "code. Import ckptstore.keras (or determined.keras) in the model definition."
-        )
+    from ckptstore.import_determined.weights import load_determined_checkpoint
+
     try:
-        _keras3_importer(model, path, load_optimizer=with_optimizer)
+        load_determined_checkpoint(model, path, load_optimizer=with_optimizer)
     except errors.ModelLoadError as exc:
         raise errors.ResumeError(f"Determined checkpoint {path}: {exc}") from exc
 
@@ -564,14 +538,10 @@ def load_into(model: KerasModel, path: str, *, with_optimizer: bool) -> None:
     if backend.IS_KERAS2:
         load_weights(model, path, with_optimizer=with_optimizer)
         return
-    if _keras3_importer is None:
-        raise errors.ResumeError(
-            f"Checkpoint folder {path} was written by Keras 2; reading it into Keras 3 needs the "
-            "migration code. Import ckptstore.keras (det.keras.DeterminedCallback) or call "
-            "ckptstore.keras.load_determined_checkpoint(model, path) yourself."
-        )
+    from ckptstore.import_determined.weights import load_determined_checkpoint
+
     try:
-        _keras3_importer(model, path, load_optimizer=with_optimizer)
+        load_determined_checkpoint(model, path, load_optimizer=with_optimizer)
     except errors.ModelLoadError as exc:
         raise errors.ResumeError(f"Keras 2 checkpoint {path} into Keras 3: {exc}") from exc
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import logging
 import os
 import queue
@@ -35,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptstore import errors
+from ckptstore.checkpointing.hints import CommitHints
 from ckptstore.keras_io.saving import _snapshot as snapshot_lib
 from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
 
@@ -174,14 +174,9 @@ class CheckpointWriter:
         # The archive writer computes the file's crc32c while writing it; handing it to the
         # manifest spares reading the whole model again (contexts without the option re-read).
         # It also knows where each tensor's bytes are: deduplicated uploads cut chunks there.
-        checksums: dict[str, str] = {}
-        cuts: dict[str, list[int]] = {}
-        extra: dict[str, Any] = {}
-        if _takes(self._ckpt, "checksums"):
-            extra["checksums"] = checksums
-        if _takes(self._ckpt, "cuts"):
-            extra["cuts"] = cuts
-        scope = self._ckpt.store_path(job.metadata, **extra)
+        hints = CommitHints()
+        checksums, cuts = hints.checksums, hints.cuts
+        scope = self._ckpt.store_path(job.metadata, hints=hints)
         path, uuid = scope.__enter__()
         try:
             path = os.fspath(path)
@@ -208,7 +203,7 @@ class CheckpointWriter:
         except BaseException as exc:
             scope.__exit__(type(exc), exc, exc.__traceback__)  # discards the folder
             raise
-        return _Staged(job, scope, path, str(uuid), started, cuts if "cuts" in extra else None)
+        return _Staged(job, scope, path, str(uuid), started, hints)
 
     # ---- commit-thread side -------------------------------------------------------------------
     def _run_commits(self) -> None:
@@ -238,10 +233,10 @@ class CheckpointWriter:
         except BaseException as exc:
             staged.scope.__exit__(type(exc), exc, exc.__traceback__)  # discards the folder
             raise
-        if getattr(self._ckpt, "dedup", True):
+        if self._ckpt.dedup:
             # Every file is there now: cut TensorFlow's data shards (Keras 2 weights, the
             # SavedModel's variables) at their tensors, as model.keras is cut at its own.
-            tf_bundle.add_folder_cuts(staged.path, staged.cuts)
+            tf_bundle.add_folder_cuts(staged.path, staged.hints.cuts)
         staged.scope.__exit__(None, None, None)  # the commit
         logger.debug(
             "Checkpoint %s committed (steps_completed=%s)",
@@ -277,18 +272,5 @@ class _Staged:
     path: str
     uuid: str
     started: float
-    #: The dict handed to ``store_path(cuts=...)`` (None if it takes none); read at the commit.
-    cuts: dict[str, list[int]] | None = None
-
-
-def _takes(ckpt: Any, name: str) -> bool:
-    """Whether ``ckpt.store_path`` accepts the keyword ``name`` (``checksums``, ``cuts``)."""
-    try:
-        return name in inspect.signature(ckpt.store_path).parameters
-    except (TypeError, ValueError, AttributeError):
-        return False
-
-
-def _takes_checksums(ckpt: Any) -> bool:
-    """Whether ``ckpt.store_path`` accepts precomputed ``checksums``."""
-    return _takes(ckpt, "checksums")
+    #: What ``store_path(hints=...)`` reads when the scope exits (the commit).
+    hints: CommitHints

@@ -60,6 +60,7 @@ import numpy as np
 from ckptstore import errors
 from ckptstore.checkpointing import signing
 from ckptstore.checkpointing.format import MANIFEST_NAME, check_storage_id, read_json_file
+from ckptstore.checkpointing.hints import CommitHints
 from ckptstore.checkpointing.metrics import reported_value
 from ckptstore.experiment.config import ExperimentConfig, Length, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value
@@ -71,7 +72,6 @@ from ckptstore.keras_io.fit import _mwms_compat as mwms_compat
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.keras_io.saving import _optimizers as optimizers_mod
 from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
-from ckptstore.keras_io.saving import _writer as checkpoint_writer
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME
 from ckptstore.keras_io.trial import data as data_mod
 from ckptstore.keras_io.trial import model_part
@@ -519,13 +519,8 @@ class TrialController:
         }
         # callback_state.json cut around its parts: unchanged RNG states dedup (issue 19).
         state_json, state_cuts = state.to_json_with_cuts()
-        cuts: dict[str, list[int]] | None = (
-            {callback_state.STATE_FILENAME: state_cuts}
-            if checkpoint_writer._takes(self.core.checkpoint, "cuts")
-            else None
-        )
-        extra = {"cuts": cuts} if cuts is not None else {}
-        with self.core.checkpoint.store_path(metadata, **extra) as (path, uuid):
+        hints = CommitHints(cuts={callback_state.STATE_FILENAME: state_cuts})
+        with self.core.checkpoint.store_path(metadata, hints=hints) as (path, uuid):
             missing = self.model_writer.write(self.model, self.optimizers, os.fspath(path))
             if missing:  # read when the block exits: the checkpoint says what it lacks
                 metadata["missing"] = missing
@@ -542,9 +537,9 @@ class TrialController:
                 hook = getattr(cb, "on_checkpoint_end", None)
                 if callable(hook):
                     hook(os.fspath(path))  # a str, as Determined passed checkpoint_dir
-            if getattr(self.core.checkpoint, "dedup", True):
+            if self.core.checkpoint.dedup:
                 # model_checkpoint.data-* (and any SavedModel a hook wrote) cut at its tensors
-                tf_bundle.add_folder_cuts(os.fspath(path), cuts)
+                tf_bundle.add_folder_cuts(os.fspath(path), hints.cuts)
         return uuid
 
     # ---- training ---------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 ``python -m ckptstore.keras_io.trial.worker`` reads the trial from the environment
 (``CKPTSTORE_TRIAL_ID``, ``CKPTSTORE_EXPERIMENT_ID``, ``CKPTSTORE_HPARAMS``,
-``CKPTSTORE_STORAGE``, ``CKPTSTORE_REGISTRY``; see :mod:`ckptstore.core._info`) plus
+``CKPTSTORE_STORAGE``, ``CKPTSTORE_REGISTRY``; see :mod:`ckptstore.core.info`) plus
 ``CKPTSTORE_MODEL_DIR`` and ``CKPTSTORE_OPTUNA_TRIAL``, loads the experiment config from the
 registry, imports the trial class from the model folder and trains it with
 :class:`~ckptstore.keras_io.trial.controller.TrialController`. It resumes from the trial's latest
@@ -24,13 +24,14 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.core import _info as trial_info
+from ckptstore.core import info as trial_info
 from ckptstore.experiment.common import MODEL_DIR_ENV, OPTUNA_TRIAL_ENV, experiment_config
 
 if TYPE_CHECKING:
     from ckptstore.core import DistributedContext
     from ckptstore.experiment.config import ExperimentConfig
     from ckptstore.registry import Registry
+    from ckptstore.storage_backends.spec import StorageConfig
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ def run_trial() -> int:
     from ckptstore.experiment.config import parse_config
     from ckptstore.keras_io.trial import TrialController
     from ckptstore.registry import Registry
+    from ckptstore.storage_backends.spec import resolve
 
     trial_id = trial_info.parse_int_env(trial_info.TRIAL_ID_ENV)
     experiment_id = trial_info.parse_int_env(trial_info.EXPERIMENT_ID_ENV)
@@ -86,10 +88,6 @@ def run_trial() -> int:
         trial_class = import_trial_class(
             model_dir, config.entrypoint.module, config.entrypoint.attr
         )
-        gc = dict(config.gc_settings())
-        gc.update(
-            metric=config.searcher.metric, smaller_is_better=config.searcher.smaller_is_better
-        )
         prune_hook = None
         if optuna_id is not None and config.searcher.name == "adaptive_asha":
             from ckptstore.experiment.searcher import Searcher
@@ -99,7 +97,7 @@ def run_trial() -> int:
             def prune_hook(step: int, value: float) -> bool:
                 return searcher.should_prune(optuna_id, step, value)
 
-        storage = trial_info.storage_from_env()
+        storage = resolve()  # the runner's CKPTSTORE_STORAGE, with the config's retention keys
         distributed, strategy = _distributed()
         chief = distributed is None or distributed.rank == 0
         try:
@@ -109,7 +107,7 @@ def run_trial() -> int:
                 trial_id=trial_id,
                 experiment_id=experiment_id,
                 hparams=hparams,
-                checkpoint_gc=gc,
+                checkpoint_gc=_gc_keys(config, storage),
                 distributed=distributed,
                 set_trial_state=False,  # set below, from the controller's result
             ) as core_context:
@@ -142,14 +140,23 @@ def run_trial() -> int:
         registry.close()
 
 
+def _gc_keys(config: ExperimentConfig, storage: StorageConfig) -> dict[str, Any]:
+    """The trial's GC keys: the retention keys its storage carries (the route a script's
+    ``core.init`` takes too), Determined's defaults filled in, ranked by the searcher metric."""
+    from ckptstore.checkpointing.retention import run_retention
+
+    gc: dict[str, Any] = run_retention(storage.retention, trial_class=True) or {}
+    gc.update(metric=config.searcher.metric, smaller_is_better=config.searcher.smaller_is_better)
+    return gc
+
+
 def _distributed() -> tuple[DistributedContext | None, Any]:
     """``(distributed, strategy)`` of a worker whose ``TF_CONFIG`` names several workers (the
     launcher's or Ray Train's: ``slots_per_trial > 1``), else ``(None, None)``: one process,
     Keras's default strategy, as before."""
     from ckptstore.core import DistributedContext
-    from ckptstore.core._distributed import TF_CONFIG_ENV, parse_tf_config
 
-    if parse_tf_config(os.environ.get(TF_CONFIG_ENV) or "{}") is None:
+    if trial_info.parse_tf_config(os.environ.get(trial_info.TF_CONFIG_ENV) or "{}") is None:
         return None, None
     return DistributedContext.from_tf_config()
 
