@@ -55,6 +55,7 @@ BAD = {
     "extra_variables": _not(dict),
     "data": _not(dict, type(None)),
     "metrics_variables": _not(list, type(None)),
+    "layer_states": _not(list, type(None)),
 }
 RNG_KEYS = ("python", "numpy", "tensorflow", "keras_global_seed")
 

@@ -67,10 +67,13 @@ from ckptstore.keras_io import backend
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.backend import keras
 from ckptstore.keras_io.fit import _callback_state as callback_state
+from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
 from ckptstore.keras_io.fit import _mwms_compat as mwms_compat
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving import _layer_states as layer_states
 from ckptstore.keras_io.saving import _optimizers as optimizers_mod
 from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
+from ckptstore.keras_io.saving import _weights_view as weights_view
 from ckptstore.keras_io.saving import _writer as checkpoint_writer
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME
 from ckptstore.keras_io.trial import data as data_mod
@@ -412,6 +415,12 @@ class TrialController:
                 record = optimizers_mod.read(os.fspath(path))
                 if record is not None:
                     optimizers_mod.assign(self.optimizers, record, os.fspath(path))
+                assert state is not None
+                if state.layer_states:
+                    arrays = cb_arrays.arrays_from_file(
+                        os.path.join(path, cb_arrays.ARRAYS_FILENAME)
+                    )
+                    state.layer_states = cb_arrays.join_arrays(state.layer_states, arrays)
                 if "data_position" in sequencer:
                     self.train_data.restore(sequencer["data_position"])
                     read_files = getattr(self.train_data, "read_files", None)
@@ -424,7 +433,7 @@ class TrialController:
                 if backend.IS_KERAS2:
                     keras2_format.load_weights(self.model, os.fspath(path), with_optimizer=False)
                 else:
-                    self.model.load_weights(model_file, skip_mismatch=False)
+                    weights_view.load_weights(self.model, model_file, with_optimizer=False)
                 for var in _optimizer_variables(self.model.optimizer):
                     dtype = getattr(var.dtype, "as_numpy_dtype", var.dtype)  # tf.DType on Keras 2
                     var.assign(np.zeros(var.shape, dtype=dtype))
@@ -437,6 +446,7 @@ class TrialController:
         self.last_validation = dict(sequencer.get("last_validation") or {})
         if state.extra_variables:
             callback_state.restore_extra_variables(self.model, state.extra_variables)
+        layer_states.restore(self.model, state.layer_states, uuid)
         self._resumed_state = state
         self.latest_checkpoint = uuid
         logger.info(
@@ -462,7 +472,7 @@ class TrialController:
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            self.model.load_weights(model_file)
+            weights_view.load_weights(self.model, model_file)  # HDF5 reads it, not zipfile
         for w in caught:
             if "Skipping variable loading for optimizer" in str(w.message):
                 raise errors.ResumeError(
@@ -512,6 +522,9 @@ class TrialController:
             callbacks=states,
             rng={**callback_state.capture_rng(), **keras2_format.capture_layer_rng(self.model)},
         )
+        state.layer_states, arrays = cb_arrays.split_arrays(
+            layer_states.capture(self.model) or None
+        )
         sequencer = {
             "batches_trained": self.batches_trained,
             "data_position": self.train_data.position(),
@@ -536,6 +549,9 @@ class TrialController:
                 f.write(state_json)
             with open(os.path.join(path, SEQUENCER_FILENAME), "w", encoding="utf-8") as f:
                 json.dump(sequencer, f)
+            if arrays:
+                with open(os.path.join(path, cb_arrays.ARRAYS_FILENAME), "wb") as f:
+                    f.write(cb_arrays.arrays_to_bytes(arrays))
             write_files = getattr(self.train_data, "write_files", None)
             if callable(write_files):
                 write_files(os.fspath(path))
