@@ -91,7 +91,7 @@ class LegacyOptTrial(det.keras.TFKerasTrial):
         if hparams.get("stateful_rnn"):  # the 4 features as 4 time steps; fixed batch size
             bs = self.context.get_per_slot_batch_size()
             first = [keras.Input(batch_shape=(bs, 4)), keras.layers.Reshape((4, 1))]
-            first.append(keras.layers.LSTM(6, stateful=True))
+            first.append(keras.layers.LSTM(6, stateful=True, unroll=True))  # no while loop
         model = keras.Sequential([*first, keras.layers.Dense(1)])
         model = self.context.wrap_model(model)
         lr = self.context.get_hparam("lr")
