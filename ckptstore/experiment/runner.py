@@ -461,11 +461,13 @@ class ExperimentRun:
 
     def _outcome(self) -> RunOutcome:
         trials = self.registry.list_trials(self.experiment_id)
+        # a trial that failed before this run (or on another runner) shows its stored log
         failed = [
-            self.failures.get(t.id) or TrialFailure(t.id, None, "")
+            self.failures.get(t.id) or TrialFailure(t.id, None, self.logs.stored_tail(t.id))
             for t in trials
             if t.state == "ERROR"
         ]
+        self.logs.close_all()  # the storage stored_tail may have opened
         state = self.registry.get_experiment(self.experiment_id).state
         return RunOutcome(self.experiment_id, state, failed)
 

@@ -38,6 +38,60 @@ FLUSH_SECONDS = 3.0
 MAX_BYTES = 8 * 2**20
 
 
+#: How many lines of a failed trial's output its failure message shows, and from how many of
+#: its last bytes.
+TAIL_LINES = 20
+TAIL_BYTES = 64 * 1024
+#: A line that says what went wrong: a traceback's start or its exception line, or an
+#: exception logged at ERROR (the trial worker logs "... ERROR <logger>: <Type>: <message>").
+#: The launcher's "A worker exited with 1" is a consequence, not the error, and does not match.
+_ERROR_LINE = re.compile(
+    r"^Traceback \(most recent call last\)"
+    r"|^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: |$)"
+    r"|\b(ERROR|CRITICAL)\b [\w.]+: [A-Za-z_][\w.]*: "
+)
+#: Lines shown before an error line that fell out of the tail (the end of its traceback).
+_CONTEXT = 5
+#: The start time in a log's name (:func:`runner_log_name`): the newest log of a trial.
+_STARTED = re.compile(r"-(\d{8}T\d{6})\.log$")
+
+
+def error_tail(data: bytes, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of ``data``. When none of them says what went wrong but an
+    earlier line does (one worker's exception, then the other workers' shutdown output or a
+    library's exit noise), the last such line and the few before it come first, then ``...``
+    and the last lines (``lines`` in all)."""
+    text = data.decode("utf-8", "replace").splitlines()
+    last = text[-lines:]
+    if any(_ERROR_LINE.search(line) for line in last):
+        return "\n".join(last)
+    shown_from = len(text) - len(last)
+    found = [i for i in range(shown_from) if _ERROR_LINE.search(text[i])]
+    if not found:
+        return "\n".join(last)
+    end = found[-1] + 1
+    head = text[max(0, end - _CONTEXT) : end]
+    rest = text[max(end, len(text) - max(1, lines - len(head))) :]
+    gap = ["..."] if end < len(text) - len(rest) else []
+    return "\n".join(head + gap + rest)
+
+
+def stored_tail(storage: Storage, trial_id: int, lines: int = TAIL_LINES) -> str:
+    """:func:`error_tail` of the trial's newest log in storage; "" when it has none or the
+    storage cannot be read (a failure message never fails on its log)."""
+    prefix = f"{defaults.TRIAL_LOGS_PREFIX}/{int(trial_id)}"
+    try:
+        names = [rel for rel in storage.list(prefix) if rel.endswith(".log") and "/" not in rel]
+        if not names:
+            return ""
+        newest = max(names, key=lambda n: ((m := _STARTED.search(n)) and m.group(1) or "", n))
+        data = storage.read_bytes(f"{prefix}/{newest}")
+    except Exception as exc:  # noqa: BLE001 - logged; the message says "(no output)"
+        logger.warning("Could not read the logs of trial %s: %s", trial_id, exc)
+        return ""
+    return error_tail(data[-TAIL_BYTES:], lines)
+
+
 def log_key(trial_id: int, name: str) -> str:
     """``logs/<trial id>/<name>.log`` with ``name`` made a safe file name."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "trial"
@@ -97,11 +151,12 @@ class TrialLog:
             self._dirty.set()
             logger.warning("Could not write the trial log %s: %s", self.key, exc)
 
-    def tail(self, lines: int = 20) -> str:
-        """The last ``lines`` lines of the output so far."""
+    def tail(self, lines: int = TAIL_LINES) -> str:
+        """The last ``lines`` lines of the output so far, its error lines kept (see
+        :func:`error_tail`)."""
         with self._lock:
-            data = bytes(self._data[-64 * 1024 :])
-        return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+            data = bytes(self._data[-TAIL_BYTES:])
+        return error_tail(data, lines)
 
     def close(self, timeout: float = 30.0) -> None:
         """Wait for the pipe to close (the trial ended), write the log a last time."""
@@ -126,16 +181,19 @@ class TrialLogs:
         self._storage: Storage | None = None
         self._open: dict[int, TrialLog] = {}
 
+    def _opened(self) -> Storage:
+        if self._storage is None:
+            from ckptstore.storage_backends import open_storage
+
+            self._storage = open_storage(self.storage_spec)
+        return self._storage
+
     def follow(self, trial_id: int, proc: subprocess.Popen) -> None:
         """Start copying ``proc``'s output (its stdout pipe) for ``trial_id``."""
         if proc.stdout is None:
             return
         self.close(trial_id)  # a restarted trial gets a new log
-        if self._storage is None:
-            from ckptstore.storage_backends import open_storage
-
-            self._storage = open_storage(self.storage_spec)
-        log = TrialLog(self._storage, trial_id, runner_log_name(self.runner))
+        log = TrialLog(self._opened(), trial_id, runner_log_name(self.runner))
         log.follow(proc.stdout)
         self._open[trial_id] = log
 
@@ -146,6 +204,16 @@ class TrialLogs:
             return ""
         log.close()
         return log.tail()
+
+    def stored_tail(self, trial_id: int) -> str:
+        """The last lines of the trial's newest log in storage: a trial that failed in an
+        earlier run, on another runner or on another engine (:func:`stored_tail`)."""
+        try:
+            storage = self._opened()
+        except Exception as exc:  # noqa: BLE001 - the failure message goes on without it
+            logger.warning("Could not open the storage of trial logs: %s", exc)
+            return ""
+        return stored_tail(storage, trial_id)
 
     def close_all(self) -> None:
         for trial_id in list(self._open):

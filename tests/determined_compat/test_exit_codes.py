@@ -13,13 +13,27 @@ pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials 
 def test_failing_trial_fails_the_command_and_the_experiment(tmp_path, where):
     storage, registry = where
     model_dir = copy_corpus("failing", tmp_path)
+    # After the traceback, exit noise (as TensorFlow's or another worker's shutdown prints)
+    # pushes the error out of the last 20 lines: the message still shows it.
+    script = model_dir / "train.py"
+    script.write_text(
+        "import atexit\n"
+        "atexit.register(lambda: print(*(f'worker thread {i} stopped' for i in range(30)), "
+        "sep='\\n', flush=True))\n" + script.read_text()
+    )
     done = ckptstore(
         "experiment", "create", "const.yaml", ".", storage=storage, registry=registry, cwd=model_dir
     )
     assert done.returncode == 1
     assert "Trial 1 ERROR (exit status 1)" in done.stderr
-    assert "FileNotFoundError: training data not found: /data/missing.csv" in done.stderr
-    assert "| trial 1 starting" in done.stderr
+    error = "FileNotFoundError: training data not found: /data/missing.csv"
+    assert f"| {error}\n  | ...\n" in done.stderr
+    assert "| trial 1 starting" in done.stderr and "| worker thread 29 stopped" in done.stderr
+    # Run again (or on another runner), the failed trial's message comes from its stored log.
+    again = ckptstore("experiment", "resume", "1", storage=storage, registry=registry)
+    assert again.returncode == 1
+    assert "Trial 1 ERROR. Last lines of its log:" in again.stderr
+    assert f"| {error}" in again.stderr and "(no output)" not in again.stderr
     info = json.loads(
         ckptstore(
             "experiment", "describe", "1", "--json", storage=storage, registry=registry

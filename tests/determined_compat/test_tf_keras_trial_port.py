@@ -245,22 +245,55 @@ def one_var_config(max_batches, unit, **hparams):
     }
 
 
-@pytest.mark.parametrize("preempt_at", [None, 2], ids=["straight", "resumed"])
+def one_batch_workloads(first, end):
+    """The events Determined's multiplexer gives for training workloads of one batch each,
+    batches ``first`` to ``end - 1`` inside one epoch (``_MultiplexerBase.on_train_batch_begin``
+    / ``on_train_batch_end``, ``TFKerasTrialController._post_train_batch_end``)."""
+    lines = []
+    for b in range(first, end):
+        lines += [f"on_train_workload_begin:{b}:1", f"on_train_batch_begin:{b}"]
+        lines += [f"on_train_batch_end:{b}", f"on_train_workload_end:{b + 1}"]
+    return lines
+
+
+#: A checkpoint workload: ``_save_checkpoint`` takes the states, then ``_checkpoint_end``.
+CHECKPOINT = ["get_state", "on_checkpoint_end:True"]
+#: A validation workload: Keras's ``on_test_begin``; ``on_test_end`` once evaluation is over,
+#: with the ``val_`` metrics only (``_compute_validation_metrics``).
+VALIDATION = ["on_test_begin", "on_test_end:['val_loss']"]
+
+
+@pytest.mark.parametrize("preempt_at", [None, 4], ids=["straight", "resumed"])
 def test_one_var_training(trial_env, preempt_at):
     """Ports ``TestKerasTrial.test_one_var_training`` (with and without a checkpoint in the
     middle): each batch's loss is the analytic loss of the current weight, and after a resume
-    the weight goes on from the checkpoint's."""
+    the weight goes on from the checkpoint's. As there, workloads of one batch and
+    ``records_per_epoch: 100`` (no epoch ends); the callbacks get exactly the events Determined
+    0.38.1's harness gives them for the same workloads (see ``one_batch_workloads``). Its
+    ``[True]`` case checkpoints after 4 batches and ends (``on_train_end`` after ``get_state``):
+    here the first run, preempted after batch 4 of 8."""
     _, registry = trial_env
-    cfg = one_var_config(4, 1)
+    cfg = one_var_config(8 if preempt_at else 4, 1, event_log=True)
+    cfg["records_per_epoch"] = 100
     _, result = run(trial_env, trials.OneVarTrial, cfg, preempt_at=preempt_at)
+    first = trials.OneVarTrial.last_log.lines
+    start = ["on_train_begin", "on_epoch_begin:0", *one_batch_workloads(0, 4)]
     if preempt_at:
         assert result.status == "preempted"
+        assert first == [*start, *CHECKPOINT, "on_train_end"]  # Determined's [True] stream
         controller, result = run(trial_env, trials.OneVarTrial, cfg)
-    assert result.batches_trained == 4
+        # the resumed run goes on writing the log it saved, as CBChecker's load_state does; to
+        # the end of max_length, where the searcher validates and the trial checkpoints
+        rest = ["load_state", *one_batch_workloads(4, 8), *VALIDATION, *CHECKPOINT]
+        assert trials.OneVarTrial.last_log.lines == [*start, "get_state", *rest, "on_train_end"]
+    else:  # the searcher's validation and the final checkpoint at max_length
+        assert first == [*start, *VALIDATION, *CHECKPOINT, "on_train_end"]
+    assert result.batches_trained == (8 if preempt_at else 4)
     w, lr = 0.0, cfg["hyperparameters"]["learning_rate"]
     training = metrics(registry, 1, "training")
-    assert [step for step, _ in training] == [1, 2, 3, 4]
-    for (_, logs), batch in zip(training, [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]], strict=True):
+    assert [step for step, _ in training] == list(range(1, result.batches_trained + 1))
+    passes = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]] * 2
+    for (_, logs), batch in zip(training, passes, strict=False):
         assert logs["loss"] == pytest.approx(trials.OneVarTrial.calc_loss(w, batch), abs=1e-4)
         w -= lr * trials.OneVarTrial.calc_gradient(w, batch)
 

@@ -1,7 +1,8 @@
 """A TFKerasTrial with ``resources.slots_per_trial: 2`` (Determined's cifar10_tf_keras
-``distributed.yaml`` shape) through the local runner: two worker processes under
-MultiWorkerMirroredStrategy, SIGTERM pauses both after the chief's checkpoint, ``experiment
-resume`` continues on two workers, and the same paused checkpoint also resumes on one."""
+``distributed.yaml`` shape, training on a ``keras.utils.Sequence`` sharded by batch index)
+through the local runner: two worker processes under MultiWorkerMirroredStrategy, SIGTERM
+pauses both after the chief's checkpoint, ``experiment resume`` continues on two workers, and
+the same paused checkpoint also resumes on one, to the same metrics."""
 
 from __future__ import annotations
 
@@ -69,7 +70,13 @@ def test_cifar_trial_on_two_slots_pauses_and_resumes_on_two_and_one(tmp_path, wh
     model_dir = copy_corpus("cifar10_trial", tmp_path)
     config = model_dir / "distributed.yaml"
     # No dropout: its masks are drawn per worker, the rest of a step is the same on 1 or 2.
-    config.write_text(config.read_text().replace("layer1_dropout: 0.25", "layer1_dropout: 0.0"))
+    # Training data: a keras.utils.Sequence of per-slot batches, each worker reading its share
+    # of the batch indices (2b + rank for global batch b); one worker reads batch b of 8.
+    config.write_text(
+        config.read_text()
+        .replace("layer1_dropout: 0.25", "layer1_dropout: 0.0")
+        .replace("global_batch_size: 8", "data: sequence\n  global_batch_size: 8")
+    )
     err = create_then_sigterm(
         "distributed.yaml",
         model_dir,

@@ -254,7 +254,8 @@ class OneVarTrial(det.keras.TFKerasTrial):
         return float(np.mean([(v - w * v) ** 2 for v in values]))
 
     def keras_callbacks(self):
-        if "epochs" not in self.context.get_hparams():
+        hparams = self.context.get_hparams()
+        if "epochs" not in hparams and not hparams.get("event_log"):
             return [preemption()]
         OneVarTrial.last_log = log = EventLog()
         return [

@@ -6,8 +6,9 @@ Determined's users wrote; on Keras 3 the same code gets Keras 3's ``RMSprop`` / 
 Used in-process by ``tests/keras_io/test_trial_both_keras.py`` and, copied as ``model_def.py``,
 through the experiment runner (``entrypoint: model_def:LegacyOptTrial``).
 
-Hyperparameters: ``global_batch_size``, ``lr``, ``optimizer`` (``legacy`` / ``new``) and ``data``
-(``arrays``, ``in_memory``, ``dataset``, ``sequence``).
+Hyperparameters: ``global_batch_size``, ``lr``, ``optimizer`` (``legacy`` / ``new``), ``data``
+(``arrays``, ``in_memory``, ``dataset``, ``sequence``) and optionally ``custom_layer`` and
+``stateful_rnn`` (a ``stateful=True`` LSTM, which carries its states from batch to batch).
 """
 
 import numpy as np
@@ -84,15 +85,14 @@ class LegacyOptTrial(det.keras.TFKerasTrial):
         self.context = context
 
     def build_model(self):
-        custom = [Scale()] if self.context.get_hparams().get("custom_layer") else []
-        model = keras.Sequential(
-            [
-                keras.Input((4,)),
-                *custom,
-                keras.layers.Dense(6, activation="relu"),
-                keras.layers.Dense(1),
-            ]
-        )
+        hparams = self.context.get_hparams()
+        custom = [Scale()] if hparams.get("custom_layer") else []
+        first = [keras.Input((4,)), *custom, keras.layers.Dense(6, activation="relu")]
+        if hparams.get("stateful_rnn"):  # the 4 features as 4 time steps; fixed batch size
+            bs = self.context.get_per_slot_batch_size()
+            first = [keras.Input(batch_shape=(bs, 4)), keras.layers.Reshape((4, 1))]
+            first.append(keras.layers.LSTM(6, stateful=True, unroll=True))  # no while loop
+        model = keras.Sequential([*first, keras.layers.Dense(1)])
         model = self.context.wrap_model(model)
         lr = self.context.get_hparam("lr")
         keras2 = keras.__name__.startswith("tf_keras")  # tf.keras is Keras 2

@@ -1,11 +1,13 @@
 """Resume and load read only what they need, the fast way (issue 41): the weights through
-HDF5's own file driver (never Keras's zip reader), the SavedModel never unless asked for.
+HDF5's own file driver (never Keras's zip reader), for DeterminedCallback, a TFKerasTrial and
+load_checkpoint_model, the SavedModel never unless asked for.
 Each test fails if the fast path is lost (no timings)."""
 
 from __future__ import annotations
 
 import os
 import zipfile
+from typing import Any
 
 import keras
 import numpy as np
@@ -32,6 +34,39 @@ def model_with_adam(seed: int) -> keras.Model:
 
 def state(model: keras.Model) -> list[np.ndarray]:
     return [v.numpy() for v in model.weights + model.optimizer.variables]
+
+
+class AdamTrial(det.keras.TFKerasTrial):
+    def __init__(self, context):
+        self.context = context
+
+    def build_model(self):
+        model = self.context.wrap_model(model_with_adam(1))
+        model.compile(self.context.wrap_optimizer(keras.optimizers.Adam(0.01)), "mse")
+        return model
+
+    def build_training_data_loader(self):
+        return X, np.eye(3, dtype="float32")[Y]
+
+    def build_validation_data_loader(self):
+        return X, np.eye(3, dtype="float32")[Y]
+
+
+def run_trial(url: str, registry: str) -> Any:
+    """Trial 2 for 4 batches (resumed from its checkpoint when it has one); its controller."""
+    from ckptstore.keras_io.trial.controller import TrialController
+
+    config = {
+        "hyperparameters": {"global_batch_size": 8},
+        "searcher": {"name": "single", "metric": "val_loss", "max_length": {"batches": 4}},
+        "entrypoint": "test_fast_read:AdamTrial",
+    }
+    with det.core.init(
+        storage=url, registry=registry, trial_id=2, hparams={"global_batch_size": 8}
+    ) as ctx:
+        controller = TrialController(AdamTrial, ctx, config)
+        controller.run()
+    return controller
 
 
 @pytest.fixture
@@ -80,6 +115,15 @@ def test_resume_and_load_read_weights_directly_and_never_the_saved_model(
     loaded = det.load_checkpoint_model(checkpoint_uuid=uuid, storage=url, registry=registry)
     for got, want in zip(state(loaded), state(trained), strict=True):
         np.testing.assert_array_equal(got, want)
+
+    # A TFKerasTrial resumes through the same HDF5 read (trial 2 in the same storage).
+    trial = run_trial(url, registry)
+    zip_reads.clear()
+    resumed_trial = run_trial(url, registry)
+    assert resumed_trial.batches_trained == 4 and resumed_trial.context.get_initial_batch() == 4
+    assert "model.weights.h5" not in zip_reads
+    for got, want in zip(state(resumed_trial.model), state(trial.model), strict=True):
+        np.testing.assert_array_equal(got, want)  # nothing trained: its 4 batches were done
 
 
 def test_weights_file_forms_of_every_archive(tmp_path):

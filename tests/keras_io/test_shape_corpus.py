@@ -30,9 +30,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WORKER = os.path.join(REPO, "tests", "keras_io", "shape_corpus_worker.py")
 TABLE = os.path.join(REPO, "docs", "reference", "model-shapes.md")
 COLUMNS = {3: 1, 2: 2}  # table column of each Keras version
-#: Known limits, not asserted here (the table says what happens): neither Keras saves a stateful
-#: RNN's carried states with its weights, so the resumed epoch starts from zero states.
-NOT_EXACT = {(3, "stateful_rnn"), (2, "stateful_rnn")}
 
 
 def run_phase(workdir, phase: str) -> dict:
@@ -127,8 +124,7 @@ def test_every_shape_resumes_bit_exactly_loads_and_matches_the_docs_table(tmp_pa
     for shape in straight:
         assert "error" not in straight[shape] and "error" not in final[shape], shape
         assert part[shape]["preempted"] and final[shape]["resumed"], shape
-        if (KERAS_MAJOR, shape) not in NOT_EXACT:
-            assert bit_equal(tmp_path, shape), f"{shape}: resumed run differs from the straight one"
+        assert bit_equal(tmp_path, shape), f"{shape}: resumed run differs from the straight one"
         assert final[shape]["load"]["predict_equal"], shape
     # finding 1: classes of the training script (__main__) export in-process, the run finishes
     assert final["custom_layer_main"]["saved_model"] is True

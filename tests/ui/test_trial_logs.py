@@ -1,5 +1,7 @@
 """Logs of trials the experiment runner started: kept in storage beside the checkpoints and
-shown on the trial page; the runner's own stdout still gets every line."""
+shown on the trial page; the runner's own stdout still gets every line. A failed trial's
+message shows the end of its log with its last error line (``error_tail``), read from storage
+when the trial failed in another run (``stored_tail``)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,18 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from ckptstore.experiment import create_experiment
-from ckptstore.experiment.trial_logs import MAX_BYTES, TrialLog, log_key
+from ckptstore.experiment.trial_logs import (
+    MAX_BYTES,
+    TrialLog,
+    error_tail,
+    log_key,
+    stored_tail,
+)
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
 from ckptstore.ui.app import create_app
@@ -86,3 +96,42 @@ def test_trial_log_is_written_while_running_and_keeps_the_tail(tmp_path, monkeyp
     log.close()
     data = storage.read_bytes(key)
     assert len(data) == MAX_BYTES and data.endswith(b"last\n")
+
+
+#: Output lines that say nothing went wrong (no capital letters: no "Error:", no "ERROR").
+QUIET = st.text(alphabet="abcdefghijklmnopqrstuvwxyz .=[]", max_size=30)
+FAILURE = st.one_of(
+    st.builds(
+        lambda name, why: f"{name}Error: {why}", st.sampled_from(["Value", "OS", "Key"]), QUIET
+    ),
+    st.builds(
+        lambda why: (
+            f"2026-01-01 trial[7] ERROR ckptstore.keras_io.trial.worker: NotSupported: {why}"
+        ),
+        QUIET,
+    ),
+    st.just("Traceback (most recent call last):"),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(before=st.lists(QUIET, max_size=30), error=FAILURE, after=st.lists(QUIET, max_size=40))
+def test_a_failure_message_keeps_the_last_error_line_and_the_end(before, error, after):
+    lines = [*before, error, *after]
+    shown = error_tail(("\n".join(lines) + "\n").encode(), 20).split("\n")
+    assert error in shown  # however much output followed it
+    assert len(shown) <= 21  # 20 lines and a "..." where lines were left out
+    if len(lines) <= 20:
+        assert shown == lines
+    else:
+        kept = min(len(after), 20 - 5)
+        assert shown[len(shown) - kept :] == lines[len(lines) - kept :]  # the end, as it was
+
+
+def test_stored_tail_reads_the_newest_log_of_the_trial(tmp_path):
+    storage = open_storage(str(tmp_path))
+    storage.write_bytes("logs/3/runner-b-20260101T000000.log", b"old run\nValueError: old\n")
+    storage.write_bytes("logs/3/runner-a-20260102T000000.log", b"new run\nOSError: disk full\n")
+    storage.write_bytes("logs/4/runner-a-20260103T000000.log", b"another trial\n")
+    assert stored_tail(storage, 3) == "new run\nOSError: disk full"
+    assert stored_tail(storage, 9) == ""  # no log: the message says "(no output)"

@@ -26,6 +26,7 @@ from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
 from ckptstore.keras_io.fit._mwms_compat import apply_mwms_compat
 from ckptstore.keras_io.loading._into_model import raise_partial_load
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving import _layer_states as layer_states
 from ckptstore.keras_io.saving import _optimizers as optimizers_lib
 from ckptstore.keras_io.saving import _snapshot as snapshot_lib
 from ckptstore.keras_io.saving import _weights_view as weights_view
@@ -569,11 +570,15 @@ class DeterminedCallback(backend.CallbackBase):
         arrays split out of the callbacks' states (saved next to it as one file)."""
         assert self._layout is not None
         saved_ids = {id(e.variable) for e in self._layout.entries if e.variable is not None}
-        callback_states, arrays = cb_arrays.split_arrays(
+        # one arrays file for the callbacks' arrays and the stateful RNN layers' states
+        parts, arrays = cb_arrays.split_arrays(
             {
-                key: cb.get_state()
-                for key, cb in state_lib.stateful_callbacks(self._callbacks).items()
-                if cb is not self
+                "callbacks": {
+                    key: cb.get_state()
+                    for key, cb in state_lib.stateful_callbacks(self._callbacks).items()
+                    if cb is not self
+                },
+                "layer_states": layer_states.capture(self.model) or None,
             }
         )
         state = state_lib.TrainingState(
@@ -581,9 +586,10 @@ class DeterminedCallback(backend.CallbackBase):
             steps_completed=self._steps_completed,
             continue_id=self._continue_id_json,
             epoch_complete=complete,
-            callbacks=callback_states,
+            callbacks=parts["callbacks"],
             rng={**state_lib.capture_rng(), **keras2_format.capture_layer_rng(self.model)},
             extra_variables=state_lib.capture_extra_variables(self.model, saved_ids),
+            layer_states=parts["layer_states"],
             metrics_variables=(
                 None
                 if complete or self._data is None
@@ -654,9 +660,9 @@ class DeterminedCallback(backend.CallbackBase):
                 assert state is not None
                 arrays_path = os.path.join(path, cb_arrays.ARRAYS_FILENAME)
                 if os.path.exists(arrays_path):
-                    state.callbacks = cb_arrays.join_arrays(
-                        state.callbacks, cb_arrays.arrays_from_file(arrays_path)
-                    )
+                    arrays = cb_arrays.arrays_from_file(arrays_path)
+                    state.callbacks = cb_arrays.join_arrays(state.callbacks, arrays)
+                    state.layer_states = cb_arrays.join_arrays(state.layer_states, arrays)
                 if state.data is not None and self._data is not None:
                     self._resume_batch = self._data.restore(state.data, path)
         protect = getattr(self._core.checkpoint, "protect", None)
@@ -686,6 +692,7 @@ class DeterminedCallback(backend.CallbackBase):
         state_lib.restore_rng(state.rng)
         keras2_format.restore_layer_rng(self.model, state.rng)
         state_lib.restore_extra_variables(self.model, state.extra_variables)
+        layer_states.restore(self.model, state.layer_states, uuid)
         self._pending_callback_states = dict(state.callbacks)
         if not state.epoch_complete and self._resume_batch:
             self._resume_metrics = state.metrics_variables

@@ -3,8 +3,9 @@
 Everything here is JSON (never pickle): the epoch, ``steps_completed``, ``continue_id``, the
 state of every stateful callback in the ``fit()`` list (``get_state()``/``load_state()``), RNG
 states (Python ``random``, NumPy, TensorFlow's global generator, Keras's global seed generator)
-and model variables that the ``.keras`` format leaves out (e.g. ``SeedGenerator`` states of
-``Dropout`` layers), so a resumed run draws the same random numbers.
+model variables that the ``.keras`` format leaves out (e.g. ``SeedGenerator`` states of
+``Dropout`` layers), so a resumed run draws the same random numbers, and the carried states of
+stateful RNN layers.
 
 Example::
 
@@ -58,6 +59,9 @@ class TrainingState:
     data: dict[str, Any] | None = None
     #: Values of ``model.metrics_variables`` at a mid-epoch save (the epoch's accumulators).
     metrics_variables: list[Any] | None = None
+    #: Carried states of stateful RNN layers (:mod:`~ckptstore.keras_io.saving._layer_states`;
+    #: arrays in ``callback_arrays.npz``), or None for a model without any.
+    layer_states: list[Any] | None = None
     version: int = STATE_VERSION
 
     def to_json(self) -> str:
@@ -99,6 +103,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "extra_variables": (dict,),
     "data": (dict, type(None)),
     "metrics_variables": (list, type(None)),
+    "layer_states": (list, type(None)),
 }  # continue_id: any JSON (DeterminedCallback takes any JSON-able value; only compared with ==)
 
 

@@ -11,7 +11,8 @@ whether to go on, as Determined's master told its trials to, so a search prunes 
 config sets no ``min_validation_period``. After a validation it checkpoints as the config's
 ``checkpoint_policy`` says: ``best`` (Determined's default) when the searcher metric beats the
 experiment's best so far, ``all`` always, ``none`` never. On resume, callbacks get
-``on_train_begin`` before ``load_state``, in Determined's order.
+``on_train_begin`` before ``load_state``, in Determined's order; every callback event comes in
+Determined's order and with its logs (:mod:`.callback_events`).
 
 A checkpoint holds ``model.keras`` (architecture, weights, full optimizer state),
 ``callback_state.json`` (callback states, RNG states, steps — see
@@ -68,11 +69,15 @@ from ckptstore.keras_io import backend
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.backend import keras
 from ckptstore.keras_io.fit import _callback_state as callback_state
+from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
 from ckptstore.keras_io.fit import _mwms_compat as mwms_compat
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving import _layer_states as layer_states
 from ckptstore.keras_io.saving import _optimizers as optimizers_mod
 from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
+from ckptstore.keras_io.saving import _weights_view as weights_view
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME
+from ckptstore.keras_io.trial import callback_events as events
 from ckptstore.keras_io.trial import data as data_mod
 from ckptstore.keras_io.trial import model_part
 from ckptstore.keras_io.trial.context import TFKerasTrialContext
@@ -103,24 +108,6 @@ def _is_compiled(model: KerasModel) -> bool:
 
 
 _optimizer_variables = optimizers_mod.variables_of
-
-
-def _to_float(value: Any) -> Any:
-    if isinstance(value, (np.generic, np.ndarray)):
-        return np.asarray(value).item()
-    if hasattr(value, "numpy"):
-        return np.asarray(value.numpy()).item()
-    return value
-
-
-def _mean_logs(logs: list[dict[str, Any]]) -> dict[str, float]:
-    if not logs:
-        return {}
-    out = {}
-    for key in logs[-1]:
-        values = [float(_to_float(entry[key])) for entry in logs if key in entry]
-        out[key] = float(np.mean(values))
-    return out
 
 
 class TrialController:
@@ -260,8 +247,9 @@ class TrialController:
             bind = getattr(cb, "bind_core_context", None)
             if callable(bind):
                 bind(self.core)
-        self.callbacks = keras.callbacks.CallbackList(
-            self.user_callbacks, add_history=False, add_progbar=False, model=self.model
+        self.callbacks, self._eval_callbacks = (
+            kind(self.user_callbacks, add_history=False, add_progbar=False, model=self.model)
+            for kind in (keras.callbacks.CallbackList, events.TestEndLater)
         )
         self._schedule()
 
@@ -411,6 +399,12 @@ class TrialController:
                 record = optimizers_mod.read(os.fspath(path))
                 if record is not None:
                     optimizers_mod.assign(self.optimizers, record, os.fspath(path))
+                assert state is not None
+                if state.layer_states:
+                    arrays = cb_arrays.arrays_from_file(
+                        os.path.join(path, cb_arrays.ARRAYS_FILENAME)
+                    )
+                    state.layer_states = cb_arrays.join_arrays(state.layer_states, arrays)
                 if "data_position" in sequencer:
                     self.train_data.restore(sequencer["data_position"])
                     read_files = getattr(self.train_data, "read_files", None)
@@ -423,7 +417,7 @@ class TrialController:
                 if backend.IS_KERAS2:
                     keras2_format.load_weights(self.model, os.fspath(path), with_optimizer=False)
                 else:
-                    self.model.load_weights(model_file, skip_mismatch=False)
+                    weights_view.load_weights(self.model, model_file, with_optimizer=False)
                 for var in _optimizer_variables(self.model.optimizer):
                     dtype = getattr(var.dtype, "as_numpy_dtype", var.dtype)  # tf.DType on Keras 2
                     var.assign(np.zeros(var.shape, dtype=dtype))
@@ -436,6 +430,7 @@ class TrialController:
         self.last_validation = dict(sequencer.get("last_validation") or {})
         if state.extra_variables:
             callback_state.restore_extra_variables(self.model, state.extra_variables)
+        layer_states.restore(self.model, state.layer_states, uuid)
         self._resumed_state = state
         self.latest_checkpoint = uuid
         logger.info(
@@ -461,7 +456,7 @@ class TrialController:
 
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            self.model.load_weights(model_file)
+            weights_view.load_weights(self.model, model_file)  # HDF5 reads it, not zipfile
         for w in caught:
             if "Skipping variable loading for optimizer" in str(w.message):
                 raise errors.ResumeError(
@@ -511,6 +506,9 @@ class TrialController:
             callbacks=states,
             rng={**callback_state.capture_rng(), **keras2_format.capture_layer_rng(self.model)},
         )
+        state.layer_states, arrays = cb_arrays.split_arrays(
+            layer_states.capture(self.model) or None
+        )
         sequencer = {
             "batches_trained": self.batches_trained,
             "data_position": self.train_data.position(),
@@ -530,6 +528,9 @@ class TrialController:
                 f.write(state_json)
             with open(os.path.join(path, SEQUENCER_FILENAME), "w", encoding="utf-8") as f:
                 json.dump(sequencer, f)
+            if arrays:
+                with open(os.path.join(path, cb_arrays.ARRAYS_FILENAME), "wb") as f:
+                    f.write(cb_arrays.arrays_to_bytes(arrays))
             write_files = getattr(self.train_data, "write_files", None)
             if callable(write_files):
                 write_files(os.fspath(path))
@@ -553,18 +554,21 @@ class TrialController:
             end = min(end, min(ahead))
         return min(end, self.batches_trained + self.config.scheduling_unit)
 
+    def _counts(self) -> dict[str, int]:
+        return events.counts(self.batches_trained, self.batches_per_epoch)
+
     def _train_workload(self, n: int) -> dict[str, float]:
         fit = self.context.fit_config
-        for cb in self.user_callbacks:
-            hook = getattr(cb, "on_train_workload_begin", None)
-            if callable(hook):
-                hook(self.batches_trained, n, {})
         logs: list[dict[str, Any]] = []
         bpe = self.batches_per_epoch
         end = self.batches_trained + n
-        for _ in range(n):
+        for i in range(n):
             if bpe and self.batches_trained % bpe == 0:
                 self.callbacks.on_epoch_begin(self.batches_trained // bpe)
+            if i == 0:  # Determined's multiplexer: at the first batch, after on_epoch_begin
+                events.workload_hook(
+                    self.user_callbacks, "on_train_workload_begin", self.batches_trained, n, {}
+                )
             step = self.batches_trained % bpe if bpe else self.batches_trained
             self.callbacks.on_train_batch_begin(step)
             x, y, sw = self.train_data.next_batch()
@@ -581,11 +585,13 @@ class TrialController:
             if self.batches_trained < end and self.core.preempt.should_preempt():
                 # react within one batch: the workload ends here and run() checkpoints
                 break
-        metrics = _mean_logs(logs)
-        for cb in self.user_callbacks:
-            hook = getattr(cb, "on_train_workload_end", None)
-            if callable(hook):
-                hook(self.batches_trained, dict(metrics))
+        metrics = events.mean_logs(logs)
+        events.workload_hook(
+            self.user_callbacks,
+            "on_train_workload_end",
+            self.batches_trained,
+            {**metrics, **self._counts()},
+        )
         self.core.train.report_training_metrics(self.batches_trained, metrics)
         return metrics
 
@@ -657,12 +663,13 @@ class TrialController:
         logs = self.model.evaluate(
             **kwargs,
             steps=steps,
-            callbacks=self.callbacks,
+            callbacks=self._eval_callbacks,
             verbose=1 if fit["verbose"] else 0,
             **options,
         )
         logs = self._named(logs)
-        metrics = {f"val_{k}": float(_to_float(v)) for k, v in logs.items()}
+        metrics = {f"val_{k}": float(events.to_float(v)) for k, v in logs.items()}
+        events.workload_hook(self.user_callbacks, "on_test_end", dict(metrics))
         self.last_validation = metrics
         self.last_validation_at = self.batches_trained
         self.core.train.report_validation_metrics(self.batches_trained, metrics)

@@ -1,6 +1,8 @@
 """A TFKerasTrial in the shape of Determined's cifar10_tf_keras example (``model_def:CIFARTrial``,
 a small conv net, ``context.wrap_dataset`` + ``get_per_slot_batch_size``) on tiny random
-"images" (8x8x3, four classes told apart by which channel is bright) so nothing is downloaded."""
+"images" (8x8x3, four classes told apart by which channel is bright) so nothing is downloaded.
+Hyperparameter ``data: sequence`` trains on a ``keras.utils.Sequence`` of per-slot batches
+instead (the older example's ``ImageDataGenerator.flow``)."""
 
 import os
 import time
@@ -16,6 +18,22 @@ def make_images(n, seed):
     images = rng.uniform(0.0, 0.3, size=(n, 8, 8, 3)).astype("float32")
     images[np.arange(n), :, :, labels % 3] += (0.5 + 0.25 * (labels // 3))[:, None, None]
     return images, labels.astype("int64")
+
+
+class Batches(tf.keras.utils.Sequence):
+    """The images in per-slot batches, a ``keras.utils.Sequence`` (hparam ``data: sequence``):
+    each worker of a trial on several slots reads its share of the batch indices."""
+
+    def __init__(self, images, labels, batch_size):
+        super().__init__()
+        self.images, self.labels, self.batch_size = images, labels, batch_size
+
+    def __len__(self):
+        return -(-len(self.images) // self.batch_size)
+
+    def __getitem__(self, i):
+        part = slice(i * self.batch_size, (i + 1) * self.batch_size)
+        return self.images[part], self.labels[part]
 
 
 class CIFARTrial(keras.TFKerasTrial):
@@ -58,6 +76,8 @@ class CIFARTrial(keras.TFKerasTrial):
         ]
 
     def build_training_data_loader(self) -> keras.InputData:
+        if self.context.get_hparams().get("data") == "sequence":  # as ImageDataGenerator.flow
+            return Batches(*self.train_np, self.context.get_per_slot_batch_size())
         train_ds = self.context.wrap_dataset(tf.data.Dataset.from_tensor_slices(self.train_np))
         return train_ds.batch(self.context.get_per_slot_batch_size())
 
