@@ -51,6 +51,19 @@ class Where(NamedTuple):
         return {"storage": self.storage, "registry": self.registry, "preempt_signals": False}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _docs_pages_start_with_the_session(request, tmp_path_factory) -> None:
+    """When documentation pages are selected, their runs start with the first test and go on
+    beside the others (tests/docs/test_examples.py: start_page_runs); their tests check them."""
+    if any(
+        getattr(item, "originalname", "") == "test_page_examples_run"
+        for item in request.session.items
+    ):
+        from tests.docs.test_examples import start_page_runs
+
+        start_page_runs(request, tmp_path_factory)
+
+
 @pytest.fixture(autouse=True)
 def _own_restore_cache(tmp_path_factory, monkeypatch) -> None:
     """Each test gets its own restore cache folder (created on first use; children inherit

@@ -50,6 +50,7 @@ class ChildRun:
         ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self.name, self.command, self.timeout, self.ready = name, command, timeout, ready
+        self._command: tuple[list[str], str, dict[str, str]] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._files: tuple[Any, Any] | None = None
         self._started = threading.Event()
@@ -62,13 +63,21 @@ class ChildRun:
         function._child_run = self  # type: ignore[attr-defined]
         return function
 
+    def prepare(self) -> None:
+        """Takes the command (and so the environment) now: a run the queue starts later must not
+        get what a test running then has put in ``os.environ``."""
+        if self._command is None:
+            self._command = self.command()
+
     def start(self) -> None:
         with self._lock:
             if self._proc is not None:
                 return
             if _CLOSED.is_set():
                 raise RuntimeError(f"the session ended before the {self.name} child run started")
-            argv, cwd, env = self.command()
+            self.prepare()
+            assert self._command is not None
+            argv, cwd, env = self._command
             self._files = (tempfile.TemporaryFile(), tempfile.TemporaryFile())
             self.start_time = time.monotonic()
             # its own process group: stop() ends the child and the servers it started
@@ -146,6 +155,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
         run = getattr(getattr(item, "function", None), "_child_run", None)
         if isinstance(run, ChildRun) and run not in _QUEUE and run.ready():
+            run.prepare()
             run.queued = True
             _QUEUE.append(run)
     if _QUEUE and not session.config.option.collectonly:
