@@ -53,7 +53,7 @@ JAX_RUN = ChildRun("JAX", _command, timeout=1500, ready=lambda: jax_missing() is
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.timeout(4000)  # waits for the child runs queued before it, then its own
+@pytest.mark.timeout(4600)  # waits for the child runs queued before it, then its own
 @JAX_RUN.test
 def test_keras_tests_pass_on_jax():
     require_jax()

@@ -109,11 +109,11 @@ def _command() -> tuple[list[str], str, dict[str, str]]:
 
 #: Started with the session, beside the other tests (tests/_helpers/child_runs.py); its limit
 #: counts from its start and allows for sharing the machine with the rest of the suite.
-KERAS2_RUN = ChildRun("Keras 2", _command, timeout=2400)
+KERAS2_RUN = ChildRun("Keras 2", _command, timeout=3000)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(4000)  # waits for the child runs queued before it, then its own
+@pytest.mark.timeout(4600)  # waits for the child runs queued before it, then its own
 @KERAS2_RUN.test
 def test_keras_modules_pass_under_keras2():
     proc = KERAS2_RUN.result()
