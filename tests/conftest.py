@@ -5,7 +5,8 @@ test folder can use ``s3_server``, ``gcs_server``, ``azure_server``, ``storage_u
 ``any_storage_url``, ``local_and_s3_url``, ``postgres_server`` and ``registry_url``. Defined here:
 ``where`` / ``where_local_and_s3`` (a test's storage + registry). Plugins loaded here: with
 ``CI=true`` a skip fails (``tests/_helpers/ci_skips.py``); every test is marked ``unit``,
-``servers`` or ``e2e`` (``tests/_helpers/markers.py``). Helpers shared by several folders are in
+``servers`` or ``e2e`` (``tests/_helpers/markers.py``); the Keras 2 and JAX child pytest runs
+start as the session starts and run beside it (``tests/_helpers/child_runs.py``). Helpers shared by several folders are in
 ``tests/_helpers/``; ``tests/test_layers.py`` checks each fixture and shared helper is defined once.
 """
 
@@ -23,6 +24,7 @@ pytest_plugins = [
     "tests.servers.ray_cluster",  # ray_cluster: one two-node loopback cluster per session
     "tests._helpers.ci_skips",  # with CI=true a skip fails
     "tests._helpers.markers",  # unit / servers / e2e on every test
+    "tests._helpers.child_runs",  # the Keras 2 and JAX child runs start with the session
     "pytester",  # tests/test_conftest_rules.py runs small test files
 ]
 
@@ -47,6 +49,19 @@ class Where(NamedTuple):
     def core_kwargs(self) -> dict[str, object]:
         """``det.core.init(**where.core_kwargs())``: these places, no signal handlers installed."""
         return {"storage": self.storage, "registry": self.registry, "preempt_signals": False}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _docs_pages_start_with_the_session(request, tmp_path_factory) -> None:
+    """When documentation pages are selected, their runs start with the first test and go on
+    beside the others (tests/docs/test_examples.py: start_page_runs); their tests check them."""
+    if any(
+        getattr(item, "originalname", "") == "test_page_examples_run"
+        for item in request.session.items
+    ):
+        from tests.docs.test_examples import start_page_runs
+
+        start_page_runs(request, tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)

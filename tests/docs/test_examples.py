@@ -9,7 +9,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -91,15 +91,18 @@ def in_order() -> list[Path]:
 _MKDOCS = (ROOT / "mkdocs.yml").read_text()
 
 
-def _run_page(page: Path, tmp: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run_page(
+    page: Path, tmp: Path, extra_env: dict[str, str], environ: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
     """One page's examples in ``tmp/work`` with CKPTSTORE_HOME ``tmp/home`` (fresh, or the
     ones the pages before it in :func:`in_order` used), and the suite's JAX on PYTHONPATH for a
-    page on JAX (tests/_helpers/jax_env.py)."""
+    page on JAX (tests/_helpers/jax_env.py). ``environ``: the session's environment when the
+    runs started (other tests change ``os.environ`` while the pages run)."""
     work = tmp / "work"
     if not work.exists():
         work.mkdir(parents=True)
         (work / "examples").symlink_to(ROOT / "examples")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_")}
+    env = {k: v for k, v in environ.items() if not k.startswith("CKPTSTORE_")}
     env.update(
         CKPTSTORE_HOME=str(tmp / "home"),
         PYTHONPATH=os.pathsep.join(
@@ -119,13 +122,21 @@ def _run_page(page: Path, tmp: Path, extra_env: dict[str, str]) -> subprocess.Co
     )
 
 
-@pytest.fixture(scope="session")
-def page_runs(
+#: The runs of the selected pages, once started (by :func:`start_page_runs`).
+_STARTED: dict[Path, Future[subprocess.CompletedProcess[str]]] | None = None
+
+
+def start_page_runs(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[Path, Future[subprocess.CompletedProcess[str]]]]:
+) -> dict[Path, Future[subprocess.CompletedProcess[str]]]:
     """Starts the selected pages' runs, two at a time: most of a page's time is one process
     importing TensorFlow, so a second page uses the other core instead of waiting. One worker
-    runs the tutorials and how-to pages in order in one store, the other the rest."""
+    runs the tutorials and how-to pages in order in one store, the other the rest. Called by
+    ``tests/conftest.py`` as the session starts, so the pages run beside the other tests (the
+    page tests only check the results); the runs stop at the end of the session."""
+    global _STARTED
+    if _STARTED is not None:
+        return _STARTED
     selected = [
         item.callspec.params["page"]
         for item in request.session.items
@@ -137,10 +148,12 @@ def page_runs(
     for page in filter(_needs_postgres, selected):
         server = request.getfixturevalue("postgres_server")
         extra_env[page]["DATABASE_URL"] = server.create_database()
+    environ = dict(os.environ)
     # The tutorials and how-to pages run one after another in ONE store and folder, as a
     # newcomer follows them (issue 39: pages that collided there passed one by one); the
     # other pages run beside them, each in a fresh store.
     pool = ThreadPoolExecutor(max_workers=2)
+    stopping = threading.Event()
     chain = [page for page in in_order() if page in extra_env]
     shared = tmp_path_factory.mktemp("docs-in-order")
 
@@ -148,20 +161,39 @@ def page_runs(
 
     def run_chain() -> None:
         for page in chain:
+            if stopping.is_set():  # the session ended early (-x): no page starts after that
+                chained[page].cancel()
+                continue
             try:
-                chained[page].set_result(_run_page(page, shared, extra_env[page]))
+                chained[page].set_result(_run_page(page, shared, extra_env[page], environ))
             except BaseException as exc:  # noqa: BLE001 - that page's test reports it
                 chained[page].set_exception(exc)
 
     pool.submit(run_chain)
     runs = {
-        page: pool.submit(_run_page, page, tmp_path_factory.mktemp("docs-page"), extra_env[page])
+        page: pool.submit(
+            _run_page, page, tmp_path_factory.mktemp("docs-page"), extra_env[page], environ
+        )
         for page in selected
         if page not in chain
     }
     runs.update(chained)
-    yield runs
-    pool.shutdown(wait=True, cancel_futures=True)
+
+    def stop() -> None:  # before the servers' teardown: they were set up after this request
+        stopping.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+    request.addfinalizer(stop)
+    _STARTED = runs
+    return runs
+
+
+@pytest.fixture(scope="session")
+def page_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[Path, Future[subprocess.CompletedProcess[str]]]:
+    """The selected pages' runs (:func:`start_page_runs`), started already or now."""
+    return start_page_runs(request, tmp_path_factory)
 
 
 @pytest.mark.e2e

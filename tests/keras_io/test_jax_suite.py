@@ -15,12 +15,12 @@ shuffled arrays and a Python generator with ``steps_per_epoch``.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 
 import pytest
 
-from tests._helpers.jax_env import REPO, keras_env, require_jax
+from tests._helpers.child_runs import ChildRun
+from tests._helpers.jax_env import REPO, jax_missing, keras_env, require_jax
 
 EXACT = "tests/keras_io/test_exact_resume.py::"
 CALLBACK = "tests/keras_io/test_callback.py::"
@@ -37,20 +37,27 @@ MODULES = [
 ]
 
 
+def _command() -> tuple[list[str], str, dict[str, str]]:
+    env = keras_env("jax", TF_CPP_MIN_LOG_LEVEL="2")
+    return (
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *MODULES],
+        REPO,
+        env,
+    )
+
+
+#: Started with the session when JAX is there, beside the other tests
+#: (tests/_helpers/child_runs.py); its limit counts from its start.
+JAX_RUN = ChildRun("JAX", _command, timeout=1500, ready=lambda: jax_missing() is None)
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(4600)  # waits for the child runs queued before it, then its own
+@JAX_RUN.test
 def test_keras_tests_pass_on_jax():
     require_jax()
-    env = keras_env("jax", TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *MODULES],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=840,
-    )
+    proc = JAX_RUN.result()
     tail = proc.stdout[-6000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, tail
     summary = proc.stdout.strip().splitlines()[-1]

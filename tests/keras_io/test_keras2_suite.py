@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 
 import pytest
+
+from tests._helpers.child_runs import ChildRun
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXACT = "tests/keras_io/test_exact_resume.py::"
@@ -96,22 +97,26 @@ MODULES = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1300)  # the child run has its own 1200 s limit; pytest's default is 600
-def test_keras_modules_pass_under_keras2():
+def _command() -> tuple[list[str], str, dict[str, str]]:
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"),
-            *("-m", "not keras3_only"),  # Keras 3-only tests, each marked with its reason
-            *MODULES,
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
+    argv = [
+        *(sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"),
+        *("-m", "not keras3_only"),  # Keras 3-only tests, each marked with its reason
+        *MODULES,
+    ]
+    return argv, REPO, env
+
+
+#: Started with the session, beside the other tests (tests/_helpers/child_runs.py); its limit
+#: counts from its start and allows for sharing the machine with the rest of the suite.
+KERAS2_RUN = ChildRun("Keras 2", _command, timeout=3000)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(4600)  # waits for the child runs queued before it, then its own
+@KERAS2_RUN.test
+def test_keras_modules_pass_under_keras2():
+    proc = KERAS2_RUN.result()
     tail = proc.stdout[-6000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, tail
     summary = proc.stdout.strip().splitlines()[-1]
