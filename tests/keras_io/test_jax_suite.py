@@ -4,12 +4,13 @@
 imported it on TensorFlow already, so the tests run in a child pytest (a fresh interpreter) with
 the variable set, like the Keras 2 child run (``tests/keras_io/test_keras2_suite.py``).
 
-Kept small (the child's budget is ~3 minutes of CI): the plain-Keras tutorial's shape through
+Kept small (the child's budget is ~4-5 minutes of CI): the plain-Keras tutorial's shape through
 ``DeterminedCallback`` (checkpoint contents and schedule, resume, warm start, a failed S3 upload,
 stateful callbacks: ``test_callback.py``), the loaders (``load_checkpoint_model`` on local and S3
 storage, ``test_loaders.py``'s latest/best/UUID case), checkpoints moving between JAX and
 TensorFlow both ways (``test_backends.py``), and bit-equal SIGTERM/resume in fresh processes for
-shuffled arrays and a Python generator with ``steps_per_epoch``.
+shuffled arrays, a ``keras.utils.PyDataset``, a ``tf.data.Dataset`` and a Python generator with
+``steps_per_epoch`` (the PyDataset and tf.data cases add six worker processes, ~14 CPU-s each).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ MODULES = [
     "tests/keras_io/test_loaders.py::test_latest_best_and_uuid",
     "tests/keras_io/test_backends.py::test_checkpoints_resume_and_load_across_backends",
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[arrays_shuffle]",
+    f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[pydataset]",
+    f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[tfdata]",
     f"{EXACT}test_generator_with_steps_per_epoch_resumes_bit_exactly_on_jax",
 ]
 

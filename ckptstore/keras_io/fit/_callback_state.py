@@ -75,7 +75,11 @@ class TrainingState:
         training run does not draw from) are chunks already in storage. ASCII only, so
         character offsets are byte offsets."""
         try:
-            return _dumps_with_cuts(dataclasses.asdict(self))
+            # One level, not dataclasses.asdict: its deep copy of the RNG states (~1250 ints)
+            # cost more than the JSON itself, on the training thread at every save.
+            return _dumps_with_cuts(
+                {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+            )
         except (TypeError, ValueError) as exc:
             raise errors.CheckpointError(
                 f"The training state could not be written as JSON: {exc}. Every stateful "
@@ -221,6 +225,8 @@ def _is_str(value: Any) -> bool:
 
 
 def _json_default(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)  # a callback state holding a dataclass, as before
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
@@ -257,7 +263,8 @@ def read_state(ckpt_dir: str) -> TrainingState | None:
 
 # ---- RNG ----------------------------------------------------------------------------------------
 def capture_rng() -> dict[str, Any]:
-    """The state of every global random generator we know of, as JSON-able data."""
+    """The state of every global random generator we know of, as JSON-able data (TensorFlow's
+    global ``tf.random.Generator`` once something created it)."""
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state()
     rng: dict[str, Any] = {
@@ -266,13 +273,16 @@ def capture_rng() -> dict[str, Any]:
     }
     if "tensorflow" in sys.modules:
         try:
-            import tensorflow as tf
+            from tensorflow.python.ops import stateful_random_ops
 
-            gen = tf.random.get_global_generator()
-            rng["tensorflow"] = {
-                "state": gen.state.numpy().tolist(),
-                "algorithm": int(gen.algorithm),
-            }
+            # Only a generator that exists: get_global_generator() creates one (25-280 ms of
+            # the first save), and none existing means nothing drew from it yet.
+            gen = stateful_random_ops.global_generator
+            if gen is not None:
+                rng["tensorflow"] = {
+                    "state": gen.state.numpy().tolist(),
+                    "algorithm": int(gen.algorithm),
+                }
         except Exception as exc:  # noqa: BLE001 - best effort, logged
             logger.debug("TensorFlow global generator state not captured: %s", exc)
     gen = _keras_global_seed_generator()
