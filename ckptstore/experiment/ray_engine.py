@@ -248,22 +248,57 @@ def _run_trial_process(cmd: list[str], env: dict[str, str], cwd: str, stop: Any)
     checkpoints and exits) and whatever it exits with, the Tune trial ends without a retry."""
     if _stop_requested(stop):
         return  # placed while the driver was stopping: the trial stays queued
+    logs, trial_id = _node_logs(env)
+    # Teed to this node's stdout (Ray's worker log) and to <storage>/logs/<trial id>/, where the
+    # driver's failure message reads its last error lines as a local runner's does.
     proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, preexec_fn=die_with_parent if sys.platform == "linux" else None
+        cmd,
+        cwd=cwd,
+        env=env,
+        preexec_fn=die_with_parent if sys.platform == "linux" else None,
+        stdout=subprocess.PIPE if logs is not None else None,
+        stderr=subprocess.STDOUT if logs is not None else None,
     )
-    stopped = False
-    while True:
-        try:
-            rc = proc.wait(timeout=STOP_POLL_S)
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        if not stopped and _stop_requested(stop):
-            logger.info("The driver stops: asking trial process %d to checkpoint", proc.pid)
-            proc.send_signal(signal.SIGTERM)
-            stopped = True
+    if logs is not None:
+        logs.follow(trial_id, proc)
+    stopped, tail = False, ""
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=STOP_POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if not stopped and _stop_requested(stop):
+                logger.info("The driver stops: asking trial process %d to checkpoint", proc.pid)
+                proc.send_signal(signal.SIGTERM)
+                stopped = True
+    finally:
+        if logs is not None:
+            tail = logs.close(trial_id)
+            logs.close_all()
     if rc != 0 and not stopped:
-        raise RuntimeError(f"trial process {cmd!r} exited with status {rc}")
+        raise RuntimeError(f"trial process {cmd!r} exited with status {rc}:\n{tail}")
+
+
+def _node_logs(env: dict[str, str]) -> tuple[Any, int]:
+    """The trial logs writer of a trial process started on this node (its storage and trial id
+    come with the trial's environment), or ``(None, 0)`` when they cannot be had: the log is
+    a secondary artifact and never keeps a trial from running."""
+    from ckptstore.core.info import STORAGE_ENV, TRIAL_ID_ENV
+    from ckptstore.experiment.trial_logs import TrialLogs
+    from ckptstore.storage_backends.spec import StorageConfig
+
+    try:
+        config = StorageConfig.from_env(env)
+        trial_id = int(env[TRIAL_ID_ENV])
+    except (KeyError, ValueError, errors.CkptstoreError) as exc:
+        logger.warning("Trial output is not stored (%s: %s)", STORAGE_ENV, exc)
+        return None, 0
+    if config is None:
+        return None, 0
+    logs = TrialLogs(config.spec, f"ray-{socket.gethostname()}-{os.getpid()}")
+    return (logs, trial_id) if logs.ready() else (None, 0)
 
 
 #: Ray Train's TensorFlow backend sets this in its workers' environment (it picks Keras 2 for

@@ -188,6 +188,15 @@ class TrialLogs:
             self._storage = open_storage(self.storage_spec)
         return self._storage
 
+    def ready(self) -> bool:
+        """Open the storage now; False (logged) when it cannot be opened."""
+        try:
+            self._opened()
+        except Exception as exc:  # noqa: BLE001 - the trial runs without a stored log
+            logger.warning("Could not open the storage of trial logs: %s", exc)
+            return False
+        return True
+
     def follow(self, trial_id: int, proc: subprocess.Popen) -> None:
         """Start copying ``proc``'s output (its stdout pipe) for ``trial_id``."""
         if proc.stdout is None:

@@ -379,6 +379,28 @@ def test_lost_driver_is_continued_by_resume_on_ray(ray_cluster, tmp_path):
         reg.close()
 
 
+def test_a_failed_trial_on_ray_shows_its_error_lines(ray_cluster, tmp_path):
+    """The trial's output on a Ray node is stored like a local runner's (logs/<trial id>/), so
+    the driver's failure message shows the error line, not "(no output)"."""
+    model_dir = copy_corpus("failing", tmp_path)
+    (model_dir / "const.yaml").write_text(
+        (model_dir / "const.yaml").read_text() + "max_restarts: 0\n"
+    )
+    cmd, env = _cli(tmp_path, f"sqlite:///{tmp_path / 'reg.db'}")
+    done = subprocess.run(
+        [*cmd, "experiment", "create", "const.yaml", ".", "--engine", "ray"]
+        + ["--address", ray_cluster.address],
+        cwd=model_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stderr[-4000:]
+    error = "FileNotFoundError: training data not found: /data/missing.csv"
+    assert f"| {error}" in done.stderr and "(no output)" not in done.stderr, done.stderr[-4000:]
+
+
 @pytest.mark.parametrize(
     ("resources", "error", "match"),
     [({"slots_per_trial": 0}, "InvalidConfig", "slots_per_trial")],
