@@ -9,7 +9,7 @@ saved once as ``model.keras``. Methods:
   export worker runs (load, export, verify the ``serve`` endpoint).
 
 Printed per method (medians of ``--rounds``): the peak resident memory of the process
-(``ru_maxrss``) and its growth over the process after ``import tensorflow, keras``, the
+(``VmHWM``) and its growth over the process after ``import tensorflow, keras``, the
 SavedModel's bytes, its ``variables/`` bytes, and those over the model's weights bytes.
 
     .venv/bin/python benchmarks/export_size.py --mb 104 --rounds 3
@@ -42,11 +42,21 @@ def _folder_bytes(path: str) -> int:
     )
 
 
+def _peak_rss() -> int:
+    """This process's peak resident bytes (``VmHWM``: unlike ``ru_maxrss``, not inherited
+    from the parent across ``exec``)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def worker(method: str, model_file: str, out: str) -> dict[str, float]:
     import keras  # noqa: F401 - imported before the baseline, as in a training process
     import tensorflow  # noqa: F401
 
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base = _peak_rss()
     if method == "keras":
         model = keras.models.load_model(model_file, compile=False)
         model.export(out, verbose=False)
@@ -54,7 +64,7 @@ def worker(method: str, model_file: str, out: str) -> dict[str, float]:
         from ckptstore.keras_io.exporting._savedmodel import export_model_file
 
         model = export_model_file(model_file, out, safe_mode=False)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _peak_rss()
     return {"peak": peak, "growth": peak - base}
 
 
