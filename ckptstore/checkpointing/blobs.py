@@ -27,6 +27,13 @@ made where the issue is silent:
   (:class:`KnownBlobs`; the first commit of a writer lists the blob folder once instead) and
   creates every other blob with a create-only write, one request each. A belief about a
   blob GC condemned is dropped (below), so a stale belief never yields a missing blob.
+- Write once on a local store: a writer that knows its file's layout before writing it
+  (ckptstore's ``model.keras``) writes each chunk into its own part file in the staging folder
+  (:class:`SplitFile`, under :data:`PARTS_DIR`; the file itself stays a sparse placeholder of
+  its size) and the commit hard-links each new part create-only into the blob folder
+  (:meth:`~ckptstore.storage_backends.base.Storage.link_if_absent`): every new byte is written
+  once, by the writer. Any path that needs the whole file (stored whole, signed, a store
+  elsewhere) first joins the parts into it (:func:`materialize`).
 - The blob folder starts with ``.`` so no listing of checkpoints ever takes it for one.
 - An in-flight upload names every blob it will reference in its pending marker *before* it
   looks for existing blobs; GC never deletes a blob a committed manifest or any pending marker
@@ -42,11 +49,13 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import logging
 import os
 import re
+import shutil
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -55,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
 from ckptstore.checkpointing.clock import elapsed_clock
-from ckptstore.storage_backends.object_store import tmp_name
+from ckptstore.storage_backends.object_store import pwrite_all, tmp_name
 
 if TYPE_CHECKING:
     from ckptstore.storage_backends.base import Storage
@@ -79,6 +88,9 @@ ALONE_BYTES = 4 * 1024
 #: ... into chunks of at most this many bytes.
 MERGE_BYTES = 64 * 1024
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+#: The folder of a staging folder holding the part files of :class:`SplitFile` writes
+#: (``PARTS_DIR/<relpath>/<offset:016x>-<length:x>``); never part of a checkpoint.
+PARTS_DIR = ".ckptstore-parts"
 
 
 def blob_key(sha256: str) -> str:
@@ -142,20 +154,130 @@ def chunk_ranges(path: str, ranges: Sequence[tuple[int, int]]) -> list[dict[str,
 
     with open(path, "rb") as f:
         fd = f.fileno()
+        return _hash_all([(fd, offset, length, path) for offset, length in ranges])
 
-        def one(item: tuple[int, int]) -> dict[str, Any]:
-            offset, length = item
-            data = os.pread(fd, length, offset)
-            if len(data) != length:
-                raise errors.CheckpointError(
-                    f"{path} changed while it was being chunked (short read at {offset})."
-                )
-            return {"sha256": hashlib.sha256(data).hexdigest(), "size": length}
 
-        if len(ranges) < 2:
-            return [one(item) for item in ranges]
-        with ThreadPoolExecutor(min(HASH_WORKERS, len(ranges))) as pool:
-            return list(pool.map(one, ranges))
+def _hash_all(items: Sequence[tuple[int, int, int, str]]) -> list[dict[str, Any]]:
+    """``[{"sha256", "size"}, ...]`` of ``(fd, offset, length, name)`` byte ranges."""
+
+    def one(item: tuple[int, int, int, str]) -> dict[str, Any]:
+        fd, offset, length, name = item
+        data = os.pread(fd, length, offset)
+        if len(data) != length:
+            raise errors.CheckpointError(
+                f"{name} changed while it was being chunked (short read at {offset})."
+            )
+        return {"sha256": hashlib.sha256(data).hexdigest(), "size": length}
+
+    if len(items) < 2:
+        return [one(item) for item in items]
+    with ThreadPoolExecutor(min(HASH_WORKERS, len(items))) as pool:
+        return list(pool.map(one, items))
+
+
+def chunk_parts(parts: Sequence[tuple[int, int, str]]) -> list[dict[str, Any]]:
+    """``[{"sha256", "size"}, ...]`` of the part files ``(offset, length, path)`` of a
+    :class:`SplitFile` (each part is one chunk)."""
+    fds = [os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) for _, _, path in parts]
+    try:
+        return _hash_all([(fd, 0, n, p) for fd, (_, n, p) in zip(fds, parts, strict=True)])
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+class SplitFile:
+    """Write the ``size``-byte file ``relpath`` of staging folder ``local_dir`` as one part
+    file per chunk ``ranges`` (``(offset, length)``, from :func:`cut_ranges`), so a local
+    deduplicated commit links new chunks into the blob folder instead of copying them.
+    :meth:`pwrite` takes writes at any offset (a write across chunks is split);
+    :meth:`close` leaves the file itself as a placeholder of its size with no bytes.
+
+    Example::
+
+        out = SplitFile(staging, "model.keras", size, cut_ranges(size, cuts, chunk_bytes))
+        out.pwrite(data, offset)
+        out.close()
+    """
+
+    def __init__(
+        self, local_dir: str, relpath: str, size: int, ranges: Sequence[tuple[int, int]]
+    ) -> None:
+        self.path = os.path.join(local_dir, *relpath.split("/"))
+        self.size = size
+        self._folder = os.path.join(local_dir, PARTS_DIR, *relpath.split("/"))
+        os.makedirs(self._folder)
+        self._ranges = list(ranges)
+        self._starts = [offset for offset, _ in self._ranges]
+        self._open = (-1, -1)  # (range index, fd): writes come mostly in file order
+
+    def _fd(self, index: int) -> int:
+        if self._open[0] != index:
+            self._close_open()
+            offset, length = self._ranges[index]
+            name = os.path.join(self._folder, f"{offset:016x}-{length:x}")
+            flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+            self._open = (index, os.open(name, flags, 0o666))
+        return self._open[1]
+
+    def _close_open(self) -> None:
+        if self._open[1] >= 0:
+            os.close(self._open[1])
+        self._open = (-1, -1)
+
+    def pwrite(self, data: Any, offset: int) -> None:
+        view = memoryview(data).cast("B")
+        while len(view):
+            index = bisect.bisect_right(self._starts, offset) - 1
+            start, length = self._ranges[max(index, 0)]
+            take = min(len(view), start + length - offset)
+            if index < 0 or take <= 0:
+                raise ValueError(f"write at {offset} outside the {self.size}-byte file")
+            pwrite_all(self._fd(index), view[:take], offset - start)
+            view = view[take:]
+            offset += take
+
+    def close(self) -> None:
+        self._close_open()
+        with open(self.path, "wb") as f:
+            f.truncate(self.size)  # a sparse placeholder: its size for the folder's listing
+
+    def abort(self) -> None:
+        self._close_open()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def split_files(local_dir: str) -> dict[str, list[tuple[int, int, str]]]:
+    """``{relpath: [(offset, length, part path), ...]}`` of the :class:`SplitFile` writes in
+    staging folder ``local_dir`` (empty when there are none)."""
+    top = os.path.join(local_dir, PARTS_DIR)
+    found: dict[str, list[tuple[int, int, str]]] = {}
+    for root, _dirs, names in os.walk(top):
+        rel = os.path.relpath(root, top).replace(os.sep, "/")
+        for name in names:
+            offset, _, length = name.partition("-")
+            found.setdefault(rel, []).append(
+                (int(offset, 16), int(length, 16), os.path.join(root, name))
+            )
+    return {rel: sorted(parts) for rel, parts in found.items()}
+
+
+def materialize(local_dir: str, relpaths: Iterable[str] | None = None) -> None:
+    """Join the parts of the :class:`SplitFile` writes in ``local_dir`` (those of
+    ``relpaths``, default all) into their files, for a path that stores or reads the whole
+    file; the parts are removed."""
+    from ckptstore.storage_backends.local import copy_range
+
+    split = split_files(local_dir)
+    for rel in split if relpaths is None else [r for r in relpaths if r in split]:
+        with open(os.path.join(local_dir, *rel.split("/")), "r+b") as dst:
+            for offset, length, part in split[rel]:
+                with open(part, "rb") as src:
+                    if copy_range(src.fileno(), dst.fileno(), length, 0, offset) != length:
+                        raise errors.CheckpointError(f"{part} is shorter than {length} bytes.")
+        shutil.rmtree(os.path.join(local_dir, PARTS_DIR, *rel.split("/")))
+    if os.path.isdir(os.path.join(local_dir, PARTS_DIR)) and not split_files(local_dir):
+        shutil.rmtree(os.path.join(local_dir, PARTS_DIR), ignore_errors=True)
 
 
 def referenced(manifest: Mapping[str, Any]) -> set[str]:
@@ -195,12 +317,16 @@ def plan(
     the file's writer) cuts a file where its content's pieces begin and end
     (:func:`cut_ranges`); other files are cut every ``chunk_bytes``."""
     planned: dict[str, dict[str, Any]] = {}
+    split = split_files(local_dir)
     for rel, entry in entries.items():
         if rel.endswith("/") or (whole is not None and whole(rel)):
+            materialize(local_dir, [rel])
             planned[rel] = dict(entry)
             continue
         path = os.path.join(local_dir, *rel.split("/"))
-        if cuts and cuts.get(rel):
+        if rel in split:  # written as its chunks (SplitFile): each part is one
+            planned[rel] = dict(entry, blobs=chunk_parts(split[rel]))
+        elif cuts and cuts.get(rel):
             ranges = cut_ranges(os.path.getsize(path), cuts[rel], chunk_bytes)
             planned[rel] = dict(entry, blobs=chunk_ranges(path, ranges))
         else:
@@ -282,8 +408,15 @@ def upload(
                 todo.append((rel, sha, offset, size))
             offset += size
 
+    parts = {
+        (rel, o): path for rel, found in split_files(local_dir).items() for o, _, path in found
+    }
+
     def one(item: tuple[str, str, int, int]) -> bool:
         rel, sha, offset, size = item
+        part = parts.get((rel, offset))
+        if part is not None:  # the writer's own copy of the chunk: linked, not copied
+            return bool(storage.link_if_absent(blob_key(sha), part, durable=False))
         path = os.path.join(local_dir, *rel.split("/"))
         return bool(storage.write_range_if_absent(blob_key(sha), path, offset, size, durable=False))
 

@@ -52,7 +52,16 @@ class PreparedFiles:
         self, local_dir: str, checksums: Mapping[str, str] | None = None, *, sha256: bool = False
     ) -> None:
         self.local_dir = local_dir
-        self.files = fmt.local_files(local_dir)
+        # A file written as its chunks (blobs.SplitFile) is read only from its parts; one
+        # without a known crc32c is joined first, so the checksum reads its bytes.
+        split = blobs.split_files(local_dir)
+        blobs.materialize(local_dir, [rel for rel in split if rel not in (checksums or {})])
+        parts = blobs.PARTS_DIR + "/"
+        self.files = {
+            rel: path
+            for rel, path in fmt.local_files(local_dir).items()
+            if not rel.startswith(parts)
+        }
         #: ``{relpath: SHA-256}`` of every file (``sha256=True``), else empty.
         self.sha256: dict[str, str] = {}
         self.entries = fmt.manifest_entries(
@@ -284,6 +293,8 @@ def commit_dir(
     updated after the commit).
     """
     url = storage_url or storage.url
+    if signing_key is not None:
+        blobs.materialize(local_dir)  # the signature's digests read every byte of every file
     prepared = PreparedFiles(local_dir, checksums, sha256=signing_key is not None)
     if signing_key is not None:
         prepared.sign(signing_key, uuid)
@@ -300,6 +311,7 @@ def commit_dir(
             cuts=cuts,
             known_blobs=known_blobs,
         )
+    blobs.materialize(local_dir)  # stored whole: every byte in its file
     meta_bytes = fmt.dump_json(metadata)
     manifest = manifest_for(uuid, prepared.entries, meta_bytes)
     record_pending(index, uuid, metadata, url)
@@ -424,6 +436,7 @@ def upload_entries(
             len(threatened),
             uuid,
         )
+    blobs.materialize(local_dir, threatened)
     _store_whole(storage, uuid, local_dir, entries, move)
     if known is not None:
         known = known - threats.condemned

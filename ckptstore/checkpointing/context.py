@@ -337,6 +337,17 @@ class CheckpointContext:
             raise
         self._submit(uuid, path, full_metadata, checksums=known, cuts=known_cuts)
 
+    def write_once_chunk_bytes(self) -> int | None:
+        """The chunk size a writer that knows its file's layout may write a file of a
+        ``store_path()`` folder in, one part per chunk (:class:`~ckptstore.checkpointing.
+        blobs.SplitFile`), or None when the commit would copy it anyway: the store is not a
+        local folder, checkpoints are not deduplicated, or a signature reads every byte."""
+        if not self.dedup or self.signing_key is not None:
+            return None
+        if self.storage.local_path(fmt.STAGING_PREFIX) is None:
+            return None
+        return self.dedup_chunk_bytes
+
     def _build_metadata(self, uuid: str, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
         built = fmt.build_metadata(
             uuid, metadata, trial_id=self.trial_id, experiment_id=self.experiment_id

@@ -164,6 +164,13 @@ class Storage(abc.ABC):
             )
         return self.write_if_absent(key, data, durable=durable)
 
+    def link_if_absent(self, key: str, path: str, *, durable: bool = True) -> bool:
+        """:meth:`write_if_absent` of the whole local file ``path`` (a chunk the writer wrote
+        as its own file). A local store on the same file system hard-links it into place, so
+        its bytes are written once (:class:`~ckptstore.storage_backends.local.LocalStorage`);
+        the file must not change afterwards."""
+        return self.write_range_if_absent(key, path, 0, os.path.getsize(path), durable=durable)
+
     def modified_at(self, key: str) -> float:
         """When the object at ``key`` was last written, by the *storage's* clock (epoch seconds:
         S3 ``LastModified``, GCS ``updated``, Azure ``last_modified``, a file's ``mtime``).

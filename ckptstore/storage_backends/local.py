@@ -86,6 +86,10 @@ def check_links_inside(path: str, home: str, root: str) -> str:
     return targets[0][1]
 
 
+#: errno values of a hard link the file system refuses (another device, no links): copy instead.
+_NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
+
+
 def copy_range(src_fd: int, dst_fd: int, count: int, src_offset: int, dst_offset: int) -> int:
     """Copy up to ``count`` bytes from ``src_fd`` at ``src_offset`` to ``dst_fd`` at
     ``dst_offset`` inside the kernel (``copy_file_range``: no copy through Python; a
@@ -301,6 +305,34 @@ class LocalStorage(ObjectStorage):
                 lambda: self._copy_if_absent(name, path, offset, length, durable), name, "write"
             )
         )
+
+    def link_if_absent(self, key: str, path: str, *, durable: bool = True) -> bool:
+        # A hard link is atomic and create-only, and writes no data: the chunk's bytes stay
+        # where the writer put them (its staging folder on this file system). durable: they
+        # are synced before the link, as a copied chunk would be.
+        name = join_key(self.prefix, check_relpath(key))
+        target = self._path(name)
+
+        def link() -> bool | None:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if durable:
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+            try:
+                os.link(path, target)
+            except FileExistsError:
+                return False
+            except OSError as exc:
+                if exc.errno not in _NO_LINK:
+                    raise
+                return None
+            return True
+
+        linked = self._call(link, name, "write")
+        if linked is not None:
+            return bool(linked)
+        logger.debug("cannot link %s into %s; copying it", path, target)
+        return self.write_range_if_absent(key, path, 0, os.path.getsize(path), durable=durable)
 
     def _copy_if_absent(self, name: str, path: str, offset: int, length: int, sync: bool) -> bool:
         def fill(dst: io.BufferedWriter) -> None:

@@ -643,3 +643,62 @@ def test_a_local_store_copies_chunks_in_the_kernel(tmp_path, frozen, monkeypatch
         got = read_tree(str(tmp_path / "out"))
         assert {rel: data for rel, data in got.items() if rel in files} == files
         assert sorted(n for n, _ in copies) == sorted(c["size"] for c in chunks)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    data=st.binary(min_size=1, max_size=40_000),
+    cuts=st.lists(st.integers(0, 40_000), max_size=6),
+    writes=st.randoms(use_true_random=False),
+    how=st.sampled_from(["linked", "whole", "in_place", "threatened"]),
+)
+def test_a_file_written_as_its_chunks_commits_its_bytes_on_every_path(
+    tmp_path_factory, data, cuts, writes, how
+):
+    """A writer that writes a file as its chunks (blobs.SplitFile, writes in any order and
+    across chunk bounds) commits exactly those bytes: new chunks linked into the blob folder
+    (nothing copied), or the parts joined into the file where it is stored whole (dedup off,
+    a folder served in place, blobs a running sweep may delete)."""
+    from ckptstore.checkpointing import commit
+    from ckptstore.storage_backends import local
+
+    root = tmp_path_factory.mktemp("split")
+    rel = "saved_model/v.bin" if how == "in_place" else "m.bin"
+    copied: list[int] = []
+    real_copy = local.copy_range
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local, "copy_range", lambda *a: copied.append(a[2]) or real_copy(*a))
+        if how == "threatened":
+            real = commit._whole_where_threatened
+            patch.setattr(
+                commit,
+                "_whole_where_threatened",
+                lambda entries, unsafe: real(
+                    entries, frozenset(blobs.referenced({"files": entries}))
+                ),
+            )
+        with CheckpointContext(
+            str(root / "s"), dedup=how != "whole", dedup_chunk_bytes=4096, gc_policy=None
+        ) as ctx:
+            with ctx.store_path(
+                {"steps_completed": 1}, checksums={rel: fmt.crc32c_bytes(data)}
+            ) as (
+                path,
+                uuid,
+            ):
+                os.makedirs(os.path.dirname(os.path.join(path, rel)), exist_ok=True)
+                out = blobs.SplitFile(
+                    str(path), rel, len(data), blobs.cut_ranges(len(data), cuts, 4096)
+                )
+                pieces = [(o, data[o : o + 3000]) for o in range(0, len(data), 3000)]
+                writes.shuffle(pieces)
+                for offset, piece in pieces:
+                    out.pwrite(piece, offset)
+                out.close()
+            entry = fmt.read_manifest(ctx.storage, uuid)["files"][rel]
+            assert ("blobs" in entry) == (how == "linked")
+            if how == "linked":
+                assert copied == []  # every chunk linked, none copied
+            ctx.download(uuid, str(root / "out"))
+            assert (root / "out" / rel).read_bytes() == data
+            assert not [n for n in os.listdir(root / "s") if n.startswith(fmt.STAGING_PREFIX)]

@@ -82,10 +82,45 @@ def test_frozen_tensors_are_stored_once_and_model_keras_loads_with_plain_keras(t
     )
 
 
-def test_with_default_settings_a_changed_head_costs_about_its_own_bytes(tmp_path):
+def _dirtied() -> int | None:
+    """Bytes of page cache this process dirtied so far (None where the kernel does not say)."""
+    try:
+        with open("/proc/self/io") as f:
+            return int(dict(line.split(": ") for line in f.read().splitlines())["write_bytes"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+class ByteCounts:
+    """Bytes a local store copied into new objects, and chunks it linked in place."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from ckptstore.storage_backends import local
+
+        self.copied = 0
+        self.linked = 0
+        real_copy, real_link = local.copy_range, local.LocalStorage.link_if_absent
+
+        def copy(src, dst, count, src_offset, dst_offset):  # type: ignore[no-untyped-def]
+            done = real_copy(src, dst, count, src_offset, dst_offset)
+            self.copied += done
+            return done
+
+        def link(storage, key, path, **kwargs):  # type: ignore[no-untyped-def]
+            created = real_link(storage, key, path, **kwargs)
+            self.linked += os.path.getsize(path) if created else 0
+            return created
+
+        monkeypatch.setattr(local, "copy_range", copy)
+        monkeypatch.setattr(local.LocalStorage, "link_if_absent", link)
+
+
+def test_with_default_settings_a_changed_head_costs_about_its_own_bytes(tmp_path, monkeypatch):
     """Chunks are cut at tensor boundaries (the writer hands the offsets to the commit), so with
     the default chunk size a checkpoint after a fine-tuning epoch uploads about the bytes of
-    the tensors that changed (head, optimizer state), not the chunks around them."""
+    the tensors that changed (head, optimizer state), not the chunks around them. On a local
+    store each new byte of ``model.keras`` is written once: the writer writes every chunk as
+    its own file and the commit links the new ones into the blob folder (nothing copied)."""
     url, registry = str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
     keras.utils.set_random_seed(11)
     inputs = keras.Input((256,))
@@ -99,11 +134,34 @@ def test_with_default_settings_a_changed_head_costs_about_its_own_bytes(tmp_path
     with det.core.init(storage=url, registry=registry, trial_id=1, preempt_signals=False) as ctx:
         ctx.checkpoint.dedup = True  # default dedup_chunk_bytes (4 MiB)
         cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        counts, dirtied = ByteCounts(monkeypatch), _dirtied()
         model.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[cb])
         cb.wait()
+        dirtied = None if dirtied is None else _dirtied() - dirtied  # type: ignore[operator]
         storage = ctx.checkpoint.storage
         uuids = [r.uuid for r in fmt.sort_records(fmt.scan_checkpoints(storage))]
     assert len(uuids) == 3
+    blob_bytes = {
+        c["sha256"]: c["size"]
+        for u in uuids
+        for e in fmt.read_manifest(storage, u)["files"].values()
+        for c in e.get("blobs", ())
+    }
+    keras_new = sum(
+        c["size"]
+        for c in {
+            c["sha256"]: c
+            for u in uuids
+            for c in fmt.read_manifest(storage, u)["files"]["model.keras"]["blobs"]
+        }.values()
+    )
+    # Every new chunk of model.keras was linked; only the small files' chunks were copied.
+    assert counts.linked >= keras_new > 0
+    assert counts.copied <= sum(blob_bytes.values()) - keras_new + 64 * 1024, counts.copied
+    if dirtied:  # the kernel's count: the writer's files and the small files' copies, no more
+        staged = sum(fmt.read_manifest(storage, u)["files"]["model.keras"]["size"] for u in uuids)
+        others = sum(blob_bytes.values()) - keras_new
+        assert dirtied < staged + 2 * others + keras_new / 2, (dirtied, staged, keras_new)
     changed = sum(int(v.numpy().nbytes) for v in model.trainable_variables) + sum(
         int(v.numpy().nbytes) for v in model.optimizer.variables
     )

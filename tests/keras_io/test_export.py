@@ -86,6 +86,15 @@ def test_default_exports_the_final_checkpoint_and_leaving_the_context_waits(tmp_
     folder = stored_folder(str(storage_root), committed[1].uuid, tmp_path / "final")
     predicted = serve(os.path.join(folder, "saved_model"), X)
     np.testing.assert_allclose(predicted, model.predict(X, verbose=0), rtol=1e-5, atol=1e-6)
+    # Each variable is stored once (Keras 3's own model.export() stores every one twice).
+    stored = tf.train.load_checkpoint(os.path.join(folder, "saved_model", "variables", "variables"))
+    shapes, dtypes = stored.get_variable_to_shape_map(), stored.get_variable_to_dtype_map()
+    tensor_bytes = sum(
+        int(np.prod(shapes[n])) * dtypes[n].size
+        for n in shapes
+        if n != "_CHECKPOINTABLE_OBJECT_GRAPH"
+    )
+    assert tensor_bytes == sum(int(v.numpy().nbytes) for v in model.weights)
 
 
 def test_best_exports_improving_checkpoints_across_a_resume(tmp_path):

@@ -111,10 +111,10 @@ def export_live(model: KerasModel, out_dir: str) -> None:
 
         keras2_format.export_saved_model(model, out_dir)
         return
-    from ckptstore.keras_io.exporting._savedmodel import _save_and_verify, _verify
+    from ckptstore.keras_io.exporting._savedmodel import _save_and_verify, _verify, export_once
 
     result = _save_and_verify(
-        lambda: model.export(out_dir, verbose=False),
+        lambda: export_once(model, out_dir),
         "model.export() of the training model failed",
         lambda: _verify(model, out_dir),
         out_dir,

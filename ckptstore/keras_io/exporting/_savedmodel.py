@@ -95,12 +95,46 @@ def export_model_file(
             f"Could not load {model_path} to export it: {type(exc).__name__}: {exc}.{hint}"
         ) from exc
     return _save_and_verify(
-        lambda: model.export(out_dir, verbose=False),
+        lambda: export_once(model, out_dir),
         f"model.export() failed for {model_path}",
         (lambda: _verify(model, out_dir)) if verify else None,
         out_dir,
         started,
     )
+
+
+def export_once(model: KerasModel, out_dir: str) -> None:
+    """``model.export(out_dir)``, storing each variable's tensor once.
+
+    Keras 3's export on the TensorFlow backend tracks every variable twice: the Keras
+    variables in the archive's ``variables`` lists, and the ``tf.Variable`` inside each that
+    the ``serve`` function captures; a SavedModel stores both, so ``variables/`` is twice the
+    weights. Here the lists hold those same ``tf.Variable`` objects (``reloaded.variables``
+    still lists every variable). Any other backend or Keras layout: ``model.export()`` as is."""
+    import keras
+    import tensorflow as tf
+
+    try:
+        from keras.src.export.export_utils import get_input_signature
+
+        archive = keras.export.ExportArchive()
+        tracked = archive._tf_trackable
+    except (ImportError, AttributeError):
+        tracked = None
+    if tracked is None or keras.backend.backend() != "tensorflow":
+        model.export(out_dir, verbose=False)
+        return
+    archive.track_and_add_endpoint("serve", model, get_input_signature(model))
+
+    def backing(variable: Any) -> Any:
+        inner = getattr(variable, "_value", None)
+        return inner if isinstance(inner, tf.Variable) else variable
+
+    for name in ("variables", "trainable_variables", "non_trainable_variables"):
+        listed = getattr(tracked, name, None)
+        if listed is not None:
+            setattr(tracked, name, [backing(v) for v in listed])
+    archive.write_out(out_dir, verbose=False)
 
 
 def _save_and_verify(

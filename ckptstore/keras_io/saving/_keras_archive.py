@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptstore.checkpointing import blobs
 from ckptstore.checkpointing import checksums as fast_crc
 
 CONFIG_NAME = "config.json"
@@ -356,6 +357,7 @@ def write_archive(
     config_json: str,
     assets: Iterable[tuple[str, str]] = (),
     cuts: list[int] | None = None,
+    split: int | None = None,
 ) -> tuple[int, str]:
     """Write a ``.keras`` zip at ``path``; returns ``(size in bytes, CRC-32C as 8 hex digits)``.
 
@@ -364,12 +366,49 @@ def write_archive(
     receives the sorted file offsets where a piece of content begins or ends: each zip entry,
     its data, and each tensor's bytes inside ``model.weights.h5`` (so a deduplicated upload
     can cut its chunks there, see :func:`ckptstore.checkpointing.blobs.cut_ranges`).
+    ``split`` (a chunk size in bytes): write the file as its chunks, each in its own part file
+    (:class:`ckptstore.checkpointing.blobs.SplitFile`), for a local deduplicated commit that
+    links them into its blob folder; ``path`` is then a placeholder.
     """
-    import keras
-
-    spans: list[tuple[int, int]] | None = [] if cuts is not None else None
+    spans: list[tuple[int, int]] | None = [] if cuts is not None or split else None
     sparse, direct = _layout_weights(groups, spans)
     h5_size = sparse.size
+    entries, members = _zip_entries(h5_size, config_json, assets)
+    end = WEIGHTS_DATA_OFFSET + h5_size
+    # Every length is known before any byte is written (a CRC changes no length): the cuts,
+    # and with them the chunks a split file is written as.
+    members_bytes = b"".join(
+        e.local_header() + d for e, d in zip(entries[1:], members, strict=True)
+    )
+    cd_offset = end + len(members_bytes)
+    size = cd_offset + len(_central(entries, cd_offset))
+    offsets = _cut_offsets(entries, spans or [], WEIGHTS_DATA_OFFSET, cd_offset)
+    if cuts is not None:
+        cuts.extend(offsets)
+    out = _open_out(path, size, offsets, split)
+    try:
+        weights = entries[0]
+        weights.crc32, crc32c = _write_weights(out, sparse, direct, WEIGHTS_DATA_OFFSET)
+        prefix = weights.local_header(WEIGHTS_DATA_OFFSET)
+        out.pwrite(prefix, 0)
+        trailer = members_bytes + _central(entries, cd_offset)
+        out.pwrite(trailer, end)
+    except BaseException:
+        out.abort()
+        raise
+    out.close()
+    total = fast_crc.crc32c_update(0, bytes(prefix))
+    total = fast_crc.crc32c_combine(total, crc32c, h5_size)
+    total = fast_crc.crc32c_combine(total, fast_crc.crc32c_update(0, bytes(trailer)), len(trailer))
+    return size, f"{total:08x}"
+
+
+def _zip_entries(
+    h5_size: int, config_json: str, assets: Iterable[tuple[str, str]]
+) -> tuple[list[_ZipEntry], list[bytes]]:
+    """The zip's entries (the weights first, its CRC-32 still 0) and the other members' bytes."""
+    import keras
+
     stamp = time.localtime()[:6]
     metadata = json.dumps(
         {
@@ -377,45 +416,51 @@ def write_archive(
             "date_saved": datetime.datetime.now().strftime("%Y-%m-%d@%H:%M:%S"),
         }
     ).encode()
-
     # The weights first, their bytes at WEIGHTS_DATA_OFFSET (see the module's docstring).
-    weights = _ZipEntry(WEIGHTS_NAME.encode(), 0, h5_size, 0, stamp)
-    entries: list[_ZipEntry] = [weights]
-    data_start = WEIGHTS_DATA_OFFSET
-    end = data_start + h5_size
+    entries = [_ZipEntry(WEIGHTS_NAME.encode(), 0, h5_size, 0, stamp)]
+    named = [(METADATA_NAME, metadata), (CONFIG_NAME, config_json.encode())]
+    for name, local in assets:
+        with open(local, "rb") as f:
+            named.append((f"{ASSETS_DIR}/{name}", f.read()))
+    offset = WEIGHTS_DATA_OFFSET + h5_size
+    for name, data in named:
+        entry = _ZipEntry(name.encode(), offset, len(data), zlib.crc32(data), stamp)
+        entries.append(entry)
+        offset += len(entry.local_header()) + len(data)
+    return entries, [data for _, data in named]
 
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags, 0o666)
-    try:
-        weights.crc32, crc32c = _write_weights(fd, sparse, direct, data_start)
-        prefix = weights.local_header(data_start)
-        _pwrite_all(fd, prefix, 0)
 
-        trailer = bytearray()
-        members = [(METADATA_NAME, metadata), (CONFIG_NAME, config_json.encode())]
-        for name, local in assets:
-            with open(local, "rb") as f:
-                members.append((f"{ASSETS_DIR}/{name}", f.read()))
-        for name, data in members:
-            entry = _ZipEntry(name.encode(), end + len(trailer), len(data), zlib.crc32(data), stamp)
-            entries.append(entry)
-            trailer += entry.local_header() + data
-        cd_offset = end + len(trailer)
-        central = b"".join(e.central_header() for e in entries)
-        trailer += central + _end_records(entries, cd_offset, len(central))
-        _pwrite_all(fd, trailer, end)
-    finally:
-        os.close(fd)
-    if cuts is not None:
-        cuts.extend(_cut_offsets(entries, spans or [], data_start, cd_offset))
-    total = fast_crc.crc32c_update(0, bytes(prefix))
-    total = fast_crc.crc32c_combine(total, crc32c, h5_size)
-    total = fast_crc.crc32c_combine(total, fast_crc.crc32c_update(0, bytes(trailer)), len(trailer))
-    return end + len(trailer), f"{total:08x}"
+def _central(entries: list[_ZipEntry], cd_offset: int) -> bytes:
+    central = b"".join(e.central_header() for e in entries)
+    return central + _end_records(entries, cd_offset, len(central))
+
+
+class _FileOut:
+    """Positioned writes into one new file (what :class:`~ckptstore.checkpointing.blobs.
+    SplitFile` does into its parts)."""
+
+    def __init__(self, path: str) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+        self.fd = os.open(path, flags, 0o666)
+
+    def pwrite(self, data: Any, offset: int) -> None:
+        _pwrite_all(self.fd, data, offset)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    abort = close
+
+
+def _open_out(path: str, size: int, offsets: list[int], split: int | None) -> Any:
+    if not split:
+        return _FileOut(path)
+    folder, name = os.path.split(path)
+    return blobs.SplitFile(folder, name, size, blobs.cut_ranges(size, offsets, split))
 
 
 def _write_weights(
-    fd: int, sparse: _SparseFile, direct: list[tuple[int, Any]], data_start: int
+    out: Any, sparse: _SparseFile, direct: list[tuple[int, Any]], data_start: int
 ) -> tuple[int, int]:
     """Write ``model.weights.h5`` at ``data_start``: the HDF5 metadata from ``sparse`` and each
     large array straight from memory (no copy of the model's bytes). Returns its CRC-32 (for
@@ -426,7 +471,7 @@ def _write_weights(
     for offset, array in [*direct, (sparse.size, None)]:
         if offset > pos:  # HDF5 metadata (and small datasets) from the sparse file
             gap = sparse.read_range(pos, offset)
-            _pwrite_all(fd, gap, data_start + pos)
+            out.pwrite(gap, data_start + pos)
             crc32 = fast_crc.crc32_update(crc32, gap)
             crc32c = fast_crc.crc32c_update(crc32c, gap)
         if array is None:
@@ -434,7 +479,7 @@ def _write_weights(
         raw = _byte_view(array)
         for start in range(0, raw.size, CHUNK_BYTES):
             chunk = raw[start : start + CHUNK_BYTES]
-            _pwrite_all(fd, chunk, data_start + offset + start)
+            out.pwrite(chunk, data_start + offset + start)
             crc32 = fast_crc.crc32_update(crc32, chunk)
             crc32c = fast_crc.crc32c_update(crc32c, chunk)
         pos = offset + raw.size

@@ -367,14 +367,15 @@ def _assets(layout: StateLayout) -> list[tuple[str, str]]:
 
 
 def write_model_archive(
-    snapshot: Snapshot, path: str, *, cuts: list[int] | None = None
+    snapshot: Snapshot, path: str, *, cuts: list[int] | None = None, split: int | None = None
 ) -> tuple[int, str]:
     """Write ``snapshot`` as a standard ``.keras`` zip at ``path`` in one pass over the data.
 
     Returns ``(size in bytes, CRC-32C of the file as 8 hex digits)`` (the checksum a checkpoint
     manifest records, so the file need not be read again). ``cuts`` (a list, if given)
-    receives the offsets where each tensor's bytes begin and end (for deduplicated uploads).
-    See :mod:`ckptstore.keras_io.saving._keras_archive`.
+    receives the offsets where each tensor's bytes begin and end (for deduplicated uploads);
+    ``split`` (a chunk size) writes the file as its chunks' part files (write-once local
+    deduplicated commits). See :mod:`ckptstore.keras_io.saving._keras_archive`.
     """
     return keras_archive.write_archive(
         path,
@@ -382,6 +383,7 @@ def write_model_archive(
         config_json=snapshot.layout.config_json,
         assets=_assets(snapshot.layout),
         cuts=cuts,
+        split=split,
     )
 
 

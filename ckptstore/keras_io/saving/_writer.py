@@ -187,7 +187,10 @@ class CheckpointWriter:
             elif job.snapshot is not None:
                 offsets: list[int] = []
                 _size, crc32c = snapshot_lib.write_model_archive(
-                    job.snapshot, os.path.join(path, snapshot_lib.MODEL_FILENAME), cuts=offsets
+                    job.snapshot,
+                    os.path.join(path, snapshot_lib.MODEL_FILENAME),
+                    cuts=offsets,
+                    split=self._split_bytes(job),
                 )
                 checksums[snapshot_lib.MODEL_FILENAME] = crc32c
                 cuts[snapshot_lib.MODEL_FILENAME] = offsets
@@ -204,6 +207,15 @@ class CheckpointWriter:
             scope.__exit__(type(exc), exc, exc.__traceback__)  # discards the folder
             raise
         return _Staged(job, scope, path, str(uuid), started, hints)
+
+    def _split_bytes(self, job: SaveJob) -> int | None:
+        """The chunk size to write ``model.keras`` as its chunks in (a local deduplicated
+        store links them into its blob folder: each new byte written once), or None: an
+        export (``before_commit``) reads the whole file before the commit."""
+        chunk_bytes = getattr(self._ckpt, "write_once_chunk_bytes", None)
+        if job.before_commit is not None or not callable(chunk_bytes):
+            return None
+        return chunk_bytes()
 
     # ---- commit-thread side -------------------------------------------------------------------
     def _run_commits(self) -> None:
