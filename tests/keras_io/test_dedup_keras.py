@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 
 import keras
 import numpy as np
@@ -100,15 +101,19 @@ class ByteCounts:
         self.copied = 0
         self.linked = 0
         real_copy, real_link = local.copy_range, local.LocalStorage.link_if_absent
+        lock = threading.Lock()
 
         def copy(src, dst, count, src_offset, dst_offset):  # type: ignore[no-untyped-def]
             done = real_copy(src, dst, count, src_offset, dst_offset)
-            self.copied += done
+            with lock:
+                self.copied += done
             return done
 
         def link(storage, key, path, **kwargs):  # type: ignore[no-untyped-def]
             created = real_link(storage, key, path, **kwargs)
-            self.linked += os.path.getsize(path) if created else 0
+            size = os.path.getsize(path) if created else 0
+            with lock:  # chunks are committed on several threads: no lost update
+                self.linked += size
             return created
 
         monkeypatch.setattr(local, "copy_range", copy)
