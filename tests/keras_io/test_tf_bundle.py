@@ -327,7 +327,9 @@ def test_determined_callback_export_cuts_the_saved_model_variables(tmp_path):
     # The head (4 KiB kernel, bias) and the object graph, nothing of the frozen backbone.
     assert 0 < changed < 8 * 1024
     assert new <= 1.1 * changed + ALLOWANCE, (new, changed)
-    assert manifests[1]["files"][rel]["size"] > 8 * 2**20
+    weights = sum(int(np.prod(v.shape)) * 4 for v in model.weights)
+    # each variable stored once (Keras 3.15's model.export() wrote every tensor twice)
+    assert weights <= manifests[1]["files"][rel]["size"] <= 1.05 * weights
     served = tf.saved_model.load(str(tmp_path / "dl1" / "saved_model"))
     np.testing.assert_allclose(
         served.serve(tf.constant(x)).numpy(), model.predict(x, verbose=0), rtol=1e-5, atol=1e-5
