@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -94,3 +95,21 @@ def _convert(value: object, path: str, depth: int) -> JSON:
         except (TypeError, ValueError, OverflowError):
             pass
     raise _fail(path, f"a {type(value).__name__} is not a JSON value")
+
+
+def env_json_object(raw: str, name: str) -> dict[str, Any]:
+    """The JSON object held by environment variable ``name`` (its value ``raw``); raises
+    :class:`~ckptstore.errors.InvalidConfig` naming the variable when it is not one."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidConfig(
+            f"Environment variable {name} must hold a JSON object ({exc}); "
+            f"set it like {name}='{{\"learning_rate\": 0.01}}'."
+        ) from None
+    if not isinstance(value, dict):
+        raise InvalidConfig(
+            f"Environment variable {name} must hold a JSON object, got a "
+            f"{type(value).__name__}; set it like {name}='{{\"learning_rate\": 0.01}}'."
+        )
+    return value

@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import uuid
@@ -24,6 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import defaults, errors
+from ckptstore.jsonsafe import env_json_object
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
@@ -96,19 +96,7 @@ def parse_json_env(name: str, environ: Mapping[str, str] | None = None) -> dict[
     raw = environ.get(name, "").strip()
     if not raw:
         return None
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise errors.InvalidConfig(
-            f"Environment variable {name} must hold a JSON object ({exc}); "
-            f"set it like {name}='{{\"learning_rate\": 0.01}}'."
-        ) from None
-    if not isinstance(value, dict):
-        raise errors.InvalidConfig(
-            f"Environment variable {name} must hold a JSON object, got a "
-            f"{type(value).__name__}; set it like {name}='{{\"learning_rate\": 0.01}}'."
-        )
-    return value
+    return env_json_object(raw, name)
 
 
 def storage_from_env(environ: Mapping[str, str] | None = None) -> str | dict[str, Any] | None:

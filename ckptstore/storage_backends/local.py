@@ -332,7 +332,7 @@ class LocalStorage(ObjectStorage):
         if linked is not None:
             return bool(linked)
         logger.debug("cannot link %s into %s; copying it", path, target)
-        return self.write_range_if_absent(key, path, 0, os.path.getsize(path), durable=durable)
+        return super().link_if_absent(key, path, durable=durable)
 
     def _copy_if_absent(self, name: str, path: str, offset: int, length: int, sync: bool) -> bool:
         def fill(dst: io.BufferedWriter) -> None:

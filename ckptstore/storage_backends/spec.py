@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ckptstore import defaults
-from ckptstore.errors import InvalidConfig, InvalidStorageConfig
+from ckptstore.errors import InvalidStorageConfig
+from ckptstore.jsonsafe import env_json_object
 from ckptstore.storage_backends import open_storage, url_scheme
 from ckptstore.storage_backends.base import Storage
 from ckptstore.storage_backends.config import (
@@ -73,7 +74,7 @@ class StorageConfig:
         if isinstance(spec, Storage):
             return cls(url=spec.url, instance=spec)
         if isinstance(spec, str) and spec.strip().startswith("{"):
-            spec = _json_object(spec.strip(), "storage")
+            spec = env_json_object(spec.strip(), "storage")
         if isinstance(spec, Mapping):
             storage, retention = split_storage_config(spec)
             dedup = dedup_option(spec)
@@ -135,23 +136,7 @@ def env_storage(environ: Mapping[str, str] | None = None) -> str | dict[str, Any
     raw = environ.get(defaults.STORAGE_ENV, "").strip()
     if not raw:
         return None
-    return _json_object(raw, defaults.STORAGE_ENV) if raw.startswith("{") else raw
-
-
-def _json_object(raw: str, name: str) -> dict[str, Any]:
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise InvalidConfig(
-            f"Environment variable {name} must hold a JSON object ({exc}); "
-            f"set it like {name}='{{\"learning_rate\": 0.01}}'."
-        ) from None
-    if not isinstance(value, dict):
-        raise InvalidConfig(
-            f"Environment variable {name} must hold a JSON object, got a "
-            f"{type(value).__name__}; set it like {name}='{{\"learning_rate\": 0.01}}'."
-        )
-    return value
+    return env_json_object(raw, defaults.STORAGE_ENV) if raw.startswith("{") else raw
 
 
 def resolve(
