@@ -313,15 +313,14 @@ def test_the_experiment_config_is_one_pydantic_model():
 # ---- typed values where they enter (issue 43) ----------------------------------------------------
 #: The one owner of the storage precedence (argument -> env var -> default) and of reading a
 #: spec's retention/dedup keys, plus the entry points that are not a second copy of it: the
-#: defaults themselves, Determined's ``info.storage`` (ClusterInfo) and the command line's
-#: ``--storage`` option (click reads the variable).
+#: defaults themselves, Determined's ``info.storage`` (ClusterInfo) and the experiment verbs
+#: (an explicit ``--storage`` equal to the default leaves the config's checkpoint_storage on).
 STORAGE_RULE_OWNERS = {
     "ckptstore/storage_backends/spec.py",
     "ckptstore/storage_backends/config.py",
     "ckptstore/storage_backends/__init__.py",
     "ckptstore/defaults.py",
     "ckptstore/core/_info.py",
-    "ckptstore/cli/state.py",
     "ckptstore/cli/experiment.py",
 }
 _STORAGE_RULE_CALLS = {
@@ -362,6 +361,29 @@ def test_a_storage_spec_is_resolved_once_and_commit_options_are_typed():
                 probes.append(f"{path}:{call.lineno} {text}")
     assert copies == [], "resolve the spec with storage_backends.spec.resolve / StorageConfig"
     assert probes == [], "pass CommitHints to store_path and read CheckpointContext.dedup"
+
+
+def test_the_command_line_parses_storage_once_at_the_edge():
+    """Every ``--storage`` of the CLI is typed by StorageParam (resolve() into a StorageConfig
+    while click parses), so no verb receives or re-parses a raw spec."""
+    import click
+
+    from ckptstore.cli.main import cli
+    from ckptstore.cli.state import StorageParam
+
+    ctx = click.Context(cli, info_name="ckptstore")
+    stack, raw = [cli], []
+    while stack:
+        command = stack.pop()
+        raw += [
+            f"{command.name} {p.opts}"
+            for p in command.params
+            if "storage" in p.name and not isinstance(p.type, StorageParam)
+        ]
+        if isinstance(command, click.Group):
+            stack += [command.get_command(ctx, n) for n in command.list_commands(ctx)]
+    assert raw == []
+    assert isinstance(next(p for p in cli.params if p.name == "storage").type, StorageParam)
 
 
 #: Imports of another package's private ``_x`` module (issue 43 counted 15; 5 now: the SDK and the

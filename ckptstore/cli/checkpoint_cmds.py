@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from ckptstore import errors
+from ckptstore import defaults, errors
 from ckptstore.checkpointing.index import LIVE_STATES, STATES
 from ckptstore.cli.download import download_checkpoint, download_options
 from ckptstore.cli.output import emit_json, emit_record, emit_rows, human_size, json_option
@@ -419,9 +419,7 @@ def export_cmd(
     # In a child process: the command itself never imports TensorFlow (layers contract).
     uuid = full_uuid(state, uuid)
     command = [sys.executable, "-m", "ckptstore.keras_io.exporting", "checkpoint", uuid]
-    # The caller's storage, always: a registry row's URL is read only when it is under it (or
-    # allowed; ckptstore.checkpointing.row_storage).
-    command += ["--registry", state.registry_url, "--storage", state.storage_url]
+    command += ["--registry", state.registry_url]
     if no_verify:
         command.append("--no-verify")
     if unsafe_deserialization:
@@ -430,7 +428,10 @@ def export_cmd(
         command += ["--module", module]
     from ckptstore.checkpointing import signing
 
-    env = dict(os.environ)
+    # The caller's storage, always (its options too; in the environment, never on the command
+    # line): a registry row's URL is read only when it is under it (or allowed;
+    # ckptstore.checkpointing.row_storage).
+    env = {**os.environ, defaults.STORAGE_ENV: state.storage_config.to_env()}
     key = signing.key_from(private_key, signing.SIGNING_KEY_ENV)  # a missing file: exit 2 here
     if key is not None:
         env[signing.SIGNING_KEY_ENV] = os.path.abspath(key)

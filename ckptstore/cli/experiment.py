@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -21,16 +21,19 @@ from ckptstore import defaults
 from ckptstore.cli.output import json_option
 from ckptstore.masking import mask_value
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptstore.storage_backends.spec import StorageConfig
+
 logger = logging.getLogger(__name__)
 
 
-def _targets(ctx: click.Context) -> tuple[str | None, str | None]:
+def _targets(ctx: click.Context) -> tuple[StorageConfig | None, str | None]:
     """(storage, registry) from the parent ``ckptstore`` command. Storage is None unless
-    ``--storage`` named something other than ``CKPTSTORE_STORAGE``/the default, so the config's
-    ``checkpoint_storage`` applies when the option was not given."""
-    storage = getattr(ctx.obj, "storage_url", None)
+    ``--storage`` (or ``CKPTSTORE_STORAGE``) named something other than the default, so the
+    config's ``checkpoint_storage`` applies when the option was not given."""
+    storage = getattr(ctx.obj, "storage_config", None)
     registry = getattr(ctx.obj, "registry_url", None)
-    if storage == defaults.default_storage_url():
+    if storage is not None and storage.spec == defaults.default_storage_url():
         storage = None
     return storage, registry
 
@@ -106,7 +109,7 @@ def create_cmd(
 
 def _run_to_end(
     exp_id: int,
-    storage: str | None,
+    storage: StorageConfig | None,
     registry: str | None,
     model_dir: str | None = None,
     *,

@@ -16,13 +16,17 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 
 from ckptstore import __version__
 from ckptstore.cli.errors import EXIT_CODES_HELP, translate_error
-from ckptstore.cli.state import CliState
+from ckptstore.cli.state import CliState, StorageParam
 from ckptstore.masking import install_log_filter
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptstore.storage_backends.spec import StorageConfig
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +135,10 @@ class LazyGroup(click.Group):
 @click.option(
     "--storage",
     envvar="CKPTSTORE_STORAGE",
+    type=StorageParam(),
     metavar="URL",
-    help="Checkpoint storage URL (s3://, gs://, az://, a path, ...). Env: CKPTSTORE_STORAGE.",
+    help="Checkpoint storage URL (s3://, gs://, az://, a path, ...) or a JSON checkpoint_storage "
+    "object. Env: CKPTSTORE_STORAGE.",
 )
 @click.option(
     "--registry",
@@ -143,7 +149,9 @@ class LazyGroup(click.Group):
 @click.option("-v", "--verbose", count=True, help="More log output on stderr (-vv for debug).")
 @click.version_option(__version__, prog_name="ckptstore")
 @click.pass_context
-def cli(ctx: click.Context, storage: str | None, registry: str | None, verbose: int) -> None:
+def cli(
+    ctx: click.Context, storage: StorageConfig | None, registry: str | None, verbose: int
+) -> None:
     """ckptstore: Keras checkpoints on any storage, with a registry.
 
     \b
@@ -159,7 +167,7 @@ def cli(ctx: click.Context, storage: str | None, registry: str | None, verbose: 
     logging.getLogger("ckptstore").setLevel(level)
     # Log lines can quote URLs and configs: the handlers print them through the masking rule.
     install_log_filter(handlers=logging.getLogger().handlers)
-    state = CliState(storage_spec=storage, registry_url=registry)
+    state = CliState(storage=storage, registry_url=registry)
     ctx.obj = state
     ctx.call_on_close(state.close)
 

@@ -68,7 +68,7 @@ def run(ctx: click.Context, trial_id: int | None, config_path: str | None, comma
         )
     state = ctx.obj
     settings = run_settings(
-        storage=getattr(state, "storage_url", None) or None,
+        storage=getattr(state, "storage_config", None),
         registry_url=getattr(state, "registry_url", None) or None,
     )
     hparams: dict = {}

@@ -1,11 +1,16 @@
 """What every ``ckptstore`` verb shares: the storage and registry it was pointed at.
 
-Both are opened lazily (a verb that needs only the registry never touches storage) and closed
-when the command ends.
+``--storage`` (or ``CKPTSTORE_STORAGE``) is parsed once, by :class:`StorageParam`, into a
+:class:`~ckptstore.storage_backends.spec.StorageConfig`: a bad value is a usage error (exit 2)
+carrying the typed ``InvalidStorageConfig`` message, before any verb runs. Storage and registry
+are opened lazily (a verb that needs only the registry never touches storage) and closed when
+the command ends.
 
 Example::
 
-    state = CliState(storage_spec="/tmp/ckpts", registry_url="sqlite:////tmp/reg.db")
+    from ckptstore.storage_backends.spec import resolve
+
+    state = CliState(storage=resolve("/tmp/ckpts"), registry_url="sqlite:////tmp/reg.db")
     registry = state.registry()
     storage = state.storage()
     state.close()
@@ -23,8 +28,32 @@ from ckptstore import defaults
 if TYPE_CHECKING:  # pragma: no cover
     from ckptstore.registry import Registry
     from ckptstore.storage_backends.base import Storage
+    from ckptstore.storage_backends.spec import StorageConfig
 
 logger = logging.getLogger(__name__)
+
+
+class StorageParam(click.ParamType):
+    """A storage spec (a URL, a path, or a JSON ``checkpoint_storage`` object, as
+    ``CKPTSTORE_STORAGE`` may hold) parsed by the one
+    :func:`~ckptstore.storage_backends.spec.resolve` into a ``StorageConfig``; a bad one is a
+    usage error naming the typed error (``InvalidStorageConfig: ...``)."""
+
+    name = "storage"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from ckptstore.errors import InvalidStorageConfig
+        from ckptstore.storage_backends import check_storage_spec
+        from ckptstore.storage_backends.spec import StorageConfig, resolve
+
+        if isinstance(value, StorageConfig):
+            return value
+        try:
+            config = resolve(value)
+            check_storage_spec(config.url)  # "" or "s3:/x" must not become a local folder
+        except InvalidStorageConfig as exc:
+            self.fail(f"{type(exc).__name__}: {exc}", param, ctx)
+        return config
 
 
 class CliState:
@@ -32,22 +61,28 @@ class CliState:
 
     Example::
 
-        state = CliState(storage_spec=None, registry_url=None)  # env vars / defaults
+        state = CliState(storage=None, registry_url=None)  # env vars / defaults
         print(state.storage_url)
     """
 
-    def __init__(self, storage_spec: str | None = None, registry_url: str | None = None) -> None:
-        if storage_spec is not None:
-            from ckptstore.storage_backends import check_storage_spec
+    def __init__(
+        self, storage: StorageConfig | None = None, registry_url: str | None = None
+    ) -> None:
+        from ckptstore.storage_backends.spec import resolve
 
-            check_storage_spec(storage_spec)  # "" or "s3:/x" must not become a local folder
         #: True when --storage (or CKPTSTORE_STORAGE) named the storage: it then wins over
         #: the URL a registry row recorded.
-        self.explicit_storage = storage_spec is not None
-        self.storage_url = storage_spec or defaults.default_storage_url()
+        self.explicit_storage = storage is not None
+        #: ``--storage`` as parsed at the edge (else ``CKPTSTORE_STORAGE``, else the default).
+        self.storage_config = storage if storage is not None else resolve()
         self.registry_url = registry_url or defaults.default_registry_url()
         self._registry: Registry | None = None
         self._storages: dict[str, Storage] = {}
+
+    @property
+    def storage_url(self) -> str:
+        """The URL of :attr:`storage_config`."""
+        return self.storage_config.url
 
     def registry(self) -> Registry:
         """The registry (opened, and migrated, on first use)."""
@@ -58,12 +93,13 @@ class CliState:
         return self._registry
 
     def storage(self, url: str | None = None) -> Storage:
-        """The storage at ``url`` (default: ``--storage``), opened once per URL."""
+        """The storage at ``url`` (default: ``--storage``), opened once per URL; another URL
+        (a trusted registry row's) gets ``--storage``'s options when it is the same backend."""
         key = url or self.storage_url
         if key not in self._storages:
-            from ckptstore.storage_backends import open_storage
-
-            self._storages[key] = open_storage(key)
+            config = self.storage_config
+            opened = config.open() if key == config.url else config.open_at(key)
+            self._storages[key] = opened
         return self._storages[key]
 
     def storage_for(self, record: Any, *, follow: bool = False) -> Storage:

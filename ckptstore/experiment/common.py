@@ -24,6 +24,7 @@ from ckptstore.launch.tensorflow import SLOTS_ENV
 if TYPE_CHECKING:
     from ckptstore.experiment.config import ExperimentConfig
     from ckptstore.registry import Registry
+    from ckptstore.storage_backends.spec import StorageConfig
 
 MODEL_DIR_ENV = "CKPTSTORE_MODEL_DIR"
 OPTUNA_TRIAL_ENV = "CKPTSTORE_OPTUNA_TRIAL"
@@ -98,7 +99,7 @@ def child_process_env(
 def run_settings(
     *,
     data: Mapping[str, Any] | None = None,
-    storage: str | Mapping[str, Any] | None = None,
+    storage: StorageConfig | None = None,
     registry_url: str | None = None,
     slots: int | None = None,
 ) -> dict[str, str]:
@@ -108,9 +109,7 @@ def run_settings(
     if data is not None:
         settings[trial_info.DATA_CONFIG_ENV] = json.dumps(dict(data))
     if storage is not None:
-        settings[trial_info.STORAGE_ENV] = (
-            storage if isinstance(storage, str) else json.dumps(storage)
-        )
+        settings[trial_info.STORAGE_ENV] = storage.to_env()
     if registry_url is not None:
         settings[trial_info.REGISTRY_ENV] = registry_url
     if slots is not None:

@@ -58,6 +58,7 @@ from ckptstore.registry.jobs import CHECKPOINTS_USED_KEY
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
     from ckptstore.storage_backends import StorageSpec
+    from ckptstore.storage_backends.spec import StorageConfig
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ def _job_config(config_path: str | os.PathLike[str] | dict[str, Any]) -> Experim
 def _job_env(
     job_id: int,
     config: ExperimentConfig,
-    storage: str | dict[str, Any],
+    storage: StorageConfig,
     registry_url: str,
     model_dir: str,
 ) -> dict[str, str]:
@@ -188,7 +189,6 @@ def run_job(
             "script, e.g. `ckptstore job run batch_inference.yaml .`."
         )
     resolved = _storage_config(storage, config)
-    spec = resolved.spec
     warn_ignored_keys(config)
     reg, owned = _open_registry(registry)
     try:
@@ -198,7 +198,7 @@ def run_job(
         if config.slots > 1:
             cmd = [sys.executable, "-m", "ckptstore.launch.tensorflow", "--", *cmd]
         logger.info("Job %d: running %s with %d worker(s)", job_id, cmd, config.slots)
-        env = _job_env(job_id, config, spec, _registry_url(registry), str(folder))
+        env = _job_env(job_id, config, resolved, _registry_url(registry), str(folder))
         job = _Job(reg, job_id, cmd, str(folder), env)
         try:
             code = job.wait()

@@ -297,7 +297,7 @@ def _node_logs(env: dict[str, str]) -> tuple[Any, int]:
         return None, 0
     if config is None:
         return None, 0
-    logs = TrialLogs(config.spec, f"ray-{socket.gethostname()}-{os.getpid()}")
+    logs = TrialLogs(config, f"ray-{socket.gethostname()}-{os.getpid()}")
     return (logs, trial_id) if logs.ready() else (None, 0)
 
 
@@ -424,7 +424,7 @@ def run_on_ray(run: ExperimentRun, address: str | None) -> RunOutcome:
         ray.init(address=address, log_to_driver=True, include_dashboard=False)
     try:
         try:
-            check_reachable(run.registry_url, run.storage, other_hosts=other_hosts(ray))
+            check_reachable(run.registry_url, run.storage_config.spec, other_hosts=other_hosts(ray))
         except errors.UnreachableFromCluster:
             run.registry.set_experiment_state(run.experiment_id, "PAUSED")
             raise

@@ -271,11 +271,9 @@ class ExperimentRun:
             fallback=self.config.checkpoint_storage,
             retention=self.config.retention,
         )
-        #: What trial processes get in ``CKPTSTORE_STORAGE`` (a URL, or a dict).
-        self.storage = self.storage_config.spec
         self.queue = TrialQueue(self.config, experiment_id, registry, registry_url)
         self.running: dict[int, tuple[subprocess.Popen, Claim]] = {}
-        self.logs = TrialLogs(self.storage, runner_name())
+        self.logs = TrialLogs(self.storage_config, runner_name())
         self.restarts: dict[int, int] = {}
         self.failures: dict[int, TrialFailure] = {}
         self._stop = False
@@ -300,7 +298,7 @@ class ExperimentRun:
             MODEL_DIR_ENV: str(self.model_dir),
             **run_settings(
                 data=self.config.data,
-                storage=self.storage,
+                storage=self.storage_config,
                 registry_url=self.registry_url,
                 slots=self.config.slots_per_trial,
             ),

@@ -24,11 +24,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from ckptstore import defaults
 from ckptstore.storage_backends.base import Storage
+
+if TYPE_CHECKING:
+    from ckptstore.storage_backends.spec import StorageConfig
 
 logger = logging.getLogger(__name__)
 
@@ -175,17 +177,16 @@ def runner_log_name(runner: str) -> str:
 class TrialLogs:
     """The logs of the trials one runner has started (what the runner calls)."""
 
-    def __init__(self, storage_spec: str | Mapping[str, Any], runner: str) -> None:
-        self.storage_spec = storage_spec
+    def __init__(self, storage: StorageConfig, runner: str) -> None:
+        self.storage_config = storage
         self.runner = runner
         self._storage: Storage | None = None
         self._open: dict[int, TrialLog] = {}
 
     def _opened(self) -> Storage:
-        if self._storage is None:
-            from ckptstore.storage_backends import open_storage
-
-            self._storage = open_storage(self.storage_spec)
+        if self._storage is None:  # a storage of its own (closed by close_all), never the caller's
+            config = self.storage_config
+            self._storage = config.open_at(config.url)
         return self._storage
 
     def ready(self) -> bool:

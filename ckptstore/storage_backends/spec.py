@@ -74,7 +74,7 @@ class StorageConfig:
         if isinstance(spec, Storage):
             return cls(url=spec.url, instance=spec)
         if isinstance(spec, str) and spec.strip().startswith("{"):
-            spec = env_json_object(spec.strip(), "storage")
+            spec = _json_block(spec.strip())
         if isinstance(spec, Mapping):
             storage, retention = split_storage_config(spec)
             dedup = dedup_option(spec)
@@ -128,6 +128,19 @@ class StorageConfig:
         picks a bucket, never an endpoint or a credential. Another backend gets none."""
         same = url_scheme(url) == url_scheme(self.url)
         return open_storage(url, **(self.options if same else {}))
+
+
+def _json_block(raw: str) -> dict[str, Any]:
+    """A ``checkpoint_storage`` object given as JSON text (``{...}``, so valid JSON is an
+    object); the text is never quoted back: it may hold credentials."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidStorageConfig(
+            "A storage spec starting with '{' must be a JSON checkpoint_storage object "
+            f"({exc.msg} at character {exc.pos}). Write e.g. "
+            '{"type": "s3", "bucket": "b"}, or give a URL.'
+        ) from None
 
 
 def env_storage(environ: Mapping[str, str] | None = None) -> str | dict[str, Any] | None:

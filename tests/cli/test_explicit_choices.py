@@ -36,7 +36,44 @@ def test_mistyped_storage_is_refused_everywhere(tmp_path, spec, monkeypatch):
         cli, ["--storage", spec, "--registry", f"sqlite:///{tmp_path}/r.db", "checkpoint", "list"]
     )
     assert result.exit_code == EXIT_BAD_INPUT, result.output
+    # a usage error raised while --storage is parsed, before any verb runs, with the typed message
+    assert "Invalid value for '--storage': InvalidStorageConfig: " in result.output
     assert os.listdir(tmp_path) == []  # no ./s3:/bucket folder, no registry created
+
+
+@pytest.mark.parametrize(
+    "spec, why",
+    [
+        ('{"type": "s3"}', "missing the required key 'bucket'"),
+        ('{"type": "floppy", "path": "/x"}', "floppy"),
+        ('{"type": "directory", "container_path": "/x", "save_trial_best": -1}', "save_trial_best"),
+        ('{"type": ', "must be a JSON checkpoint_storage object"),
+    ],
+)
+def test_a_bad_storage_object_in_the_environment_is_a_usage_error(tmp_path, spec, why):
+    """CKPTSTORE_STORAGE may hold a checkpoint_storage object (as a child process gets it): the
+    CLI parses it with the same resolve() as the library; a bad one is exit 2, typed, early."""
+    result = CliRunner().invoke(
+        cli,
+        ["--registry", f"sqlite:///{tmp_path}/r.db", "storage", "validate"],
+        env={"CKPTSTORE_STORAGE": spec},
+    )
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert "Invalid value for '--storage': InvalidStorageConfig: " in result.output
+    assert why in result.output
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_storage_object_reaches_the_verb_parsed(tmp_path):
+    """A checkpoint_storage object given to --storage opens the folder it names (before, the
+    JSON text became a local folder's name)."""
+    block = f'{{"type": "directory", "container_path": "{tmp_path}/ckpts", "save_trial_best": 1}}'
+    result = CliRunner().invoke(
+        cli, ["--storage", block, "--registry", f"sqlite:///{tmp_path}/r.db", "storage", "validate"]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"OK: file://{tmp_path}/ckpts can be written" in result.output
+    assert sorted(os.listdir(tmp_path)) == ["ckpts"]
 
 
 def test_file_urls_and_colon_folders_still_work(tmp_path):

@@ -19,6 +19,7 @@ from ckptstore.experiment.runner import ExperimentRun
 from ckptstore.launch.process import ALIAS_DIR, ALIAS_ENV
 from ckptstore.launch.tensorflow import SLOTS_ENV
 from ckptstore.registry import Registry
+from ckptstore.storage_backends.spec import resolve
 
 
 def test_settings_override_none_removes_and_the_alias_comes_first():
@@ -45,7 +46,7 @@ def test_trial_and_job_get_the_same_run_keys(tmp_path, monkeypatch):
         run = ExperimentRun(exp_id, registry, registry_url, storage)
         experiment = run.experiment_env()
         trial = trial_env(dict(os.environ), experiment, 7, {"units": 4}, None)
-    job = _job_env(5, run.config, storage, registry_url, str(tmp_path))
+    job = _job_env(5, run.config, resolve(storage), registry_url, str(tmp_path))
     shared = (
         trial_info.STORAGE_ENV,
         trial_info.REGISTRY_ENV,

@@ -5,8 +5,10 @@ export`` runs (the command itself never imports TensorFlow)."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
+from ckptstore import defaults
 from ckptstore.keras_io.exporting._export_checkpoint import checkpoint_main
 from ckptstore.keras_io.exporting._worker import worker_main
 
@@ -20,7 +22,9 @@ def _main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     one = sub.add_parser("checkpoint", help="add saved_model/ to a committed checkpoint")
     one.add_argument("uuid")
-    one.add_argument("--storage")
+    # The caller's storage always wins over a row's URL: ``ckptstore checkpoint export`` hands
+    # it over in CKPTSTORE_STORAGE (with its options, which never belong on a command line).
+    one.add_argument("--storage", default=os.environ.get(defaults.STORAGE_ENV) or None)
     one.add_argument("--registry")
     one.add_argument("--no-verify", action="store_true")
     one.add_argument("--unsafe-deserialization", action="store_true")
