@@ -53,7 +53,7 @@ from pydantic import (
 from ckptstore import errors
 from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS, run_retention
 from ckptstore.experiment import config_schema as keys
-from ckptstore.experiment.config_schema import HP_TYPES, SEARCHERS, Length
+from ckptstore.experiment.config_schema import HP_TYPES, SEARCHERS, Length, config_error
 from ckptstore.experiment.hparams import Hyperparameter, Hyperparameters, nest_hparams
 from ckptstore.validators import is_int
 from ckptstore.yamlsafe import check_size, load_yaml
@@ -69,15 +69,6 @@ _LAUNCHED_CLASS = re.compile(
     r"^(?:python3?\s+)?-m\s+determined\.launch\.\w+(?:\s+--[\w-]+)*?\s+--trial\s+"
     r"(?P<cls>[A-Za-z_][\w.]*:[A-Za-z_][\w.]*)$"
 )
-
-
-def _fail(
-    key: str,
-    problem: str,
-    fix: str,
-    error: type[errors.InvalidConfig] = errors.InvalidConfig,
-) -> errors.InvalidConfig:
-    return error(f"Invalid experiment config at `{key}`: {problem}. {fix}")
 
 
 def _set(model: Any, **values: Any) -> None:
@@ -186,7 +177,7 @@ class ExperimentConfig(keys._Section):
         unit = self.scheduling_unit
         entrypoint = _entrypoint(self.entrypoint, self.entrypoint_script)
         if self.searcher is None and entrypoint.is_trial_class:
-            raise _fail(
+            raise config_error(
                 "searcher",
                 "missing",
                 "Add e.g. `searcher: {name: single, metric: val_loss, max_length: {batches: 100}}`.",
@@ -244,7 +235,7 @@ class ExperimentConfig(keys._Section):
         variables = self.environment.variables() if self.environment is not None else {}
         taken = sorted(set(variables) & runner_set_env())
         if taken:  # the runner's value would win: refuse rather than ignore the user's silently
-            raise _fail(
+            raise config_error(
                 "environment.environment_variables",
                 f"{', '.join(taken)} is set by ckptstore for every trial, received {taken}",
                 "Give storage and registry with --storage/--registry (or checkpoint_storage), "
@@ -288,7 +279,7 @@ def _entrypoint(value: str | list[str] | None, script: str | list[str] | None) -
     if isinstance(value, list) and value:
         value = shlex.join(value)
     if not isinstance(value, str) or not value.strip():
-        raise _fail(
+        raise config_error(
             "entrypoint",
             f"missing or empty (received {value!r})",
             "Set `entrypoint: model_def:MNISTTrial` or `entrypoint: python3 train.py`.",
@@ -301,7 +292,7 @@ def _entrypoint(value: str | list[str] | None, script: str | list[str] | None) -
     try:  # the runner splits it for every trial: refuse now what it could not split then
         shlex.split(value)
     except ValueError as exc:
-        raise _fail(
+        raise config_error(
             "entrypoint",
             f"a shell cannot split this command ({exc}), received {value!r}",
             "Balance the quotes, e.g. `entrypoint: python3 train.py`.",
@@ -314,7 +305,7 @@ def _length(value: int | Length, key: str, scheduling_unit: int) -> Length:
     if isinstance(value, int):  # Determined's older unit: steps of scheduling_unit batches
         return Length("batches", value * scheduling_unit)
     if value.value == 0:
-        raise _fail(
+        raise config_error(
             f"{key}.{value.unit}", "expected a positive integer, received 0", "Set e.g. 100."
         )
     return value
@@ -336,14 +327,14 @@ def _searcher_rules(
     if s.time_metric is not None or s.max_time is not None:
         _check_time_metric(s)
     if s.source_checkpoint_uuid is not None and s.source_trial_id is not None:
-        raise _fail(
+        raise config_error(
             "searcher.source_trial_id",
             f"both it ({s.source_trial_id}) and `source_checkpoint_uuid` "
             f"({s.source_checkpoint_uuid!r}) name the checkpoint trials start from",
             "Keep one of them.",
         )
     if s.max_length is not None and s.max_steps is not None:
-        raise _fail(
+        raise config_error(
             "searcher.max_length",
             "give only one of `max_length` and `max_steps`",
             "Set e.g. `max_length: {batches: 1000}`.",
@@ -355,14 +346,14 @@ def _searcher_rules(
             if s.name == "adaptive_asha"
             else "a TFKerasTrial entrypoint needs `max_length` to know how long to train"
         )
-        raise _fail(
+        raise config_error(
             "searcher.max_length", f"missing: {why}", "Set e.g. `max_length: {batches: 1000}`."
         )
     max_length = _length(length, "searcher.max_length", unit) if length is not None else None
     max_trials = _max_trials(s, hparams)
     if trial_class and max_length is None:  # a TFKerasTrial counts its own time
         if s.time_metric not in LENGTH_UNITS:
-            raise _fail(
+            raise config_error(
                 "searcher.time_metric",
                 f"a TFKerasTrial counts batches, records or epochs, not {s.time_metric!r}",
                 "Use `time_metric: batches` (or records, epochs), or `max_length`.",
@@ -375,21 +366,21 @@ def _searcher_rules(
 def _check_time_metric(s: keys.Searcher) -> None:
     """0.38's ``time_metric`` + ``max_time`` (both or neither; ``adaptive_asha`` only)."""
     if s.name != "adaptive_asha":
-        raise _fail(
+        raise config_error(
             "searcher.time_metric",
             f"`time_metric`/`max_time` apply to `adaptive_asha`, not `{s.name}`",
             "Remove them, or use `name: adaptive_asha`.",
         )
     if s.time_metric is None:
-        raise _fail(
+        raise config_error(
             "searcher.time_metric",
             "expected the name of a validation metric, received None",
             "Set e.g. `time_metric: batches` together with `max_time: 1000`.",
         )
     if s.max_time is None:
-        raise _fail("searcher.max_time", "missing", "Set e.g. `max_time: 1000`.")
+        raise config_error("searcher.max_time", "missing", "Set e.g. `max_time: 1000`.")
     if s.max_length is not None or s.max_steps is not None:
-        raise _fail(
+        raise config_error(
             "searcher.max_length",
             "give `max_length` or `time_metric` + `max_time`, not both",
             "Keep one form.",
@@ -400,7 +391,7 @@ def _max_trials(s: keys.Searcher, hparams: list[Hyperparameter]) -> int:
     if s.name == "single":
         for hp in hparams:
             if hp.type != "const":
-                raise _fail(
+                raise config_error(
                     f"hyperparameters.{hp.name}",
                     f"the `single` searcher needs constant hyperparameters, got type {hp.type!r}",
                     "Use `searcher.name: random` (or grid) to search, or give a constant value.",
@@ -409,7 +400,7 @@ def _max_trials(s: keys.Searcher, hparams: list[Hyperparameter]) -> int:
     if s.name == "grid":
         for hp in hparams:
             if hp.type in ("int", "double", "log") and hp.count is None:  # type: ignore[union-attr]
-                raise _fail(
+                raise config_error(
                     f"hyperparameters.{hp.name}.count",
                     "the grid searcher needs `count` for int, double and log hyperparameters",
                     "Add e.g. `count: 3`.",
@@ -417,7 +408,7 @@ def _max_trials(s: keys.Searcher, hparams: list[Hyperparameter]) -> int:
         # The product of the sizes, never the grid itself: counts of 10**9 list nothing.
         size = math.prod(hp.grid_size() for hp in hparams)
         if size > keys.MAX_TRIALS:
-            raise _fail(
+            raise config_error(
                 "hyperparameters",
                 f"the grid has {size} points, more than the {keys.MAX_TRIALS} trials an experiment "
                 f"may have, received counts {[hp.grid_size() for hp in hparams]}",
@@ -425,7 +416,7 @@ def _max_trials(s: keys.Searcher, hparams: list[Hyperparameter]) -> int:
             )
         return size
     if s.max_trials is None:
-        raise _fail(
+        raise config_error(
             "searcher.max_trials", "missing", f"The `{s.name}` searcher needs e.g. `max_trials: 8`."
         )
     return s.max_trials
@@ -435,7 +426,7 @@ def _check_batch_size(hparams: list[Hyperparameter]) -> None:
     """A TFKerasTrial batches its data with ``global_batch_size``: it must be a positive int."""
     gbs = next((hp for hp in hparams if hp.name == "global_batch_size"), None)
     if gbs is None:
-        raise _fail(
+        raise config_error(
             "hyperparameters.global_batch_size",
             # "is a required hyperparameter": Determined's wording, which its tests match
             "missing: global_batch_size is a required hyperparameter; a TFKerasTrial needs it "
@@ -445,7 +436,7 @@ def _check_batch_size(hparams: list[Hyperparameter]) -> None:
         )
     values = gbs.grid_values() if gbs.type in ("const", "categorical") else [gbs.minval]  # type: ignore[union-attr]
     if gbs.type in ("double", "log") or not all(is_int(v) and v > 0 for v in values):
-        raise _fail(
+        raise config_error(
             "hyperparameters.global_batch_size",
             f"must be a positive integer, received {values!r}",
             "Set e.g. `global_batch_size: 32`.",
@@ -459,7 +450,7 @@ def _storage(block: str | keys.StorageBlock | None) -> tuple[str | dict[str, Any
         return None, {}
     if isinstance(block, str):
         if not block.strip():
-            raise _fail(
+            raise config_error(
                 "checkpoint_storage",
                 f"expected a URL or a storage mapping, received {block!r}",
                 "Use e.g. `checkpoint_storage: s3://bucket/prefix` or `{type: s3, bucket: b}`.",
@@ -471,7 +462,7 @@ def _storage(block: str | keys.StorageBlock | None) -> tuple[str | dict[str, Any
         return given, retention
     if set(given) <= set(DETERMINED_DEFAULTS):  # Determined merges it with the cluster's storage
         return None, retention
-    raise _fail(
+    raise config_error(
         "checkpoint_storage.type",
         f"missing, received keys {sorted(given)}",
         "Add `type: s3` (or gcs, azure, shared_fs, directory).",
@@ -480,16 +471,17 @@ def _storage(block: str | keys.StorageBlock | None) -> tuple[str | dict[str, Any
 
 def parse_length(value: Any, key: str, scheduling_unit: int) -> Length:
     """``{batches|records|epochs: N}`` or a bare int of steps (``N * scheduling_unit`` batches)."""
-    return _length(keys.validate_length(value, key), key, scheduling_unit)
+    return _length(keys.validate_as(_LENGTH, value, key), key, scheduling_unit)
 
 
+_LENGTH = TypeAdapter(keys.LengthField)
 _HYPERPARAMETERS = TypeAdapter(Hyperparameters)
 
 
 def parse_hyperparameters(raw: Any) -> list[Hyperparameter]:
     """The ``hyperparameters`` section as a flat list of named hyperparameters."""
     if raw is not None and not isinstance(raw, dict):
-        raise _fail(
+        raise config_error(
             "hyperparameters",
             f"expected a mapping of names to values or specs, received {type(raw).__name__}",
             "Write it like `hyperparameters: {global_batch_size: 32}`.",

@@ -18,7 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import math
 import os
@@ -40,7 +39,7 @@ from pydantic_core import PydanticCustomError
 
 from ckptstore import errors
 
-__all__ = ["HP_TYPES", "SEARCHERS", "Length", "validate_length"]
+__all__ = ["HP_TYPES", "SEARCHERS", "Length", "config_error"]
 
 #: Searcher names this runner implements (``tpe`` is a ckptstore extension).
 SEARCHERS = ("single", "grid", "random", "adaptive_asha", "tpe")
@@ -96,12 +95,35 @@ class _Section(BaseModel):
 
 
 # ---- lengths ------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Length:
-    """A training length in one unit: ``Length("batches", 100)``."""
+# The one length type: what the YAML says and what the runner and trials use (``Length("batches",
+# 100)``); its docstring is the published schema's description.
+class LengthSpec(_Section):
+    """``{batches: N}``, ``{records: N}`` or ``{epochs: N}``; 0 means "never" for periods."""
 
-    unit: str
-    value: int
+    batches: NonNegativeInt | None = None
+    records: NonNegativeInt | None = None
+    epochs: NonNegativeInt | None = None
+
+    def __init__(self, unit: str | None = None, value: int | None = None, /, **given: Any):
+        super().__init__(**({unit: value} if unit is not None else given))
+
+    @model_validator(mode="after")
+    def _one_unit(self) -> LengthSpec:
+        if len(self.model_fields_set) != 1:
+            raise PydanticCustomError(
+                "one_unit",
+                "expected exactly one of batches, records, epochs",
+                {"fix": "Write it like `{batches: 100}`."},
+            )
+        return self
+
+    @property
+    def unit(self) -> str:
+        return next(iter(self.model_fields_set))
+
+    @property
+    def value(self) -> int:
+        return getattr(self, self.unit)
 
     def to_batches(self, global_batch_size: int, records_per_epoch: int | None) -> int:
         """The length in batches (records and epochs round up to whole batches)."""
@@ -121,22 +143,8 @@ class Length:
         return {self.unit: self.value}
 
 
-class LengthSpec(_Section):
-    """``{batches: N}``, ``{records: N}`` or ``{epochs: N}``; 0 means "never" for periods."""
-
-    batches: NonNegativeInt | None = None
-    records: NonNegativeInt | None = None
-    epochs: NonNegativeInt | None = None
-
-    @model_validator(mode="after")
-    def _one_unit(self) -> LengthSpec:
-        if len(self.model_fields_set) != 1:
-            raise PydanticCustomError(
-                "one_unit",
-                "expected exactly one of batches, records, epochs",
-                {"fix": "Write it like `{batches: 100}`."},
-            )
-        return self
+#: The one length type (the published schema names it ``LengthSpec``).
+Length = LengthSpec
 
 
 def _length_tag(value: Any) -> str:
@@ -145,16 +153,10 @@ def _length_tag(value: Any) -> str:
     )
 
 
-def _as_length(spec: LengthSpec) -> Length:
-    ((unit, amount),) = spec.model_dump(exclude_unset=True).items()
-    return Length(unit, amount)
-
-
 #: A :class:`Length`, or a bare integer of Determined's older "steps" unit (``N *
 #: scheduling_unit`` batches, converted by the config's rules, which know the unit).
 LengthField = Annotated[
-    Annotated[PositiveInt, Tag("length:steps")]
-    | Annotated[LengthSpec, AfterValidator(_as_length), Tag("length:unit")],
+    Annotated[PositiveInt, Tag("length:steps")] | Annotated[LengthSpec, Tag("length:unit")],
     Discriminator(_length_tag),
 ]
 
@@ -349,6 +351,13 @@ StorageSpec = Annotated[
 
 
 # ---- errors -------------------------------------------------------------------------------------
+def config_error(
+    key: str, problem: str, fix: str, error: type[errors.InvalidConfig] = errors.InvalidConfig
+) -> errors.InvalidConfig:
+    """The one wording of a config problem: the dotted key, what is wrong, the fix."""
+    return error(f"Invalid experiment config at `{key}`: {problem}. {fix}")
+
+
 def _key(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc if not _TAG.match(str(p))) or "<config>"
 
@@ -363,17 +372,16 @@ def as_invalid_config(exc: ValidationError, prefix: tuple[str, ...] = ()) -> err
         return ctx["error"]
     received = err["input"]
     if kind == "unknown_key":
-        key = _key((*loc, ctx["key"]))
-        return errors.InvalidConfig(f"Invalid experiment config at `{key}`: {err['msg']}")
+        fix = f"Remove it or fix the spelling.{ctx['hint']}"
+        return config_error(_key((*loc, ctx["key"])), "unknown key", fix)
     if kind == "hp_type":
         loc, received = (*loc, "type"), received.get("type")
     if loc and loc[-1] == "[key]":  # a mapping key, not a value, is wrong
         loc = loc[:-1]
     key = _key(loc)
     if kind == "missing":
-        return errors.InvalidConfig(
-            f"Invalid experiment config at `{key}`: missing. Add `{loc[-1]}` (see "
-            "`ckptstore experiment schema` for its type)."
+        return config_error(
+            key, "missing", f"Add `{loc[-1]}` (see `ckptstore experiment schema` for its type)."
         )
     problem = err["msg"][0].lower() + err["msg"][1:]
     fix = ctx.get("fix") or "Fix the value (`ckptstore experiment schema` lists each key's type)."
@@ -385,9 +393,7 @@ def as_invalid_config(exc: ValidationError, prefix: tuple[str, ...] = ()) -> err
         fix = "Nest groups as mappings instead of dotted names."
     elif kind == "hp_type":
         fix = f"Use one of {', '.join(HP_TYPES)}.{did_you_mean(str(received), HP_TYPES)}"
-    return errors.InvalidConfig(
-        f"Invalid experiment config at `{key}`: {problem}, received {received!r}. {fix}"
-    )
+    return config_error(key, f"{problem}, received {received!r}", fix)
 
 
 def validate_as(adapter: TypeAdapter, value: Any, key: str) -> Any:
@@ -396,12 +402,3 @@ def validate_as(adapter: TypeAdapter, value: Any, key: str) -> Any:
         return adapter.validate_python(value)
     except ValidationError as exc:
         raise as_invalid_config(exc, tuple(key.split("."))) from None
-
-
-_LENGTH = TypeAdapter(LengthField)
-
-
-def validate_length(value: Any, key: str) -> int | Length:
-    """One length (``{batches: N}``, ... or a bare int of steps) checked alone; errors name
-    ``key``."""
-    return validate_as(_LENGTH, value, key)

@@ -71,7 +71,14 @@ def test_schema_and_parser_refuse_the_same_shapes(validator, bad):
         parse_config(raw)
 
 
-_leaf = st.one_of(st.integers(-5, 5), st.floats(-5, 5), st.text(max_size=3), st.booleans())
+# No integral floats: JSON Schema counts 0.0 as an "integer" where the strict parser wants an int
+# (a YAML `0.0` at an int key is refused); the schema cannot say "not written as a float".
+_leaf = st.one_of(
+    st.integers(-5, 5),
+    st.floats(-5, 5).filter(lambda x: not x.is_integer()),
+    st.text(max_size=3),
+    st.booleans(),
+)
 _hp = st.one_of(
     _leaf,
     st.fixed_dictionaries({"type": st.just("const"), "val": _leaf}),
