@@ -13,12 +13,12 @@ from ckptstore.checkpointing import CheckpointContext, amend
 from ckptstore.checkpointing import format as fmt
 from tests._helpers.trees import make_tree
 
-_NAME = st.from_regex(r"[a-z0-9_]{1,8}", fullmatch=True)
+_NAME = st.text("abcdefghijklmnopqrstuvwxyz0123456789_", min_size=1, max_size=8)
 # Files end in ".bin", folders do not: no file is also another entry's folder.
 _FILE = st.lists(_NAME, min_size=1, max_size=3).map(lambda p: "/".join(p) + ".bin")
 _FOLDER = _NAME.map(lambda n: f"{n}.d/")
-_CRC = st.from_regex(r"[0-9a-f]{8}", fullmatch=True)
-_SHA = st.from_regex(r"[0-9a-f]{64}", fullmatch=True)
+_CRC = st.integers(0, 2**32 - 1).map("{:08x}".format)
+_SHA = st.binary(min_size=32, max_size=32).map(bytes.hex)
 _SIZE = st.integers(0, fmt.MAX_FILE_BYTES // 8)
 
 
