@@ -444,3 +444,51 @@ def test_keras_io_reads_determined_folders_without_an_import_hook(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     ).stdout.split()
     assert out == ["tfkeras_trial", "False"]
+
+
+# ---- one manifest type (issue 43) --------------------------------------------------------------
+#: The module that owns the manifest's JSON: it parses, builds and serialises :class:`Manifest`.
+MANIFEST_OWNER = "ckptstore/checkpointing/format.py"
+#: Top-level keys of ``MANIFEST.json``; issue 43 counted 21+ raw ``["files"]`` reads in 9 modules.
+_MANIFEST_KEYS = {"files", "format_version", "partially_deleted"}
+
+
+def manifest_problems(trees: dict[str, ast.Module]) -> list[str]:
+    """Reads of a manifest's JSON outside its owner: ``x["files"]``, ``x.get("files")`` (or
+    another top-level key), a dict literal building one, or a byte search for ``"blobs"``."""
+    found = []
+    for path, tree in trees.items():
+        if path == MANIFEST_OWNER:
+            continue
+        for node in ast.walk(tree):
+            key = None
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+                key = node.slice.value
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                first = node.args[0] if node.args else None
+                if node.func.attr == "get" and isinstance(first, ast.Constant):
+                    key = first.value
+            elif isinstance(node, ast.Dict):
+                keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+                key = "files" if {"files", "format_version"} <= keys else None
+            elif isinstance(node, ast.Constant) and node.value == b'"blobs"':
+                key = "files"  # "is it deduplicated" from the bytes: Manifest.deduplicated
+            if key in _MANIFEST_KEYS:
+                found.append(f"{path}:{node.lineno} {ast.unparse(node)[:80]}")
+    return sorted(found)
+
+
+def test_manifests_are_read_through_the_manifest_type():
+    assert manifest_problems(_trees()) == [], "use checkpointing.format.Manifest"
+
+
+def test_manifest_rule_finds_raw_reads():
+    # The check above must be able to fail: each way a manifest was read before issue 43.
+    code = (
+        "n = len(m['files'])\nv = m.get('format_version')\nd = {'format_version': 1, 'files': f}\n"
+        "dedup = b'\"blobs\"' in data\nok = entry['size']\n"
+    )
+    trees = {"ckptstore/ui/x.py": ast.parse(code), MANIFEST_OWNER: ast.parse(code)}
+    assert sorted(p.split(" ")[0] for p in manifest_problems(trees)) == [
+        f"ckptstore/ui/x.py:{line}" for line in (1, 2, 3, 4)
+    ]

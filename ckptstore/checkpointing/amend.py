@@ -95,8 +95,8 @@ def add_files(
     """
     fmt.check_storage_id(uuid)
     # Raises InvalidCheckpoint if not committed; ``raw`` is what the rewrite must find there.
-    manifest, raw = fmt.read_manifest_and_bytes(storage, uuid)
-    before = fmt.dump_json(manifest)
+    manifest, raw = fmt.load_manifest_and_bytes(storage, uuid)
+    before = raw
     prepared = PreparedFiles(local_dir)
     if prepared.has_reserved:
         raise errors.InvalidConfig(
@@ -107,7 +107,7 @@ def add_files(
         raise errors.InvalidConfig(
             f"{local_dir!r} holds no files to add to checkpoint {uuid}; pass a folder with files."
         )
-    clash = sorted(set(prepared.entries) & set(manifest["files"]) - set(replace))
+    clash = sorted(set(prepared.entries) & set(manifest.files) - set(replace))
     if clash:
         raise errors.CheckpointConflict(
             f"Checkpoint {uuid} already lists {clash[:5]}; files of a committed checkpoint are "
@@ -115,22 +115,22 @@ def add_files(
             f"to replace them. Received: {local_dir!r}"
         )
     _remove_unlisted(storage, uuid, manifest, prepared.entries)
-    if blobs.uses_blobs(manifest):
+    if manifest.deduplicated:
         chunk = blobs.DEFAULT_CHUNK_BYTES if dedup_chunk_bytes is None else dedup_chunk_bytes
         whole = fmt.kept_whole_in_place(storage, uuid)  # an export's saved_model/, locally
         entries = blobs.plan(local_dir, prepared.entries, chunk, cuts, whole)
-        with PendingMarker(storage, uuid, blobs.referenced({"files": entries})) as marker:
+        with PendingMarker(storage, uuid, blobs.chunk_shas(entries)) as marker:
             entries, _stats = upload_entries(storage, uuid, local_dir, entries, chunk, marker)
             new_manifest = _rewrite(storage, uuid, manifest, before, entries)
             marker.check_live()
             replace_manifest(storage, uuid, raw, new_manifest)
         remove_pending_marker(storage, uuid)
     else:
-        replaced = set(replace) & set(manifest["files"]) & set(prepared.entries)
+        replaced = set(replace) & set(manifest.files) & set(prepared.entries)
         if replaced:  # never list a file whose content is being overwritten
             manifest = _rewrite(storage, uuid, manifest, before, {}, drop=replaced)
             replace_manifest(storage, uuid, raw, manifest)
-            before, raw = fmt.dump_json(manifest), fmt.manifest_bytes(manifest)
+            before = raw = manifest.to_bytes()
         prepared.upload_to(storage, uuid)
         new_manifest = _rewrite(storage, uuid, manifest, before, prepared.entries)
         replace_manifest(storage, uuid, raw, new_manifest)
@@ -143,16 +143,16 @@ def add_files(
 def _rewrite(
     storage: Storage,
     uuid: str,
-    manifest: dict[str, Any],
+    manifest: fmt.Manifest,
     before: bytes,
     entries: dict[str, Any],
     drop: Collection[str] = (),
-) -> dict[str, Any]:
+) -> fmt.Manifest:
     """The manifest listing the old files (less ``drop``) and the new ones, after checking
     nobody rewrote it since."""
     try:
-        now = fmt.dump_json(fmt.read_manifest(storage, uuid))
-    except errors.InvalidCheckpoint:
+        now = storage.read_bytes(f"{uuid}/{fmt.MANIFEST_NAME}")
+    except errors.StorageNotFound:
         now = b""
     if now != before:
         raise errors.CheckpointConflict(
@@ -160,18 +160,18 @@ def _rewrite(
             "(another delete or add ran at the same time); it was left as the other writer "
             "made it. Run the command again."
         )
-    files = {rel: entry for rel, entry in manifest["files"].items() if rel not in drop}
+    files = {rel: entry for rel, entry in manifest.files.items() if rel not in drop}
     files.update(entries)
-    return dict(manifest, files=dict(sorted(files.items())))
+    return manifest.with_files(files)
 
 
 def _remove_unlisted(
-    storage: Storage, uuid: str, manifest: dict[str, Any], new: dict[str, Any]
+    storage: Storage, uuid: str, manifest: fmt.Manifest, new: dict[str, Any]
 ) -> None:
     """Delete files under the new entries' top-level names that the manifest does not list
     (left by an attempt cut short), so the folder holds exactly what the new manifest lists."""
     tops = {rel.split("/", 1)[0] for rel in new}
-    listed = set(manifest["files"]) | fmt.RESERVED_NAMES
+    listed = set(manifest.files) | fmt.RESERVED_NAMES
     stale = sorted(
         rel for rel in storage.list(uuid) if rel.split("/", 1)[0] in tops and rel not in listed
     )

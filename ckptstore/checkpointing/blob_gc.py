@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ckptstore import errors
 from ckptstore.checkpointing import condemned
 from ckptstore.checkpointing import format as fmt
-from ckptstore.checkpointing.blobs import BLOBS_DIR, blob_key, listed, referenced
+from ckptstore.checkpointing.blobs import BLOBS_DIR, blob_key, listed, marker_blobs
 from ckptstore.checkpointing.condemned import Condemnation, StorageClock
 
 if TYPE_CHECKING:
@@ -35,23 +35,21 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _committed_manifests(storage: Storage) -> Iterator[tuple[str, dict[str, Any]]]:
+def _committed_manifests(storage: Storage) -> Iterator[tuple[str, fmt.Manifest]]:
     """``(uuid, manifest)`` of every committed checkpoint in the prefix (an uncommitted or
     damaged one is skipped: ``checkpoint verify`` reports those)."""
     for name in storage.list_children(""):
         if not fmt.is_checkpoint_name(name):
             continue
         try:
-            yield name, fmt.read_manifest(storage, name)
+            yield name, fmt.load_manifest(storage, name)
         except errors.InvalidCheckpoint:
             continue
 
 
 def users(storage: Storage, sha256: str) -> list[str]:
     """The committed checkpoints in the prefix whose manifest names blob ``sha256``."""
-    return [
-        name for name, manifest in _committed_manifests(storage) if sha256 in referenced(manifest)
-    ]
+    return [name for name, manifest in _committed_manifests(storage) if sha256 in manifest.blobs()]
 
 
 def _references(storage: Storage) -> set[str] | None:
@@ -66,8 +64,7 @@ def _references(storage: Storage) -> set[str] | None:
         try:
             key = f"{name}/{fmt.PENDING_MARKER_NAME}"
             marker = fmt.load_json(storage.read_bytes(key), key, fmt.MAX_MANIFEST_BYTES)
-            if isinstance(marker, dict) and isinstance(marker.get("blobs"), list):
-                found |= referenced({"blobs": marker["blobs"]})
+            found |= marker_blobs(marker)
         except errors.StorageNotFound:
             pass
         except errors.InvalidCheckpoint:
@@ -79,7 +76,7 @@ def _references(storage: Storage) -> set[str] | None:
         if data == fmt.TOMBSTONE_MANIFEST:
             continue  # a deleted checkpoint's fence names nothing
         try:
-            found |= referenced(fmt.parse_manifest(data, name))
+            found |= fmt.Manifest.parse(data, name).blobs()
         except errors.InvalidCheckpoint as exc:
             logger.warning("Blob sweep skipped: %s/%s: %s", name, fmt.MANIFEST_NAME, exc)
             return None
@@ -194,7 +191,7 @@ def check(storage: Storage, sample: int | None = None, *, workers: int = 8) -> d
     whole store, so the default of ``ckptstore storage validate`` is a sample."""
     using: dict[str, list[str]] = {}
     for name, manifest in _committed_manifests(storage):
-        for sha in referenced(manifest):
+        for sha in manifest.blobs():
             using.setdefault(sha, []).append(name)
     stored = listed(storage) if using else set()
     present = sorted(set(using) & stored)

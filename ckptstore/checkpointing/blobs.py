@@ -67,6 +67,7 @@ from ckptstore.checkpointing.clock import elapsed_clock
 from ckptstore.storage_backends.object_store import pwrite_all, tmp_name
 
 if TYPE_CHECKING:
+    from ckptstore.checkpointing.format import Manifest
     from ckptstore.storage_backends.base import Storage
 
 logger = logging.getLogger(__name__)
@@ -280,20 +281,26 @@ def materialize(local_dir: str, relpaths: Iterable[str] | None = None) -> None:
         shutil.rmtree(os.path.join(local_dir, PARTS_DIR), ignore_errors=True)
 
 
-def referenced(manifest: Mapping[str, Any]) -> set[str]:
-    """The SHA-256 of every blob a manifest (or pending marker) names."""
-    if isinstance(manifest.get("blobs"), list):  # a pending marker
-        return {s for s in manifest["blobs"] if isinstance(s, str)}
-    found: set[str] = set()
-    for entry in manifest.get("files", {}).values():
-        for chunk in entry.get("blobs", ()) if isinstance(entry, dict) else ():
-            if isinstance(chunk, dict) and isinstance(chunk.get("sha256"), str):
-                found.add(chunk["sha256"])
-    return found
+# ---- a manifest entry's chunks (the rule every reader of a format-2 entry uses) -------------
+def is_chunked(entry: Mapping[str, Any]) -> bool:
+    """True when a manifest entry's file is stored as chunks (a list, maybe empty), not whole."""
+    return "blobs" in entry
 
 
-def uses_blobs(manifest: Mapping[str, Any]) -> bool:
-    return any("blobs" in e for e in manifest["files"].values())
+def chunks_of(entry: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    """The chunks (``{"sha256", "size"}``, in order) of a manifest entry; none if whole."""
+    return entry.get("blobs", ())
+
+
+def chunk_shas(entries: Mapping[str, Mapping[str, Any]]) -> set[str]:
+    """The SHA-256 of every chunk manifest entries name (a writer's planned entries too)."""
+    return {c["sha256"] for e in entries.values() for c in chunks_of(e)}
+
+
+def marker_blobs(marker: object) -> set[str]:
+    """The SHA-256 of every blob a pending marker's JSON names (nothing for a bad one)."""
+    named = marker.get("blobs") if isinstance(marker, dict) else None
+    return {s for s in named if isinstance(s, str)} if isinstance(named, list) else set()
 
 
 # ---- writing -----------------------------------------------------------------------------------
@@ -490,7 +497,7 @@ def _check_blob(storage: Storage, chunk: Mapping[str, Any], where: str, data: by
 def assemble(
     storage: Storage,
     uuid: str,
-    manifest: Mapping[str, Any],
+    manifest: Manifest,
     local_dir: str,
     select: Callable[[str], bool],
     *,
@@ -516,8 +523,8 @@ def assemble(
     #: a failed download leaves no file at its final name (a good copy there stays), as
     #: whole-file downloads do.
     parts: dict[str, str] = {}
-    for rel, entry in manifest["files"].items():
-        if "blobs" not in entry or not select(rel):
+    for rel, entry in manifest.files.items():
+        if not is_chunked(entry) or not select(rel):
             continue
         target = os.path.join(local_dir, *rel.split("/"))
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -526,7 +533,7 @@ def assemble(
             f.truncate(entry["size"])
         parts[part] = target
         offset = 0
-        for chunk in entry.get("blobs", ()):  # a file stored whole has none
+        for chunk in chunks_of(entry):
             todo.append((rel, part, chunk, offset))
             offset += chunk["size"]
         written[rel] = entry["size"]

@@ -321,8 +321,8 @@ def remove_stray_marker(
     stamp = commit.leftover_stamp(storage, uuid)
     if stamp is None or (now is not None and now - stamp < grace_seconds):
         return False
-    manifest = fmt.read_manifest(storage, uuid)
-    if fmt.PENDING_MARKER_NAME in manifest["files"]:
+    manifest = fmt.load_manifest(storage, uuid)
+    if fmt.PENDING_MARKER_NAME in manifest.files:
         return False
     storage.delete(key)
     logger.info("GC removed a stray pending marker from committed checkpoint %s", uuid)

@@ -90,21 +90,6 @@ class PreparedFiles:
         return storage.upload(self.local_dir, uuid, paths=paths)
 
 
-def manifest_for(uuid: str, entries: Mapping[str, Any], metadata_bytes: bytes) -> dict[str, Any]:
-    """A manifest of ``entries`` plus ``metadata.json`` (format 2 when an entry has blobs)."""
-    files = dict(entries)
-    files[fmt.METADATA_NAME] = {
-        "size": len(metadata_bytes),
-        "crc32c": fmt.crc32c_bytes(metadata_bytes),
-    }
-    dedup = any("blobs" in e for e in entries.values())
-    return {
-        "format_version": fmt.BLOBS_FORMAT_VERSION if dedup else fmt.FORMAT_VERSION,
-        "uuid": uuid,
-        "files": dict(sorted(files.items())),
-    }
-
-
 def _marker_bytes(blob_refs: Iterable[str] = ()) -> bytes:
     info: dict[str, Any] = {"host": os.uname().nodename, "pid": os.getpid()}
     refs = sorted(set(blob_refs))
@@ -208,7 +193,7 @@ def remove_pending_marker(storage: Storage, uuid: str) -> None:
         logger.warning("Could not remove the pending marker of %s: %s", uuid, exc)
 
 
-def write_manifest(storage: Storage, uuid: str, manifest: Mapping[str, Any]) -> None:
+def write_manifest(storage: Storage, uuid: str, manifest: fmt.Manifest | Mapping[str, Any]) -> None:
     """Write ``MANIFEST.json`` create-only: the commit point.
 
     A retried create whose first try did reach the server (only the answer was lost) finds
@@ -242,14 +227,14 @@ def record_pending(
 ) -> None:
     if index is None:
         return
-    record = fmt.record_from({"uuid": uuid, "files": {}}, metadata, storage_url)
+    record = fmt.record_from(fmt.Manifest(uuid, {}), metadata, storage_url)
     record.state = PENDING
     index.record_checkpoint(record)
 
 
 def record_committed(
     index: CheckpointIndex | None,
-    manifest: Mapping[str, Any],
+    manifest: fmt.Manifest,
     metadata: Mapping[str, Any],
     storage_url: str,
 ) -> CheckpointRecord:
@@ -313,7 +298,7 @@ def commit_dir(
         )
     blobs.materialize(local_dir)  # stored whole: every byte in its file
     meta_bytes = fmt.dump_json(metadata)
-    manifest = manifest_for(uuid, prepared.entries, meta_bytes)
+    manifest = fmt.Manifest.build(uuid, prepared.entries, meta_bytes)
     record_pending(index, uuid, metadata, url)
     renamed = False
     if owned and not prepared.has_reserved and storage.local_path(uuid) is not None:
@@ -343,17 +328,19 @@ def commit_dir(
     return record_committed(index, manifest, metadata, url)
 
 
-def _stored_size(manifest: dict[str, Any]) -> int:
-    return sum(int(e.get("size", 0)) for e in manifest["files"].values() if isinstance(e, dict))
+def _stored_size(manifest: fmt.Manifest) -> int:
+    return sum(manifest.sizes().values())
 
 
-def _log_committed(uuid: str, storage: Storage, manifest: dict, size: int, new: int) -> None:
+def _log_committed(
+    uuid: str, storage: Storage, manifest: fmt.Manifest, size: int, new: int
+) -> None:
     """The one INFO line every commit writes (the first-hour log a user reads)."""
     logger.info(
         "Checkpoint %s committed to %s: %d files, %s bytes, %s bytes new",
         uuid,
         storage.url,
-        len(manifest["files"]),
+        len(manifest.files),
         f"{size:,}",
         f"{new:,}",
     )
@@ -383,18 +370,18 @@ def _commit_dedup(
     record_pending(index, uuid, metadata, url)
     known = known_blobs.get() if known_blobs is not None else None
     checked_at = elapsed_clock()
-    with PendingMarker(storage, uuid, blobs.referenced({"files": entries})) as marker:
+    with PendingMarker(storage, uuid, blobs.chunk_shas(entries)) as marker:
         entries, stats = upload_entries(
             storage, uuid, prepared.local_dir, entries, chunk_bytes, marker, known, move=owned
         )
         # Empty folders ("dir/" entries) live only in the manifest: readers recreate them.
         storage.write_bytes(f"{uuid}/{fmt.METADATA_NAME}", meta_bytes)
-        manifest = manifest_for(uuid, entries, meta_bytes)
+        manifest = fmt.Manifest.build(uuid, entries, meta_bytes)
         marker.check_live()
         write_manifest(storage, uuid, manifest)
     remove_pending_marker(storage, uuid)
     if known_blobs is not None:
-        known_blobs.set(blobs.referenced(manifest), since=checked_at)
+        known_blobs.set(manifest.blobs(), since=checked_at)
     if owned:
         shutil.rmtree(prepared.local_dir, ignore_errors=True)
     _log_committed(uuid, storage, manifest, _stored_size(manifest), stats.uploaded)
@@ -555,15 +542,13 @@ def fence_committed(storage: Storage, uuid: str, attempts: int = 5) -> None:
     )
 
 
-def replace_manifest(
-    storage: Storage, uuid: str, before: bytes, manifest: Mapping[str, Any]
-) -> None:
+def replace_manifest(storage: Storage, uuid: str, before: bytes, manifest: fmt.Manifest) -> None:
     """Rewrite the manifest of committed checkpoint ``uuid`` only if it still holds the
     ``before`` bytes the caller read (a conditional write): a writer paused while GC deleted
     the checkpoint finds the tombstone there and raises CheckpointConflict, never recommits
     files that are gone. A retried write that already landed counts as done."""
     key = f"{uuid}/{fmt.MANIFEST_NAME}"
-    data = fmt.manifest_bytes(manifest)
+    data = manifest.to_bytes()
     try:
         if storage.replace_if_unchanged(key, before, data):
             return
@@ -608,17 +593,17 @@ def delete_files(
     """
     globs = [globs] if isinstance(globs, str) else list(globs)
     select = fmt.compile_selector(globs)
-    manifest, before = fmt.read_manifest_and_bytes(storage, uuid)
-    files = manifest["files"]
+    manifest, before = fmt.load_manifest_and_bytes(storage, uuid)
+    files = manifest.files
     doomed = [r for r in files if r != fmt.METADATA_NAME and select(r)]
     if not doomed:
         logger.info("delete(%s, globs=%s): nothing matched.", uuid, globs)
-        return PARTIALLY_DELETED if manifest.get("partially_deleted") else "COMMITTED"
+        return PARTIALLY_DELETED if manifest.partially_deleted else "COMMITTED"
     remaining = {r: e for r, e in files.items() if r not in doomed}
     if not set(remaining) - {fmt.METADATA_NAME}:
         delete_checkpoint(storage, uuid, index)
         return DELETED
-    new_manifest = dict(manifest, files=remaining, partially_deleted=True)
+    new_manifest = manifest.with_files(remaining, partially_deleted=True)
     if index is not None:
         # The row first: it then lists only files that stay (an index that cannot be written
         # stops the delete before anything changes in storage).

@@ -469,9 +469,9 @@ class CheckpointContext:
         )
 
     # ---- loading -----------------------------------------------------------------------------
-    def _manifest(self, storage_id: str) -> dict[str, Any]:
+    def _manifest(self, storage_id: str) -> fmt.Manifest:
         try:
-            return fmt.read_manifest(self.storage, storage_id)
+            return fmt.load_manifest(self.storage, storage_id)
         except errors.InvalidCheckpoint:
             if not self.storage.exists(storage_id):
                 raise errors.CheckpointNotFound(
@@ -539,7 +539,7 @@ class CheckpointContext:
             # the whole folder, its unselected files unchecked.
             signed_part = self.verify_key is not None and selector is not None
             in_place = local is not None and os.path.isdir(local) and not signed_part
-            if in_place and not blobs.uses_blobs(manifest):
+            if in_place and not manifest.deduplicated:
                 # The caller reads this folder itself: no link in it may lead out of it.
                 check_links_inside(local, local, self.storage.local_path("") or local)
                 self._verify_in_place(local, manifest, selector)
@@ -554,7 +554,7 @@ class CheckpointContext:
         finally:
             self._use(storage_id, -1)
 
-    def _verify_in_place(self, local: str, manifest: Mapping[str, Any], selector: Any) -> None:
+    def _verify_in_place(self, local: str, manifest: fmt.Manifest, selector: Any) -> None:
         """Check a local checkpoint folder read in place: sizes and crc32c (``verify``), and
         with a verify key its signature (the envelope first, then the files' SHA-256 from
         the same read as their crc32c)."""
@@ -563,12 +563,12 @@ class CheckpointContext:
                 fmt.verify_files(local, manifest, selector)
             return
         sig = os.path.join(local, signing.SIGNATURE_NAME)
-        if signing.SIGNATURE_NAME not in manifest["files"] or not os.path.isfile(sig):
+        if signing.SIGNATURE_NAME not in manifest.files or not os.path.isfile(sig):
             raise signing.unsigned_error(local)
-        expected = signing.Expected.read(sig, self.verify_key, subject=manifest.get("uuid"))
+        expected = signing.Expected.read(sig, self.verify_key, subject=manifest.uuid)
         digests: dict[str, str] = {}
         fmt.verify_files(local, manifest, selector, sha256=digests, check=self.verify)
-        digests.update(signing.unlisted_digests(local, manifest["files"]))
+        digests.update(signing.unlisted_digests(local, manifest.files))
         expected.compare(local, digests, partial=selector is not None)
 
     def _use(self, storage_id: str, delta: int) -> None:

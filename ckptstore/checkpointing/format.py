@@ -24,12 +24,19 @@ import platform
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.checkpointing.blobs import SHA_RE
+from ckptstore.checkpointing.blobs import SHA_RE, chunk_shas, is_chunked
 from ckptstore.checkpointing.checksums import crc32c_bytes, crc32c_file, file_sums
 from ckptstore.checkpointing.index import COMMITTED, PARTIALLY_DELETED, CheckpointRecord
+from ckptstore.checkpointing.jsonfiles import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from ckptstore.checkpointing.jsonfiles import load_json as load_json
+from ckptstore.checkpointing.jsonfiles import read_json_file as read_json_file
+from ckptstore.checkpointing.jsonfiles import refuse as _refuse
 from ckptstore.jsonsafe import to_json
 from ckptstore.storage_backends.paths import compile_selector as _compile_selector
 from ckptstore.storage_backends.paths import key_problem
@@ -175,13 +182,14 @@ def local_files(local_dir: str, *, skip_reserved: bool = True) -> dict[str, str]
 
 def build_manifest(local_dir: str, *, uuid: str | None = None) -> dict[str, Any]:
     """The manifest of every file under ``local_dir`` (``metadata.json`` included, the manifest
-    itself excluded): ``{"format_version", "uuid", "files": {relpath: {"size", "crc32c"}}}``."""
+    itself excluded), as its JSON object: ``{"format_version", "uuid", "files": {relpath:
+    {"size", "crc32c"}}}`` (:meth:`Manifest.build`)."""
     files: dict[str, dict[str, Any]] = {}
     for rel, path in local_files(local_dir, skip_reserved=False).items():
         if rel in (MANIFEST_NAME, PENDING_MARKER_NAME):
             continue
         files[rel] = _entry_for(rel, path)
-    return {"format_version": FORMAT_VERSION, "uuid": uuid, "files": files}
+    return Manifest.build(uuid, files).to_json()
 
 
 def _entry_for(rel: str, path: str) -> dict[str, Any]:
@@ -244,31 +252,17 @@ def dump_json(obj: Mapping[str, Any]) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
-def manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
-    """``MANIFEST.json`` bytes: indented like metadata, except a deduplicated (format 2)
-    manifest, which lists every chunk (hundreds for one model) and is uploaded again with every
-    checkpoint: compact, one line (a third smaller), so it does not outweigh the changed
-    tensors of a fine-tuning checkpoint."""
-    if manifest.get("format_version") == BLOBS_FORMAT_VERSION:
-        compact = json.dumps(manifest, sort_keys=True, separators=(",", ":"), allow_nan=False)
-        data = (compact + "\n").encode()
-    else:
-        data = dump_json(manifest)
-    # Never commit a manifest that readers would refuse as damaged.
-    if len(data) > MAX_MANIFEST_BYTES or len(manifest["files"]) > MAX_MANIFEST_FILES:
-        raise errors.InvalidConfig(
-            f"This checkpoint's manifest would list {len(manifest['files'])} files in "
-            f"{len(data)} bytes, over the limits of {MAX_MANIFEST_FILES} files and "
-            f"{MAX_MANIFEST_BYTES} bytes; nothing was committed. Save fewer, larger files "
-            "(or a larger dedup_chunk_bytes). Received: "
-            f"{len(manifest['files'])} files, {len(data)} bytes"
-        )
-    return data
+def manifest_bytes(manifest: Manifest | Mapping[str, Any]) -> bytes:
+    """``MANIFEST.json`` bytes of a :class:`Manifest`, or of a JSON object as it is (a
+    script's, even a damaged one): :meth:`Manifest.to_bytes`."""
+    if isinstance(manifest, Manifest):
+        return manifest.to_bytes()
+    return _manifest_json_bytes(manifest, manifest.get("format_version"), len(manifest["files"]))
 
 
 def verify_files(
     local_dir: str,
-    manifest: Mapping[str, Any],
+    manifest: Manifest | Mapping[str, Any],
     selector: Any = None,
     *,
     sha256: dict[str, str] | None = None,
@@ -283,7 +277,7 @@ def verify_files(
     """
     select = compile_selector(selector)
     checked: dict[str, int] = {}
-    for rel, entry in manifest["files"].items():
+    for rel, entry in Manifest.of(manifest).files.items():
         if not select(rel):
             continue
         path = os.path.join(local_dir, *rel.rstrip("/").split("/"))
@@ -336,90 +330,147 @@ def kept_whole_in_place(storage: Storage, uuid: str) -> Callable[[str], bool]:
 
 
 # ---- manifest and metadata on storage ----------------------------------------------------------
-_DAMAGED = "the checkpoint is damaged or was not written by ckptstore; do not load it"
+@dataclass(frozen=True)
+class Manifest:
+    """A ``MANIFEST.json`` as a value: every reader gets it from :meth:`parse` (which checks
+    it), every writer from :meth:`build`; :meth:`to_bytes` is its one serialisation (JSON
+    bytes unchanged for every format version).
 
-#: The deepest nesting a checkpoint's JSON files may have (ckptstore writes at most ~10
-#: levels; a callback's own state a few more). Deeper is refused before parsing: Python's
-#: parser would raise RecursionError (or, in a thread with a small stack, crash).
-MAX_JSON_DEPTH = 200
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+    ``files``: ``{relpath: entry}``, read-only, each entry in its stored JSON shape
+    (``{"size", "crc32c"}``, plus ``"blobs"`` for a file stored as chunks: read those with
+    :func:`.blobs.chunks_of`). ``version``: chosen by the writer when built (2 when some file is
+    stored as chunks, else 1); a parsed manifest keeps the one it was written with.
+    ``extra``: other top-level keys, kept as read so a rewrite carries them."""
+
+    uuid: str | None
+    files: Mapping[str, Mapping[str, Any]]
+    version: int = FORMAT_VERSION
+    partially_deleted: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.files, MappingProxyType):
+            object.__setattr__(self, "files", MappingProxyType(dict(sorted(self.files.items()))))
+
+    @classmethod
+    def build(
+        cls, uuid: str | None, entries: Mapping[str, Mapping[str, Any]], metadata: bytes = b""
+    ) -> Manifest:
+        """The one builder: a manifest of ``entries`` (plus ``metadata.json`` when its bytes
+        are given), format 2 when an entry names chunks, else format 1."""
+        files = {rel: dict(entry) for rel, entry in entries.items()}
+        if metadata:
+            files[METADATA_NAME] = {"size": len(metadata), "crc32c": crc32c_bytes(metadata)}
+        chunked = any(map(is_chunked, files.values()))
+        return cls(uuid, files, BLOBS_FORMAT_VERSION if chunked else FORMAT_VERSION)
+
+    def with_files(self, files: Mapping[str, Mapping[str, Any]], **changes: Any) -> Manifest:
+        """This manifest listing ``files`` instead (``changes``: other fields that change)."""
+        return replace(self, files=files, **changes)
+
+    @classmethod
+    def of(cls, manifest: Manifest | Mapping[str, Any]) -> Manifest:
+        """``manifest`` itself, or the manifest its JSON object (:meth:`to_json`) describes,
+        unchecked (the compatibility path of :func:`read_manifest`'s callers)."""
+        if isinstance(manifest, Manifest):
+            return manifest
+        rest = {k: v for k, v in manifest.items() if k not in _MANIFEST_KEYS}
+        version, deleted = manifest.get("format_version", 1), manifest.get("partially_deleted")
+        return cls(manifest.get("uuid"), manifest["files"], version, bool(deleted), rest)
+
+    @classmethod
+    def parse(cls, data: bytes, uuid: str) -> Manifest:
+        """Parse and validate manifest bytes: the one check every reader of a
+        ``MANIFEST.json`` goes through, so that what download, verify, restore, GC and the UI
+        act on is well formed. Raises :class:`~ckptstore.errors.InvalidCheckpoint` naming
+        what is wrong (an unsafe path: :class:`~ckptstore.errors.UnsafeManifestEntry`)."""
+        where = f"{uuid}/{MANIFEST_NAME}"
+        if data == TOMBSTONE_MANIFEST:
+            raise errors.CheckpointDeleted(
+                f"Checkpoint {uuid} was deleted ({where} holds the tombstone GC and deletes "
+                "leave); it is not a checkpoint. Use another checkpoint UUID."
+            )
+        manifest = load_json(data, where, MAX_MANIFEST_BYTES)
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            raise _refuse(where, "has no 'files' mapping")
+        version = manifest.get("format_version")
+        if not is_int(version) or not FORMAT_VERSION <= version <= BLOBS_FORMAT_VERSION:
+            raise errors.InvalidCheckpoint(
+                f"{where} has format_version={version!r}; this ckptstore reads versions "
+                f"{FORMAT_VERSION} to {BLOBS_FORMAT_VERSION}. Upgrade ckptstore to read a "
+                "newer one."
+            )
+        if manifest.get("uuid") not in (None, uuid):
+            raise errors.InvalidCheckpoint(
+                f"{where} names checkpoint {manifest.get('uuid')!r}, not {uuid!r}; the folder "
+                "was copied or renamed. Copy checkpoints with their folder name unchanged."
+            )
+        files = manifest["files"]
+        if len(files) > MAX_MANIFEST_FILES:
+            raise _refuse(
+                where, f"lists {len(files)} files, over the limit of {MAX_MANIFEST_FILES}"
+            )
+        for rel, entry in files.items():
+            check_entry(rel, where=where)
+            _check_file_entry(entry, rel, version, where)
+        _check_no_prefix_conflict(files, where)
+        return cls.of(manifest)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of ``MANIFEST.json`` (a new dict; its entries are this manifest's)."""
+        out = {"format_version": self.version, "uuid": self.uuid, "files": dict(self.files)}
+        if self.partially_deleted:
+            out["partially_deleted"] = True
+        out.update(self.extra)
+        return out
+
+    def to_bytes(self) -> bytes:
+        """``MANIFEST.json`` bytes: indented like metadata, except format 2, which lists every
+        chunk and is uploaded with every checkpoint: one compact line (a third smaller)."""
+        return _manifest_json_bytes(self.to_json(), self.version, len(self.files))
+
+    @cached_property
+    def deduplicated(self) -> bool:
+        """True when some file is stored as content-addressed chunks."""
+        return any(map(is_chunked, self.files.values()))
+
+    @staticmethod
+    def may_be_deduplicated(data: bytes) -> bool:
+        """A cheap look at bytes before parsing: False if they surely name no chunk."""
+        return b'"blobs"' in data
+
+    def sizes(self) -> dict[str, int]:
+        """``{relpath: size}`` of every listed file."""
+        return {rel: entry["size"] for rel, entry in self.files.items()}
+
+    def blobs(self) -> set[str]:
+        """The SHA-256 of every chunk the manifest names."""
+        return chunk_shas(self.files)
 
 
-def load_json(data: bytes | str, where: str, max_bytes: int) -> Any:
-    """Parse a JSON file a checkpoint holds, bounded: over ``max_bytes`` bytes or
-    :data:`MAX_JSON_DEPTH` levels, or not JSON, raises
-    :class:`~ckptstore.errors.InvalidCheckpoint` naming ``where`` (never RecursionError or
-    unbounded memory). The one reader of every such file."""
-    if len(data) > max_bytes:
-        raise _refuse(where, f"has {len(data)} bytes, over the {max_bytes}-byte limit")
-    try:
-        text = data.decode() if isinstance(data, bytes) else data
-    except UnicodeDecodeError as exc:
-        raise _refuse(where, f"is not UTF-8 ({str(exc)[:200]})") from None
-    depth = deepest = 0
-    for char in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):  # in C; then few chars
-        if char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > MAX_JSON_DEPTH:
-                raise _refuse(where, f"nests values over {MAX_JSON_DEPTH} levels deep")
-        elif char in "]}":
-            depth -= 1
-    try:
-        return json.loads(text)
-    # ValueError: also an int literal of over 4300 digits; RecursionError: deep nesting.
-    except (ValueError, RecursionError) as exc:
-        raise _refuse(where, f"is not valid JSON ({str(exc)[:200]})") from None
+def _manifest_json_bytes(obj: Mapping[str, Any], version: object, count: int) -> bytes:
+    if version == BLOBS_FORMAT_VERSION:
+        compact = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        data = (compact + "\n").encode()
+    else:
+        data = dump_json(obj)
+    # Never commit a manifest that readers would refuse as damaged.
+    if len(data) > MAX_MANIFEST_BYTES or count > MAX_MANIFEST_FILES:
+        raise errors.InvalidConfig(
+            f"This checkpoint's manifest would list {count} files in {len(data)} bytes, over "
+            f"the limits of {MAX_MANIFEST_FILES} files and {MAX_MANIFEST_BYTES} bytes; nothing "
+            "was committed. Save fewer, larger files (or a larger dedup_chunk_bytes). "
+            f"Received: {count} files, {len(data)} bytes"
+        )
+    return data
 
 
-def read_json_file(path: str, max_bytes: int = MAX_MANIFEST_BYTES) -> Any:
-    """A JSON file of a local checkpoint folder (``optimizers.json``, Determined's
-    ``load_data.json``, a model config, ...), read as :func:`load_json` reads stored ones: at
-    most ``max_bytes + 1`` bytes are read, and size, depth and syntax errors are
-    InvalidCheckpoint naming ``path``. OSError (a missing file) is the caller's."""
-    with open(path, "rb") as f:
-        data = f.read(max_bytes + 1)
-    return load_json(data, path, max_bytes)
-
-
-def _refuse(where: str, what: str) -> errors.InvalidCheckpoint:
-    return errors.InvalidCheckpoint(f"{where} {what}; {_DAMAGED}.")
+_MANIFEST_KEYS = frozenset({"format_version", "uuid", "files", "partially_deleted"})
 
 
 def parse_manifest(data: bytes, uuid: str) -> dict[str, Any]:
-    """Parse and validate manifest bytes: the one check every reader of a ``MANIFEST.json``
-    goes through, so that what download, verify, restore, GC and the UI act on is well formed.
-    Raises :class:`~ckptstore.errors.InvalidCheckpoint` naming what is wrong (an unsafe path:
-    :class:`~ckptstore.errors.UnsafeManifestEntry`, a subclass)."""
-    where = f"{uuid}/{MANIFEST_NAME}"
-    if data == TOMBSTONE_MANIFEST:
-        raise errors.CheckpointDeleted(
-            f"Checkpoint {uuid} was deleted ({where} holds the tombstone GC and deletes leave); "
-            "it is not a checkpoint. Use another checkpoint UUID."
-        )
-    manifest = load_json(data, where, MAX_MANIFEST_BYTES)
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-        raise _refuse(where, "has no 'files' mapping")
-    version = manifest.get("format_version")
-    if not is_int(version) or not FORMAT_VERSION <= version <= BLOBS_FORMAT_VERSION:
-        raise errors.InvalidCheckpoint(
-            f"{where} has format_version={version!r}; this ckptstore reads versions "
-            f"{FORMAT_VERSION} to {BLOBS_FORMAT_VERSION}. Upgrade ckptstore to read a newer one."
-        )
-    if manifest.get("uuid") not in (None, uuid):
-        raise errors.InvalidCheckpoint(
-            f"{where} names checkpoint {manifest.get('uuid')!r}, not {uuid!r}; the folder was "
-            "copied or renamed. Copy checkpoints with their folder name unchanged."
-        )
-    files = manifest["files"]
-    if len(files) > MAX_MANIFEST_FILES:
-        raise _refuse(where, f"lists {len(files)} files, over the limit of {MAX_MANIFEST_FILES}")
-    for rel, entry in files.items():
-        check_entry(rel, where=where)
-        _check_file_entry(entry, rel, version, where)
-    _check_no_prefix_conflict(files, where)
-    return manifest
+    """The JSON object of checked manifest bytes (:meth:`Manifest.parse`), for scripts."""
+    return Manifest.parse(data, uuid).to_json()
 
 
 def _is_size(value: object) -> bool:
@@ -490,12 +541,17 @@ def _check_no_prefix_conflict(files: Mapping[str, Any], where: str) -> None:
 
 
 def read_manifest(storage: Storage, uuid: str) -> dict[str, Any]:
+    """The JSON object of :func:`load_manifest`, for scripts."""
+    return load_manifest(storage, uuid).to_json()
+
+
+def load_manifest(storage: Storage, uuid: str) -> Manifest:
     """The validated manifest of checkpoint ``uuid``; InvalidCheckpoint if missing or bad."""
-    return read_manifest_and_bytes(storage, uuid)[0]
+    return load_manifest_and_bytes(storage, uuid)[0]
 
 
-def read_manifest_and_bytes(storage: Storage, uuid: str) -> tuple[dict[str, Any], bytes]:
-    """:func:`read_manifest` and the bytes it was parsed from (what a conditional rewrite of
+def load_manifest_and_bytes(storage: Storage, uuid: str) -> tuple[Manifest, bytes]:
+    """:func:`load_manifest` and the bytes it was parsed from (what a conditional rewrite of
     the manifest must find still there)."""
     check_storage_id(uuid)
     try:
@@ -505,7 +561,7 @@ def read_manifest_and_bytes(storage: Storage, uuid: str) -> tuple[dict[str, Any]
             f"{uuid}/{MANIFEST_NAME} does not exist in {storage.url}: checkpoint {uuid} was "
             "never committed (or is being written). Use a committed checkpoint UUID."
         ) from None
-    return parse_manifest(data, uuid), data
+    return Manifest.parse(data, uuid), data
 
 
 def read_metadata(storage: Storage, uuid: str) -> dict[str, Any]:
@@ -533,7 +589,7 @@ def read_metadata(storage: Storage, uuid: str) -> dict[str, Any]:
 def is_committed(storage: Storage, uuid: str) -> bool:
     """True if ``uuid`` has a valid manifest (a committed checkpoint)."""
     try:
-        read_manifest(storage, uuid)
+        load_manifest(storage, uuid)
     except errors.InvalidCheckpoint:
         return False
     return True
@@ -567,7 +623,7 @@ def _checkpoint_children(storage: Storage) -> list[str]:
 
 def _try_manifest(
     storage: Storage, uuid: str, skipped: dict[str, str] | None = None
-) -> dict[str, Any] | None:
+) -> Manifest | None:
     try:
         data = storage.read_bytes(f"{uuid}/{MANIFEST_NAME}")
     except errors.StorageNotFound:
@@ -576,7 +632,7 @@ def _try_manifest(
     if data == TOMBSTONE_MANIFEST:
         return None  # deleted: its commit slot is fenced
     try:
-        return parse_manifest(data, uuid)
+        return Manifest.parse(data, uuid)
     except errors.InvalidCheckpoint as exc:
         logger.warning("Ignoring %s in %s: not a checkpoint. %s", uuid, storage.url, exc)
         if skipped is not None:
@@ -604,21 +660,21 @@ def parse_created_at(value: Any) -> _dt.datetime | None:
 
 
 def record_from(
-    manifest: Mapping[str, Any], metadata: Mapping[str, Any], storage_url: str
+    manifest: Manifest, metadata: Mapping[str, Any], storage_url: str
 ) -> CheckpointRecord:
     """The :class:`CheckpointRecord` that a manifest and metadata describe. Used both when a
     checkpoint is committed and by :func:`scan_checkpoints`, so a reindex reproduces it."""
     metrics = metadata.get("metrics")
     return CheckpointRecord(
-        uuid=str(metadata.get("uuid") or manifest.get("uuid")),
+        uuid=str(metadata.get("uuid") or manifest.uuid),
         trial_id=metadata.get("trial_id"),
         experiment_id=metadata.get("experiment_id"),
         steps_completed=int(metadata.get("steps_completed") or 0),
         continue_id=metadata.get("continue_id"),
-        state=PARTIALLY_DELETED if manifest.get("partially_deleted") else COMMITTED,
+        state=PARTIALLY_DELETED if manifest.partially_deleted else COMMITTED,
         metadata=dict(metadata),
         metrics=dict(metrics) if isinstance(metrics, dict) else {},
-        resources={rel: entry["size"] for rel, entry in manifest["files"].items()},
+        resources=manifest.sizes(),
         storage_url=storage_url,
         created_at=parse_created_at(metadata.get("created_at")),
     )

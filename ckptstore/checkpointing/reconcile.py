@@ -249,7 +249,7 @@ def _record(storage: Storage, uuid: str, data: bytes, url: str) -> CheckpointRec
     """The record a committed checkpoint's manifest bytes and metadata describe, or None
     (logged) when either is damaged: a human should look at it, we do not guess."""
     try:
-        manifest = fmt.parse_manifest(data, uuid)
+        manifest = fmt.Manifest.parse(data, uuid)
         metadata = fmt.read_metadata(storage, uuid)
     except errors.InvalidCheckpoint as exc:
         logger.warning("PENDING checkpoint %s has a damaged commit; left PENDING: %s", uuid, exc)

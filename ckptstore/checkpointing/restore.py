@@ -9,7 +9,7 @@ Example::
 
     from ckptstore.checkpointing import format as fmt, restore
 
-    manifest = fmt.read_manifest(storage, uuid)
+    manifest = fmt.load_manifest(storage, uuid)
     report = restore.download_checkpoint(storage, uuid, manifest, "/tmp/ckpt")
     print(report.from_storage, report.from_cache)
 """
@@ -59,7 +59,7 @@ class DownloadReport:
 def download_checkpoint(
     storage: Storage,
     uuid: str,
-    manifest: Mapping[str, Any],
+    manifest: fmt.Manifest,
     out_dir: str,
     select: Callable[[str], bool] = lambda rel: True,
     *,
@@ -88,16 +88,16 @@ def download_checkpoint(
     whatever ``verify`` says."""
     restore = cache_mod.resolve(cache, storage)
     stats = cache_mod.LoadStats()
-    files = {rel: e for rel, e in manifest["files"].items() if select(rel)}
+    files = {rel: e for rel, e in manifest.files.items() if select(rel)}
     os.makedirs(out_dir, exist_ok=True)
     keys = _keys(restore, storage, uuid, files)
     linked = _link_cached(restore, keys, files, out_dir, stats, progress, sha256, signed)
-    whole = {rel for rel, e in files.items() if "blobs" not in e and rel not in linked}
+    whole = {rel for rel, e in files.items() if not blobs.is_chunked(e) and rel not in linked}
     if whole:
         storage.download(uuid, out_dir, selector=lambda rel: rel in whole, progress=progress)
     fetched = {rel for rel in whole if not rel.endswith("/")}
     stats.count(sum(files[rel]["size"] for rel in fetched), hit=False)
-    assembled = {rel for rel, e in files.items() if "blobs" in e and rel not in linked}
+    assembled = {rel for rel, e in files.items() if blobs.is_chunked(e) and rel not in linked}
     _assemble(restore, storage, uuid, manifest, out_dir, assembled, verify, stats, progress)
     if verify or sha256 is not None:
         fmt.verify_files(
@@ -110,7 +110,7 @@ def download_checkpoint(
     if restore is not None:
         for rel in fetched | assembled:
             restore.put_file(keys[rel], os.path.join(out_dir, *rel.split("/")))
-            stats.use(keys[rel], files[rel].get("blobs", ()))
+            stats.use(keys[rel], blobs.chunks_of(files[rel]))
         restore.record(stats)
     report = DownloadReport(
         {r: e["size"] for r, e in files.items() if not r.endswith("/")},
@@ -132,7 +132,7 @@ def download_checkpoint(
 def download_signed(
     storage: Storage,
     uuid: str,
-    manifest: Mapping[str, Any],
+    manifest: fmt.Manifest,
     out_dir: str,
     select: Callable[[str], bool],
     public_key: signing.KeyPath,
@@ -146,7 +146,7 @@ def download_signed(
     its crc32c, is compared with the signature (``partial``: ``select`` left signed files
     out). The one signed download: ``CheckpointContext.download`` and the CLI's.
     ``options``: :func:`download_checkpoint`'s."""
-    if signing.SIGNATURE_NAME not in manifest["files"]:
+    if signing.SIGNATURE_NAME not in manifest.files:
         raise signing.unsigned_error(f"{uuid} in {storage.url}")
     sig = os.path.join(out_dir, signing.SIGNATURE_NAME)
     download_checkpoint(
@@ -180,8 +180,8 @@ def _keys(
     if restore is None:
         return {}
     return {
-        rel: restore.content_key(e["blobs"])
-        if "blobs" in e
+        rel: restore.content_key(blobs.chunks_of(e))
+        if blobs.is_chunked(e)
         else restore.file_key(storage.url, uuid, rel, e)
         for rel, e in files.items()
         if not rel.endswith("/")
@@ -226,7 +226,7 @@ def _assemble(
     restore: cache_mod.RestoreCache | None,
     storage: Storage,
     uuid: str,
-    manifest: Mapping[str, Any],
+    manifest: fmt.Manifest,
     out_dir: str,
     wanted: set[str],
     verify: bool,
@@ -238,7 +238,9 @@ def _assemble(
     if not wanted:
         return
     places = (
-        restore.chunk_places(c["sha256"] for rel in wanted for c in manifest["files"][rel]["blobs"])
+        restore.chunk_places(
+            c["sha256"] for rel in wanted for c in blobs.chunks_of(manifest.files[rel])
+        )
         if restore is not None
         else {}
     )

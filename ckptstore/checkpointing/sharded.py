@@ -158,7 +158,7 @@ def commit_sharded(
         {
             "paths": list(prepared.entries) if prepared else [],
             "metadata": dict(user_metadata or {}),
-            "blobs": sorted(blobs.referenced({"files": planned})),
+            "blobs": sorted(blobs.chunk_shas(planned)),
             "sha256": prepared.sha256 if prepared else {},
         },
     )
@@ -186,7 +186,7 @@ def commit_sharded(
             marker = commit.MarkerSeen(f"{uuid}/{fmt.PENDING_MARKER_NAME}", before_marker)
         stored = _upload_rank(storage, dist, uuid, prepared, planned, dedup_chunk_bytes, marker)
         error = None
-        manifest: dict[str, Any] = {}
+        manifest = fmt.Manifest(uuid, {})
         if dist.rank == 0:
             try:
                 assert metadata is not None
@@ -270,10 +270,10 @@ def _write_commit(
     entries: Mapping[str, Any],
     metadata: Mapping[str, Any],
     marker: commit.PendingMarker | commit.MarkerSeen | None,
-) -> dict[str, Any]:
+) -> fmt.Manifest:
     """The chief's commit: ``metadata.json``, then (marker still live) the manifest."""
     meta_bytes = commit.fmt.dump_json(metadata)
-    manifest = commit.manifest_for(uuid, entries, meta_bytes)
+    manifest = fmt.Manifest.build(uuid, entries, meta_bytes)
     storage.write_bytes(f"{uuid}/{fmt.METADATA_NAME}", meta_bytes)
     if isinstance(marker, commit.PendingMarker):
         marker.check_live()

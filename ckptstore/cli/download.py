@@ -20,13 +20,14 @@ from ckptstore.cli.progress import transfer_progress
 from ckptstore.cli.state import CliState
 
 if TYPE_CHECKING:
+    from ckptstore.checkpointing.format import Manifest
     from ckptstore.checkpointing.restore import DownloadReport
     from ckptstore.storage_backends import Storage
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def read_committed_manifest(storage: Storage, uuid: str) -> dict[str, Any]:
+def read_committed_manifest(storage: Storage, uuid: str) -> Manifest:
     """The manifest of a committed checkpoint; CheckpointNotFound if nothing is stored."""
     from ckptstore.checkpointing import format as ckpt_format
 
@@ -35,7 +36,7 @@ def read_committed_manifest(storage: Storage, uuid: str) -> dict[str, Any]:
             f"Checkpoint {uuid} has no files in storage {storage.url}; it was deleted or lives "
             "in another storage (pass --storage)."
         )
-    return ckpt_format.read_manifest(storage, uuid)
+    return ckpt_format.load_manifest(storage, uuid)
 
 
 def download_checkpoint(
@@ -68,7 +69,7 @@ def download_checkpoint(
     # The manifest and metadata always come along, so the folder stays self-describing.
     wanted = {
         rel: entry
-        for rel, entry in manifest["files"].items()
+        for rel, entry in manifest.files.items()
         if select(rel) or rel in (ckpt_format.METADATA_NAME, signing.SIGNATURE_NAME)
     }
     total = sum(int(e["size"]) for e in wanted.values())
@@ -106,7 +107,7 @@ def download_checkpoint(
                 f"{exc} Checkpoints using this blob ({len(using)}): {', '.join(using)}."
             ) from None
     with open(os.path.join(out_dir, ckpt_format.MANIFEST_NAME), "wb") as f:
-        f.write(ckpt_format.manifest_bytes(manifest))
+        f.write(manifest.to_bytes())
     return report
 
 

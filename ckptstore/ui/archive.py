@@ -27,7 +27,7 @@ import shutil
 import tarfile
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from ckptstore.checkpointing import format as ckpt_format
@@ -77,14 +77,14 @@ class _QueueWriter(io.RawIOBase):
 
 
 def _write_tar(
-    storage: Storage, uuid: str, manifest: Mapping[str, Any], writer: _QueueWriter
+    storage: Storage, uuid: str, manifest: ckpt_format.Manifest, writer: _QueueWriter
 ) -> None:
     tmp = tempfile.mkdtemp(prefix="ckptstore-ui-archive-")
     try:
         expected = _expected_signature(storage, uuid, manifest, tmp)
         digests: dict[str, str] = {}  # SHA-256 from the read that checks each crc32c
         with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-            for rel in sorted(manifest["files"]):
+            for rel in sorted(manifest.files):
                 if rel.endswith("/"):
                     info = tarfile.TarInfo(f"{uuid}/{rel.rstrip('/')}")
                     info.type, info.mode = tarfile.DIRTYPE, 0o755
@@ -102,7 +102,7 @@ def _write_tar(
                 os.remove(path)
             if expected is not None:  # every signed file was in it
                 expected.compare(tmp, digests)
-            data = ckpt_format.manifest_bytes(manifest)
+            data = manifest.to_bytes()
             info = tarfile.TarInfo(f"{uuid}/{ckpt_format.MANIFEST_NAME}")
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
@@ -112,14 +112,14 @@ def _write_tar(
 
 
 def _expected_signature(
-    storage: Storage, uuid: str, manifest: Mapping[str, Any], tmp: str
+    storage: Storage, uuid: str, manifest: ckpt_format.Manifest, tmp: str
 ) -> signing.Expected | None:
     """With a verify key in the UI's environment, what the checkpoint's signature vouches for
     (each file is compared with it before it joins the archive); None without one."""
     key = signing.verify_key()
     if key is None:
         return None
-    if signing.SIGNATURE_NAME not in manifest["files"]:
+    if signing.SIGNATURE_NAME not in manifest.files:
         raise signing.unsigned_error(f"{uuid} in {storage.url}")
     sig = lambda rel: rel == signing.SIGNATURE_NAME  # noqa: E731
     restore.download_checkpoint(storage, uuid, manifest, tmp, sig)
@@ -128,7 +128,7 @@ def _expected_signature(
     return expected
 
 
-def checkpoint_tar(storage: Storage, uuid: str, manifest: Mapping[str, Any]) -> Iterator[bytes]:
+def checkpoint_tar(storage: Storage, uuid: str, manifest: ckpt_format.Manifest) -> Iterator[bytes]:
     """Chunks of the tar of checkpoint ``uuid`` (a producer thread fills a bounded queue)."""
     out: queue.Queue = queue.Queue(maxsize=8)
     cancelled = threading.Event()

@@ -12,8 +12,9 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any
+
+from ckptstore.checkpointing.blobs import chunks_of, is_chunked
+from ckptstore.checkpointing.format import Manifest
 
 
 @dataclasses.dataclass
@@ -27,26 +28,18 @@ class Sharing:
     deduplicated: bool
 
 
-def _chunks(manifest: Mapping[str, Any]) -> set[str]:
-    return {
-        chunk["sha256"]
-        for entry in manifest.get("files", {}).values()
-        for chunk in entry.get("blobs", ())
-    }
-
-
-def shared_with(manifest: Mapping[str, Any], previous: Mapping[str, Any]) -> Sharing:
+def shared_with(manifest: Manifest, previous: Manifest) -> Sharing:
     """The bytes of ``manifest``'s files whose content ``previous`` already held."""
-    before_chunks = _chunks(previous)
-    before_files = previous.get("files", {})
+    before_chunks = previous.blobs()
+    before_files = previous.files
     files: dict[str, int] = {}
     deduplicated = False
-    for rel, entry in manifest.get("files", {}).items():
+    for rel, entry in manifest.files.items():
         if rel.endswith("/"):
             continue
-        if "blobs" in entry:
+        if is_chunked(entry):
             deduplicated = True
-            files[rel] = sum(c["size"] for c in entry["blobs"] if c["sha256"] in before_chunks)
+            files[rel] = sum(c["size"] for c in chunks_of(entry) if c["sha256"] in before_chunks)
         else:
             old = before_files.get(rel)
             same = old is not None and (old["size"], old["crc32c"]) == (
@@ -54,5 +47,5 @@ def shared_with(manifest: Mapping[str, Any], previous: Mapping[str, Any]) -> Sha
                 entry["crc32c"],
             )
             files[rel] = entry["size"] if same else 0
-    total = sum(e["size"] for r, e in manifest.get("files", {}).items() if not r.endswith("/"))
+    total = sum(e["size"] for r, e in manifest.files.items() if not r.endswith("/"))
     return Sharing(files, sum(files.values()), total, deduplicated)

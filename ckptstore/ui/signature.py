@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
-from typing import Any
 
 from ckptstore import errors
 from ckptstore.checkpointing import signing
+from ckptstore.checkpointing.format import Manifest
 from ckptstore.storage_backends.base import Storage
 
 
-def signature_status(storage: Storage, uuid: str, manifest: Mapping[str, Any]) -> dict[str, str]:
+def signature_status(storage: Storage, uuid: str, manifest: Manifest) -> dict[str, str]:
     """``{"state": ..., "message": ...}`` for checkpoint ``uuid`` (see the module doc)."""
-    if signing.SIGNATURE_NAME not in (manifest.get("files") or {}):
+    if signing.SIGNATURE_NAME not in manifest.files:
         return {"state": "UNSIGNED", "message": f"no {signing.SIGNATURE_NAME} in the checkpoint"}
     try:
         key = signing.verify_key()

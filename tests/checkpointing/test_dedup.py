@@ -97,17 +97,17 @@ def test_gc_and_partial_delete_remove_only_unreferenced_blobs(tmp_path, frozen):
     ) as ctx:
         u1 = ctx.upload(make_tree(str(tmp_path / "a"), tree(1, frozen=frozen)))
         ctx.wait()
-        first = blobs.referenced(fmt.read_manifest(ctx.storage, u1))
+        first = fmt.load_manifest(ctx.storage, u1).blobs()
         u2 = ctx.upload(make_tree(str(tmp_path / "b"), tree(2, frozen=frozen)))
         ctx.wait()  # GC (LatestN(1)) deleted u1 and swept its own blobs
         assert fmt.list_committed(ctx.storage) == [u2]
-        used = blobs.referenced(fmt.read_manifest(ctx.storage, u2))
+        used = fmt.load_manifest(ctx.storage, u2).blobs()
         assert stored(ctx) == used
         assert first - used and not (first - used) & stored(ctx)
         # Partial delete: the manifest is rewritten first; the head's blobs go at the next GC.
         ctx.delete(u2, globs=["model/head.bin"])
         ctx.gc()
-        assert stored(ctx) == blobs.referenced(fmt.read_manifest(ctx.storage, u2))
+        assert stored(ctx) == fmt.load_manifest(ctx.storage, u2).blobs()
         with ctx.restore_path(u2) as path:
             assert sorted(read_tree(str(path))) == [
                 "config.json",
@@ -122,7 +122,7 @@ def test_blobs_named_by_an_in_flight_upload_are_kept(tmp_path):
     # test makes itself (on a loaded machine it ran first and took the blobs).
     with CheckpointContext(url, dedup=True, dedup_chunk_bytes=4096, gc_policy=None) as ctx:
         uuid = ctx.upload(make_tree(str(tmp_path / "a"), {"x.bin": b"a" * 9000}))
-        shas = blobs.referenced(fmt.read_manifest(ctx.storage, uuid))
+        shas = fmt.load_manifest(ctx.storage, uuid).blobs()
         # Another process is uploading a checkpoint that reuses them; its manifest is not
         # written yet, only its pending marker.
         in_flight = "0b7c6f5e-0000-4000-8000-000000000001"
@@ -166,7 +166,7 @@ def test_a_writer_never_waits_for_a_running_sweep_and_never_commits_a_blob_it_de
         str(tmp_path / "store"), dedup=True, dedup_chunk_bytes=4096, gc_policy=None
     ) as ctx:
         first = ctx.upload(make_tree(str(tmp_path / "a"), {"x.bin": content["x.bin"]}))
-        shas = blobs.referenced(fmt.read_manifest(ctx.storage, first))
+        shas = fmt.load_manifest(ctx.storage, first).blobs()
         ctx.delete(first)  # its blobs are unreferenced now
         decided, go_on = _pause_sweep_after_reading_references(monkeypatch)
         removed: list[str] = []
@@ -196,7 +196,7 @@ def test_a_sweep_killed_after_its_claim_blocks_no_writer(tmp_path):
         str(tmp_path / "store"), dedup=True, dedup_chunk_bytes=4096, gc_policy=None
     ) as ctx:
         first = ctx.upload(make_tree(str(tmp_path / "a"), content))
-        shas = blobs.referenced(fmt.read_manifest(ctx.storage, first))
+        shas = fmt.load_manifest(ctx.storage, first).blobs()
         ctx.delete(first)
         cond = condemned.condemn(ctx.storage, shas, delay=0, window=600)
         condemned.mark(ctx.storage, cond.name, "claim", "deadbeef")  # then SIGKILL: no done
@@ -237,7 +237,7 @@ def test_hostile_condemnations_neither_stall_a_save_nor_license_a_delete(tmp_pat
         str(tmp_path / "store"), dedup=True, dedup_chunk_bytes=4096, gc_policy=None
     ) as ctx:
         first = ctx.upload(make_tree(str(tmp_path / "a"), content))
-        shas = sorted(blobs.referenced(fmt.read_manifest(ctx.storage, first)))
+        shas = sorted(fmt.load_manifest(ctx.storage, first).blobs())
         body = body.replace(b'"blobs": []', b'"blobs": ' + json.dumps(shas).encode())
         for name in ("hostile.json", "hostile.json.claim-x"):
             ctx.storage.write_bytes(f"{condemned.CONDEMNED_DIR}/{name}", body)
@@ -548,7 +548,7 @@ def test_assemble_reads_chunks_in_parallel_and_names_a_damaged_or_missing_one(tm
     ) as ctx:
         files = tree(1, frozen=frozen)
         uuid = ctx.upload(make_tree(str(tmp_path / "a"), files))
-        manifest = fmt.read_manifest(ctx.storage, uuid)
+        manifest = fmt.load_manifest(ctx.storage, uuid)
         slow = SlowReads(ctx.storage)
         out = str(tmp_path / "out")
         written = blobs.assemble(slow, uuid, manifest, out, lambda rel: True, workers=4)  # type: ignore[arg-type]
@@ -556,7 +556,7 @@ def test_assemble_reads_chunks_in_parallel_and_names_a_damaged_or_missing_one(tm
         assert {k: v for k, v in read_tree(out).items() if k in files} == files
         fmt.verify_files(out, manifest, lambda rel: rel in files)
         assert 1 < slow.most <= 4  # in parallel, never more chunks in memory than threads
-        chunks = manifest["files"]["model/frozen.bin"]["blobs"]
+        chunks = blobs.chunks_of(manifest.files["model/frozen.bin"])
         # A corrupted chunk: the same typed error, naming the chunk and the file.
         key = blobs.blob_key(chunks[3]["sha256"])
         data = ctx.storage.read_bytes(key)
@@ -673,9 +673,7 @@ def test_a_file_written_as_its_chunks_commits_its_bytes_on_every_path(
             patch.setattr(
                 commit,
                 "_whole_where_threatened",
-                lambda entries, unsafe: real(
-                    entries, frozenset(blobs.referenced({"files": entries}))
-                ),
+                lambda entries, unsafe: real(entries, frozenset(blobs.chunk_shas(entries))),
             )
         with CheckpointContext(
             str(root / "s"), dedup=how != "whole", dedup_chunk_bytes=4096, gc_policy=None

@@ -17,7 +17,6 @@ from ckptstore.checkpointing import (
     DummyDistributed,
     ProcessGroup,
     blob_gc,
-    blobs,
     sharded,
 )
 from ckptstore.checkpointing import format as fmt
@@ -112,7 +111,7 @@ def test_sharded_upload_merges_files_and_metadata(mode, local_and_s3_url, tmp_pa
     assert not storage.exists(f"{uuid}/{fmt.PENDING_MARKER_NAME}")
     # One commit path: deduplicated by default on every storage, every rank's files are blobs
     # named by the one manifest, as a single writer's would be.
-    assert blobs.uses_blobs(manifest)
+    assert fmt.Manifest.of(manifest).deduplicated
     with CheckpointContext(local_and_s3_url, gc_policy=None) as ctx:
         with ctx.restore_path(uuid) as path:
             for r in range(3):
@@ -148,7 +147,7 @@ def test_sharded_deduplicated_saves_reuse_blobs_and_survive_a_sweep(storage_url_
     assert all(r["error"] is None for r in first + second), first + second
     storage = open_storage(url)
     u1, u2 = first[0]["uuid"], second[0]["uuid"]
-    named = [blobs.referenced(fmt.read_manifest(storage, u)) for u in (u1, u2)]
+    named = [fmt.load_manifest(storage, u).blobs() for u in (u1, u2)]
     assert named[0] and named[0] == named[1]  # same bytes: the second run stored no new blob
     assert blob_gc.sweep(storage) == []  # both manifests name them: nothing to collect
     with CheckpointContext(url, gc_policy=None) as ctx:
@@ -239,6 +238,6 @@ def test_the_chief_marker_names_every_rank_blobs_before_any_rank_uploads(
         t.join(120)
     assert isinstance(results[0], str) and results[0] == results[1], results
     manifest = fmt.read_manifest(open_storage(url), results[0])
-    every_blob = sorted(blobs.referenced(manifest))
+    every_blob = sorted(fmt.Manifest.of(manifest).blobs())
     assert len(every_blob) == 2
     assert seen == {0: every_blob, 1: every_blob}

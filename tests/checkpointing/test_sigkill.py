@@ -121,9 +121,7 @@ def test_sigkill_during_dedup_saves_and_blob_sweeps_never_leaves_a_missing_blob(
             for u in committed
         ), "no deduplicated checkpoint was committed; kill later"
         stored = stored_blobs(ctx)
-        used = set().union(
-            *(blobs.referenced(fmt.read_manifest(ctx.storage, u)) for u in committed)
-        )
+        used = set().union(*(fmt.load_manifest(ctx.storage, u).blobs() for u in committed))
         assert used <= stored
     # A final GC with no grace removes every leftover and every blob nothing references.
     with CheckpointContext(url, trial_id=1, gc_policy=KeepAll(), gc_grace_seconds=0) as ctx:
@@ -132,8 +130,6 @@ def test_sigkill_during_dedup_saves_and_blob_sweeps_never_leaves_a_missing_blob(
         children = set(ctx.storage.list_children("")) - {blobs.BLOBS_DIR}
         assert {c for c in children if not fmt.is_removed(ctx.storage, c)} == set(committed)
         stored = stored_blobs(ctx)
-        used = set().union(
-            *(blobs.referenced(fmt.read_manifest(ctx.storage, u)) for u in committed)
-        )
+        used = set().union(*(fmt.load_manifest(ctx.storage, u).blobs() for u in committed))
         assert stored == used
         check_committed_checkpoints(ctx, tmp_path / "final")

@@ -15,6 +15,7 @@ import pytest
 from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext, signing
 from ckptstore.checkpointing.checksums import crc32c_bytes
+from ckptstore.checkpointing.format import Manifest
 from ckptstore.core import init
 from tests.checkpointing._helpers import ec_key_pair, forge, same_crc32c
 from tests.cli.helpers import make_env
@@ -240,7 +241,7 @@ def test_the_ui_states_a_checkpoints_signature_from_its_manifest_and_model_sig(
     with CheckpointContext(where.storage) as ctx:
 
         def state(uuid: str) -> str:
-            manifest = json.loads(ctx.storage.read_bytes(f"{uuid}/MANIFEST.json"))
+            manifest = Manifest.parse(ctx.storage.read_bytes(f"{uuid}/MANIFEST.json"), uuid)
             return signature_status(ctx.storage, uuid, manifest)["state"]
 
         assert state(unsigned) == "UNSIGNED"

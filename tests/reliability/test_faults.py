@@ -156,7 +156,7 @@ def _assert_format(faulty: Faulty, uuid: str, dedup: bool) -> dict:
     metadata and manifest in its folder. Returns its manifest."""
     storage = faulty.direct()
     manifest = fmt.read_manifest(storage, uuid)
-    assert blobs.uses_blobs(manifest) is dedup
+    assert fmt.Manifest.of(manifest).deduplicated is dedup
     assert manifest["format_version"] == (2 if dedup else 1)
     names = set(storage.list(uuid))
     if dedup:
@@ -564,7 +564,7 @@ def test_dedup_blob_sweep_under_faults_never_removes_a_needed_chunk(faulty, tmp_
             u3, _ = _save(faulty, tmp_path, 42, ctx=ctx)
         for gone in (u1, u3):
             commit.delete_checkpoint(direct, gone)
-        needed = blobs.referenced(fmt.read_manifest(direct, u2))
+        needed = fmt.load_manifest(direct, u2).blobs()
         doomed = blobs.listed(direct) - needed
         assert len(needed) == 8 and len(doomed) == 3 + 8  # u1's own chunks and all of u3's
 
@@ -585,7 +585,7 @@ def test_dedup_blob_sweep_under_faults_never_removes_a_needed_chunk(faulty, tmp_
         with _ctx(storage, True, trial_id=1) as ctx:
             u4, f4 = _save(faulty, tmp_path, 43, ctx=ctx, weights_seed=99)
         commit.delete_checkpoint(direct, u2)
-        needed = blobs.referenced(fmt.read_manifest(direct, u4))
+        needed = fmt.load_manifest(direct, u4).blobs()
         doomed = sorted(blobs.listed(direct) - needed)
         assert len(doomed) == 3  # u2's optimizer.bin and config.json chunks
         faulty.proxy.reset_stats()

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ckptstore.checkpointing import CheckpointContext, blob_gc, blobs, condemned
+from ckptstore.checkpointing import CheckpointContext, blob_gc, condemned
 from ckptstore.checkpointing import format as fmt
 from tests._helpers.trees import make_tree, read_tree
 
@@ -28,7 +28,7 @@ def test_a_gc_hung_then_killed_mid_sweep_never_stalls_or_breaks_a_save(
     content = {"x.bin": random.Random(1).randbytes(40_000), "y.bin": b"y" * 7000}
     with CheckpointContext(url, dedup=True, dedup_chunk_bytes=4096, gc_policy=None) as ctx:
         first = ctx.upload(make_tree(str(tmp_path / "a"), {"x.bin": content["x.bin"]}))
-        doomed = blobs.referenced(fmt.read_manifest(ctx.storage, first))
+        doomed = fmt.load_manifest(ctx.storage, first).blobs()
         ctx.delete(first)  # x.bin's blobs are unreferenced: the GC condemns them
         gc = subprocess.Popen(
             [sys.executable, "-m", "tests.reliability.gc_worker", url, str(offset)],

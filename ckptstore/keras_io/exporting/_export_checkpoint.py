@@ -28,6 +28,7 @@ from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME, SAVED_MODEL_DIRN
 from ckptstore.keras_io.saving._tf_bundle import folder_cuts
 
 if TYPE_CHECKING:
+    from ckptstore.checkpointing.format import Manifest
     from ckptstore.registry import Registry
     from ckptstore.storage_backends import StorageSpec
 
@@ -94,15 +95,15 @@ def export_checkpoint(
     from ckptstore.checkpointing import format as fmt
 
     with _checkpoint_context(checkpoint_uuid, storage, registry) as ckpt:
-        manifest = fmt.read_manifest(ckpt.storage, checkpoint_uuid)
+        manifest = fmt.load_manifest(ckpt.storage, checkpoint_uuid)
         prefix = SAVED_MODEL_DIRNAME + "/"
-        if any(rel.startswith(prefix) for rel in manifest["files"]):
+        if any(rel.startswith(prefix) for rel in manifest.files):
             raise errors.CheckpointConflict(
                 f"Checkpoint {checkpoint_uuid} already has a {SAVED_MODEL_DIRNAME}/; nothing to "
                 "do. To export again, delete it first: ckptstore checkpoint delete "
                 f"{checkpoint_uuid} --glob '{SAVED_MODEL_DIRNAME}/*'"
             )
-        keras2, selector = _model_files(checkpoint_uuid, manifest["files"])
+        keras2, selector = _model_files(checkpoint_uuid, manifest.files)
         resign = _resign_key(checkpoint_uuid, manifest, signing_key)
         keys = tempfile.TemporaryDirectory(prefix="ckptstore-export-key-")
         if resign is not None:  # the restore checks the old signature with the signer's key
@@ -154,11 +155,11 @@ def export_checkpoint(
 
 
 def _resign_key(
-    uuid: str, manifest: Mapping[str, Any], signing_key: str | os.PathLike[str] | None
+    uuid: str, manifest: Manifest, signing_key: str | os.PathLike[str] | None
 ) -> str | None:
     """The key that signs the checkpoint again after the export (None: it is unsigned);
     InvalidConfig when it is signed and no key was given."""
-    if signing.SIGNATURE_NAME not in manifest["files"]:
+    if signing.SIGNATURE_NAME not in manifest.files:
         return None
     key = signing.key_from(signing_key, signing.SIGNING_KEY_ENV)
     if key is None:

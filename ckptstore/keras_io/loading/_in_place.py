@@ -43,7 +43,7 @@ def _blob_manifest(folder: str) -> bool:
         return False
     with open(path, "rb") as f:
         data = f.read(fmt.MAX_MANIFEST_BYTES + 1)
-    if b'"blobs"' not in data:  # cheap: a whole-file (format 1) manifest never names any
+    if not fmt.Manifest.may_be_deduplicated(data):  # cheap: before the name is checked
         return False
     name = os.path.basename(folder)
     if not fmt.is_checkpoint_name(name):
@@ -53,7 +53,7 @@ def _blob_manifest(folder: str) -> bool:
             f"(<store>/<uuid>) or run `ckptstore checkpoint download UUID -o DIR`. "
             f"Received: {folder!r}"
         )
-    return blobs.uses_blobs(fmt.parse_manifest(data, name))
+    return fmt.Manifest.parse(data, name).deduplicated
 
 
 def _subject(folder: str) -> str | None:

@@ -525,7 +525,7 @@ def _download_and_load(
     keras_file = None
     try:
         # model=: the caller's model takes any layout's weights (Keras 2's too): every file.
-        if model is None and any(map(_keras_archive, ckpt._manifest(uuid)["files"])):
+        if model is None and any(map(_keras_archive, ckpt._manifest(uuid).files)):
             with ckpt.restore_path(uuid, selector=_keras_archive) as folder:
                 keras_file = _find_keras_file(os.fspath(folder))
                 if keras_file is not None:

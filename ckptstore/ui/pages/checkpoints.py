@@ -39,13 +39,13 @@ def find(ui: UiContext, uuid: str) -> Checkpoint:
     return ui.registry.get_checkpoint(uuid)
 
 
-def _manifest(ui: UiContext, ckpt: Checkpoint) -> dict[str, Any]:
+def _manifest(ui: UiContext, ckpt: Checkpoint) -> ckpt_format.Manifest:
     if ckpt.state not in LIVE:
         raise errors.CheckpointNotFound(
             f"Checkpoint {ckpt.uuid} is {ckpt.state}; only committed checkpoints have files to "
             "show, verify or download."
         )
-    return ckpt_format.read_manifest(ui.storage_for(ckpt), ckpt.uuid)
+    return ckpt_format.load_manifest(ui.storage_for(ckpt), ckpt.uuid)
 
 
 def checkpoints_list(ui: UiContext, request: Request) -> Response:
@@ -84,7 +84,9 @@ def checkpoint_page(
     )
 
 
-def _lineage(ui: UiContext, ckpt: Checkpoint, manifest: dict[str, Any] | None) -> dict[str, Any]:
+def _lineage(
+    ui: UiContext, ckpt: Checkpoint, manifest: ckpt_format.Manifest | None
+) -> dict[str, Any]:
     """The checkpoint this run resumed from (metadata ``resumed_from``, linked only when it is
     a well-formed UUID), the trial's previous checkpoint and the bytes shared with it."""
     resumed_from = (ckpt.metadata or {}).get("resumed_from")
