@@ -27,6 +27,7 @@ The terminal summary says how long each child run took and how long its test wai
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -128,6 +129,17 @@ class ChildRun:
         if code is None:
             pytest.fail(f"the {self.name} child run took over {self.timeout:.0f} s\n{out[-6000:]}")
         return subprocess.CompletedProcess(self._proc.args, code, out, err)  # type: ignore[union-attr]
+
+    def passed(self, at_least: int) -> subprocess.CompletedProcess[str]:
+        """:meth:`result`, checked: exit 0, ``at_least`` tests passed, none skipped or xfailed."""
+        proc = self.result()
+        tail = proc.stdout[-8000:] + proc.stderr[-3000:]
+        assert proc.returncode == 0, tail
+        summary = proc.stdout.strip().splitlines()[-1]
+        passed = re.search(r"(\d+) passed", summary)
+        assert passed and int(passed.group(1)) >= at_least, tail
+        assert "skipped" not in summary and "xfail" not in summary, tail
+        return proc
 
     @staticmethod
     def _read(file: Any) -> str:
