@@ -4,7 +4,10 @@
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/storage_backends -k s3`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The servers (apt, npm) install beside the Python packages (pip): neither needs the other.
+bash scripts/install_test_servers.sh &
+servers=$!
 bash scripts/setup.sh --test
-bash scripts/install_test_servers.sh
+wait "$servers"
 export PYTHONUNBUFFERED=1
 exec .venv/bin/python -m pytest -ra --durations=20 "$@"

@@ -5,8 +5,9 @@ test folder can use ``s3_server``, ``gcs_server``, ``azure_server``, ``storage_u
 ``any_storage_url``, ``local_and_s3_url``, ``postgres_server`` and ``registry_url``. Defined here:
 ``where`` / ``where_local_and_s3`` (a test's storage + registry). Plugins loaded here: with
 ``CI=true`` a skip fails (``tests/_helpers/ci_skips.py``); every test is marked ``unit``,
-``servers`` or ``e2e`` (``tests/_helpers/markers.py``); the Keras 2 and JAX child pytest runs
-start as the session starts and run beside it (``tests/_helpers/child_runs.py``). Helpers shared by several folders are in
+``servers`` or ``e2e`` (``tests/_helpers/markers.py``); the Keras 2, JAX and heavy end-to-end
+(``tests/test_e2e_beside.py``) child pytest runs start as the session starts and run beside it
+(``tests/_helpers/child_runs.py``). Helpers shared by several folders are in
 ``tests/_helpers/``; ``tests/test_layers.py`` checks each fixture and shared helper is defined once.
 """
 
@@ -24,7 +25,7 @@ pytest_plugins = [
     "tests.servers.ray_cluster",  # ray_cluster: one two-node loopback cluster per session
     "tests._helpers.ci_skips",  # with CI=true a skip fails
     "tests._helpers.markers",  # unit / servers / e2e on every test
-    "tests._helpers.child_runs",  # the Keras 2 and JAX child runs start with the session
+    "tests._helpers.child_runs",  # the child runs (Keras 2, JAX, heavy e2e) start with the session
     "pytester",  # tests/test_conftest_rules.py runs small test files
 ]
 

@@ -4,7 +4,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 
 SKIPPING = """
 import pytest
@@ -166,3 +170,40 @@ def test_every_test_gets_unit_servers_or_e2e(pytester):
         "test_slow",
         "test_marked_e2e_with_a_server",
     }
+
+
+BESIDE = """
+import os, sys
+from tests._helpers.child_runs import ChildRun
+
+def _command():
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_heavy.py"]
+    return argv, os.getcwd(), dict(os.environ)
+
+RUN = ChildRun("beside", _command, timeout=300, takes_over=("test_heavy.py",))
+
+@RUN.test
+def test_beside():
+    proc = RUN.passed(at_least=2)
+    assert "2 passed" in proc.stdout.splitlines()[-1], proc.stdout
+    assert RUN.taken_over == 2
+"""
+
+
+def test_a_child_run_takes_its_modules_over_and_its_test_goes_last(pytester, monkeypatch):
+    # tests/test_e2e_beside.py's mechanism (tests/_helpers/child_runs.py), in a fresh process:
+    # the plugin's queue is per interpreter
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    pytester.makepyfile(
+        test_a_beside=BESIDE,
+        test_heavy="def test_one():\n    pass\n\ndef test_two():\n    pass\n",
+        test_light="def test_light():\n    pass\n",
+    )
+    args = ("-p", "tests._helpers.child_runs", "-p", "no:cacheprovider", "-v")
+    result = pytester.runpytest_subprocess(*args)
+    # the heavy module ran in the child only; the child run's test went after test_light
+    result.assert_outcomes(passed=2, deselected=2)
+    result.stdout.fnmatch_lines(["*test_light.py::test_light PASSED*", "*test_beside PASSED*"])
+    # without the child run's test, the session runs the module itself
+    result = pytester.runpytest_subprocess(*args, "--deselect", "test_a_beside.py::test_beside")
+    result.assert_outcomes(passed=3, deselected=1)

@@ -16,12 +16,18 @@ A test module declares its run with :class:`ChildRun` and decorates its test wit
     def test_keras_modules_pass_under_keras2():
         proc = KERAS2.result()
 
+A child run may also take tests over from the session (``takes_over``: node-id prefixes): when
+its test is selected, those tests are deselected here and run in the child instead, beside the
+session's own tests (tests/test_e2e_beside.py: heavy end-to-end modules that would otherwise
+leave the second core idle). Tests of child runs (and :func:`waits_beside` tests) go last, so the others never wait.
+
 The terminal summary says how long each child run took and how long its test waited for it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -48,8 +54,12 @@ class ChildRun:
         *,
         timeout: float,
         ready: Callable[[], bool] = lambda: True,
+        takes_over: tuple[str, ...] = (),
     ) -> None:
         self.name, self.command, self.timeout, self.ready = name, command, timeout, ready
+        self.takes_over = takes_over
+        #: How many of the session's selected tests this run took over (``takes_over``).
+        self.taken_over = 0
         self._command: tuple[list[str], str, dict[str, str]] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._files: tuple[Any, Any] | None = None
@@ -120,6 +130,17 @@ class ChildRun:
             pytest.fail(f"the {self.name} child run took over {self.timeout:.0f} s\n{out[-6000:]}")
         return subprocess.CompletedProcess(self._proc.args, code, out, err)  # type: ignore[union-attr]
 
+    def passed(self, at_least: int) -> subprocess.CompletedProcess[str]:
+        """:meth:`result`, checked: exit 0, ``at_least`` tests passed, none skipped or xfailed."""
+        proc = self.result()
+        tail = proc.stdout[-8000:] + proc.stderr[-3000:]
+        assert proc.returncode == 0, tail
+        summary = proc.stdout.strip().splitlines()[-1]
+        passed = re.search(r"(\d+) passed", summary)
+        assert passed and int(passed.group(1)) >= at_least, tail
+        assert "skipped" not in summary and "xfail" not in summary, tail
+        return proc
+
     @staticmethod
     def _read(file: Any) -> str:
         file.seek(0)
@@ -151,10 +172,44 @@ def _run_queue(runs: list[ChildRun]) -> None:
             run._started.set()
 
 
+def waits_beside(function: Callable[..., None]) -> Callable[..., None]:
+    """Marks a test that only checks work started beside the session (the documentation pages'
+    runs): like child runs' tests, it goes last, so it does not hold the session's tests up."""
+    function._waits_beside = True  # type: ignore[attr-defined]
+    return function
+
+
+def _waits(item: pytest.Item) -> bool:
+    function = getattr(item, "function", None)
+    return _run_of(item) is not None or getattr(function, "_waits_beside", False)
+
+
+def _run_of(item: pytest.Item) -> ChildRun | None:
+    run = getattr(getattr(item, "function", None), "_child_run", None)
+    return run if isinstance(run, ChildRun) else None
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m / --deselect: only a selected run takes tests over
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    runs = {run for run in map(_run_of, items) if run is not None and run.ready()}
+    taken: list[pytest.Item] = []
+    for run in runs:
+        if run.takes_over and not run.taken_over:
+            mine = [i for i in items if _run_of(i) is None and i.nodeid.startswith(run.takes_over)]
+            run.taken_over = len(mine)
+            taken += mine
+    if taken:
+        config.hook.pytest_deselected(items=taken)
+    gone = set(taken)
+    # the tests that wait for child runs go last, in their order: the others run meanwhile
+    kept = [i for i in items if i not in gone]
+    items[:] = [i for i in kept if not _waits(i)] + [i for i in kept if _waits(i)]
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
-        run = getattr(getattr(item, "function", None), "_child_run", None)
-        if isinstance(run, ChildRun) and run not in _QUEUE and run.ready():
+        run = _run_of(item)
+        if run is not None and run not in _QUEUE and run.ready():
             run.prepare()
             run.queued = True
             _QUEUE.append(run)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._helpers.child_runs import waits_beside
 from tests._helpers.jax_env import jax_missing, repo_pythonpath
 from tests.docs.examples import ROOT, Block, blocks_of, pages, unrunnable_bash
 from tests.servers.emulators import create_bucket
@@ -198,6 +199,7 @@ def page_runs(
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("page", _params())
+@waits_beside  # its page ran beside the other tests: checked last, when it is likely done
 def test_page_examples_run(page: Path, page_runs) -> None:
     if _on_jax(page) and jax_missing():
         pytest.skip(jax_missing())  # with CI=true the skip fails (tests/_helpers/ci_skips.py)
