@@ -246,6 +246,9 @@ def main(argv: list[str] | None = None) -> None:
     loads: list[float] = []
     with moto_s3("peers-") as (server, root):
         env = dict(os.environ)
+        # An installed package has its bytecode; a checkout run without it recompiles every
+        # ckptstore module at each start, which no user pays (seconds of the resume).
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         for round_ in range(args.rounds):
             for regime in args.regimes.split(","):
                 for method in methods:
