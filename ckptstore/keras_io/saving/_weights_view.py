@@ -39,6 +39,8 @@ _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
 #: Bytes per step when inflating a compressed entry.
 _COPY_STEP = 8 << 20
+#: Largest config.json / metadata.json :func:`model_folder` writes out of an archive.
+_SMALL_ENTRY = 64 << 20
 
 
 def _data_offset(fd: int, info: zipfile.ZipInfo) -> int:
@@ -144,6 +146,8 @@ def _unzip_small(keras_file: str, folder: str) -> str | None:
                 return None
             if not names <= {CONFIG_NAME, METADATA_NAME, WEIGHTS_NAME}:
                 return None
+            if any(archive.getinfo(n).file_size > _SMALL_ENTRY for n in names - {WEIGHTS_NAME}):
+                return None  # Keras's reader applies its own limits
             for name in names - {WEIGHTS_NAME}:
                 with open(os.path.join(folder, name), "wb") as f:
                     f.write(archive.read(name))
