@@ -326,6 +326,14 @@ def report(results: dict[tuple[str, str], list[dict[str, float]]], loads: list[f
                 f"  {method}: MiB dirtied per checkpoint {med(rs, 'dirtied') / MiB:.1f} "
                 f"(written minus deleted before writeback: {med(rs, 'written') / MiB:.1f})"
             )
+        for method, rs in rows.items():
+            load_key = "load_warm_cpu" if method == "ckptstore-s3" else "load_cpu"
+            print(
+                f"  {method}: CPU s to resume {med(rs, 'resume_cpu'):.2f} "
+                f"({med(rs, 'resume_cpu') / med(bar, 'resume_cpu') if bar else float('nan'):.2f}x "
+                f"BaR), to load {med(rs, load_key):.2f} "
+                f"({med(rs, load_key) / med(mc, 'load_cpu') if mc else float('nan'):.2f}x k.load)"
+            )
 
 
 if __name__ == "__main__":
