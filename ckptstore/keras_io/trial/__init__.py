@@ -32,6 +32,19 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+class _ControllerClass:
+    """Reads as :class:`~.controller.TrialController`, imported on first read (a subclass may
+    still assign its own)."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        return __getattr__("TrialController")
+
+
+# Determined's TFKerasTrial.trial_controller_class. Wired here, where both classes are public,
+# because the controller module imports trial.py (trial.py cannot name it without a cycle).
+TFKerasTrial.trial_controller_class = _ControllerClass()
+
+
 __all__ = [
     "ArrayLike",
     "InMemorySequence",

@@ -12,16 +12,6 @@ from ckptstore.keras_io.trial.context import TFKerasTrialContext
 logger = logging.getLogger(__name__)
 
 
-class _ControllerClass:
-    """Class attribute reading as :class:`~.controller.TrialController`, imported on first
-    read (a subclass may still assign its own)."""
-
-    def __get__(self, obj: Any, owner: Any = None) -> Any:
-        from ckptstore.keras_io.trial.controller import TrialController
-
-        return TrialController
-
-
 class TFKerasTrial(abc.ABC):
     """A Keras training job that ckptstore runs, checkpoints, resumes and searches over.
 
@@ -59,9 +49,10 @@ class TFKerasTrial(abc.ABC):
     """
 
     #: The class that runs this trial (Determined's ``trial_controller_class``): ckptstore's
-    #: ``TrialController``, as ``TrialController(trial_class, core_context, config).run()``,
-    #: imported when first read (the controller module imports this one).
-    trial_controller_class: Any = _ControllerClass()
+    #: ``TrialController``, as ``TrialController(trial_class, core_context, config).run()``. Set by
+    #: the package ``ckptstore.keras_io.trial`` (its ``__init__``), which any import of this
+    #: module runs first; the controller module is imported when it is first read.
+    trial_controller_class: Any = None
 
     def __init__(self, context: TFKerasTrialContext) -> None:
         self.context = context
