@@ -68,6 +68,7 @@ class _Ready(Exception):
 
 def _marker(times: dict[str, float]):  # type: ignore[no-untyped-def]
     import keras
+    import keras_stall
 
     class Marker(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):  # type: ignore[no-untyped-def]
@@ -75,6 +76,7 @@ def _marker(times: dict[str, float]):  # type: ignore[no-untyped-def]
 
         def on_train_batch_begin(self, batch, logs=None):  # type: ignore[no-untyped-def]
             times["ready"] = time.perf_counter()
+            times["ready_cpu"] = keras_stall.cpu_seconds()
             raise _Ready
 
     return Marker()
@@ -120,13 +122,15 @@ def worker(args) -> dict[str, float]:  # type: ignore[no-untyped-def]
     model = incremental.build(args.mb, args.regime == "a")
     out: dict[str, float] = {}
     if args.phase == "resume":
-        times = {"fit": time.perf_counter()}  # from nothing: core.init included
+        # from nothing: core.init included; CPU seconds too (steadier than wall on a busy machine)
+        times = {"fit": time.perf_counter(), "fit_cpu": keras_stall.cpu_seconds()}
         with _callback(args.method, args.work, resume=True) as cb:
             try:
                 model.fit(x, y, epochs=args.epochs + 1, verbose=0, callbacks=[cb, _marker(times)])
             except _Ready:
                 pass
         out["resume"] = times["ready"] - times["fit"]
+        out["resume_cpu"] = times["ready_cpu"] - times["fit_cpu"]
         # Keras 3's BackupAndRestore loads before fit() builds the optimizer: its state is
         # then skipped with a warning, so that resume reads the weights alone.
         out["optimizer_restored"] = float(int(model.optimizer.iterations.numpy()) > 0)
@@ -158,6 +162,7 @@ def worker(args) -> dict[str, float]:  # type: ignore[no-untyped-def]
 
 def _load(args, out: dict[str, float]) -> dict[str, float]:  # type: ignore[no-untyped-def]
     import keras
+    import keras_stall
 
     if args.method.startswith("ckptstore"):
         import ckptstore as det
@@ -174,13 +179,15 @@ def _load(args, out: dict[str, float]) -> dict[str, float]:  # type: ignore[no-u
         with open_storage(url) as store:
             uuid = fmt.sort_records(fmt.scan_checkpoints(store))[-1].uuid
         for key in ("load", "load_warm") if args.method == "ckptstore-s3" else ("load",):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), keras_stall.cpu_seconds()
             det.load_checkpoint_model(checkpoint_uuid=uuid, storage=url, registry=reg)
             out[key] = time.perf_counter() - t0
+            out[f"{key}_cpu"] = keras_stall.cpu_seconds() - c0
     elif args.method == "ModelCheckpoint":
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), keras_stall.cpu_seconds()
         keras.models.load_model(os.path.join(args.work, "mc", f"m{args.epochs}.keras"))
         out["load"] = time.perf_counter() - t0
+        out["load_cpu"] = keras_stall.cpu_seconds() - c0
     return out
 
 
@@ -246,6 +253,9 @@ def main(argv: list[str] | None = None) -> None:
     loads: list[float] = []
     with moto_s3("peers-") as (server, root):
         env = dict(os.environ)
+        # An installed package has its bytecode; a checkout run without it recompiles every
+        # ckptstore module at each start, which no user pays (seconds of the resume).
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         for round_ in range(args.rounds):
             for regime in args.regimes.split(","):
                 for method in methods:
@@ -315,6 +325,14 @@ def report(results: dict[tuple[str, str], list[dict[str, float]]], loads: list[f
             print(
                 f"  {method}: MiB dirtied per checkpoint {med(rs, 'dirtied') / MiB:.1f} "
                 f"(written minus deleted before writeback: {med(rs, 'written') / MiB:.1f})"
+            )
+        for method, rs in rows.items():
+            load_key = "load_warm_cpu" if method == "ckptstore-s3" else "load_cpu"
+            print(
+                f"  {method}: CPU s to resume {med(rs, 'resume_cpu'):.2f} "
+                f"({med(rs, 'resume_cpu') / med(bar, 'resume_cpu') if bar else float('nan'):.2f}x "
+                f"BaR), to load {med(rs, load_key):.2f} "
+                f"({med(rs, load_key) / med(mc, 'load_cpu') if mc else float('nan'):.2f}x k.load)"
             )
 
 

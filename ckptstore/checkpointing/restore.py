@@ -98,15 +98,23 @@ def download_checkpoint(
     fetched = {rel for rel in whole if not rel.endswith("/")}
     stats.count(sum(files[rel]["size"] for rel in fetched), hit=False)
     assembled = {rel for rel, e in files.items() if blobs.is_chunked(e) and rel not in linked}
-    _assemble(restore, storage, uuid, manifest, out_dir, assembled, verify, stats, progress)
+    # A local store's chunks are copied in the kernel unhashed: the whole-file crc32c below
+    # checks what they make up (a cache keeps chunks by SHA-256: checked one by one).
+    each_chunk = verify and (restore is not None or storage.local_path("") is None)
+    _assemble(restore, storage, uuid, manifest, out_dir, assembled, each_chunk, stats, progress)
     if verify or sha256 is not None:
-        fmt.verify_files(
-            out_dir,
-            manifest,
-            lambda rel: rel in whole or rel in assembled,
-            sha256=sha256,
-            check=verify,
-        )
+        try:
+            fmt.verify_files(
+                out_dir,
+                manifest,
+                lambda rel: rel in whole or rel in assembled,
+                sha256=sha256,
+                check=verify,
+            )
+        except errors.ChecksumMismatch:
+            if verify and not each_chunk:
+                _name_damaged_chunk(storage, uuid, manifest, assembled)
+            raise
     if restore is not None:
         for rel in fetched | assembled:
             restore.put_file(keys[rel], os.path.join(out_dir, *rel.split("/")))
@@ -168,6 +176,16 @@ def download_signed(
                 os.unlink(os.path.join(out_dir, *rel.split("/")))
         raise
     return report
+
+
+def _name_damaged_chunk(
+    storage: Storage, uuid: str, manifest: fmt.Manifest, rels: set[str]
+) -> None:
+    """Raise :class:`~ckptstore.errors.ChecksumMismatch` naming the first missing or damaged
+    chunk of the deduplicated files ``rels`` (each read and hashed; nothing if all are intact)."""
+    for rel in sorted(rels):
+        for chunk in blobs.chunks_of(manifest.files[rel]):
+            blobs.read_blob(storage, chunk, verify=True, where=f"{uuid}/{rel}")
 
 
 def _keys(

@@ -48,8 +48,16 @@ def test_public_names_after_import_ckptstore():
         " 'errors': det.errors.CkptstoreError.__name__ == 'CkptstoreError',\n"
         " 'get_cluster_info': det.get_cluster_info is det.get_trial_info,\n"
         "}\n"
+        "import sys, ckptstore.registry  # a SQLite registry\n"
+        "heavy = ('pydantic', 'ckptstore.experiment.config', 'sqlalchemy.dialects.postgresql')\n"
+        "names['heavy'] = [m for m in heavy if m in sys.modules]\n"
+        "from ckptstore.keras_io.trial.controller import TrialController\n"
+        "names['controller'] = det.keras.TFKerasTrial.trial_controller_class is TrialController\n"
         "print(json.dumps(names))"
     )
+    # A DeterminedCallback script's start (issue 41): TFKerasTrial's controller (the
+    # experiment config, pydantic) and the PostgreSQL dialect load only when used.
+    assert got.pop("heavy") == []
     assert all(got.values()), got
 
 

@@ -33,6 +33,7 @@ from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.loading._in_place import readable_folder
 from ckptstore.keras_io.loading._into_model import load_into_model
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving import _weights_view as weights_view
 from ckptstore.keras_io.saving._code_refs import (
     check_code_refs,
     import_allowed,
@@ -140,12 +141,14 @@ def _load_keras_file(
         _check_archive(keras_file)
     custom_objects = _check_code(keras_file, custom_objects, modules) or None
     try:
-        return keras.saving.load_model(
-            keras_file,
-            compile=compile,
-            custom_objects=dict(custom_objects) if custom_objects else None,
-            safe_mode=safe_mode,
-        )
+        # Its weights read by HDF5 in place, not out of the zip (issue 41).
+        with weights_view.model_folder(keras_file) as source:
+            return keras.saving.load_model(
+                source,
+                compile=compile,
+                custom_objects=dict(custom_objects) if custom_objects else None,
+                safe_mode=safe_mode,
+            )
     except (TypeError, ValueError) as exc:
         message = str(exc)
         if "safe_mode" in message and ("Lambda" in message or "lambda" in message):

@@ -7,8 +7,9 @@ Example::
     from ckptstore.keras import InMemorySequence, TFKerasTrial, TFKerasTrialContext
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ckptstore.keras_io.trial.context import TFKerasExperimentalContext, TFKerasTrialContext
-from ckptstore.keras_io.trial.controller import TrialController
 from ckptstore.keras_io.trial.sequences import (
     ArrayLike,
     InMemorySequence,
@@ -17,9 +18,32 @@ from ckptstore.keras_io.trial.sequences import (
 )
 from ckptstore.keras_io.trial.trial import TFKerasTrial
 
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptstore.keras_io.trial.controller import TrialController
+
+
+def __getattr__(name: str) -> Any:
+    # The controller imports the experiment config (pydantic): `import ckptstore.keras` for a
+    # DeterminedCallback resume must not pay for it (issue 41), so it loads on first use.
+    if name == "TrialController":
+        from ckptstore.keras_io.trial.controller import TrialController
+
+        return TrialController
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class _ControllerClass:
+    """Reads as :class:`~.controller.TrialController`, imported on first read (a subclass may
+    still assign its own)."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        return __getattr__("TrialController")
+
+
 # Determined's TFKerasTrial.trial_controller_class. Wired here, where both classes are public,
 # because the controller module imports trial.py (trial.py cannot name it without a cycle).
-TFKerasTrial.trial_controller_class = TrialController
+TFKerasTrial.trial_controller_class = _ControllerClass()
+
 
 __all__ = [
     "ArrayLike",

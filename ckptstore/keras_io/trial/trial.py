@@ -51,7 +51,7 @@ class TFKerasTrial(abc.ABC):
     #: The class that runs this trial (Determined's ``trial_controller_class``): ckptstore's
     #: ``TrialController``, as ``TrialController(trial_class, core_context, config).run()``. Set by
     #: the package ``ckptstore.keras_io.trial`` (its ``__init__``), which any import of this
-    #: module runs first.
+    #: module runs first; the controller module is imported when it is first read.
     trial_controller_class: Any = None
 
     def __init__(self, context: TFKerasTrialContext) -> None:
