@@ -25,6 +25,10 @@ installed (``pip install -e .[bench]``). Rounds interleave the methods; medians 
 with the machine's load average and the physical floors measured in the same run: writing the
 model's checkpoint bytes to a file, SHA-256 over them, and a memcpy.
 
+``--phases train`` times the writing side alone; ``--baseline DIR`` adds ``ckptstore@base``,
+the ``ckptstore`` method run from another checkout of the project (``git worktree add DIR
+<commit>``), so a change is measured against its base in the same run.
+
     .venv/bin/python benchmarks/peers.py --mb 104 --rounds 3
 """
 
@@ -205,7 +209,11 @@ def floors(state_bytes: int, work: str) -> dict[str, float]:
 
 
 def _run(method: str, regime: str, phase: str, work: str, args, env) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", method, "--regime", regime]
+    script = os.path.abspath(__file__)
+    if method.endswith("@base"):  # the same method, from the baseline checkout's own script
+        script = os.path.join(args.baseline, "benchmarks", "peers.py")
+        method = method.removesuffix("@base")
+    cmd = [sys.executable, script, "--worker", method, "--regime", regime]
     cmd += ["--phase", phase, "--work", work, "--mb", str(args.mb), "--epochs", str(args.epochs)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
@@ -222,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--regimes", default="a,b")
+    parser.add_argument("--phases", default="train,resume", help="train, resume or both")
+    parser.add_argument("--baseline", help="another checkout: adds ckptstore@base")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     parser.add_argument("--regime", help=argparse.SUPPRESS)
@@ -232,6 +242,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(worker(args)))
         return
     methods = args.methods.split(",")
+    if args.baseline:
+        methods.append("ckptstore@base")
     try:
         import orbax.checkpoint  # noqa: F401
 
@@ -250,12 +262,12 @@ def main(argv: list[str] | None = None) -> None:
             for regime in args.regimes.split(","):
                 for method in methods:
                     work = tempfile.mkdtemp(dir=root, prefix=f"{method}-{regime}-")
-                    bucket = f"peers-{regime}-{round_}-{method.lower()}"
+                    bucket = f"peers-{regime}-{round_}-{method.lower().replace('@', '-')}"
                     if method == "ckptstore-s3":
                         create_bucket(server, bucket)
                     env["PEERS_S3_URL"] = f"s3://{bucket}/ckpts"
                     row: dict[str, float] = {}
-                    for phase in ("train", "resume"):
+                    for phase in args.phases.split(","):
                         row.update(_run(method, regime, phase, work, args, env))
                     row.update(
                         {
