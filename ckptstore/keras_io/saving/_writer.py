@@ -28,7 +28,6 @@ import logging
 import os
 import queue
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -42,22 +41,6 @@ from ckptstore.keras_io.saving import _snapshot as snapshot_lib
 from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
 
 logger = logging.getLogger(__name__)
-
-#: Nice steps the writer's threads (and the threads they start: hashing, uploads) run below
-#: the training threads on Linux, where each thread has its own: checkpoint work takes the CPU
-#: training leaves idle instead of slowing its steps, and gets all of it once fit() waits.
-WRITER_NICE = 10
-
-
-def _lower_priority() -> None:
-    """Lower the calling thread's CPU priority by :data:`WRITER_NICE` (Linux only: elsewhere
-    the call would apply to the whole process)."""
-    if not sys.platform.startswith("linux"):
-        return
-    tid = threading.get_native_id()
-    with contextlib.suppress(OSError):
-        now = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + WRITER_NICE))
 
 
 @dataclasses.dataclass
@@ -166,7 +149,6 @@ class CheckpointWriter:
 
     # ---- writer-thread side -------------------------------------------------------------------
     def _run(self) -> None:
-        _lower_priority()
         while True:
             job = self._queue.get()
             if job is None:
@@ -244,7 +226,6 @@ class CheckpointWriter:
 
     # ---- commit-thread side -------------------------------------------------------------------
     def _run_commits(self) -> None:
-        _lower_priority()
         while True:
             staged = self._commits.get()
             if staged is None:
