@@ -25,6 +25,10 @@ installed (``pip install -e .[bench]``). Rounds interleave the methods; medians 
 with the machine's load average and the physical floors measured in the same run: writing the
 model's checkpoint bytes to a file, SHA-256 over them, and a memcpy.
 
+``--phases train`` times the writing side alone; ``--baseline DIR`` adds ``ckptstore@base``,
+the ``ckptstore`` method run from another checkout of the project (``git worktree add DIR
+<commit>``), so a change is measured against its base in the same run.
+
     .venv/bin/python benchmarks/peers.py --mb 104 --rounds 3
 """
 
@@ -143,6 +147,9 @@ def worker(args) -> dict[str, float]:  # type: ignore[no-untyped-def]
     final: list[float] = []
     w0, t0, c0 = _io_written(), time.perf_counter(), keras_stall.cpu_seconds()
     with _callback(args.method, args.work, resume=False) as cb:
+        # once per run, not per checkpoint (core.init, the callback): counted in cost, shown apart
+        out["init"] = (time.perf_counter() - t0) / args.epochs
+        out["init_cpu"] = (keras_stall.cpu_seconds() - c0) / args.epochs
         keras_stall.timed_callback(cb, blocked, final)
         model.fit(x, y, epochs=args.epochs, verbose=0, callbacks=[cb])
     n = args.epochs
@@ -212,7 +219,11 @@ def floors(state_bytes: int, work: str) -> dict[str, float]:
 
 
 def _run(method: str, regime: str, phase: str, work: str, args, env) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", method, "--regime", regime]
+    script = os.path.abspath(__file__)
+    if method.endswith("@base"):  # the same method, from the baseline checkout's own script
+        script = os.path.join(args.baseline, "benchmarks", "peers.py")
+        method = method.removesuffix("@base")
+    cmd = [sys.executable, script, "--worker", method, "--regime", regime]
     cmd += ["--phase", phase, "--work", work, "--mb", str(args.mb), "--epochs", str(args.epochs)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
@@ -229,6 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--regimes", default="a,b")
+    parser.add_argument("--phases", default="train,resume", help="train, resume or both")
+    parser.add_argument("--baseline", help="another checkout: adds ckptstore@base")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     parser.add_argument("--regime", help=argparse.SUPPRESS)
@@ -239,6 +252,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(worker(args)))
         return
     methods = args.methods.split(",")
+    if args.baseline:
+        methods.append("ckptstore@base")
     try:
         import orbax.checkpoint  # noqa: F401
 
@@ -260,12 +275,12 @@ def main(argv: list[str] | None = None) -> None:
             for regime in args.regimes.split(","):
                 for method in methods:
                     work = tempfile.mkdtemp(dir=root, prefix=f"{method}-{regime}-")
-                    bucket = f"peers-{regime}-{round_}-{method.lower()}"
+                    bucket = f"peers-{regime}-{round_}-{method.lower().replace('@', '-')}"
                     if method == "ckptstore-s3":
                         create_bucket(server, bucket)
                     env["PEERS_S3_URL"] = f"s3://{bucket}/ckpts"
                     row: dict[str, float] = {}
-                    for phase in ("train", "resume"):
+                    for phase in args.phases.split(","):
                         row.update(_run(method, regime, phase, work, args, env))
                     row.update(
                         {
@@ -296,6 +311,19 @@ def report(results: dict[tuple[str, str], list[dict[str, float]]], loads: list[f
         bar = rows.get("BackupAndRestore", [])
         mc = rows.get("ModelCheckpoint", [])
         print(f"\n## ({regime}) {'frozen backbone' if regime == 'a' else 'full training'}")
+        print(
+            "per checkpoint; 'init' is the run's one-time setup (core.init, the callback) "
+            "spread over its checkpoints, included in 'cost' and 'CPU'"
+        )
+        for method, rs in rows.items():
+            if any("init" in r for r in rs):
+                minus = med([dict(r, c=r["cost"] - r["init"]) for r in rs if "init" in r], "c")
+                print(
+                    f"  {method}: init {med(rs, 'init'):.3f} s ({med(rs, 'init_cpu'):.2f} CPU s);"
+                    f" cost less init {minus:.3f} s = {minus / med(bar, 'cost'):.2f}x BaR"
+                    if bar
+                    else ""
+                )
         print(
             f"{'method':18s} {'blocked s':>9s} {'cost s':>7s} {'x BaR':>6s} {'CPU s':>6s} "
             f"{'x BaR':>6s} {'MiB wr':>7s} {'MiB st':>7s} {'wr/st':>6s} {'resume':>7s} "

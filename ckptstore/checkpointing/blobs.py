@@ -90,7 +90,7 @@ ALONE_BYTES = 4 * 1024
 MERGE_BYTES = 64 * 1024
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 #: The folder of a staging folder holding the part files of :class:`SplitFile` writes
-#: (``PARTS_DIR/<relpath>/<offset:016x>-<length:x>``); never part of a checkpoint.
+#: (``PARTS_DIR/<relpath>/<offset:016x>-<length:x>[-<sha256>]``); never part of a checkpoint.
 PARTS_DIR = ".ckptstore-parts"
 
 
@@ -178,13 +178,25 @@ def _hash_all(items: Sequence[tuple[int, int, int, str]]) -> list[dict[str, Any]
 
 def chunk_parts(parts: Sequence[tuple[int, int, str]]) -> list[dict[str, Any]]:
     """``[{"sha256", "size"}, ...]`` of the part files ``(offset, length, path)`` of a
-    :class:`SplitFile` (each part is one chunk)."""
-    fds = [os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) for _, _, path in parts]
+    :class:`SplitFile` (each part is one chunk). A part whose name carries its SHA-256 (hashed
+    by the writer as it wrote it, or a link to that blob) is not read again."""
+    named = {p: _named_sha(p) for _, _, p in parts}
+    todo = [(n, p) for _, n, p in parts if named[p] is None]
+    fds = [os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) for _, path in todo]
     try:
-        return _hash_all([(fd, 0, n, p) for fd, (_, n, p) in zip(fds, parts, strict=True)])
+        hashed = iter(_hash_all([(fd, 0, n, p) for fd, (n, p) in zip(fds, todo, strict=True)]))
     finally:
         for fd in fds:
             os.close(fd)
+    return [
+        {"sha256": named[p], "size": n} if named[p] is not None else next(hashed)
+        for _, n, p in parts
+    ]
+
+
+def _named_sha(part: str) -> str | None:
+    sha = os.path.basename(part).split("-")[2:]
+    return sha[0] if sha and SHA_RE.match(sha[0]) else None
 
 
 class SplitFile:
@@ -194,6 +206,11 @@ class SplitFile:
     :meth:`pwrite` takes writes at any offset (a write across chunks is split);
     :meth:`close` leaves the file itself as a placeholder of its size with no bytes.
 
+    A chunk written in file order is hashed (SHA-256) as it is written, while its bytes are
+    in the CPU cache, and its part named with the digest (the commit does not read it again).
+    :meth:`link_blob` takes a chunk the writer knows is unchanged from the stored blob of
+    ``blob_dir`` (a hard link: no byte written, none hashed).
+
     Example::
 
         out = SplitFile(staging, "model.keras", size, cut_ranges(size, cuts, chunk_bytes))
@@ -202,29 +219,85 @@ class SplitFile:
     """
 
     def __init__(
-        self, local_dir: str, relpath: str, size: int, ranges: Sequence[tuple[int, int]]
+        self,
+        local_dir: str,
+        relpath: str,
+        size: int,
+        ranges: Sequence[tuple[int, int]],
+        blob_dir: str | None = None,
     ) -> None:
         self.path = os.path.join(local_dir, *relpath.split("/"))
         self.size = size
+        self.blob_dir = blob_dir
         self._folder = os.path.join(local_dir, PARTS_DIR, *relpath.split("/"))
         os.makedirs(self._folder)
         self._ranges = list(ranges)
         self._starts = [offset for offset, _ in self._ranges]
         self._open = (-1, -1)  # (range index, fd): writes come mostly in file order
+        #: range index -> (SHA-256 so far, bytes hashed), while its writes come in order.
+        self._hashing: dict[int, tuple[Any, int] | None] = {}
+        #: range index -> SHA-256 of the chunks complete (hashed or linked).
+        self.digests: dict[int, str] = {}
+
+    def covering(self, start: int, end: int) -> list[int] | None:
+        """The indices of the chunks that exactly tile ``[start, end)``, or None."""
+        i = bisect.bisect_left(self._starts, start)
+        found: list[int] = []
+        while i < len(self._ranges) and self._starts[i] == start and start < end:
+            found.append(i)
+            start += self._ranges[i][1]
+            i += 1
+        return found if found and start == end else None
+
+    def range(self, index: int) -> tuple[int, int]:
+        """``(offset, length)`` of chunk ``index``."""
+        return self._ranges[index]
+
+    def _name(self, index: int, sha: str | None = None) -> str:
+        offset, length = self._ranges[index]
+        tail = f"-{sha}" if sha else ""
+        return os.path.join(self._folder, f"{offset:016x}-{length:x}{tail}")
 
     def _fd(self, index: int) -> int:
         if self._open[0] != index:
             self._close_open()
-            offset, length = self._ranges[index]
-            name = os.path.join(self._folder, f"{offset:016x}-{length:x}")
             flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-            self._open = (index, os.open(name, flags, 0o666))
+            self._open = (index, os.open(self._name(index), flags, 0o666))
         return self._open[1]
 
     def _close_open(self) -> None:
         if self._open[1] >= 0:
             os.close(self._open[1])
         self._open = (-1, -1)
+
+    def _hash(self, index: int, view: memoryview, at: int) -> None:
+        state = self._hashing.get(index, (hashlib.sha256(), 0) if at == 0 else None)
+        if state is None or state[1] != at:  # out of order: the commit hashes the part
+            self._hashing[index] = None
+            return
+        state[0].update(view)
+        done = at + len(view)
+        self._hashing[index] = (state[0], done)
+        if done == self._ranges[index][1]:
+            sha = state[0].hexdigest()
+            if self._open[0] == index:
+                self._close_open()
+            os.rename(self._name(index), self._name(index, sha))
+            self.digests[index] = sha
+
+    def link_blob(self, index: int, sha: str) -> bool:
+        """Take chunk ``index`` from the stored blob ``sha`` (a hard link into the parts, so
+        the bytes stay ours even if GC deletes the blob before the commit names it). False:
+        nothing was done (no blob there, links impossible); write the chunk instead."""
+        if self.blob_dir is None or index in self._hashing:
+            return False
+        try:
+            os.link(os.path.join(self.blob_dir, sha[:2], sha), self._name(index, sha))
+        except OSError:
+            return False
+        self._hashing[index] = None
+        self.digests[index] = sha
+        return True
 
     def pwrite(self, data: Any, offset: int) -> None:
         view = memoryview(data).cast("B")
@@ -234,7 +307,10 @@ class SplitFile:
             take = min(len(view), start + length - offset)
             if index < 0 or take <= 0:
                 raise ValueError(f"write at {offset} outside the {self.size}-byte file")
+            if index in self.digests:
+                raise ValueError(f"write at {offset} into a chunk already complete")
             pwrite_all(self._fd(index), view[:take], offset - start)
+            self._hash(index, view[:take], offset - start)
             view = view[take:]
             offset += take
 
@@ -256,7 +332,7 @@ def split_files(local_dir: str) -> dict[str, list[tuple[int, int, str]]]:
     for root, _dirs, names in os.walk(top):
         rel = os.path.relpath(root, top).replace(os.sep, "/")
         for name in names:
-            offset, _, length = name.partition("-")
+            offset, length = name.split("-")[:2]  # a third field: the part's SHA-256
             found.setdefault(rel, []).append(
                 (int(offset, 16), int(length, 16), os.path.join(root, name))
             )

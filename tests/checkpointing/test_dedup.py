@@ -700,3 +700,35 @@ def test_a_file_written_as_its_chunks_commits_its_bytes_on_every_path(
             ctx.download(uuid, str(root / "out"))
             assert (root / "out" / rel).read_bytes() == data
             assert not [n for n in os.listdir(root / "s") if n.startswith(fmt.STAGING_PREFIX)]
+            if how == "linked":
+                _commit_again_from_stored_blobs(ctx, rel, data, entry["blobs"], root)
+
+
+def _commit_again_from_stored_blobs(ctx, rel, data, chunks, root):  # type: ignore[no-untyped-def]
+    """A second checkpoint of the same bytes whose writer takes every other chunk from its
+    stored blob (SplitFile.link_blob: what the Keras writer does for a frozen tensor) and
+    writes the rest: nothing is rewritten, and the file reads back the same."""
+    ranges, offset = [], 0
+    for chunk in chunks:
+        ranges.append((offset, chunk["size"]))
+        offset += chunk["size"]
+    with ctx.store_path({"steps_completed": 2}, checksums={rel: fmt.crc32c_bytes(data)}) as (
+        path,
+        uuid,
+    ):
+        blob_dir = ctx.storage.local_path(blobs.BLOBS_DIR)
+        out = blobs.SplitFile(str(path), rel, len(data), ranges, blob_dir=blob_dir)
+        for i, ((start, length), chunk) in enumerate(zip(ranges, chunks, strict=True)):
+            if i % 2 == 0:
+                assert out.link_blob(i, chunk["sha256"])
+                assert not out.link_blob(i, chunk["sha256"])  # taken already
+            else:
+                out.pwrite(data[start : start + length], start)
+                assert out.digests[i] == chunk["sha256"]  # hashed while written
+        out.close()
+        linked = [p for _o, _n, p in blobs.split_files(str(path))[rel]][::2]
+        stored = [os.path.join(blob_dir, c["sha256"][:2], c["sha256"]) for c in chunks[::2]]
+        assert all(map(os.path.samefile, linked, stored))  # the blobs themselves: no copy
+    assert fmt.read_manifest(ctx.storage, uuid)["files"][rel]["blobs"] == chunks
+    ctx.download(uuid, str(root / "again"))
+    assert (root / "again" / rel).read_bytes() == data

@@ -93,13 +93,23 @@ def _dirtied() -> int | None:
 
 
 class ByteCounts:
-    """Bytes a local store copied into new objects, and chunks it linked in place."""
+    """Bytes a local store copied into new objects, chunks it linked in place, and bytes the
+    writer wrote into the part files of ``model.keras``."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from ckptstore.checkpointing import blobs
         from ckptstore.storage_backends import local
 
         self.copied = 0
         self.linked = 0
+        self.parts = 0
+        real_pwrite = blobs.pwrite_all
+
+        def pwrite(fd, data, offset):  # type: ignore[no-untyped-def]
+            self.parts += memoryview(data).nbytes  # the writer thread alone writes parts
+            return real_pwrite(fd, data, offset)
+
+        monkeypatch.setattr(blobs, "pwrite_all", pwrite)
         real_copy, real_link = local.copy_range, local.LocalStorage.link_if_absent
         lock = threading.Lock()
 
@@ -125,7 +135,9 @@ def test_with_default_settings_a_changed_head_costs_about_its_own_bytes(tmp_path
     the default chunk size a checkpoint after a fine-tuning epoch uploads about the bytes of
     the tensors that changed (head, optimizer state), not the chunks around them. On a local
     store each new byte of ``model.keras`` is written once: the writer writes every chunk as
-    its own file and the commit links the new ones into the blob folder (nothing copied)."""
+    its own file and the commit links the new ones into the blob folder (nothing copied), and
+    the frozen kernels, unchanged since the last checkpoint, are taken from their blobs: not
+    written, not hashed."""
     url, registry = str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
     keras.utils.set_random_seed(11)
     inputs = keras.Input((256,))
@@ -140,7 +152,17 @@ def test_with_default_settings_a_changed_head_costs_about_its_own_bytes(tmp_path
         ctx.checkpoint.dedup = True  # default dedup_chunk_bytes (4 MiB)
         cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
         counts, dirtied = ByteCounts(monkeypatch), _dirtied()
-        model.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[cb])
+        frozen_kernel = model.get_layer("backbone_0").kernel
+
+        def between(epoch, _logs):  # type: ignore[no-untyped-def]
+            # Each checkpoint committed before the next is written: the frozen kernels' blobs
+            # are then stored (a writer ahead of its commits writes them again, correctly).
+            cb.wait()
+            if epoch == 1:  # a frozen kernel changed by hand: the last checkpoint must have it
+                frozen_kernel.assign(frozen_kernel.numpy() * 0.5)
+
+        committed = keras.callbacks.LambdaCallback(on_epoch_end=between)
+        model.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[cb, committed])
         cb.wait()
         dirtied = None if dirtied is None else _dirtied() - dirtied  # type: ignore[operator]
         storage = ctx.checkpoint.storage
@@ -162,6 +184,15 @@ def test_with_default_settings_a_changed_head_costs_about_its_own_bytes(tmp_path
     )
     # Every new chunk of model.keras was linked; only the small files' chunks were copied.
     assert counts.linked >= keras_new > 0
+    # The writer wrote the first archive whole, then the changed tensors and the headers only.
+    first = fmt.read_manifest(storage, uuids[0])["files"]["model.keras"]["size"]
+    frozen = sum(  # the kernels, each written straight from its buffer (not the biases)
+        n for v in model.non_trainable_weights if (n := int(v.numpy().nbytes)) >= 64 * 1024
+    )
+    assert frozen > first / 2
+    # (plus the kernel changed by hand, which is written again)
+    bound = first + 2 * (first - frozen) + int(frozen_kernel.numpy().nbytes)
+    assert first <= counts.parts <= bound, (counts.parts, first, frozen)
     assert counts.copied <= sum(blob_bytes.values()) - keras_new + 64 * 1024, counts.copied
     if dirtied:  # the kernel's count: the writer's files and the small files' copies, no more
         staged = sum(fmt.read_manifest(storage, u)["files"]["model.keras"]["size"] for u in uuids)
@@ -172,6 +203,7 @@ def test_with_default_settings_a_changed_head_costs_about_its_own_bytes(tmp_path
     )
     seen: set[str] = set()
     seen_state: set[str] = set()
+    later_new = 0
     for i, uuid in enumerate(uuids):
         files = fmt.read_manifest(storage, uuid)["files"]
         # callback_state.json is cut around its parts: the RNG states, which training did
@@ -187,9 +219,13 @@ def test_with_default_settings_a_changed_head_costs_about_its_own_bytes(tmp_path
         if i == 0:
             assert new == entry["size"]
             continue
-        # Every trained tensor moved; the frozen ones, the config and HDF5's headers did not.
-        assert 0.9 * changed <= new <= 1.1 * changed, (new, changed)
+        # Every trained tensor moved; the frozen ones (but the one changed by hand, in one of
+        # these two), the config and HDF5's headers did not.
+        by_hand = int(frozen_kernel.numpy().nbytes)
+        assert 0.9 * changed <= new <= 1.1 * changed + by_hand, (new, changed)
+        later_new += new
         assert len(entry["blobs"]) < 40  # tiny pieces are merged: requests stay few
+    assert later_new >= 2 * 0.9 * changed + by_hand  # the kernel changed by hand is stored
     with CheckpointContext(url) as reader:
         reader.download(uuids[-1], str(tmp_path / "dl"))
     loaded = keras.models.load_model(str(tmp_path / "dl" / "model.keras"))  # plain Keras

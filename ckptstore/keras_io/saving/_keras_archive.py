@@ -38,7 +38,7 @@ import os
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -71,6 +71,48 @@ class WeightGroup:
     path: str
     attrs: dict[str, Any] | None
     datasets: list[tuple[str, Any]]
+
+
+@dataclasses.dataclass
+class _Held:
+    """A large array of the last archive a :class:`WriteMemo` saw, with its checksums."""
+
+    #: Held, so its buffer is never freed and reused: TensorFlow copies a buffer that another
+    #: holder shares before changing it, so while held, the same address means the same bytes.
+    array: np.ndarray
+    crc32: int
+    crc32c: int
+    #: SHA-256 of its chunks (their blobs), in file order.
+    shas: list[str]
+
+
+class WriteMemo:
+    """What one writer's last archive knew of its frozen arrays (those ``write_archive`` was
+    told it may hold): a later archive that finds the same buffer at the same place takes
+    its chunks from the blobs already stored (:meth:`~ckptstore.checkpointing.blobs.
+    SplitFile.link_blob`) and its checksums from here, writing and hashing none of its bytes
+    (a frozen backbone costs nothing per checkpoint). Used by one thread at a time.
+
+    Example::
+
+        memo = WriteMemo()
+        write_archive(path, groups, config_json="{}", split=4 << 20, memo=memo, hold={...})
+    """
+
+    def __init__(self) -> None:
+        self.held: dict[int, _Held] = {}
+        #: Bytes taken from stored blobs instead of written (all archives so far).
+        self.reused_bytes = 0
+
+
+def _same_buffer(held: np.ndarray, array: Any) -> bool:
+    return (
+        isinstance(array, np.ndarray)
+        and array.flags.c_contiguous
+        and held.__array_interface__["data"][0] == array.__array_interface__["data"][0]
+        and held.nbytes == array.nbytes
+        and held.dtype == array.dtype
+    )
 
 
 class _SparseFile:
@@ -358,6 +400,9 @@ def write_archive(
     assets: Iterable[tuple[str, str]] = (),
     cuts: list[int] | None = None,
     split: int | None = None,
+    blob_dir: str | None = None,
+    memo: WriteMemo | None = None,
+    hold: Collection[int] = (),
 ) -> tuple[int, str]:
     """Write a ``.keras`` zip at ``path``; returns ``(size in bytes, CRC-32C as 8 hex digits)``.
 
@@ -368,7 +413,10 @@ def write_archive(
     can cut its chunks there, see :func:`ckptstore.checkpointing.blobs.cut_ranges`).
     ``split`` (a chunk size in bytes): write the file as its chunks, each in its own part file
     (:class:`ckptstore.checkpointing.blobs.SplitFile`), for a local deduplicated commit that
-    links them into its blob folder; ``path`` is then a placeholder.
+    links them into its blob folder; ``path`` is then a placeholder. With ``split``,
+    ``blob_dir`` (the store's local blob folder) and ``memo``, the arrays whose ``id()`` is in
+    ``hold`` are remembered, and an unchanged one is taken from its stored blobs next time
+    (:class:`WriteMemo`).
     """
     spans: list[tuple[int, int]] | None = [] if cuts is not None or split else None
     sparse, direct = _layout_weights(groups, spans)
@@ -385,10 +433,13 @@ def write_archive(
     offsets = _cut_offsets(entries, spans or [], WEIGHTS_DATA_OFFSET, cd_offset)
     if cuts is not None:
         cuts.extend(offsets)
-    out = _open_out(path, size, offsets, split)
+    out = _open_out(path, size, offsets, split, blob_dir)
     try:
         weights = entries[0]
-        weights.crc32, crc32c = _write_weights(out, sparse, direct, WEIGHTS_DATA_OFFSET)
+        memo = memo if isinstance(out, blobs.SplitFile) else None
+        weights.crc32, crc32c = _write_weights(
+            out, sparse, direct, WEIGHTS_DATA_OFFSET, _Memo(memo, set(hold))
+        )
         prefix = weights.local_header(WEIGHTS_DATA_OFFSET)
         out.pwrite(prefix, 0)
         trailer = members_bytes + _central(entries, cd_offset)
@@ -452,19 +503,23 @@ class _FileOut:
     abort = close
 
 
-def _open_out(path: str, size: int, offsets: list[int], split: int | None) -> Any:
+def _open_out(
+    path: str, size: int, offsets: list[int], split: int | None, blob_dir: str | None
+) -> Any:
     if not split:
         return _FileOut(path)
     folder, name = os.path.split(path)
-    return blobs.SplitFile(folder, name, size, blobs.cut_ranges(size, offsets, split))
+    ranges = blobs.cut_ranges(size, offsets, split)
+    return blobs.SplitFile(folder, name, size, ranges, blob_dir=blob_dir)
 
 
 def _write_weights(
-    out: Any, sparse: _SparseFile, direct: list[tuple[int, Any]], data_start: int
+    out: Any, sparse: _SparseFile, direct: list[tuple[int, Any]], data_start: int, memo: _Memo
 ) -> tuple[int, int]:
     """Write ``model.weights.h5`` at ``data_start``: the HDF5 metadata from ``sparse`` and each
-    large array straight from memory (no copy of the model's bytes). Returns its CRC-32 (for
-    the zip) and CRC-32C (for the checkpoint), computed in the same pass."""
+    large array straight from memory (no copy of the model's bytes), or from its stored blobs
+    when ``memo`` knows it unchanged. Returns its CRC-32 (for the zip) and CRC-32C (for the
+    checkpoint), computed in the same pass."""
     crc32 = 0
     crc32c = 0
     pos = 0
@@ -476,14 +531,68 @@ def _write_weights(
             crc32c = fast_crc.crc32c_update(crc32c, gap)
         if array is None:
             break
-        raw = _byte_view(array)
-        for start in range(0, raw.size, CHUNK_BYTES):
-            chunk = raw[start : start + CHUNK_BYTES]
-            out.pwrite(chunk, data_start + offset + start)
-            crc32 = fast_crc.crc32_update(crc32, chunk)
-            crc32c = fast_crc.crc32c_update(crc32c, chunk)
-        pos = offset + raw.size
+        at = data_start + offset
+        sums = memo.reuse(out, at, array)
+        if sums is None:
+            sums = _write_array(out, _byte_view(array), at)
+        memo.note(out, at, array, sums)
+        crc32 = fast_crc.crc32_combine(crc32, sums[0], array.nbytes)
+        crc32c = fast_crc.crc32c_combine(crc32c, sums[1], array.nbytes)
+        pos = offset + array.nbytes
+    memo.done()
     return crc32, crc32c
+
+
+def _write_array(out: Any, raw: np.ndarray, at: int) -> tuple[int, int]:
+    """Write ``raw`` at ``at``; returns its CRC-32 and CRC-32C."""
+    crc32 = crc32c = 0
+    for start in range(0, raw.size, CHUNK_BYTES):
+        chunk = raw[start : start + CHUNK_BYTES]
+        out.pwrite(chunk, at + start)
+        crc32 = fast_crc.crc32_update(crc32, chunk)
+        crc32c = fast_crc.crc32c_update(crc32c, chunk)
+    return crc32, crc32c
+
+
+class _Memo:
+    """One archive's use of a :class:`WriteMemo` (None: nothing remembered or reused)."""
+
+    def __init__(self, memo: WriteMemo | None, hold: set[int]) -> None:
+        self.memo = memo
+        self.hold = hold
+        self.held: dict[int, _Held] = {}
+
+    def reuse(self, out: Any, at: int, array: Any) -> tuple[int, int] | None:
+        """The checksums of ``array`` if it is the same buffer as last time, its chunks taken
+        from their blobs (chunks that cannot be are written from the array)."""
+        held = self.memo.held.get(at) if self.memo is not None else None
+        if held is None or not _same_buffer(held.array, array):
+            return None
+        indices = out.covering(at, at + array.nbytes)
+        if indices is None or len(indices) != len(held.shas):
+            return None
+        raw = _byte_view(array)
+        for index, sha in zip(indices, held.shas, strict=True):
+            start, length = out.range(index)
+            if out.link_blob(index, sha):
+                self.memo.reused_bytes += length
+                continue
+            for step in range(start - at, start - at + length, CHUNK_BYTES):
+                piece = raw[step : min(step + CHUNK_BYTES, start - at + length)]
+                out.pwrite(piece, at + step)
+        return held.crc32, held.crc32c
+
+    def note(self, out: Any, at: int, array: Any, sums: tuple[int, int]) -> None:
+        if self.memo is None or id(array) not in self.hold or not isinstance(array, np.ndarray):
+            return
+        indices = out.covering(at, at + array.nbytes) or []
+        shas = [out.digests.get(i) for i in indices]
+        if indices and all(shas):
+            self.held[at] = _Held(array, sums[0], sums[1], shas)  # type: ignore[arg-type]
+
+    def done(self) -> None:
+        if self.memo is not None:
+            self.memo.held = self.held
 
 
 def _cut_offsets(

@@ -339,12 +339,21 @@ def _to_numpy(value: Any) -> np.ndarray:
         return ops.convert_to_numpy(value)
 
 
-def _weight_groups(snapshot: Snapshot) -> list[keras_archive.WeightGroup]:
-    """``model.weights.h5``'s groups and datasets for ``snapshot``, in Keras's order."""
+def _weight_groups(
+    snapshot: Snapshot, hold: set[int] | None = None
+) -> list[keras_archive.WeightGroup]:
+    """``model.weights.h5``'s groups and datasets for ``snapshot``, in Keras's order.
+    ``hold`` (a set, if given) receives the ``id()`` of the arrays of frozen model variables
+    a :class:`~ckptstore.keras_io.saving._keras_archive.WriteMemo` may keep (TensorFlow only:
+    its reads share the variable's buffer; other backends' snapshots are copies)."""
     layout = snapshot.layout
+    frozen = _frozen_variables(layout) if hold is not None else set()
     by_group: dict[str, list[tuple[str, Any]]] = {}
     for entry, value in zip(layout.entries, snapshot.values, strict=True):
-        by_group.setdefault(entry.group, []).append((entry.key, _to_numpy(value)))
+        array = _to_numpy(value)
+        if id(entry.variable) in frozen:
+            hold.add(id(array))  # type: ignore[union-attr]
+        by_group.setdefault(entry.group, []).append((entry.key, array))
     return [
         keras_archive.WeightGroup(
             path=f"{group_path}/vars" if group_path else "vars",
@@ -353,6 +362,23 @@ def _weight_groups(snapshot: Snapshot) -> list[keras_archive.WeightGroup]:
         )
         for group_path, metadata in layout.groups.items()
     ]
+
+
+def _frozen_variables(layout: StateLayout) -> set[int]:
+    """``id()`` of the model's non-trainable variables that are no optimizer's (a frozen
+    backbone; BatchNorm statistics too, which change but are small), on TensorFlow."""
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return set()
+    slots = {id(v) for opt, _n in layout.optimizers for v in opt.variables}
+    return {
+        id(e.variable)
+        for e in layout.entries
+        if e.variable is not None
+        and not getattr(e.variable, "trainable", True)
+        and id(e.variable) not in slots
+    }
 
 
 def _assets(layout: StateLayout) -> list[tuple[str, str]]:
@@ -367,7 +393,13 @@ def _assets(layout: StateLayout) -> list[tuple[str, str]]:
 
 
 def write_model_archive(
-    snapshot: Snapshot, path: str, *, cuts: list[int] | None = None, split: int | None = None
+    snapshot: Snapshot,
+    path: str,
+    *,
+    cuts: list[int] | None = None,
+    split: int | None = None,
+    blob_dir: str | None = None,
+    memo: keras_archive.WriteMemo | None = None,
 ) -> tuple[int, str]:
     """Write ``snapshot`` as a standard ``.keras`` zip at ``path`` in one pass over the data.
 
@@ -375,15 +407,21 @@ def write_model_archive(
     manifest records, so the file need not be read again). ``cuts`` (a list, if given)
     receives the offsets where each tensor's bytes begin and end (for deduplicated uploads);
     ``split`` (a chunk size) writes the file as its chunks' part files (write-once local
-    deduplicated commits). See :mod:`ckptstore.keras_io.saving._keras_archive`.
+    deduplicated commits); with it, ``blob_dir`` and ``memo``, frozen arrays unchanged since
+    the last write are taken from their stored blobs. See
+    :mod:`ckptstore.keras_io.saving._keras_archive`.
     """
+    hold: set[int] = set()
     return keras_archive.write_archive(
         path,
-        _weight_groups(snapshot),
+        _weight_groups(snapshot, hold if memo is not None else None),
         config_json=snapshot.layout.config_json,
         assets=_assets(snapshot.layout),
         cuts=cuts,
         split=split,
+        blob_dir=blob_dir,
+        memo=memo,
+        hold=hold,
     )
 
 

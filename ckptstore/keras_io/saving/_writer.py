@@ -34,7 +34,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptstore import errors
+from ckptstore.checkpointing import blobs
 from ckptstore.checkpointing.hints import CommitHints
+from ckptstore.keras_io.saving import _keras_archive as keras_archive
 from ckptstore.keras_io.saving import _snapshot as snapshot_lib
 from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
 
@@ -83,6 +85,8 @@ class CheckpointWriter:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._pending = 0
+        #: The frozen arrays of the last archive written as chunks (the next skips them).
+        self.memo = keras_archive.WriteMemo()
         self.saved: list[str] = []
         #: Seconds each job took in the writer thread (for benchmarks and logs).
         self.write_seconds: list[float] = []
@@ -186,11 +190,14 @@ class CheckpointWriter:
                 job.snapshot = None
             elif job.snapshot is not None:
                 offsets: list[int] = []
+                split = self._split_bytes(job)
                 _size, crc32c = snapshot_lib.write_model_archive(
                     job.snapshot,
                     os.path.join(path, snapshot_lib.MODEL_FILENAME),
                     cuts=offsets,
-                    split=self._split_bytes(job),
+                    split=split,
+                    blob_dir=self._ckpt.storage.local_path(blobs.BLOBS_DIR) if split else None,
+                    memo=self.memo,
                 )
                 checksums[snapshot_lib.MODEL_FILENAME] = crc32c
                 cuts[snapshot_lib.MODEL_FILENAME] = offsets
