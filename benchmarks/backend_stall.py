@@ -46,6 +46,9 @@ KEYS = ("model.save", "snapshot", "blocked", "final blocked")
 #: snapshot module, as the training thread calls them at an epoch end.
 SECTIONS = (
     ("callback", "_report"),
+    ("callback", "_save"),
+    ("data", "begin_epoch"),
+    ("data", "snapshot"),
     ("callback", "_training_state"),
     ("callback", "_checkpoint_metadata"),
     ("callback", "_begin_save"),
@@ -117,7 +120,7 @@ def measure(
 
                 def on_train_begin(logs=None, _begin=begin, _cb=cb):
                     _begin(logs)  # the writer exists from here
-                    _time_sections({"writer": _cb._writer}, out)
+                    _time_sections({"writer": _cb._writer, "data": _cb._data}, out)
 
                 cb.on_train_begin = on_train_begin
             timed_callback(cb, blocked, final)
