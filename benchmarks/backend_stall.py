@@ -12,6 +12,9 @@ before Keras is imported), in one run, and prints them side by side:
   (``on_epoch_end`` + the next ``on_epoch_begin``), and ``final blocked`` (the last epoch's
   ``on_epoch_end`` + ``on_train_end``, which hands the SavedModel export to the worker).
 
+``--sections`` also prints, per backend, the median milliseconds of each part of the callback's
+epoch-end path on the training thread (``section:`` rows; ``--epochs 12`` gives more repeats).
+
 Target: blocked <= 0.05x ``model.save`` on JAX as on TensorFlow.
 
     .venv/bin/python benchmarks/backend_stall.py --sizes-mb 25 --rounds 3
@@ -39,8 +42,48 @@ BACKENDS = ("tensorflow", "jax")
 KEYS = ("model.save", "snapshot", "blocked", "final blocked")
 
 
-def measure(size_mb: float, rounds: int, epochs: int, steps: int) -> dict[str, list[float]]:
-    """Every key of :data:`KEYS` per round, on the backend this process runs (a child)."""
+#: What ``--sections`` times: (owner, attribute) pairs on the callback, its context and the
+#: snapshot module, as the training thread calls them at an epoch end.
+SECTIONS = (
+    ("callback", "_report"),
+    ("callback", "_save"),
+    ("data", "begin_epoch"),
+    ("data", "snapshot"),
+    ("callback", "_training_state"),
+    ("callback", "_checkpoint_metadata"),
+    ("callback", "_begin_save"),
+    ("snapshot", "take_snapshot"),
+    ("snapshot", "_jax_copies"),
+    ("writer", "submit"),
+    ("train", "set_status"),
+    ("preempt", "should_preempt"),
+)
+
+
+def _time_sections(owners: dict, sink: dict[str, list[float]]) -> None:
+    """Wrap each of :data:`SECTIONS` found in ``owners`` so its calls' seconds go to ``sink``."""
+    for owner_name, attr in SECTIONS:
+        owner = owners.get(owner_name)
+        inner = getattr(owner, attr, None)
+        if inner is None or getattr(inner, "_timed", False):
+            continue
+
+        def timed(*args, _inner=inner, _key=f"section:{owner_name}.{attr}", **kwargs):
+            started = time.perf_counter()
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                sink.setdefault(_key, []).append(time.perf_counter() - started)
+
+        timed._timed = True
+        setattr(owner, attr, timed)
+
+
+def measure(
+    size_mb: float, rounds: int, epochs: int, steps: int, sections: bool = False
+) -> dict[str, list[float]]:
+    """Every key of :data:`KEYS` per round, on the backend this process runs (a child); with
+    ``sections``, also every call's seconds of each of :data:`SECTIONS`."""
     import numpy as np
 
     import ckptstore as det
@@ -70,6 +113,16 @@ def measure(size_mb: float, rounds: int, epochs: int, steps: int) -> dict[str, l
             preempt_signals=False,
         ) as ctx:
             cb = det.keras.DeterminedCallback(ctx, None, 1)
+            if sections:
+                owners = {"callback": cb, "snapshot": snapshot_lib, "train": ctx.train}
+                _time_sections({**owners, "preempt": ctx.preempt}, out)
+                begin = cb.on_train_begin
+
+                def on_train_begin(logs=None, _begin=begin, _cb=cb):
+                    _begin(logs)  # the writer exists from here
+                    _time_sections({"writer": _cb._writer, "data": _cb._data}, out)
+
+                cb.on_train_begin = on_train_begin
             timed_callback(cb, blocked, final)
             run_fit(model, (x, x), epochs, [cb])
             cb.wait()
@@ -98,11 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5, help="training steps per epoch")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sections", action="store_true", help="time the epoch-end path's parts")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = [float(s) for s in args.sizes_mb.split(",") if s]
     if args.child:
-        results = {str(s): measure(s, args.rounds, args.epochs, args.steps) for s in sizes}
+        results = {
+            str(s): measure(s, args.rounds, args.epochs, args.steps, args.sections) for s in sizes
+        }
         print(json.dumps(results))
         return 0
     if jax_missing():
@@ -121,7 +177,20 @@ def main(argv: list[str] | None = None) -> int:
                 ratios = [a / b for a, b in zip(values[key], values["model.save"], strict=True)]
                 row += f"{statistics.median(values[key]):16.4f}{statistics.median(ratios):9.3f}"
             print(row)
+        _print_sections([runs[backend][str(size)] for backend in BACKENDS])
     return 0
+
+
+def _print_sections(per_backend: list[dict[str, list[float]]]) -> None:
+    """The ``--sections`` rows: median milliseconds per call and the number of calls."""
+    names = sorted({key for values in per_backend for key in values if key.startswith("section:")})
+    for name in names:
+        row = f"{name[len('section:') :]:34s}"
+        for values in per_backend:
+            calls = values.get(name, [])
+            median_ms = statistics.median(calls) * 1e3 if calls else float("nan")
+            row += f"{median_ms:10.3f} ms x{len(calls):<4d}"
+        print(row)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ckptstore.registry import Registry
+from tests._helpers.jax_env import repo_pythonpath
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent / "corpus"
@@ -25,6 +26,8 @@ def cli_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env.update(extra)
+    if env.get("KERAS_BACKEND") == "jax":  # the suite's JAX is outside the venv (jax_env.py)
+        env["PYTHONPATH"] = repo_pythonpath("jax")
     return env
 
 

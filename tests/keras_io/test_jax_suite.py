@@ -10,7 +10,8 @@ stateful callbacks: ``test_callback.py``), the loaders (``load_checkpoint_model`
 storage, ``test_loaders.py``'s latest/best/UUID case), checkpoints moving between JAX and
 TensorFlow both ways (``test_backends.py``), and bit-equal SIGTERM/resume in fresh processes for
 shuffled arrays, a ``keras.utils.PyDataset``, a ``tf.data.Dataset`` and a Python generator with
-``steps_per_epoch`` (the PyDataset and tf.data cases add six worker processes, ~14 CPU-s each).
+``steps_per_epoch`` (the PyDataset and tf.data cases add six worker processes, ~14 CPU-s each),
+and ``ckptstore job run`` batch inference from a JAX checkpoint (``test_jobs.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ MODULES = [
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[pydataset]",
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[tfdata]",
     f"{EXACT}test_generator_with_steps_per_epoch_resumes_bit_exactly_on_jax",
+    "tests/determined_compat/test_jobs.py::test_jax_job_predicts_as_the_checkpoint",
 ]
 
 

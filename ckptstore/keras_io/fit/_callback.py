@@ -23,6 +23,7 @@ from ckptstore.keras_io.exporting._policy import ExportPolicy
 from ckptstore.keras_io.fit import _callback_state as state_lib
 from ckptstore.keras_io.fit import _fit_log
 from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
+from ckptstore.keras_io.fit._metric_reports import MetricReports
 from ckptstore.keras_io.fit._mwms_compat import apply_mwms_compat
 from ckptstore.keras_io.loading._into_model import raise_partial_load
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
@@ -65,7 +66,9 @@ class DeterminedCallback(backend.CallbackBase):
     Saving does not hold training up: the model state is snapshotted in memory (a cheap
     copy-on-write read of every variable) and written and uploaded by a background thread.
     A failed background save raises :class:`~ckptstore.errors.BackgroundUploadError` from
-    ``fit()`` at the next epoch end or at the end of training.
+    ``fit()`` at the next epoch end or at the end of training. Training metrics are written to
+    the registry in the background too (validation metrics at once); a failed write raises
+    from ``fit()`` at the next epoch end, validation report or end of training.
 
     Resuming: if ``checkpoint`` was written with the same ``continue_id``, training continues
     exactly where it stopped: weights, optimizer slots and ``iterations``, the epoch to start
@@ -162,6 +165,7 @@ class DeterminedCallback(backend.CallbackBase):
             )
 
         self._core = core_context
+        self._reports = MetricReports(core_context.train)
         self._checkpoint = checkpoint
         self._continue_id = continue_id
         self._checkpoint_epochs = checkpoint_epochs
@@ -225,8 +229,10 @@ class DeterminedCallback(backend.CallbackBase):
         return self._last_checkpoint
 
     def wait(self) -> None:
-        """Block until every checkpoint handed to the background writer is committed."""
+        """Block until every checkpoint handed to the background writer is committed (and every
+        training-metrics write is done)."""
         self._exports.wait()
+        self._reports.flush()
         if self._writer is not None:
             self._writer.wait()
 
@@ -273,6 +279,7 @@ class DeterminedCallback(backend.CallbackBase):
         if self._pending_save is not None:
             pending, self._pending_save = self._pending_save, None
             self._save(**pending)
+        self._reports.release()
         self._set_status("training")
         if self._pending_callback_states is not None:
             self._apply_callback_states(self._pending_callback_states)
@@ -317,6 +324,8 @@ class DeterminedCallback(backend.CallbackBase):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self._writer is not None:
             self._writer.check()
+        self._reports.check()
+        self._reports.hold()  # written once the checkpoint's snapshot is taken (or not needed)
         logs = dict(logs or {})
         # An epoch cut by a preemption and saved at its batch boundary is reported by the run
         # that finishes it; its partial logs (and the validation Keras still runs on the way
@@ -393,6 +402,7 @@ class DeterminedCallback(backend.CallbackBase):
                 self._exports.detach(writer, self._core.checkpoint)
             elif self._writer is not None:
                 self._writer.wait()
+            self._reports.flush()
             self._set_status("finishing")
         finally:
             if self._writer is not None:
@@ -451,7 +461,7 @@ class DeterminedCallback(backend.CallbackBase):
         metrics = {k: v for k, v in _floats(logs).items() if k not in ("batch", "size")}
         metrics.setdefault("epochs", epochs)
         metrics.setdefault("batches", self._steps_completed)
-        self._core.train.report_metrics(group, self._steps_completed, metrics)
+        self._reports.report(group, self._steps_completed, metrics)
 
     # ---- saving -------------------------------------------------------------------------------
     def _at_batch_boundary(self) -> None:
