@@ -4,9 +4,10 @@ Most of the suite keeps one of CI's two cores busy: a test waits for one trainin
 time. The Keras 2 and JAX child runs (``tests/keras_io/test_keras2_suite.py``,
 ``test_jax_suite.py``) and the documentation pages run on the other core, but in the quiet
 2-core run of 2026-11-27 the two child runs took 845 s of the session's 3,072 s; after them the
-second core had only what the session's own tests started. The modules listed here (a Ray cluster, runners killed and
-resumed, launchers and jobs, crashes at random points) are independent of the rest and start
-their own servers, so the whole suite (``pytest`` with this test selected) runs them in a child
+second core had only what the session's own tests started. The modules listed here (a Ray
+cluster, runners killed and resumed, launchers and jobs, crashes at random points, the
+model-shape corpus, the Determined scripts) are independent of the rest and start their own
+servers, so the whole suite (``pytest`` with this test selected) runs them in a child
 pytest queued after those runs, and deselects them in the session (``takes_over`` in
 ``tests/_helpers/child_runs.py``): the same tests, on the second core. Run alone or selected
 by ``-k`` without this test, they run in the session as usual.
@@ -31,6 +32,8 @@ MODULES = (
     "tests/determined_compat/test_asha.py",
     "tests/determined_compat/test_jobs.py",
     "tests/reliability/test_crashes.py",
+    "tests/keras_io/test_shape_corpus.py",
+    "tests/compat/test_scripts.py",
 )
 
 
