@@ -279,7 +279,6 @@ class DeterminedCallback(backend.CallbackBase):
         if self._pending_save is not None:
             pending, self._pending_save = self._pending_save, None
             self._save(**pending)
-        self._reports.release()
         self._set_status("training")
         if self._pending_callback_states is not None:
             self._apply_callback_states(self._pending_callback_states)
@@ -325,7 +324,6 @@ class DeterminedCallback(backend.CallbackBase):
         if self._writer is not None:
             self._writer.check()
         self._reports.check()
-        self._reports.hold()  # written once the checkpoint's snapshot is taken (or not needed)
         logs = dict(logs or {})
         # An epoch cut by a preemption and saved at its batch boundary is reported by the run
         # that finishes it; its partial logs (and the validation Keras still runs on the way

@@ -3,10 +3,7 @@
 A registry write (an SQLite/PostgreSQL transaction) at every epoch end held ``fit()`` up for
 2-40 ms (measured on 2 loaded cores; the background checkpoint writer competes for the same
 cores and the GIL), as much as the whole JAX snapshot. :class:`MetricReports` writes
-``"training"`` metrics on one background thread, in the order they were reported. At an epoch
-end the callback holds them (:meth:`MetricReports.hold`) until its checkpoint snapshot is taken
-(:meth:`MetricReports.release`): the write's own Python work (SQLAlchemy) would otherwise take
-the GIL from the snapshot's device copy.
+``"training"`` metrics on one background thread, in the order they were reported.
 
 When errors surface: a failed write raises from the callback at its next ``on_epoch_end``
 (:meth:`MetricReports.check`), at the next validation report, or at ``on_train_end``
@@ -39,7 +36,6 @@ class MetricReports:
         self._train = train
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._pending: list[concurrent.futures.Future[None]] = []
-        self._held: list[tuple[str, int, Mapping[str, Any]]] | None = None
 
     def report(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         """Write ``metrics``: in the background for training metrics, else now (after the
@@ -49,23 +45,6 @@ class MetricReports:
             self._train.report_metrics(group, steps_completed, metrics)
             return
         self.check()
-        if self._held is not None:
-            self._held.append((group, steps_completed, metrics))
-            return
-        self._submit(group, steps_completed, metrics)
-
-    def hold(self) -> None:
-        """Keep training metrics reported from now on until :meth:`release`."""
-        if self._held is None:
-            self._held = []
-
-    def release(self) -> None:
-        """Start writing the held training metrics (in order)."""
-        held, self._held = self._held or [], None
-        for args in held:
-            self._submit(*args)
-
-    def _submit(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="ckptstore-metrics"
@@ -79,8 +58,7 @@ class MetricReports:
             self._pending.pop(0).result()
 
     def flush(self) -> None:
-        """Release held metrics, wait for every pending write; raise the first error."""
-        self.release()
+        """Wait for every pending write; raise the first error."""
         while self._pending:
             self._pending.pop(0).result()
 
