@@ -266,24 +266,6 @@ def test_failed_background_save_raises_from_fit(init, s3_server):
             fit(classifier(), [cb], epochs=3)
 
 
-def test_failed_metrics_write_raises_from_fit(init, tmp_path):
-    """Training metrics are written in the background (issue 42); a write that fails (here the
-    registry lost its metrics table after the first epoch) still fails fit()."""
-    import sqlite3
-
-    class DropMetricsTable(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            with sqlite3.connect(tmp_path / "reg.db") as db:
-                db.execute("DROP TABLE IF EXISTS metrics")
-
-    with init() as ctx:
-        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
-        with pytest.raises(errors.RegistryError, match="metrics"):
-            classifier().fit(
-                X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[DropMetricsTable(), cb]
-            )
-
-
 # ---- stateful callbacks -----------------------------------------------------------------------
 def test_stateful_callbacks_round_trip_json():
     stop = det.keras.EarlyStopping(monitor="val_loss", patience=3)

@@ -23,7 +23,6 @@ from ckptstore.keras_io.exporting._policy import ExportPolicy
 from ckptstore.keras_io.fit import _callback_state as state_lib
 from ckptstore.keras_io.fit import _fit_log
 from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
-from ckptstore.keras_io.fit._metric_reports import MetricReports
 from ckptstore.keras_io.fit._mwms_compat import apply_mwms_compat
 from ckptstore.keras_io.loading._into_model import raise_partial_load
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
@@ -66,9 +65,7 @@ class DeterminedCallback(backend.CallbackBase):
     Saving does not hold training up: the model state is snapshotted in memory (a cheap
     copy-on-write read of every variable) and written and uploaded by a background thread.
     A failed background save raises :class:`~ckptstore.errors.BackgroundUploadError` from
-    ``fit()`` at the next epoch end or at the end of training. Training metrics are written to
-    the registry in the background too (validation metrics at once); a failed write raises
-    from ``fit()`` at the next epoch end, validation report or end of training.
+    ``fit()`` at the next epoch end or at the end of training.
 
     Resuming: if ``checkpoint`` was written with the same ``continue_id``, training continues
     exactly where it stopped: weights, optimizer slots and ``iterations``, the epoch to start
@@ -165,7 +162,6 @@ class DeterminedCallback(backend.CallbackBase):
             )
 
         self._core = core_context
-        self._reports = MetricReports(core_context.train)
         self._checkpoint = checkpoint
         self._continue_id = continue_id
         self._checkpoint_epochs = checkpoint_epochs
@@ -229,10 +225,8 @@ class DeterminedCallback(backend.CallbackBase):
         return self._last_checkpoint
 
     def wait(self) -> None:
-        """Block until every checkpoint handed to the background writer is committed (and every
-        training-metrics write is done)."""
+        """Block until every checkpoint handed to the background writer is committed."""
         self._exports.wait()
-        self._reports.flush()
         if self._writer is not None:
             self._writer.wait()
 
@@ -323,7 +317,6 @@ class DeterminedCallback(backend.CallbackBase):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self._writer is not None:
             self._writer.check()
-        self._reports.check()
         logs = dict(logs or {})
         # An epoch cut by a preemption and saved at its batch boundary is reported by the run
         # that finishes it; its partial logs (and the validation Keras still runs on the way
@@ -400,7 +393,6 @@ class DeterminedCallback(backend.CallbackBase):
                 self._exports.detach(writer, self._core.checkpoint)
             elif self._writer is not None:
                 self._writer.wait()
-            self._reports.flush()
             self._set_status("finishing")
         finally:
             if self._writer is not None:
@@ -459,7 +451,7 @@ class DeterminedCallback(backend.CallbackBase):
         metrics = {k: v for k, v in _floats(logs).items() if k not in ("batch", "size")}
         metrics.setdefault("epochs", epochs)
         metrics.setdefault("batches", self._steps_completed)
-        self._reports.report(group, self._steps_completed, metrics)
+        self._core.train.report_metrics(group, self._steps_completed, metrics)
 
     # ---- saving -------------------------------------------------------------------------------
     def _at_batch_boundary(self) -> None:
