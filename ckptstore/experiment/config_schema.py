@@ -57,6 +57,12 @@ _IGNORED = "Accepted and ignored here."
 Ignored = Annotated[Any, Field(default=None, description=_IGNORED)]
 
 
+def ignored(names: str) -> dict[str, Any]:
+    """Fields for Determined keys that change nothing here; a section's body declares them from
+    its table with ``__annotations__.update(ignored("image pod_spec ..."))``."""
+    return dict.fromkeys(names.split(), Ignored)
+
+
 def did_you_mean(name: str, known: set[str] | tuple[str, ...]) -> str:
     """`` Did you mean `x`?`` for the closest of ``known``, or ``""``."""
     close = difflib.get_close_matches(name, sorted(known), n=1)
@@ -200,9 +206,7 @@ class Searcher(_Section):
     #: 0.38's ASHA form: rungs counted in this validation metric (``batches``, ``epochs``, ...).
     time_metric: Annotated[str, Field(min_length=1)] | None = None
     max_time: PositiveInt | None = None
-    unit: Ignored
-    stop_once: Ignored
-    bracket_rungs: Ignored
+    __annotations__.update(ignored("unit stop_once bracket_rungs"))
     source_trial_id: Annotated[
         PositiveInt | None,
         Field(description="Warm start: every trial starts from this trial's latest checkpoint."),
@@ -215,10 +219,54 @@ class Searcher(_Section):
             "checkpoint, or a Determined checkpoint folder of that name in the storage).",
         ),
     ] = None
-    step_budget: Ignored
-    target_trial_steps: Ignored
-    train_stragglers: Ignored
-    budget: Ignored
+    __annotations__.update(ignored("step_budget target_trial_steps train_stragglers budget"))
+
+    @model_validator(mode="after")
+    def _own_rules(self) -> Searcher:
+        """The rules between this section's keys (those involving other sections are the
+        config's)."""
+        if self.time_metric is not None or self.max_time is not None:
+            self._check_time_metric()
+        if self.source_checkpoint_uuid is not None and self.source_trial_id is not None:
+            raise config_error(
+                "searcher.source_trial_id",
+                f"both it ({self.source_trial_id}) and `source_checkpoint_uuid` "
+                f"({self.source_checkpoint_uuid!r}) name the checkpoint trials start from",
+                "Keep one of them.",
+            )
+        if self.max_length is not None and self.max_steps is not None:
+            raise config_error(
+                "searcher.max_length",
+                "give only one of `max_length` and `max_steps`",
+                "Set e.g. `max_length: {batches: 1000}`.",
+            )
+        if self.name not in ("single", "grid") and self.max_trials is None:
+            fix = f"The `{self.name}` searcher needs e.g. `max_trials: 8`."
+            raise config_error("searcher.max_trials", "missing", fix)
+        return self
+
+    def _check_time_metric(self) -> None:
+        """0.38's ``time_metric`` + ``max_time`` (both or neither; ``adaptive_asha`` only)."""
+        if self.name != "adaptive_asha":
+            raise config_error(
+                "searcher.time_metric",
+                f"`time_metric`/`max_time` apply to `adaptive_asha`, not `{self.name}`",
+                "Remove them, or use `name: adaptive_asha`.",
+            )
+        if self.time_metric is None:
+            raise config_error(
+                "searcher.time_metric",
+                "expected the name of a validation metric, received None",
+                "Set e.g. `time_metric: batches` together with `max_time: 1000`.",
+            )
+        if self.max_time is None:
+            raise config_error("searcher.max_time", "missing", "Set e.g. `max_time: 1000`.")
+        if self.max_length is not None or self.max_steps is not None:
+            raise config_error(
+                "searcher.max_length",
+                "give `max_length` or `time_metric` + `max_time`, not both",
+                "Keep one form.",
+            )
 
     def search_length(self) -> tuple[str, int] | None:
         """``(unit, amount)`` a trial trains for: ``max_length`` or ``(time_metric, max_time)``;
@@ -252,15 +300,10 @@ class Resources(_Section):
 
     slots_per_trial: PositiveInt = 1
     slots: PositiveInt = 1
-    max_slots: Ignored
-    weight: Ignored
-    priority: Ignored
-    resource_pool: Ignored
-    shm_size: Ignored
-    devices: Ignored
-    native_parallel: Ignored
-    is_single_node: Ignored
-    agent_label: Ignored
+    __annotations__.update(
+        ignored("max_slots weight priority resource_pool shm_size devices native_parallel")
+        | ignored("is_single_node agent_label")
+    )
 
 
 _ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
@@ -305,14 +348,10 @@ class Environment(_Section):
     are the cluster's."""
 
     environment_variables: EnvironmentVariables | None = None
-    image: Ignored
-    pod_spec: Ignored
-    registry_auth: Ignored
-    force_pull_image: Ignored
-    ports: Ignored
-    proxy_ports: Ignored
-    add_capabilities: Ignored
-    drop_capabilities: Ignored
+    __annotations__.update(
+        ignored("image pod_spec registry_auth force_pull_image ports proxy_ports")
+        | ignored("add_capabilities drop_capabilities")
+    )
 
     def variables(self) -> dict[str, str]:
         """``NAME=value`` entries as a dict (a later entry wins, as in a shell); Determined's
