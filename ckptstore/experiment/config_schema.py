@@ -4,7 +4,7 @@ type, its bounds and its default, in one place that also publishes the JSON Sche
 These models are the runtime config, not a layer in front of one: a validated hyperparameter,
 length or searcher is the object the searcher and the trials use (a length's bare-int "steps"
 are turned into batches by the rules of :class:`~ckptstore.experiment.config.ExperimentConfig`,
-which also holds every rule between keys). A problem becomes
+which holds the rules across sections; a section's own rules are its validator). A problem becomes
 :class:`~ckptstore.errors.InvalidConfig` the way users have always seen it: the dotted key, what
 was wrong, the value received and a fix, with "Did you mean" for a misspelt key.
 
@@ -38,6 +38,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ckptstore import errors
+from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS
 
 __all__ = ["HP_TYPES", "SEARCHERS", "Length", "config_error"]
 
@@ -167,6 +168,8 @@ LengthField = Annotated[
 ]
 
 
+LENGTH_FIX = "Set e.g. `max_length: {batches: 1000}`."
+
 #: Tags of the unions above: they appear in pydantic's error locations, never in a key path.
 _TAG = re.compile(r"^(length|hp|storage|env):")
 
@@ -178,6 +181,8 @@ def _one_per_cpu(n: int) -> int:
 
 class Searcher(_Section):
     """The ``searcher`` section (cross-key rules are in :mod:`~ckptstore.experiment.config`)."""
+
+    # Rules among its own keys are _own_rules below (the docstring is the schema description).
 
     # ``unit`` changes nothing and is not worth a warning; the other ignored keys are 0.38
     # keys that change nothing here, then keys of searchers older releases removed.
@@ -235,11 +240,12 @@ class Searcher(_Section):
                 "Keep one of them.",
             )
         if self.max_length is not None and self.max_steps is not None:
-            raise config_error(
-                "searcher.max_length",
-                "give only one of `max_length` and `max_steps`",
-                "Set e.g. `max_length: {batches: 1000}`.",
-            )
+            problem = "give only one of `max_length` and `max_steps`"
+            raise config_error("searcher.max_length", problem, LENGTH_FIX)
+        no_length = self.max_length is None and self.max_steps is None
+        if self.name == "adaptive_asha" and no_length and self.time_metric is None:
+            why = "`adaptive_asha` needs `max_length` or `time_metric` + `max_time`"
+            raise config_error("searcher.max_length", f"missing: {why}", LENGTH_FIX)
         if self.name not in ("single", "grid") and self.max_trials is None:
             fix = f"The `{self.name}` searcher needs e.g. `max_trials: 8`."
             raise config_error("searcher.max_trials", "missing", fix)
@@ -353,6 +359,20 @@ class Environment(_Section):
         | ignored("add_capabilities drop_capabilities")
     )
 
+    @model_validator(mode="after")
+    def _not_the_runners(self) -> Environment:
+        from ckptstore.experiment.common import runner_set_env
+
+        taken = sorted(set(self.variables()) & runner_set_env())
+        if taken:  # the runner's value would win: refuse rather than ignore the user's silently
+            raise config_error(
+                "environment.environment_variables",
+                f"{', '.join(taken)} is set by ckptstore for every trial, received {taken}",
+                "Give storage and registry with --storage/--registry (or checkpoint_storage), "
+                "and the data config under `data:`.",
+            )
+        return self
+
     def variables(self) -> dict[str, str]:
         """``NAME=value`` entries as a dict (a later entry wins, as in a shell); Determined's
         per-accelerator mapping gives its ``cpu`` list (ckptstore's trials ask for CPUs)."""
@@ -381,9 +401,42 @@ class StorageBlock(BaseModel):
     save_trial_best: NonNegativeInt | None = None
     save_trial_latest: NonNegativeInt | None = None
 
+    @model_validator(mode="after")
+    def _names_a_storage(self) -> StorageBlock:
+        # GC keys alone are fine: Determined merges them with the cluster's storage.
+        given = self.model_dump(exclude_unset=True)
+        if self.type is None and not set(given) <= set(DETERMINED_DEFAULTS):
+            raise config_error(
+                "checkpoint_storage.type",
+                f"missing, received keys {sorted(given)}",
+                "Add `type: s3` (or gcs, azure, shared_fs, directory).",
+            )
+        return self
+
+    @property
+    def retention(self) -> dict[str, int]:
+        """The GC keys it gives (Determined's names)."""
+        given = self.model_dump(exclude_unset=True)
+        return {k: given[k] for k in DETERMINED_DEFAULTS if given.get(k) is not None}
+
+
+def _storage_url(url: str) -> str:
+    if not url.strip():
+        raise config_error(
+            "checkpoint_storage",
+            f"expected a URL or a storage mapping, received {url!r}",
+            "Use e.g. `checkpoint_storage: s3://bucket/prefix` or `{type: s3, bucket: b}`.",
+        )
+    return url.strip()
+
 
 StorageSpec = Annotated[
-    Annotated[str, Field(min_length=1, examples=["s3://bucket/prefix"]), Tag("storage:url")]
+    Annotated[
+        str,
+        Field(min_length=1, examples=["s3://bucket/prefix"]),
+        AfterValidator(_storage_url),
+        Tag("storage:url"),
+    ]
     | Annotated[StorageBlock, Tag("storage:block")],
     Discriminator(lambda v: "storage:url" if isinstance(v, str) else "storage:block"),
 ]
