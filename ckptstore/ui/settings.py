@@ -36,7 +36,8 @@ class UiSettings:
     ``csrf_secret`` is a fresh random value per server process, put in every form.
     ``storage`` is the storage as parsed where it entered (``ckptstore ui`` passes the
     ``StorageConfig`` of ``--storage``, so a JSON ``checkpoint_storage`` block's endpoint and
-    credentials reach the UI); given only ``storage_url``, it is parsed from that.
+    credentials reach the UI); else it is parsed from ``storage_url`` (if empty:
+    ``CKPTSTORE_STORAGE``, else the default folder, as for every verb).
 
     Example::
 
@@ -57,10 +58,10 @@ class UiSettings:
     storage: StorageConfig | None = None
 
     def __post_init__(self) -> None:
-        if self.storage is None:
-            from ckptstore.storage_backends.spec import StorageConfig
+        if self.storage is None:  # neither given: CKPTSTORE_STORAGE, else the default folder
+            from ckptstore.storage_backends.spec import resolve
 
-            self.storage = StorageConfig.parse(self.storage_url)
+            self.storage = resolve(self.storage_url or None)
         self.storage_url = self.storage.url
 
 
