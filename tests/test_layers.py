@@ -286,8 +286,9 @@ def test_helper_rule_finds_copies():
 # ---- one experiment-config model (issue 43) ----------------------------------------------------
 #: Lines of ckptstore/experiment/config*.py together: 1,272 with the pydantic models and their
 #: dataclass twins; one model then (960), and Length the model itself with one error wording
-#: (952). May only shrink.
-CONFIG_MODULES_MAX_LINES = 955
+#: (952); each rule next to the section it constrains, ignored keys from a table (951). May
+#: only shrink.
+CONFIG_MODULES_MAX_LINES = 951
 #: Classes of the config modules that are values, not a second description of the keys (a
 #: length is the pydantic model it is written as).
 CONFIG_VALUE_TYPES = {"Entrypoint"}

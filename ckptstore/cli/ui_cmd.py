@@ -45,7 +45,7 @@ def ui(state: CliState, host: str, port: int, token: str | None, read_only: bool
         ) from None
     settings = UiSettings(
         registry_url=state.registry_url,
-        storage_url=state.storage_url,
+        storage=state.storage_config,
         token=token or None,
         read_only=read_only,
         explicit_storage=state.explicit_storage,

@@ -5,8 +5,8 @@
 key (``searcher.max_length``, ``hyperparameters.lr.maxval``, ...), the value received and the fix.
 :class:`ExperimentConfig` is a pydantic model: its fields and sections
 (:mod:`~ckptstore.experiment.config_schema`) are the keys, types and defaults and publish the JSON
-Schema (:func:`config_json_schema`); its validator holds the rules between keys and leaves every
-value in the form the runner uses (lengths in batches, hyperparameters flat, ``max_trials``
+Schema (:func:`config_json_schema`); a section's own rules are its validator, the rules across
+sections this model's, which leaves every value in the form the runner uses (lengths in batches, hyperparameters flat, ``max_trials``
 counted).
 
 Lengths are ``{batches: N}``, ``{records: N}``, ``{epochs: N}`` or a bare integer of
@@ -51,7 +51,7 @@ from pydantic import (
 )
 
 from ckptstore import errors
-from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS, run_retention
+from ckptstore.checkpointing.retention import run_retention
 from ckptstore.experiment import config_schema as keys
 from ckptstore.experiment.config_schema import HP_TYPES, SEARCHERS, Length, config_error
 from ckptstore.experiment.hparams import Hyperparameter, Hyperparameters, nest_hparams
@@ -133,11 +133,6 @@ class ExperimentConfig(keys._Section):
     perform_initial_validation: bool = False
     resources: keys.Resources | None = None
     environment: keys.Environment | None = None
-    bind_mounts: keys.Ignored
-    optimizations: keys.Ignored
-    profiling: keys.Ignored
-    workspace: keys.Ignored
-    project: keys.Ignored
     #: Checkpoints a TFKerasTrial takes after validations
     #: (:class:`~ckptstore.keras_io.trial.controller.TrialController`).
     checkpoint_policy: Annotated[
@@ -148,18 +143,12 @@ class ExperimentConfig(keys._Section):
             "or only at min_checkpoint_period, the end and preemption (none)."
         ),
     ] = "best"
-    debug: keys.Ignored
-    tensorboard_storage: keys.Ignored
-    log_policies: keys.Ignored
-    retention_policy: keys.Ignored
-    pbs: keys.Ignored
-    slurm: keys.Ignored
-    max_slots: keys.Ignored
-    integrations: keys.Ignored
-    internal: keys.Ignored
-    security: keys.Ignored
-    data_layer: keys.Ignored
-    batches_per_step: keys.Ignored
+    __annotations__.update(
+        keys.ignored("bind_mounts optimizations profiling workspace project debug pbs slurm")
+        | keys.ignored("tensorboard_storage log_policies retention_policy max_slots security")
+        | keys.ignored("integrations internal")
+        | keys.ignored("data_layer batches_per_step")  # the removed ones
+    )
 
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
     _retention: dict[str, int] = PrivateAttr(default_factory=dict)
@@ -173,7 +162,8 @@ class ExperimentConfig(keys._Section):
 
     @model_validator(mode="after")
     def _rules(self) -> ExperimentConfig:
-        """The rules between keys, in the order their errors are reported."""
+        """The rules across sections (each section checked its own keys already), in the order
+        their errors are reported."""
         unit = self.scheduling_unit
         entrypoint = _entrypoint(self.entrypoint, self.entrypoint_script)
         if self.searcher is None and entrypoint.is_trial_class:
@@ -187,8 +177,10 @@ class ExperimentConfig(keys._Section):
         _searcher_rules(searcher, hparams, unit, trial_class=entrypoint.is_trial_class)
         if entrypoint.is_trial_class:
             _check_batch_size(hparams)
-        storage, self._retention = _storage(self.checkpoint_storage)
-        self.environment_variables  # noqa: B018 - refused here, not when a trial starts
+        storage = self.checkpoint_storage
+        if isinstance(storage, keys.StorageBlock):
+            self._retention = storage.retention
+            storage = storage.model_dump(exclude_unset=True) if storage.type else None
         _set(
             self,
             description=self.description if self.description is not None else self.name or "",
@@ -226,22 +218,11 @@ class ExperimentConfig(keys._Section):
         """``resources.slots``: workers of a job (``ckptstore job run``)."""
         return (self.resources or keys.Resources()).slots
 
-    @functools.cached_property
+    @property
     def environment_variables(self) -> dict[str, str]:
         """``environment.environment_variables`` as NAME -> value: set in every trial process,
         under ckptstore's own keys (which the config may not set)."""
-        from ckptstore.experiment.common import runner_set_env
-
-        variables = self.environment.variables() if self.environment is not None else {}
-        taken = sorted(set(variables) & runner_set_env())
-        if taken:  # the runner's value would win: refuse rather than ignore the user's silently
-            raise config_error(
-                "environment.environment_variables",
-                f"{', '.join(taken)} is set by ckptstore for every trial, received {taken}",
-                "Give storage and registry with --storage/--registry (or checkpoint_storage), "
-                "and the data config under `data:`.",
-            )
-        return variables
+        return self.environment.variables() if self.environment is not None else {}
 
     @functools.cached_property
     def ignored_keys(self) -> tuple[str, ...]:
@@ -324,31 +305,10 @@ def _searcher_rules(
     """``searcher`` checked against the rest of the config, its values put in the form the
     runner uses: ``max_length`` a :class:`Length` (or None), ``max_trials`` counted."""
     s = searcher
-    if s.time_metric is not None or s.max_time is not None:
-        _check_time_metric(s)
-    if s.source_checkpoint_uuid is not None and s.source_trial_id is not None:
-        raise config_error(
-            "searcher.source_trial_id",
-            f"both it ({s.source_trial_id}) and `source_checkpoint_uuid` "
-            f"({s.source_checkpoint_uuid!r}) name the checkpoint trials start from",
-            "Keep one of them.",
-        )
-    if s.max_length is not None and s.max_steps is not None:
-        raise config_error(
-            "searcher.max_length",
-            "give only one of `max_length` and `max_steps`",
-            "Set e.g. `max_length: {batches: 1000}`.",
-        )
     length = s.max_length if s.max_length is not None else s.max_steps
-    if length is None and s.time_metric is None and (trial_class or s.name == "adaptive_asha"):
-        why = (
-            "`adaptive_asha` needs `max_length` or `time_metric` + `max_time`"
-            if s.name == "adaptive_asha"
-            else "a TFKerasTrial entrypoint needs `max_length` to know how long to train"
-        )
-        raise config_error(
-            "searcher.max_length", f"missing: {why}", "Set e.g. `max_length: {batches: 1000}`."
-        )
+    if length is None and s.time_metric is None and trial_class:
+        why = "a TFKerasTrial entrypoint needs `max_length` to know how long to train"
+        raise config_error("searcher.max_length", f"missing: {why}", keys.LENGTH_FIX)
     max_length = _length(length, "searcher.max_length", unit) if length is not None else None
     max_trials = _max_trials(s, hparams)
     if trial_class and max_length is None:  # a TFKerasTrial counts its own time
@@ -361,30 +321,6 @@ def _searcher_rules(
         assert s.max_time is not None
         max_length = Length(s.time_metric, s.max_time)
     _set(searcher, max_length=max_length, max_trials=max_trials)
-
-
-def _check_time_metric(s: keys.Searcher) -> None:
-    """0.38's ``time_metric`` + ``max_time`` (both or neither; ``adaptive_asha`` only)."""
-    if s.name != "adaptive_asha":
-        raise config_error(
-            "searcher.time_metric",
-            f"`time_metric`/`max_time` apply to `adaptive_asha`, not `{s.name}`",
-            "Remove them, or use `name: adaptive_asha`.",
-        )
-    if s.time_metric is None:
-        raise config_error(
-            "searcher.time_metric",
-            "expected the name of a validation metric, received None",
-            "Set e.g. `time_metric: batches` together with `max_time: 1000`.",
-        )
-    if s.max_time is None:
-        raise config_error("searcher.max_time", "missing", "Set e.g. `max_time: 1000`.")
-    if s.max_length is not None or s.max_steps is not None:
-        raise config_error(
-            "searcher.max_length",
-            "give `max_length` or `time_metric` + `max_time`, not both",
-            "Keep one form.",
-        )
 
 
 def _max_trials(s: keys.Searcher, hparams: list[Hyperparameter]) -> int:
@@ -415,11 +351,7 @@ def _max_trials(s: keys.Searcher, hparams: list[Hyperparameter]) -> int:
                 "Lower the `count`s or search with `random`/`tpe` and `max_trials`.",
             )
         return size
-    if s.max_trials is None:
-        raise config_error(
-            "searcher.max_trials", "missing", f"The `{s.name}` searcher needs e.g. `max_trials: 8`."
-        )
-    return s.max_trials
+    return s.max_trials  # type: ignore[return-value]  # the searcher's own rule requires it
 
 
 def _check_batch_size(hparams: list[Hyperparameter]) -> None:
@@ -442,31 +374,6 @@ def _check_batch_size(hparams: list[Hyperparameter]) -> None:
             "Set e.g. `global_batch_size: 32`.",
             errors.InvalidExperimentException,
         )
-
-
-def _storage(block: str | keys.StorageBlock | None) -> tuple[str | dict[str, Any] | None, dict]:
-    """``(storage, GC keys)``: a block of GC keys alone keeps the default storage."""
-    if block is None:
-        return None, {}
-    if isinstance(block, str):
-        if not block.strip():
-            raise config_error(
-                "checkpoint_storage",
-                f"expected a URL or a storage mapping, received {block!r}",
-                "Use e.g. `checkpoint_storage: s3://bucket/prefix` or `{type: s3, bucket: b}`.",
-            )
-        return block.strip(), {}
-    given = block.model_dump(exclude_unset=True)
-    retention = {k: given[k] for k in DETERMINED_DEFAULTS if given.get(k) is not None}
-    if block.type is not None:
-        return given, retention
-    if set(given) <= set(DETERMINED_DEFAULTS):  # Determined merges it with the cluster's storage
-        return None, retention
-    raise config_error(
-        "checkpoint_storage.type",
-        f"missing, received keys {sorted(given)}",
-        "Add `type: s3` (or gcs, azure, shared_fs, directory).",
-    )
 
 
 def parse_length(value: Any, key: str, scheduling_unit: int) -> Length:

@@ -4,7 +4,7 @@ type, its bounds and its default, in one place that also publishes the JSON Sche
 These models are the runtime config, not a layer in front of one: a validated hyperparameter,
 length or searcher is the object the searcher and the trials use (a length's bare-int "steps"
 are turned into batches by the rules of :class:`~ckptstore.experiment.config.ExperimentConfig`,
-which also holds every rule between keys). A problem becomes
+which holds the rules across sections; a section's own rules are its validator). A problem becomes
 :class:`~ckptstore.errors.InvalidConfig` the way users have always seen it: the dotted key, what
 was wrong, the value received and a fix, with "Did you mean" for a misspelt key.
 
@@ -38,6 +38,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from ckptstore import errors
+from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS
 
 __all__ = ["HP_TYPES", "SEARCHERS", "Length", "config_error"]
 
@@ -55,6 +56,12 @@ Number = Annotated[float, Field(allow_inf_nan=False)]
 _IGNORED = "Accepted and ignored here."
 #: A key accepted for compatibility whose value changes nothing here.
 Ignored = Annotated[Any, Field(default=None, description=_IGNORED)]
+
+
+def ignored(names: str) -> dict[str, Any]:
+    """Fields for Determined keys that change nothing here; a section's body declares them from
+    its table with ``__annotations__.update(ignored("image pod_spec ..."))``."""
+    return dict.fromkeys(names.split(), Ignored)
 
 
 def did_you_mean(name: str, known: set[str] | tuple[str, ...]) -> str:
@@ -161,6 +168,8 @@ LengthField = Annotated[
 ]
 
 
+LENGTH_FIX = "Set e.g. `max_length: {batches: 1000}`."
+
 #: Tags of the unions above: they appear in pydantic's error locations, never in a key path.
 _TAG = re.compile(r"^(length|hp|storage|env):")
 
@@ -172,6 +181,8 @@ def _one_per_cpu(n: int) -> int:
 
 class Searcher(_Section):
     """The ``searcher`` section (cross-key rules are in :mod:`~ckptstore.experiment.config`)."""
+
+    # Rules among its own keys are _own_rules below (the docstring is the schema description).
 
     # ``unit`` changes nothing and is not worth a warning; the other ignored keys are 0.38
     # keys that change nothing here, then keys of searchers older releases removed.
@@ -200,9 +211,7 @@ class Searcher(_Section):
     #: 0.38's ASHA form: rungs counted in this validation metric (``batches``, ``epochs``, ...).
     time_metric: Annotated[str, Field(min_length=1)] | None = None
     max_time: PositiveInt | None = None
-    unit: Ignored
-    stop_once: Ignored
-    bracket_rungs: Ignored
+    __annotations__.update(ignored("unit stop_once bracket_rungs"))
     source_trial_id: Annotated[
         PositiveInt | None,
         Field(description="Warm start: every trial starts from this trial's latest checkpoint."),
@@ -215,10 +224,55 @@ class Searcher(_Section):
             "checkpoint, or a Determined checkpoint folder of that name in the storage).",
         ),
     ] = None
-    step_budget: Ignored
-    target_trial_steps: Ignored
-    train_stragglers: Ignored
-    budget: Ignored
+    __annotations__.update(ignored("step_budget target_trial_steps train_stragglers budget"))
+
+    @model_validator(mode="after")
+    def _own_rules(self) -> Searcher:
+        """The rules between this section's keys (those involving other sections are the
+        config's)."""
+        if self.time_metric is not None or self.max_time is not None:
+            self._check_time_metric()
+        if self.source_checkpoint_uuid is not None and self.source_trial_id is not None:
+            raise config_error(
+                "searcher.source_trial_id",
+                f"both it ({self.source_trial_id}) and `source_checkpoint_uuid` "
+                f"({self.source_checkpoint_uuid!r}) name the checkpoint trials start from",
+                "Keep one of them.",
+            )
+        if self.max_length is not None and self.max_steps is not None:
+            problem = "give only one of `max_length` and `max_steps`"
+            raise config_error("searcher.max_length", problem, LENGTH_FIX)
+        no_length = self.max_length is None and self.max_steps is None
+        if self.name == "adaptive_asha" and no_length and self.time_metric is None:
+            why = "`adaptive_asha` needs `max_length` or `time_metric` + `max_time`"
+            raise config_error("searcher.max_length", f"missing: {why}", LENGTH_FIX)
+        if self.name not in ("single", "grid") and self.max_trials is None:
+            fix = f"The `{self.name}` searcher needs e.g. `max_trials: 8`."
+            raise config_error("searcher.max_trials", "missing", fix)
+        return self
+
+    def _check_time_metric(self) -> None:
+        """0.38's ``time_metric`` + ``max_time`` (both or neither; ``adaptive_asha`` only)."""
+        if self.name != "adaptive_asha":
+            raise config_error(
+                "searcher.time_metric",
+                f"`time_metric`/`max_time` apply to `adaptive_asha`, not `{self.name}`",
+                "Remove them, or use `name: adaptive_asha`.",
+            )
+        if self.time_metric is None:
+            raise config_error(
+                "searcher.time_metric",
+                "expected the name of a validation metric, received None",
+                "Set e.g. `time_metric: batches` together with `max_time: 1000`.",
+            )
+        if self.max_time is None:
+            raise config_error("searcher.max_time", "missing", "Set e.g. `max_time: 1000`.")
+        if self.max_length is not None or self.max_steps is not None:
+            raise config_error(
+                "searcher.max_length",
+                "give `max_length` or `time_metric` + `max_time`, not both",
+                "Keep one form.",
+            )
 
     def search_length(self) -> tuple[str, int] | None:
         """``(unit, amount)`` a trial trains for: ``max_length`` or ``(time_metric, max_time)``;
@@ -252,15 +306,10 @@ class Resources(_Section):
 
     slots_per_trial: PositiveInt = 1
     slots: PositiveInt = 1
-    max_slots: Ignored
-    weight: Ignored
-    priority: Ignored
-    resource_pool: Ignored
-    shm_size: Ignored
-    devices: Ignored
-    native_parallel: Ignored
-    is_single_node: Ignored
-    agent_label: Ignored
+    __annotations__.update(
+        ignored("max_slots weight priority resource_pool shm_size devices native_parallel")
+        | ignored("is_single_node agent_label")
+    )
 
 
 _ENV_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.DOTALL)
@@ -305,14 +354,24 @@ class Environment(_Section):
     are the cluster's."""
 
     environment_variables: EnvironmentVariables | None = None
-    image: Ignored
-    pod_spec: Ignored
-    registry_auth: Ignored
-    force_pull_image: Ignored
-    ports: Ignored
-    proxy_ports: Ignored
-    add_capabilities: Ignored
-    drop_capabilities: Ignored
+    __annotations__.update(
+        ignored("image pod_spec registry_auth force_pull_image ports proxy_ports")
+        | ignored("add_capabilities drop_capabilities")
+    )
+
+    @model_validator(mode="after")
+    def _not_the_runners(self) -> Environment:
+        from ckptstore.experiment.common import runner_set_env
+
+        taken = sorted(set(self.variables()) & runner_set_env())
+        if taken:  # the runner's value would win: refuse rather than ignore the user's silently
+            raise config_error(
+                "environment.environment_variables",
+                f"{', '.join(taken)} is set by ckptstore for every trial, received {taken}",
+                "Give storage and registry with --storage/--registry (or checkpoint_storage), "
+                "and the data config under `data:`.",
+            )
+        return self
 
     def variables(self) -> dict[str, str]:
         """``NAME=value`` entries as a dict (a later entry wins, as in a shell); Determined's
@@ -342,9 +401,42 @@ class StorageBlock(BaseModel):
     save_trial_best: NonNegativeInt | None = None
     save_trial_latest: NonNegativeInt | None = None
 
+    @model_validator(mode="after")
+    def _names_a_storage(self) -> StorageBlock:
+        # GC keys alone are fine: Determined merges them with the cluster's storage.
+        given = self.model_dump(exclude_unset=True)
+        if self.type is None and not set(given) <= set(DETERMINED_DEFAULTS):
+            raise config_error(
+                "checkpoint_storage.type",
+                f"missing, received keys {sorted(given)}",
+                "Add `type: s3` (or gcs, azure, shared_fs, directory).",
+            )
+        return self
+
+    @property
+    def retention(self) -> dict[str, int]:
+        """The GC keys it gives (Determined's names)."""
+        given = self.model_dump(exclude_unset=True)
+        return {k: given[k] for k in DETERMINED_DEFAULTS if given.get(k) is not None}
+
+
+def _storage_url(url: str) -> str:
+    if not url.strip():
+        raise config_error(
+            "checkpoint_storage",
+            f"expected a URL or a storage mapping, received {url!r}",
+            "Use e.g. `checkpoint_storage: s3://bucket/prefix` or `{type: s3, bucket: b}`.",
+        )
+    return url.strip()
+
 
 StorageSpec = Annotated[
-    Annotated[str, Field(min_length=1, examples=["s3://bucket/prefix"]), Tag("storage:url")]
+    Annotated[
+        str,
+        Field(min_length=1, examples=["s3://bucket/prefix"]),
+        AfterValidator(_storage_url),
+        Tag("storage:url"),
+    ]
     | Annotated[StorageBlock, Tag("storage:block")],
     Discriminator(lambda v: "storage:url" if isinstance(v, str) else "storage:block"),
 ]

@@ -26,7 +26,6 @@ from starlette.responses import HTMLResponse
 from ckptstore import errors, masking
 from ckptstore.checkpointing.row_storage import storage_of_row
 from ckptstore.registry import Registry
-from ckptstore.storage_backends import open_storage
 from ckptstore.storage_backends.base import Storage, close_all
 from ckptstore.ui.settings import UiSettings
 
@@ -125,11 +124,15 @@ class UiContext:
         self.env.globals["json"] = lambda v: json.dumps(v, indent=2, sort_keys=True, default=str)
 
     def storage(self, url: str | None = None) -> Storage:
-        """The storage at ``url`` (a registry row's URL; default: ``--storage``), opened once."""
+        """The storage at ``url`` (a registry row's URL; default: ``--storage``), opened once;
+        another URL gets ``--storage``'s options when it is the same backend."""
         key = url or self.settings.storage_url
+        config = self.settings.storage
+        assert config is not None  # UiSettings parses it
         with self._lock:
             if key not in self._storages:
-                self._storages[key] = open_storage(key)
+                opened = config.open() if key == config.url else config.open_at(key)
+                self._storages[key] = opened
             return self._storages[key]
 
     def storage_for(self, ckpt: Any) -> Storage:

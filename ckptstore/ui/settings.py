@@ -13,8 +13,12 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import secrets
+from typing import TYPE_CHECKING
 
 from ckptstore import errors
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptstore.storage_backends.spec import StorageConfig
 
 #: Environment variable ``ckptstore ui`` reads the access token from (``--token`` wins).
 TOKEN_ENV = "CKPTSTORE_UI_TOKEN"
@@ -30,6 +34,10 @@ class UiSettings:
     visiting ``/?token=...``, or ``?token=`` itself); None lets anyone who can reach the socket
     in, which :func:`check_bind` allows on loopback only. ``read_only`` refuses every write.
     ``csrf_secret`` is a fresh random value per server process, put in every form.
+    ``storage`` is the storage as parsed where it entered (``ckptstore ui`` passes the
+    ``StorageConfig`` of ``--storage``, so a JSON ``checkpoint_storage`` block's endpoint and
+    credentials reach the UI); else it is parsed from ``storage_url`` (if empty:
+    ``CKPTSTORE_STORAGE``, else the default folder, as for every verb).
 
     Example::
 
@@ -38,7 +46,7 @@ class UiSettings:
     """
 
     registry_url: str
-    storage_url: str
+    storage_url: str = ""
     token: str | None = None
     read_only: bool = False
     #: ``--storage`` / ``CKPTSTORE_STORAGE`` named the storage: it wins over the URL a
@@ -47,6 +55,14 @@ class UiSettings:
     #: Extra host names the Host header may carry (the bind address is added by the server).
     allowed_hosts: tuple[str, ...] = ()
     csrf_secret: str = dataclasses.field(default_factory=lambda: secrets.token_urlsafe(32))
+    storage: StorageConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.storage is None:  # neither given: CKPTSTORE_STORAGE, else the default folder
+            from ckptstore.storage_backends.spec import resolve
+
+            self.storage = resolve(self.storage_url or None)
+        self.storage_url = self.storage.url
 
 
 def is_loopback(host: str) -> bool:

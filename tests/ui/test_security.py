@@ -4,10 +4,12 @@ POSTs, read-only mode, traversal-shaped identifiers, and no secret in any page."
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import re
 import subprocess
 import sys
+import tarfile
 
 import pytest
 from click.testing import CliRunner
@@ -267,28 +269,80 @@ def _http_status(url: str, headers: dict[str, str] | None = None) -> int:
         return exc.code
 
 
-def test_the_command_serves_with_token_from_the_environment(shared_ui_env):
+def _first_status(proc: subprocess.Popen, url: str) -> int:
+    """The status of ``url`` once the server started by :func:`_serve` answers."""
     import time
     import urllib.error
 
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return _http_status(url)
+        except (urllib.error.URLError, ConnectionError):
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "ckptstore ui did not start"
+            time.sleep(0.2)
+
+
+def test_the_command_serves_with_token_from_the_environment(shared_ui_env):
     env = shared_ui_env.env
     proc, port = _serve(
         ["--registry", env.registry_url, "--storage", env.storage_url],
         {"CKPTSTORE_UI_TOKEN": TOKEN, "PYTHONPATH": os.getcwd()},
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                status = _http_status(f"http://127.0.0.1:{port}/models")
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert proc.poll() is None, proc.stderr.read().decode()
-                assert time.monotonic() < deadline, "ckptstore ui did not start"
-                time.sleep(0.2)
+        status = _first_status(proc, f"http://127.0.0.1:{port}/models")
         assert status == 401
         ok = _http_status(f"http://127.0.0.1:{port}/models", {"Authorization": f"Bearer {TOKEN}"})
         assert ok == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_the_command_reads_s3_through_a_json_storage_blocks_options(
+    tmp_path, s3_server, storage_url_factory
+):
+    """``--storage '{"type": "s3", ..., "endpoint_url": ...}'``: the UI opens the bucket with
+    the block's endpoint and keys (the server's environment has no AWS settings; before, the
+    UI got the block's URL alone and could not reach the bucket)."""
+    import json
+    import urllib.request
+
+    from tests.cli.helpers import make_env
+
+    url = storage_url_factory("s3")  # s3://bucket/root on moto, written with the env's keys
+    env = make_env(tmp_path, url)
+    uuid = env.save(1, 10, files={"model.keras": b"weights", "notes/readme.txt": b"hi"})
+    aws = s3_server.env
+    bucket, prefix = url.removeprefix("s3://").split("/", 1)
+    block = {
+        "type": "s3",
+        "bucket": bucket,
+        "prefix": prefix,
+        "endpoint_url": aws["AWS_ENDPOINT_URL"],
+        "access_key": aws["AWS_ACCESS_KEY_ID"],
+        "secret_key": aws["AWS_SECRET_ACCESS_KEY"],
+        "region": aws["AWS_DEFAULT_REGION"],
+    }
+    server_env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    server_env["PYTHONPATH"] = os.getcwd()
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ckptstore.cli.main", "--registry", env.registry_url,
+         "--storage", json.dumps(block), "ui", "--port", str(port)],
+        env=server_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        page = f"http://127.0.0.1:{port}/checkpoints/{uuid}"
+        assert _first_status(proc, page) == 200
+        with urllib.request.urlopen(page) as response:
+            html = response.read().decode()
+        assert "notes/readme.txt" in html and aws["AWS_SECRET_ACCESS_KEY"] not in html
+        with urllib.request.urlopen(f"{page}/archive.tar") as response:
+            archive = response.read()
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            assert tar.extractfile(tar.getmember(f"{uuid}/model.keras")).read() == b"weights"
     finally:
         proc.terminate()
         proc.wait(timeout=20)
