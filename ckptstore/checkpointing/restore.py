@@ -155,13 +155,15 @@ def download_signed(
     its crc32c, is compared with the signature (``partial``: ``select`` left signed files
     out). The one signed download: ``CheckpointContext.download`` and the CLI's.
     ``options``: :func:`download_checkpoint`'s."""
-    if signing.SIGNATURE_NAME not in manifest.files:
-        raise signing.unsigned_error(f"{uuid} in {storage.url}")
-    sig = os.path.join(out_dir, signing.SIGNATURE_NAME)
-    download_checkpoint(
-        storage, uuid, manifest, out_dir, lambda rel: rel == signing.SIGNATURE_NAME, **options
-    )
-    expected = signing.Expected.read(sig, public_key, subject=uuid)
+
+    def fetch() -> str:
+        only = lambda rel: rel == signing.SIGNATURE_NAME  # noqa: E731
+        download_checkpoint(storage, uuid, manifest, out_dir, only, **options)
+        return os.path.join(out_dir, signing.SIGNATURE_NAME)
+
+    signed = signing.SIGNATURE_NAME in manifest.files
+    where = f"{uuid} in {storage.url}"
+    expected = signing.envelope(where, signed, fetch, public_key, subject=uuid)
     digests: dict[str, str] = {}
     wanted = lambda rel: rel != signing.SIGNATURE_NAME and select(rel)  # noqa: E731
     signed = expected.digests if expected.algorithm == signing.HASH_ALGORITHM else None
