@@ -454,6 +454,17 @@ MANIFEST_OWNER = "ckptstore/checkpointing/format.py"
 _MANIFEST_KEYS = {"files", "format_version", "partially_deleted"}
 
 
+def _key_read(node: ast.AST) -> object:
+    """The constant key ``node`` reads from a mapping (``x["k"]``, ``x.get("k")``), else None."""
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return node.slice.value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+        first = node.args[0]
+        if node.func.attr == "get" and isinstance(first, ast.Constant):
+            return first.value
+    return None
+
+
 def manifest_problems(trees: dict[str, ast.Module]) -> list[str]:
     """Reads of a manifest's JSON outside its owner: ``x["files"]``, ``x.get("files")`` (or
     another top-level key), a dict literal building one, or a byte search for ``"blobs"``."""
@@ -462,14 +473,8 @@ def manifest_problems(trees: dict[str, ast.Module]) -> list[str]:
         if path == MANIFEST_OWNER:
             continue
         for node in ast.walk(tree):
-            key = None
-            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-                key = node.slice.value
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                first = node.args[0] if node.args else None
-                if node.func.attr == "get" and isinstance(first, ast.Constant):
-                    key = first.value
-            elif isinstance(node, ast.Dict):
+            key = _key_read(node)
+            if isinstance(node, ast.Dict):
                 keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}
                 key = "files" if {"files", "format_version"} <= keys else None
             elif isinstance(node, ast.Constant) and node.value == b'"blobs"':
@@ -492,4 +497,217 @@ def test_manifest_rule_finds_raw_reads():
     trees = {"ckptstore/ui/x.py": ast.parse(code), MANIFEST_OWNER: ast.parse(code)}
     assert sorted(p.split(" ")[0] for p in manifest_problems(trees)) == [
         f"ckptstore/ui/x.py:{line}" for line in (1, 2, 3, 4)
+    ]
+
+
+# ---- manifest file entries typed (issue 43) ------------------------------------------------------
+#: The modules that own a file entry's JSON keys: the parser/serialiser and the entry type.
+ENTRY_OWNERS = {MANIFEST_OWNER, "ckptstore/checkpointing/entries.py"}
+_ENTRY_KEYS = {"size", "crc32c", "blobs", "sha256"}
+#: Reads of those key names that are not a manifest file entry, by module and expression: a
+#: writer's planned entry (``blobs.is_chunked``: the plan is JSON until ``Manifest.build``),
+#: pending markers and condemned lists (``blobs``), rank hellos, fsspec listings, the cache's
+#: rows, a row view, the sharded plan items and a template filter. 42 entry reads in 6
+#: modules before FileEntry (``entry["size"]``, ``chunk["sha256"]``, ...); none now.
+NOT_ENTRY_READS = {
+    "ckptstore/checkpointing/blobs.py": {"'blobs' in entry", "marker.get('blobs')"},
+    "ckptstore/checkpointing/commit.py": {"info['blobs']"},
+    "ckptstore/checkpointing/condemned.py": {"info['blobs']"},
+    "ckptstore/checkpointing/distributed.py": {"hello.get('size')"},
+    "ckptstore/checkpointing/sharded.py": {"item['sha256']", "item['blobs']"},
+    "ckptstore/cli/cache_cmds.py": {"info['size']"},
+    "ckptstore/cli/checkpoint_cmds.py": {"view['size']"},
+    "ckptstore/storage_backends/fsspec_generic.py": {"info.get('size')"},
+    "ckptstore/ui/context.py": {"self.env.filters['size']"},
+}
+
+
+def entry_problems(trees: dict[str, ast.Module]) -> list[str]:
+    """Reads of a file entry's or chunk's JSON keys (``x["size"]``, ``x.get("blobs")``,
+    ``"blobs" in x``) outside the owners and the listed non-entry dicts."""
+    found = []
+    for path, tree in trees.items():
+        if path in ENTRY_OWNERS:
+            continue
+        allowed = NOT_ENTRY_READS.get(path, set())
+        for node in ast.walk(tree):
+            key = _key_read(node)
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant):
+                key = node.left.value
+            if key in _ENTRY_KEYS and (text := ast.unparse(node)) not in allowed:
+                found.append(f"{path}:{node.lineno} {text[:80]}")
+    return sorted(found)
+
+
+def test_manifest_file_entries_are_read_as_typed_values():
+    assert entry_problems(_trees()) == [], "read FileEntry.size/.crc32c/.chunks, Chunk.sha256"
+
+
+def test_entry_rule_finds_dict_reads():
+    # The check above must be able to fail: the ways entries were read before FileEntry.
+    code = (
+        "a = entry['size']\nb = e.get('crc32c')\nc = 'blobs' in entry\nd = chunk['sha256']\n"
+        "e = marker.get('blobs')\n"
+    )
+    trees = {
+        "ckptstore/ui/x.py": ast.parse(code),
+        "ckptstore/checkpointing/entries.py": ast.parse(code),
+    }
+    assert [p.split(" ")[0] for p in entry_problems(trees)] == [
+        f"ckptstore/ui/x.py:{line}" for line in (1, 2, 3, 4, 5)
+    ]
+
+
+# ---- one signature policy, one verify-key lookup (issue 43) ------------------------------------
+#: The module that writes the policy (no key: nothing checked; unsigned: refused; signed: the
+#: envelope, then the files) and the verify-key lookup, once each (signing.envelope,
+#: signing.verify_key). Issue 43 counted the policy 4 times and the lookup 6 times; after
+#: session 7 the policy was still spelled out in 4 places (unsigned_error + Expected.read in
+#: checkpointing/context.py, checkpointing/restore.py, ui/archive.py and signing.py).
+SIGNING_OWNER = "ckptstore/checkpointing/signing.py"
+#: Reads of an envelope that are not the policy: the export re-reads the signature a verified
+#: restore just checked, to extend it with the SavedModel's digests.
+ENVELOPE_REREADS = {"ckptstore/keras_io/exporting/_export_checkpoint.py"}
+
+
+def signature_policy_problems(trees: dict[str, ast.Module]) -> list[str]:
+    found = []
+    for path, tree in trees.items():
+        if path == SIGNING_OWNER:
+            continue
+        for name, call in _calls(tree):
+            if name not in ("unsigned_error", "key_from", "read", "get", "getenv"):
+                continue
+            text = ast.unparse(call)
+            if name == "unsigned_error" or (name == "key_from" and "VERIFY" in text):
+                found.append(f"{path}:{call.lineno} {text[:80]}")
+            elif name == "read" and "Expected" in ast.unparse(call.func):
+                if path not in ENVELOPE_REREADS:
+                    found.append(f"{path}:{call.lineno} {text[:80]}")
+            if name in ("get", "getenv") and "CKPTSTORE_VERIFY_KEY" in text:
+                found.append(f"{path}:{call.lineno} {text[:80]}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Subscript) and "CKPTSTORE_VERIFY_KEY" in ast.unparse(node):
+                found.append(f"{path}:{node.lineno} {ast.unparse(node)[:80]}")
+    return sorted(found)
+
+
+def test_the_signature_policy_and_the_verify_key_lookup_are_written_once():
+    assert signature_policy_problems(_trees()) == [], "use signing.envelope / signing.verify_key"
+
+
+def test_signature_rule_finds_copies():
+    code = (
+        "if SIGNATURE_NAME not in files:\n    raise signing.unsigned_error(where)\n"
+        "e = signing.Expected.read(sig, key)\nk = key_from(x, VERIFY_KEY_ENV)\n"
+        "v = os.environ.get('CKPTSTORE_VERIFY_KEY')\nw = os.environ['CKPTSTORE_VERIFY_KEY']\n"
+        "help = 'default: $CKPTSTORE_VERIFY_KEY'\n"
+    )
+    trees = {"ckptstore/ui/x.py": ast.parse(code), SIGNING_OWNER: ast.parse(code)}
+    assert [p.split(" ")[0] for p in signature_policy_problems(trees)] == [
+        f"ckptstore/ui/x.py:{line}" for line in (2, 3, 4, 5, 6)
+    ]
+
+
+# ---- the export policy ranks through the one metric rule (issue 43) ----------------------------
+EXPORTING = "ckptstore/keras_io/exporting/"
+
+
+def export_ranking_problems(trees: dict[str, ast.Module]) -> list[str]:
+    """The export modules read no metric value themselves (``metrics[name]``,
+    ``metrics.get(name)``, ``isfinite``): :func:`ckptstore.checkpointing.metrics.metric_value`
+    (the rule GC's best-N and best_checkpoint use) does, and the policy calls it."""
+    found, calls = [], set()
+    for path, tree in trees.items():
+        if not path.startswith(EXPORTING):
+            continue
+        for name, call in _calls(tree):
+            calls.add(name)
+            target = ast.unparse(call.func)
+            if name == "get" and "metric" in target or name in ("isfinite", "isnan", "isinf"):
+                found.append(f"{path}:{call.lineno} {ast.unparse(call)[:80]}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Subscript) and "metric" in ast.unparse(node.value):
+                found.append(f"{path}:{node.lineno} {ast.unparse(node)[:80]}")
+    if "metric_value" not in calls:
+        found.append(f"{EXPORTING}: the policy does not call metrics.metric_value")
+    return sorted(found)
+
+
+def test_the_export_policy_ranks_through_the_one_metric_rule():
+    assert export_ranking_problems(_trees()) == []
+
+
+def test_export_ranking_rule_finds_an_own_best():
+    own = f"{EXPORTING}_policy.py"
+    code = "v = metrics.get(self.metric)\nok = math.isfinite(v)\nw = metrics[self.metric]\n"
+    assert [p.split(" ")[0] for p in export_ranking_problems({own: ast.parse(code)})] == [
+        f"{EXPORTING}:",
+        f"{own}:1",
+        f"{own}:2",
+        f"{own}:3",
+    ]
+
+
+# ---- retention keys reach GC by one route (issue 43) -------------------------------------------
+#: Who names the retention keys (GC_KEYS): the spec's parser splits them into
+#: StorageConfig.retention, the GC policy reads them. Every run (a script's core.init, an
+#: experiment's trial, a TFKerasTrial's worker) turns ``StorageConfig.retention`` into its GC
+#: settings through retention.run_retention and nothing else.
+RETENTION_KEY_OWNERS = {
+    "ckptstore/storage_backends/config.py",
+    "ckptstore/storage_backends/spec.py",
+    "ckptstore/storage_backends/__init__.py",
+    "ckptstore/checkpointing/retention.py",
+}
+
+
+#: Not GC: the UI explains what a past run's GC kept from the config in its registry row, which
+#: may come from an import (a Determined config ckptstore cannot open), so it reads the keys
+#: off the raw block (issue 43, left open).
+RETENTION_EXPLAINERS = {"ckptstore/ui/kept.py"}
+
+
+def retention_problems(trees: dict[str, ast.Module]) -> list[str]:
+    found = []
+    for path, tree in trees.items():
+        if path in RETENTION_KEY_OWNERS:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id == "GC_KEYS":
+                found.append(f"{path}:{node.lineno} names GC_KEYS")
+            if isinstance(node, ast.alias) and node.name == "GC_KEYS":
+                found.append(f"{path}: imports GC_KEYS")
+        for name, call in _calls(tree):
+            first = ast.unparse(call.args[0]) if call.args else ""
+            explains = path in RETENTION_EXPLAINERS
+            if name == "run_retention" and not first.endswith(".retention") and not explains:
+                found.append(f"{path}:{call.lineno} {ast.unparse(call)[:80]}")
+    return sorted(found)
+
+
+def test_retention_keys_reach_gc_by_one_route():
+    assert retention_problems(_trees()) == []
+    routes = [
+        path
+        for path, tree in _trees().items()
+        for name, _ in _calls(tree)
+        if name == "run_retention" and path not in RETENTION_KEY_OWNERS | RETENTION_EXPLAINERS
+    ]
+    # Scripts and experiments (core.init) and TFKerasTrial (its worker): the same call, as
+    # ExperimentConfig.gc_settings() (what a TFKerasTrial of a config keeps) makes it.
+    assert sorted(routes) == [
+        "ckptstore/core/_context.py",
+        "ckptstore/experiment/config.py",
+        "ckptstore/keras_io/trial/worker.py",
+    ]
+
+
+def test_retention_rule_finds_a_second_route():
+    code = "from ckptstore.storage_backends.config import GC_KEYS\nkeys = {k: c[k] for k in GC_KEYS}\ngc = run_retention(keys)\n"
+    problems = retention_problems({"ckptstore/experiment/x.py": ast.parse(code)})
+    assert [p.split(" ")[0] for p in problems] == [
+        "ckptstore/experiment/x.py:",
+        "ckptstore/experiment/x.py:2",
+        "ckptstore/experiment/x.py:3",
     ]

@@ -17,6 +17,7 @@ from ckptstore.checkpointing.cache import RestoreCache
 from ckptstore.checkpointing.context import CheckpointContext
 from ckptstore.checkpointing.distributed import DummyDistributed, ProcessGroup
 from ckptstore.checkpointing.download_mode import DownloadMode
+from ckptstore.checkpointing.entries import Chunk, FileEntry
 from ckptstore.checkpointing.format import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -60,11 +61,13 @@ __all__ = [
     "CheckpointContext",
     "CheckpointIndex",
     "CheckpointRecord",
+    "Chunk",
     "DELETED",
     "ProcessGroup",
     "DummyDistributed",
     "ExperimentBestN",
     "FORMAT_VERSION",
+    "FileEntry",
     "GCPolicy",
     "KeepAll",
     "LatestN",

@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
 from ckptstore.checkpointing.clock import elapsed_clock
+from ckptstore.checkpointing.entries import Chunk, FileEntry
 from ckptstore.storage_backends.object_store import pwrite_all, tmp_name
 
 if TYPE_CHECKING:
@@ -358,19 +359,20 @@ def materialize(local_dir: str, relpaths: Iterable[str] | None = None) -> None:
 
 
 # ---- a manifest entry's chunks (the rule every reader of a format-2 entry uses) -------------
-def is_chunked(entry: Mapping[str, Any]) -> bool:
-    """True when a manifest entry's file is stored as chunks (a list, maybe empty), not whole."""
-    return "blobs" in entry
+def is_chunked(entry: FileEntry | Mapping[str, Any]) -> bool:
+    """True when a manifest entry's file is stored as chunks (a list, maybe empty), not whole
+    (a :class:`FileEntry`, or a writer's planned entry in its JSON shape)."""
+    return entry.chunked if isinstance(entry, FileEntry) else "blobs" in entry
 
 
-def chunks_of(entry: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
-    """The chunks (``{"sha256", "size"}``, in order) of a manifest entry; none if whole."""
-    return entry.get("blobs", ())
+def chunks_of(entry: FileEntry | Mapping[str, Any]) -> Sequence[Chunk]:
+    """The chunks (in order) of a manifest entry; none if whole."""
+    return FileEntry.of(entry).chunks or ()
 
 
-def chunk_shas(entries: Mapping[str, Mapping[str, Any]]) -> set[str]:
+def chunk_shas(entries: Mapping[str, FileEntry | Mapping[str, Any]]) -> set[str]:
     """The SHA-256 of every chunk manifest entries name (a writer's planned entries too)."""
-    return {c["sha256"] for e in entries.values() for c in chunks_of(e)}
+    return {c.sha256 for e in entries.values() for c in chunks_of(e)}
 
 
 def marker_blobs(marker: object) -> set[str]:
@@ -479,8 +481,8 @@ def upload(
         if rel.endswith("/"):
             continue
         offset = 0
-        for chunk in entry.get("blobs", ()):  # a file stored whole has none
-            sha, size = chunk["sha256"], chunk["size"]
+        for chunk in chunks_of(entry):  # a file stored whole has none
+            sha, size = chunk.sha256, chunk.size
             if sha in seen:
                 stats.reused += size
             elif sha in known:
@@ -517,7 +519,7 @@ def upload(
 # ---- reading -----------------------------------------------------------------------------------
 #: ``place(chunk, fd, offset, where)``: write a chunk's verified bytes at ``offset`` of the open
 #: file ``fd``; ``where`` names the chunk in errors.
-ChunkPlacer = Callable[[Mapping[str, Any], int, int, str], None]
+ChunkPlacer = Callable[[Chunk, int, int, str], None]
 
 
 def _damaged(message: str, sha: str) -> errors.ChecksumMismatch:
@@ -526,9 +528,9 @@ def _damaged(message: str, sha: str) -> errors.ChecksumMismatch:
     return exc
 
 
-def read_blob(storage: Storage, chunk: Mapping[str, Any], *, verify: bool, where: str) -> bytes:
+def read_blob(storage: Storage, chunk: Chunk, *, verify: bool, where: str) -> bytes:
     try:
-        data = storage.read_bytes(blob_key(chunk["sha256"]))
+        data = storage.read_bytes(blob_key(chunk.sha256))
     except errors.StorageNotFound:
         raise _missing(storage, chunk, where) from None
     if verify:
@@ -537,20 +539,20 @@ def read_blob(storage: Storage, chunk: Mapping[str, Any], *, verify: bool, where
 
 
 def place_blob(
-    storage: Storage, chunk: Mapping[str, Any], fd: int, offset: int, *, verify: bool, where: str
+    storage: Storage, chunk: Chunk, fd: int, offset: int, *, verify: bool, where: str
 ) -> None:
     """Write a chunk at ``offset`` of the open file ``fd``, checked first (as :func:`read_blob`);
     a local store copies it in the kernel (:meth:`~ckptstore.storage_backends.base.Storage.
     read_into`)."""
     check = (lambda data: _check_blob(storage, chunk, where, data)) if verify else None
     try:
-        storage.read_into(blob_key(chunk["sha256"]), fd, offset, check)
+        storage.read_into(blob_key(chunk.sha256), fd, offset, check)
     except errors.StorageNotFound:
         raise _missing(storage, chunk, where) from None
 
 
-def _missing(storage: Storage, chunk: Mapping[str, Any], where: str) -> errors.ChecksumMismatch:
-    sha = chunk["sha256"]
+def _missing(storage: Storage, chunk: Chunk, where: str) -> errors.ChecksumMismatch:
+    sha = chunk.sha256
     return _damaged(
         f"Blob {sha} of {where} is missing from {storage.url}/{BLOBS_DIR}; the checkpoint "
         "is damaged (a blob was deleted outside ckptstore). Restore the blob or delete the "
@@ -559,12 +561,12 @@ def _missing(storage: Storage, chunk: Mapping[str, Any], where: str) -> errors.C
     )
 
 
-def _check_blob(storage: Storage, chunk: Mapping[str, Any], where: str, data: bytes) -> None:
-    sha = chunk["sha256"]
-    if len(data) != chunk["size"] or hashlib.sha256(data).hexdigest() != sha:
+def _check_blob(storage: Storage, chunk: Chunk, where: str, data: bytes) -> None:
+    sha = chunk.sha256
+    if len(data) != chunk.size or hashlib.sha256(data).hexdigest() != sha:
         raise _damaged(
             f"Blob {sha} of {where} in {storage.url} is corrupted ({len(data)} bytes, expected "
-            f"{chunk['size']} with that SHA-256); every checkpoint using it is damaged (list "
+            f"{chunk.size} with that SHA-256); every checkpoint using it is damaged (list "
             "them with `ckptstore checkpoint verify`).",
             sha,
         )
@@ -594,7 +596,7 @@ def assemble(
     ``place(chunk, fd, offset, where)`` writes a chunk's verified bytes (default:
     :func:`place_blob` from ``storage``; the restore's cache passes its own)."""
     written: dict[str, int] = {}
-    todo: list[tuple[str, str, Mapping[str, Any], int]] = []
+    todo: list[tuple[str, str, Chunk, int]] = []
     #: part file -> final name. Chunks land in a part file renamed only once all arrived, so
     #: a failed download leaves no file at its final name (a good copy there stays), as
     #: whole-file downloads do.
@@ -606,13 +608,13 @@ def assemble(
         os.makedirs(os.path.dirname(target), exist_ok=True)
         part = tmp_name(target)
         with open(part, "wb") as f:
-            f.truncate(entry["size"])
+            f.truncate(entry.size)
         parts[part] = target
         offset = 0
         for chunk in chunks_of(entry):
             todo.append((rel, part, chunk, offset))
-            offset += chunk["size"]
-        written[rel] = entry["size"]
+            offset += chunk.size
+        written[rel] = entry.size
     try:
         if place is None:
             place = lambda chunk, fd, offset, where: place_blob(  # noqa: E731
@@ -633,7 +635,7 @@ def assemble(
 
 def _fetch_chunks(
     uuid: str,
-    todo: list[tuple[str, str, Mapping[str, Any], int]],
+    todo: list[tuple[str, str, Chunk, int]],
     place: ChunkPlacer,
     workers: int,
 ) -> None:
@@ -641,7 +643,7 @@ def _fetch_chunks(
     if not todo:
         return
 
-    def one(item: tuple[str, str, Mapping[str, Any], int]) -> None:
+    def one(item: tuple[str, str, Chunk, int]) -> None:
         rel, target, chunk, offset = item
         fd = os.open(target, os.O_WRONLY)
         try:

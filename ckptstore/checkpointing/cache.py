@@ -80,16 +80,17 @@ import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ckptstore import defaults, errors
 from ckptstore.checkpointing.checksums import file_sums
 from ckptstore.storage_backends.object_store import TMP_MARK, tmp_name
 
 if TYPE_CHECKING:
+    from ckptstore.checkpointing.entries import Chunk, FileEntry
     from ckptstore.storage_backends.base import Storage
 
 logger = logging.getLogger(__name__)
@@ -183,13 +184,13 @@ class LoadStats:
             else:
                 self.from_storage += size
 
-    def use(self, key: str, chunks: Sequence[Mapping[str, Any]] = ()) -> None:
+    def use(self, key: str, chunks: Sequence[Chunk] = ()) -> None:
         """Entry ``key`` was used or added (``chunks``: its chunk list, for a format-2 file)."""
         with self._lock:
             self.used.add(key)
             if chunks:
-                starts = itertools.accumulate((c["size"] for c in chunks), initial=0)
-                self.layouts[key] = [(c["sha256"], o) for c, o in zip(chunks, starts, strict=False)]
+                starts = itertools.accumulate((c.size for c in chunks), initial=0)
+                self.layouts[key] = [(c.sha256, o) for c, o in zip(chunks, starts, strict=False)]
 
 
 class RestoreCache:
@@ -217,21 +218,21 @@ class RestoreCache:
 
     # ---- entries -------------------------------------------------------------------------------
     @staticmethod
-    def content_key(chunks: Sequence[Mapping[str, Any]]) -> str:
+    def content_key(chunks: Sequence[Chunk]) -> str:
         """The key of a format-2 file: its chunks' SHA-256 and sizes (its content)."""
-        listed = "".join(f"{c['sha256']}:{c['size']}," for c in chunks)
+        listed = "".join(f"{c.sha256}:{c.size}," for c in chunks)
         return _key_of(f"chunks\0{listed}")
 
     @staticmethod
-    def file_key(storage_url: str, uuid: str, rel: str, entry: Mapping[str, Any]) -> str:
+    def file_key(storage_url: str, uuid: str, rel: str, entry: FileEntry) -> str:
         """The key of a whole (format-1) file: where it comes from, its size and crc32c."""
-        return _key_of("\0".join([storage_url, uuid, rel, str(entry["size"]), entry["crc32c"]]))
+        return _key_of("\0".join([storage_url, uuid, rel, str(entry.size), entry.crc32c]))
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))
 
     def link_file(
-        self, key: str, target: str, entry: Mapping[str, Any], *, sha256: bool = False
+        self, key: str, target: str, entry: FileEntry, *, sha256: bool = False
     ) -> str | None:
         """Put the cached file ``key`` at ``target`` (hard link, else copy) if it matches
         ``entry``'s size and crc32c; a damaged entry is dropped. Returns None if it was not
@@ -251,9 +252,9 @@ class RestoreCache:
         # size, mtime, ctime) as last seen, else its SHA-256 as recorded. Checked on the link,
         # not the entry's name: an eviction meanwhile cannot swap it.
         same = recorded is not None and recorded[0] == before and _same_inode(before, part)
-        if recorded is not None and os.path.getsize(part) == entry["size"]:
+        if recorded is not None and os.path.getsize(part) == entry.size:
             crc, sha = file_sums(part, sha256=sha256 or not same)
-            if crc == entry["crc32c"] and (same or sha == recorded[1]):
+            if crc == entry.crc32c and (same or sha == recorded[1]):
                 os.replace(part, target)
                 self._seen(key, _ident_of(path))  # our own link changed its ctime
                 return sha or ""

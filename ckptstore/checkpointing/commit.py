@@ -436,7 +436,7 @@ def _store_whole(
     """Put the files of ``entries`` that have no blob list into the checkpoint folder: with
     ``move``, renamed there when storage is on this file system (no copy: the staging folder
     is beside the checkpoint's), uploaded otherwise."""
-    paths = [rel for rel, e in entries.items() if "blobs" not in e and not rel.endswith("/")]
+    paths = [rel for rel, e in entries.items() if not blobs.is_chunked(e) and not rel.endswith("/")]
     if move:
         # rename_dir_into moves a file as well as a folder (os.rename); False: copy instead.
         paths = [
@@ -459,7 +459,7 @@ def _whole_where_threatened(
     out: dict[str, dict[str, Any]] = {}
     whole: list[str] = []
     for rel, entry in entries.items():
-        if any(c["sha256"] in unsafe for c in entry.get("blobs", ())):
+        if any(c.sha256 in unsafe for c in blobs.chunks_of(entry)):
             out[rel] = {k: v for k, v in entry.items() if k != "blobs"}
             whole.append(rel)
         else:
@@ -609,7 +609,7 @@ def delete_files(
         # stops the delete before anything changes in storage).
         try:
             index.set_checkpoint_state(
-                uuid, PARTIALLY_DELETED, resources={r: e["size"] for r, e in remaining.items()}
+                uuid, PARTIALLY_DELETED, resources={r: e.size for r, e in remaining.items()}
             )
         except errors.CheckpointNotFound:
             pass  # not in the index

@@ -563,9 +563,8 @@ class CheckpointContext:
                 fmt.verify_files(local, manifest, selector)
             return
         sig = os.path.join(local, signing.SIGNATURE_NAME)
-        if signing.SIGNATURE_NAME not in manifest.files or not os.path.isfile(sig):
-            raise signing.unsigned_error(local)
-        expected = signing.Expected.read(sig, self.verify_key, subject=manifest.uuid)
+        signed = signing.SIGNATURE_NAME in manifest.files and os.path.isfile(sig)
+        expected = signing.envelope(local, signed, sig, self.verify_key, subject=manifest.uuid)
         digests: dict[str, str] = {}
         fmt.verify_files(local, manifest, selector, sha256=digests, check=self.verify)
         digests.update(signing.unlisted_digests(local, manifest.files))

@@ -30,8 +30,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.checkpointing.blobs import SHA_RE, chunk_shas, is_chunked
+from ckptstore.checkpointing.blobs import SHA_RE, chunk_shas
 from ckptstore.checkpointing.checksums import crc32c_bytes, crc32c_file, file_sums
+from ckptstore.checkpointing.entries import FileEntry
 from ckptstore.checkpointing.index import COMMITTED, PARTIALLY_DELETED, CheckpointRecord
 from ckptstore.checkpointing.jsonfiles import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from ckptstore.checkpointing.jsonfiles import load_json as load_json
@@ -290,10 +291,10 @@ def verify_files(
                 "the download was incomplete or the checkpoint was damaged. Retry the download."
             )
         size = os.path.getsize(path)
-        if check and size != entry["size"]:
+        if check and size != entry.size:
             raise errors.ChecksumMismatch(
                 f"File {rel!r} has {size} bytes but the checkpoint manifest says "
-                f"{entry['size']}; the copy is damaged. Retry the download, or pass "
+                f"{entry.size}; the copy is damaged. Retry the download, or pass "
                 "verify=False to skip verification at your own risk."
             )
         crc, sha = (
@@ -303,10 +304,10 @@ def verify_files(
         )
         if sha256 is not None:
             sha256[rel] = str(sha)
-        if check and crc != entry["crc32c"]:
+        if check and crc != entry.crc32c:
             raise errors.ChecksumMismatch(
                 f"File {rel!r} has crc32c {crc} but the checkpoint manifest says "
-                f"{entry['crc32c']}; the copy is damaged. Retry the download, or pass "
+                f"{entry.crc32c}; the copy is damaged. Retry the download, or pass "
                 "verify=False to skip verification at your own risk."
             )
         checked[rel] = size
@@ -336,35 +337,34 @@ class Manifest:
     it), every writer from :meth:`build`; :meth:`to_bytes` is its one serialisation (JSON
     bytes unchanged for every format version).
 
-    ``files``: ``{relpath: entry}``, read-only, each entry in its stored JSON shape
-    (``{"size", "crc32c"}``, plus ``"blobs"`` for a file stored as chunks: read those with
-    :func:`.blobs.chunks_of`). ``version``: chosen by the writer when built (2 when some file is
+    ``files``: ``{relpath: FileEntry}``, read-only (:class:`.entries.FileEntry`: size,
+    crc32c, and the chunks of a file stored as chunks). ``version``: chosen by the writer when built (2 when some file is
     stored as chunks, else 1); a parsed manifest keeps the one it was written with.
     ``extra``: other top-level keys, kept as read so a rewrite carries them."""
 
     uuid: str | None
-    files: Mapping[str, Mapping[str, Any]]
+    files: Mapping[str, FileEntry]
     version: int = FORMAT_VERSION
     partially_deleted: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.files, MappingProxyType):
-            object.__setattr__(self, "files", MappingProxyType(dict(sorted(self.files.items()))))
+            files = {rel: FileEntry.of(e) for rel, e in sorted(self.files.items())}
+            object.__setattr__(self, "files", MappingProxyType(files))
 
     @classmethod
-    def build(
-        cls, uuid: str | None, entries: Mapping[str, Mapping[str, Any]], metadata: bytes = b""
-    ) -> Manifest:
+    def build(cls, uuid: str | None, entries: Mapping[str, Any], metadata: bytes = b"") -> Manifest:
         """The one builder: a manifest of ``entries`` (plus ``metadata.json`` when its bytes
-        are given), format 2 when an entry names chunks, else format 1."""
-        files = {rel: dict(entry) for rel, entry in entries.items()}
+        are given), format 2 when an entry names chunks, else format 1. ``entries``:
+        :class:`FileEntry` values or a writer's entries in their JSON shape."""
+        files = {rel: FileEntry.of(entry) for rel, entry in entries.items()}
         if metadata:
-            files[METADATA_NAME] = {"size": len(metadata), "crc32c": crc32c_bytes(metadata)}
-        chunked = any(map(is_chunked, files.values()))
+            files[METADATA_NAME] = FileEntry(len(metadata), crc32c_bytes(metadata))
+        chunked = any(e.chunked for e in files.values())
         return cls(uuid, files, BLOBS_FORMAT_VERSION if chunked else FORMAT_VERSION)
 
-    def with_files(self, files: Mapping[str, Mapping[str, Any]], **changes: Any) -> Manifest:
+    def with_files(self, files: Mapping[str, Any], **changes: Any) -> Manifest:
         """This manifest listing ``files`` instead (``changes``: other fields that change)."""
         return replace(self, files=files, **changes)
 
@@ -418,7 +418,8 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object of ``MANIFEST.json`` (a new dict; its entries are this manifest's)."""
-        out = {"format_version": self.version, "uuid": self.uuid, "files": dict(self.files)}
+        files = {rel: entry.to_json() for rel, entry in self.files.items()}
+        out = {"format_version": self.version, "uuid": self.uuid, "files": files}
         if self.partially_deleted:
             out["partially_deleted"] = True
         out.update(self.extra)
@@ -432,7 +433,7 @@ class Manifest:
     @cached_property
     def deduplicated(self) -> bool:
         """True when some file is stored as content-addressed chunks."""
-        return any(map(is_chunked, self.files.values()))
+        return any(e.chunked for e in self.files.values())
 
     @staticmethod
     def may_be_deduplicated(data: bytes) -> bool:
@@ -441,7 +442,7 @@ class Manifest:
 
     def sizes(self) -> dict[str, int]:
         """``{relpath: size}`` of every listed file."""
-        return {rel: entry["size"] for rel, entry in self.files.items()}
+        return {rel: entry.size for rel, entry in self.files.items()}
 
     def blobs(self) -> set[str]:
         """The SHA-256 of every chunk the manifest names."""

@@ -30,6 +30,7 @@ from ckptstore.checkpointing import format as fmt
 from ckptstore.storage_backends.base import pwrite_all
 
 if TYPE_CHECKING:
+    from ckptstore.checkpointing.entries import Chunk, FileEntry
     from ckptstore.storage_backends.base import ProgressCallback, Storage
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def download_checkpoint(
     if whole:
         storage.download(uuid, out_dir, selector=lambda rel: rel in whole, progress=progress)
     fetched = {rel for rel in whole if not rel.endswith("/")}
-    stats.count(sum(files[rel]["size"] for rel in fetched), hit=False)
+    stats.count(sum(files[rel].size for rel in fetched), hit=False)
     assembled = {rel for rel, e in files.items() if blobs.is_chunked(e) and rel not in linked}
     # A local store's chunks are copied in the kernel unhashed: the whole-file crc32c below
     # checks what they make up (a cache keeps chunks by SHA-256: checked one by one).
@@ -121,7 +122,7 @@ def download_checkpoint(
             stats.use(keys[rel], blobs.chunks_of(files[rel]))
         restore.record(stats)
     report = DownloadReport(
-        {r: e["size"] for r, e in files.items() if not r.endswith("/")},
+        {r: e.size for r, e in files.items() if not r.endswith("/")},
         stats.from_storage,
         stats.from_cache,
         restore is not None,
@@ -154,13 +155,15 @@ def download_signed(
     its crc32c, is compared with the signature (``partial``: ``select`` left signed files
     out). The one signed download: ``CheckpointContext.download`` and the CLI's.
     ``options``: :func:`download_checkpoint`'s."""
-    if signing.SIGNATURE_NAME not in manifest.files:
-        raise signing.unsigned_error(f"{uuid} in {storage.url}")
-    sig = os.path.join(out_dir, signing.SIGNATURE_NAME)
-    download_checkpoint(
-        storage, uuid, manifest, out_dir, lambda rel: rel == signing.SIGNATURE_NAME, **options
-    )
-    expected = signing.Expected.read(sig, public_key, subject=uuid)
+
+    def fetch() -> str:
+        only = lambda rel: rel == signing.SIGNATURE_NAME  # noqa: E731
+        download_checkpoint(storage, uuid, manifest, out_dir, only, **options)
+        return os.path.join(out_dir, signing.SIGNATURE_NAME)
+
+    signed = signing.SIGNATURE_NAME in manifest.files
+    where = f"{uuid} in {storage.url}"
+    expected = signing.envelope(where, signed, fetch, public_key, subject=uuid)
     digests: dict[str, str] = {}
     wanted = lambda rel: rel != signing.SIGNATURE_NAME and select(rel)  # noqa: E731
     signed = expected.digests if expected.algorithm == signing.HASH_ALGORITHM else None
@@ -192,7 +195,7 @@ def _keys(
     restore: cache_mod.RestoreCache | None,
     storage: Storage,
     uuid: str,
-    files: Mapping[str, Mapping[str, Any]],
+    files: Mapping[str, FileEntry],
 ) -> dict[str, str]:
     """The cache key of every selected file (none without a cache)."""
     if restore is None:
@@ -209,7 +212,7 @@ def _keys(
 def _link_cached(
     restore: cache_mod.RestoreCache | None,
     keys: Mapping[str, str],
-    files: Mapping[str, Mapping[str, Any]],
+    files: Mapping[str, FileEntry],
     out_dir: str,
     stats: cache_mod.LoadStats,
     progress: ProgressCallback | None,
@@ -233,10 +236,10 @@ def _link_cached(
             if sha256 is not None:
                 sha256[rel] = sha
             linked.add(rel)
-            stats.count(entry["size"], hit=True)
+            stats.count(entry.size, hit=True)
             stats.use(key)
             if progress is not None:
-                progress(entry["size"])
+                progress(entry.size)
     return linked
 
 
@@ -257,14 +260,14 @@ def _assemble(
         return
     places = (
         restore.chunk_places(
-            c["sha256"] for rel in wanted for c in blobs.chunks_of(manifest.files[rel])
+            c.sha256 for rel in wanted for c in blobs.chunks_of(manifest.files[rel])
         )
         if restore is not None
         else {}
     )
 
-    def place(chunk: Mapping[str, Any], fd: int, offset: int, where: str) -> None:
-        sha, size = chunk["sha256"], chunk["size"]
+    def place(chunk: Chunk, fd: int, offset: int, where: str) -> None:
+        sha, size = chunk.sha256, chunk.size
         found = restore.read_chunk(sha, size, places[sha]) if restore and sha in places else None
         if found is not None:
             stats.use(found[0])  # a use of the cached file it came from

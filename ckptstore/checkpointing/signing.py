@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 import pathlib
 import uuid as _uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from ckptstore import errors
 from ckptstore.checkpointing import format as fmt
@@ -280,6 +280,27 @@ def unsigned_error(where: str) -> errors.SignatureError:
     )
 
 
+def envelope(
+    where: str,
+    signed: bool,
+    signature: str | Callable[[], str],
+    public_key: KeyPath,
+    *,
+    subject: str | None = None,
+) -> Expected:
+    """The signature policy every reader follows once a verify key is set (without one,
+    nothing is checked: :func:`verify_key` is None), written once: a checkpoint without
+    :data:`SIGNATURE_NAME` (``signed`` False) is refused (:func:`unsigned_error`, naming
+    ``where``); its envelope must be signed by ``public_key`` for checkpoint ``subject``
+    (:meth:`Expected.read`); the caller then compares the files it reads with the returned
+    :class:`Expected`. ``signature``: the signature's local path, or what fetches it there
+    (called only when the checkpoint is signed, so an unsigned one costs no download)."""
+    if not signed:
+        raise unsigned_error(where)
+    path = signature() if callable(signature) else signature
+    return Expected.read(path, public_key, subject=subject)
+
+
 class Expected:
     """What a checked signature vouches for: its hash algorithm and ``{path: digest}``.
 
@@ -367,9 +388,8 @@ def verify_folder(
     hashed here). Raises :class:`~ckptstore.errors.SignatureError`, naming what differs."""
     folder = os.fspath(folder)
     sig = os.path.join(folder, SIGNATURE_NAME)
-    if not os.path.isfile(sig):
-        raise unsigned_error(folder)
-    Expected.read(sig, public_key, subject=subject).compare(folder, digests, partial=partial)
+    expected = envelope(folder, os.path.isfile(sig), sig, public_key, subject=subject)
+    expected.compare(folder, digests, partial=partial)
 
 
 def verify(
@@ -397,6 +417,7 @@ __all__ = [
     "SIGNING_KEY_ENV",
     "UNSIGNED_NAMES",
     "VERIFY_KEY_ENV",
+    "envelope",
     "key_from",
     "load_model_signing",
     "public_key_file",

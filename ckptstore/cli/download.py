@@ -72,7 +72,7 @@ def download_checkpoint(
         for rel, entry in manifest.files.items()
         if select(rel) or rel in (ckpt_format.METADATA_NAME, signing.SIGNATURE_NAME)
     }
-    total = sum(int(e["size"]) for e in wanted.values())
+    total = sum(e.size for e in wanted.values())
     with transfer_progress(f"{label} {uuid[:8]}", total) as progress:
         try:
             if verify_key is None:

@@ -119,12 +119,16 @@ def _expected_signature(
     key = signing.verify_key()
     if key is None:
         return None
-    if signing.SIGNATURE_NAME not in manifest.files:
-        raise signing.unsigned_error(f"{uuid} in {storage.url}")
-    sig = lambda rel: rel == signing.SIGNATURE_NAME  # noqa: E731
-    restore.download_checkpoint(storage, uuid, manifest, tmp, sig)
-    expected = signing.Expected.read(os.path.join(tmp, signing.SIGNATURE_NAME), key)
-    os.remove(os.path.join(tmp, signing.SIGNATURE_NAME))
+    path = os.path.join(tmp, signing.SIGNATURE_NAME)
+
+    def fetch() -> str:
+        only = lambda rel: rel == signing.SIGNATURE_NAME  # noqa: E731
+        restore.download_checkpoint(storage, uuid, manifest, tmp, only)
+        return path
+
+    signed = signing.SIGNATURE_NAME in manifest.files
+    expected = signing.envelope(f"{uuid} in {storage.url}", signed, fetch, key, subject=uuid)
+    os.remove(path)
     return expected
 
 

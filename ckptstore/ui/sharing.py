@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from ckptstore.checkpointing.blobs import chunks_of, is_chunked
 from ckptstore.checkpointing.format import Manifest
 
 
@@ -37,15 +36,12 @@ def shared_with(manifest: Manifest, previous: Manifest) -> Sharing:
     for rel, entry in manifest.files.items():
         if rel.endswith("/"):
             continue
-        if is_chunked(entry):
+        if entry.chunked:
             deduplicated = True
-            files[rel] = sum(c["size"] for c in chunks_of(entry) if c["sha256"] in before_chunks)
+            files[rel] = sum(c.size for c in entry.chunks or () if c.sha256 in before_chunks)
         else:
             old = before_files.get(rel)
-            same = old is not None and (old["size"], old["crc32c"]) == (
-                entry["size"],
-                entry["crc32c"],
-            )
-            files[rel] = entry["size"] if same else 0
-    total = sum(e["size"] for r, e in manifest.files.items() if not r.endswith("/"))
+            same = old is not None and (old.size, old.crc32c) == (entry.size, entry.crc32c)
+            files[rel] = entry.size if same else 0
+    total = sum(e.size for r, e in manifest.files.items() if not r.endswith("/"))
     return Sharing(files, sum(files.values()), total, deduplicated)

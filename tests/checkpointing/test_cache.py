@@ -93,7 +93,7 @@ def test_a_damaged_entry_or_an_edited_hard_link_is_detected_and_fetched_again(
         assert ctx.cache is not None  # on by default for remote storage
         # Flip a byte of N's cached backbone; edit a downloaded (hard-linked) file in place.
         entry = ctx.cache.root / ctx.cache.content_key(
-            fmt.read_manifest(ctx.storage, uuids[0])["files"]["model/backbone.bin"]["blobs"]
+            fmt.load_manifest(ctx.storage, uuids[0]).files["model/backbone.bin"].chunks
         )
         data = bytearray(entry.read_bytes())
         data[2 * CHUNK + 7] ^= 1

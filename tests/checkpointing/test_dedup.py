@@ -558,20 +558,20 @@ def test_assemble_reads_chunks_in_parallel_and_names_a_damaged_or_missing_one(tm
         assert 1 < slow.most <= 4  # in parallel, never more chunks in memory than threads
         chunks = blobs.chunks_of(manifest.files["model/frozen.bin"])
         # A corrupted chunk: the same typed error, naming the chunk and the file.
-        key = blobs.blob_key(chunks[3]["sha256"])
+        key = blobs.blob_key(chunks[3].sha256)
         data = ctx.storage.read_bytes(key)
         os.chmod(ctx.storage.local_path(key), 0o644)
         ctx.storage.write_bytes(key, data[:-1] + bytes([data[-1] ^ 1]))
-        with pytest.raises(errors.ChecksumMismatch, match=chunks[3]["sha256"]) as caught:
+        with pytest.raises(errors.ChecksumMismatch, match=chunks[3].sha256) as caught:
             blobs.assemble(ctx.storage, uuid, manifest, out, lambda rel: True)
-        assert caught.value.blob == chunks[3]["sha256"]  # type: ignore[attr-defined]
+        assert caught.value.blob == chunks[3].sha256  # type: ignore[attr-defined]
         assert f"{uuid}/model/frozen.bin" in str(caught.value)
         # A missing chunk.
-        ctx.storage.delete(blobs.blob_key(chunks[9]["sha256"]))
+        ctx.storage.delete(blobs.blob_key(chunks[9].sha256))
         ctx.storage.write_bytes(key, data)
         with pytest.raises(errors.ChecksumMismatch, match="missing") as caught:
             blobs.assemble(ctx.storage, uuid, manifest, out, lambda rel: True)
-        assert caught.value.blob == chunks[9]["sha256"]  # type: ignore[attr-defined]
+        assert caught.value.blob == chunks[9].sha256  # type: ignore[attr-defined]
 
 
 def test_storage_validate_checks_the_blob_store(tmp_path, frozen):

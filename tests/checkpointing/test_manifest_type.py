@@ -3,14 +3,17 @@ bytes are those every earlier ckptstore wrote, for both format versions."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptstore.checkpointing import CheckpointContext, amend
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing.entries import FileEntry
 from tests._helpers.trees import make_tree
 
 _NAME = st.text("abcdefghijklmnopqrstuvwxyz0123456789_", min_size=1, max_size=8)
@@ -52,7 +55,7 @@ def _earlier_writer(manifest: fmt.Manifest) -> tuple[bytes, bytes]:
     """The bytes the dict-based writer wrote before the type existed (format 2 compact since
     14d0796), and the indented format 2 of the releases before that."""
     obj = {"format_version": manifest.version, "uuid": manifest.uuid}
-    obj["files"] = {rel: dict(entry) for rel, entry in manifest.files.items()}
+    obj["files"] = {rel: entry.to_json() for rel, entry in manifest.files.items()}
     if manifest.partially_deleted:
         obj["partially_deleted"] = True
     indented = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
@@ -77,6 +80,30 @@ def test_manifests_round_trip_with_the_bytes_every_version_wrote(written):
     assert fmt.Manifest.parse(older, uuid) == manifest  # an indented format 2 still reads
     assert fmt.parse_manifest(data, uuid) == json.loads(data) == manifest.to_json()
     assert fmt.manifest_bytes(json.loads(data)) == data  # a script's JSON object, as is
+    # File entries are frozen typed values read through the type, equal to their JSON.
+    stored = json.loads(data)["files"]
+    for rel, entry in parsed.files.items():
+        assert isinstance(entry, FileEntry) and entry.to_json() == stored[rel]
+        assert entry == FileEntry.of(stored[rel])
+        assert entry.chunked == ("blobs" in stored[rel])
+        assert [c.to_json() for c in entry.chunks or ()] == stored[rel].get("blobs", [])
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            entry.size = 0  # type: ignore[misc]
+
+
+def test_a_file_entry_keeps_keys_a_later_writer_adds():
+    """An entry key this version does not know survives a rewrite (a partial delete)."""
+    files = {
+        "a.bin": {"size": 1, "crc32c": "0000000a", "later": {"x": [1, 2]}},
+        "b.bin": {"size": 2, "crc32c": "0000000b"},
+    }
+    data = fmt.Manifest.build("u", files).to_bytes()
+    manifest = fmt.Manifest.parse(data, "u")
+    assert manifest.files["a.bin"].extra == (("later", {"x": [1, 2]}),)
+    kept = manifest.with_files({"a.bin": manifest.files["a.bin"]}, partially_deleted=True)
+    assert json.loads(kept.to_bytes())["files"] == {"a.bin": files["a.bin"]}
+    with pytest.raises(TypeError):
+        manifest.files["c.bin"] = manifest.files["b.bin"]  # type: ignore[index]
 
 
 def _stored(ctx: CheckpointContext, uuid: str) -> fmt.Manifest:

@@ -159,7 +159,7 @@ def test_a_poisoned_cache_entry_is_a_miss_not_a_refusal(where, keys, tmp_path):
     cache = RestoreCache(tmp_path / "cache")
     with CheckpointContext(where.storage, verify_key=pub, cache=cache) as reader:
         reader.download(uuid, tmp_path / "first")
-        entry = fmt.read_manifest(reader.storage, uuid)["files"]["a.bin"]
+        entry = fmt.load_manifest(reader.storage, uuid).files["a.bin"]
         path = str(cache.root / cache.file_key(reader.storage.url, uuid, "a.bin", entry))
         forged = same_crc32c(b"x" * len(FILES["a.bin"]), FILES["a.bin"])
         Path(path + ".new").write_bytes(forged)

@@ -19,7 +19,12 @@ def _blobs(*chunks: tuple[str, int]) -> dict:
 
 def test_deduplicated_chunks_already_stored_count_as_shared():
     before = {"files": {"model.keras": _blobs((A, 100), (B, 50))}}
-    after = {"files": {"model.keras": _blobs((A, 100), (C, 70)), "extra/": {"size": 0}}}
+    after = {
+        "files": {
+            "model.keras": _blobs((A, 100), (C, 70)),
+            "extra/": {"size": 0, "crc32c": "00000000"},
+        }
+    }
     sharing = shared_with(Manifest.of(after), Manifest.of(before))
     assert (sharing.shared, sharing.total, sharing.deduplicated) == (100, 170, True)
     assert sharing.files == {"model.keras": 100}
