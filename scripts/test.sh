@@ -10,4 +10,8 @@ servers=$!
 bash scripts/setup.sh --test
 wait "$servers"
 export PYTHONUNBUFFERED=1
+# Python writes each module's bytecode when it first imports it: pip installs with --no-compile,
+# so with PYTHONDONTWRITEBYTECODE set (as in this project's machines) every TensorFlow process of
+# the suite would compile TensorFlow and Keras from source again (~9 CPU-s each, measured).
+unset PYTHONDONTWRITEBYTECODE
 exec .venv/bin/python -m pytest -ra --durations=20 "$@"

@@ -2,6 +2,7 @@
 
     python -m tests.keras_io.exact_resume_worker --dir D --kind arrays --epochs 3 \
         [--sigterm-at-step 7] [--tag first] [--preempt-check-period 3]
+    python -m tests.keras_io.exact_resume_worker --straight arrays,tfdata --dir D --epochs 3
 
 Runs on the Keras ``tf.keras`` is (Keras 2 with ``TF_USE_LEGACY_KERAS=1``; the trial kinds
 need Keras 3). One tiny model (Dense + Dropout, Adam) trained on 40 samples in batches of 8 (5 steps per
@@ -313,5 +314,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def straight_runs(argv: list[str]) -> int:
+    """``--straight KIND,KIND --dir D --epochs N``: the uninterrupted run of each kind, one after
+    another in this process (``D/KIND/straight.*``): one TensorFlow start instead of one each."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--straight", required=True)
+    p.add_argument("--dir", required=True)
+    p.add_argument("--epochs", default="3")
+    args = p.parse_args(argv)
+    from ckptstore.keras_io.fit import _callback as determined_callback
+
+    made = determined_callback.DeterminedCallback  # wrap_data's run replaces it
+    for kind in args.straight.split(","):
+        keras.backend.clear_session()  # the same layer and variable names as a fresh process
+        folder = os.path.join(args.dir, kind)
+        os.makedirs(folder, exist_ok=True)
+        try:
+            main(["--dir", folder, "--kind", kind, "--epochs", args.epochs, "--tag", "straight"])
+        finally:
+            determined_callback.DeterminedCallback = made
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(straight_runs(sys.argv[1:]) if "--straight" in sys.argv else main())

@@ -1,7 +1,8 @@
 """Exact mid-epoch resume: N epochs straight == preempted (real SIGTERM) + resumed in new processes.
 
-Every run is a fresh process (tests/keras_io/exact_resume_worker.py): 3 epochs of 5 steps, a
-Dropout layer, op determinism on. The preempted run gets SIGTERM right after a random step inside
+Every preempted or resumed run is a fresh process (tests/keras_io/exact_resume_worker.py): 3
+epochs of 5 steps, a Dropout layer, op determinism on; the straight runs the selected tests
+compare against run one after another in one process (the same names and seeds as fresh ones). The preempted run gets SIGTERM right after a random step inside
 an epoch; the resumed run must continue from the next unseen batch so that weights, optimizer
 variables, ``iterations``, the metrics history and every callback's state are bit-equal to the
 straight run, with no batch trained twice.
@@ -38,6 +39,11 @@ def run(
         args += ["--preempt-check-period", str(period)]
     if sigterm_at is not None:
         args += ["--sigterm-at-step", str(sigterm_at)]
+    return results(workdir, tag, worker(args))
+
+
+def worker(args: list[str]) -> str:
+    """Runs the worker with ``args``; its stderr."""
     env = keras_env(TF_CPP_MIN_LOG_LEVEL="2")  # on this process's backend (JAX in the JAX run)
     proc = subprocess.run(
         [sys.executable, "-m", "tests.keras_io.exact_resume_worker", *args],
@@ -48,9 +54,13 @@ def run(
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return proc.stderr
+
+
+def results(workdir, tag: str, stderr: str) -> dict:
     with open(os.path.join(workdir, f"{tag}.json")) as f:
         out = json.load(f)
-    out["stderr"] = proc.stderr
+    out["stderr"] = stderr
     with np.load(os.path.join(workdir, f"{tag}.npz")) as z:
         out["arrays"] = {k: z[k] for k in z.files}
     return out
@@ -82,15 +92,26 @@ def assert_bit_equal(ref: dict, got: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    """The uninterrupted run of each kind, made once per kind."""
+def straight(request, tmp_path_factory):
+    """The uninterrupted run of each kind, made once per kind: the kinds that this session's
+    selected tests name run one after another in one process (a TensorFlow start costs more
+    than a run)."""
     cache: dict[str, dict] = {}
+    named = {
+        getattr(item, "callspec", None) and item.callspec.params.get("kind")
+        for item in request.session.items
+        if item.module is request.module and "straight" in item.fixturenames
+    }
 
     def get(kind: str) -> dict:
         if kind not in cache:
-            d = tmp_path_factory.mktemp(f"straight-{kind}")
-            cache[kind] = run(d, kind, "straight")
-            assert cache[kind]["iterations"] == (TRIAL_TOTAL if "trial" in kind else TOTAL)
+            kinds = sorted(k for k in {kind} | named if k and k not in cache)
+            d = tmp_path_factory.mktemp("straight")
+            stderr = worker(
+                ["--straight", ",".join(kinds), "--dir", str(d), "--epochs", str(EPOCHS)]
+            )
+            cache.update({k: results(d / k, "straight", stderr) for k in kinds})
+        assert cache[kind]["iterations"] == (TRIAL_TOTAL if "trial" in kind else TOTAL)
         return cache[kind]
 
     return get
