@@ -136,7 +136,8 @@ class TrainContext:
         """:meth:`wait`, then stop ordering the registry's calls behind this context (called by
         ``core.init``'s exit). Idempotent."""
         try:
-            self.wait()
+            self._writes.close()
+            self._raise_failed_write()
         finally:
             if self._remove_barrier is not None:
                 self._remove_barrier()
