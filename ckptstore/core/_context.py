@@ -207,7 +207,8 @@ class Context:
 
         Takes Determined's ``(exc_type, exc_val, exc_tb)``; ``exc`` is the same as ``exc_val``.
 
-        Raises the first background upload failure (a
+        Raises the first background failure (a training-metrics write's error, see
+        :class:`~ckptstore.core.TrainContext`, else a checkpoint upload's
         :class:`~ckptstore.errors.BackgroundUploadError`) unless ``exc`` (the exception already
         ending the block) is given; then the failure is logged so it does not hide ``exc``.
         With ``set_trial_state`` (default: what :func:`init` decided), the chief marks the trial
@@ -224,11 +225,18 @@ class Context:
         if self._heartbeat is not None:
             self._heartbeat.close()
         upload_error: BaseException | None = None
-        try:
-            self.checkpoint.wait()
+        try:  # the queued training metrics first: they were reported before what follows
+            self.train.close()
         except BaseException as err:  # noqa: BLE001 - re-raised below
             upload_error = err
             if exc is not None:
+                logger.error("A background write of training metrics failed: %s", err)
+        try:
+            self.checkpoint.wait()
+        except BaseException as err:  # noqa: BLE001 - re-raised below
+            if upload_error is None:
+                upload_error = err
+            if exc is not None or upload_error is not err:
                 logger.error("A background checkpoint upload failed: %s", err)
         try:
             if set_trial_state and self.distributed.rank == 0:

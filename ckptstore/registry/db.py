@@ -133,6 +133,9 @@ class Database:
             if p  # an empty password would "replace" everywhere
         ]
         self._closed = False
+        #: Run before each outermost call (add_barrier); per-thread call depth.
+        self._barriers: list[Callable[[], None]] = []
+        self._calls = threading.local()
         try:
             with log_if_slow(self.url, "open and migrate the registry"):
                 self.version = migrate(self.engine)
@@ -168,6 +171,16 @@ class Database:
         if it inserted a row. (RETURNING, because psycopg reports no rowcount for it.)"""
         return conn.execute(stmt.returning(sa.literal_column("1"))).first() is not None
 
+    def add_barrier(self, wait: Callable[[], None]) -> Callable[[], None]:
+        """Run ``wait()`` before each outermost call and before close; returns its remover."""
+        self._barriers.append(wait)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._barriers.remove(wait)
+
+        return remove
+
     def write(self, fn: Callable[[sa.Connection], T], *, what: str) -> T:
         """Run ``fn`` in a write transaction, retrying lost races."""
         return self._run(fn, what=what, write=True)
@@ -177,6 +190,17 @@ class Database:
         return self._run(fn, what=what, write=False)
 
     def _run(self, fn: Callable[[sa.Connection], T], *, what: str, write: bool) -> T:
+        depth = getattr(self._calls, "depth", 0)
+        if depth == 0:  # a nested call inside a transaction must not wait for another writer
+            for barrier in tuple(self._barriers):
+                barrier()
+        self._calls.depth = depth + 1
+        try:
+            return self._run_once(fn, what=what, write=write)
+        finally:
+            self._calls.depth = depth
+
+    def _run_once(self, fn: Callable[[sa.Connection], T], *, what: str, write: bool) -> T:
         if self._closed:
             raise errors.RegistryError(
                 f"Registry {self.url} is closed; open a new Registry to {what}."
@@ -230,6 +254,8 @@ class Database:
         )
 
     def close(self) -> None:
+        for barrier in tuple(self._barriers):  # queued writes first, while the engine is open
+            barrier()
         if not self._closed:
             self._closed = True
             self.engine.dispose()

@@ -120,6 +120,12 @@ class Registry:
         """Release the database connections. The registry must not be used afterwards."""
         self._db.close()
 
+    def add_barrier(self, wait: Callable[[], None]) -> Callable[[], None]:
+        """Run ``wait()`` before each call on this registry, from any thread (not the calls
+        nested in one), and before :meth:`close`; returns the function that removes it. Core's
+        TrainContext passes its queued metric writes' wait: they come before what follows."""
+        return self._db.add_barrier(wait)
+
     def __enter__(self) -> Registry:
         return self
 
