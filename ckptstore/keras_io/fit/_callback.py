@@ -634,7 +634,8 @@ class DeterminedCallback(backend.CallbackBase):
         # load_model may read anything).
         select = None if user_load else (lambda r: r.split("/", 1)[0] != SAVED_MODEL_DIRNAME)
         # A deduplicated model.keras on a local store is read in place from its chunks.
-        views: dict[str, Any] = {} if user_load else {snapshot_lib.MODEL_FILENAME: None}
+        read_view = not user_load and not backend.IS_KERAS2
+        views: dict[str, Any] = {snapshot_lib.MODEL_FILENAME: None} if read_view else {}
         with self._core.checkpoint.read_in_place(uuid, selector=select, views=views) as path:
             path = os.fspath(path)
             model_path = os.path.join(path, snapshot_lib.MODEL_FILENAME)
