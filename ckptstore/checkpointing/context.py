@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ckptstore import errors
-from ckptstore.checkpointing import blobs, commit, restore, sharded, signing
+from ckptstore.checkpointing import blobs, chunk_view, commit, restore, sharded, signing
 from ckptstore.checkpointing import cache as cache_mod
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.blobs import DEFAULT_CHUNK_BYTES, check_chunk_bytes
@@ -513,19 +513,26 @@ class CheckpointContext:
             *what, self.verify_key, partial=selector is not None, **options
         )
 
-    @contextlib.contextmanager
     def restore_path(
         self,
         storage_id: str,
         download_mode: DownloadMode | str = DownloadMode.LocalWorkersShareDownload,
         *,
         selector: Any = None,
-    ) -> Iterator[pathlib.Path]:
+    ) -> contextlib.AbstractContextManager[pathlib.Path]:
         """Yield a local folder (a ``pathlib.Path``) holding committed checkpoint
         ``storage_id``. On a local file system this is the checkpoint folder itself (verified;
         treat it as read-only); otherwise a temporary download removed on exit.
         ``download_mode``: as in :meth:`download`."""
         check_download_mode(download_mode)
+        return self.read_in_place(storage_id, selector=selector)
+
+    @contextlib.contextmanager
+    def read_in_place(
+        self, storage_id: str, *, selector: Any = None, views: dict[str, Any] | None = None
+    ) -> Iterator[pathlib.Path]:
+        """:meth:`restore_path`, and ``views``: ``{relpath: None}`` of files the caller can
+        read through a view (:func:`.chunk_view.open_views`: read in place from the chunks)."""
         self._check_open()
         fmt.check_storage_id(storage_id)
         # GC (here, and in other processes through an index pin) must not delete it while in
@@ -547,6 +554,7 @@ class CheckpointContext:
                 return
             path = tempfile.mkdtemp(prefix=f"ckptstore-restore-{storage_id}-")
             try:
+                selector = chunk_view.open_views(self, manifest, selector, views)
                 self.download(storage_id, path, selector=selector)
                 yield pathlib.Path(path)
             finally:

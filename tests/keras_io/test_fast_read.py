@@ -83,9 +83,25 @@ def zip_reads(monkeypatch):
     return opened
 
 
+@pytest.fixture
+def assembled(monkeypatch):
+    """Relative paths a download reassembled from their chunks while the fixture is active."""
+    from ckptstore.checkpointing import blobs
+
+    made: list[str] = []
+    real = blobs.assemble
+
+    def spy(storage, uuid, manifest, local_dir, select, **kwargs):  # type: ignore[no-untyped-def]
+        made.extend(rel for rel, e in manifest.files.items() if blobs.is_chunked(e) and select(rel))
+        return real(storage, uuid, manifest, local_dir, select, **kwargs)
+
+    monkeypatch.setattr(blobs, "assemble", spy)
+    return made
+
+
 @pytest.mark.parametrize("dedup", [True, False])
 def test_resume_and_load_read_weights_directly_and_never_the_saved_model(
-    tmp_path, zip_reads, dedup
+    tmp_path, zip_reads, assembled, dedup
 ):
     url, registry = str(tmp_path / "ckpts"), f"sqlite:///{tmp_path / 'reg.db'}"
     trained = model_with_adam(1)
@@ -102,6 +118,7 @@ def test_resume_and_load_read_weights_directly_and_never_the_saved_model(
     with open(saved, "r+b") as f:
         f.write(b"not a SavedModel")
     zip_reads.clear()
+    assembled.clear()  # the export read it whole
 
     resumed = model_with_adam(2)
     with det.core.init(storage=url, registry=registry, trial_id=1, preempt_signals=False) as ctx:
@@ -109,6 +126,8 @@ def test_resume_and_load_read_weights_directly_and_never_the_saved_model(
         resumed.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[cb])
     assert cb.resumed
     assert "model.weights.h5" not in zip_reads  # HDF5 read the archive itself
+    # deduplicated: read in place from its chunk files, never reassembled into a copy
+    assert "model.keras" not in assembled
     for got, want in zip(state(resumed), state(trained), strict=True):
         np.testing.assert_array_equal(got, want)  # nothing trained: 2 epochs were done
 
@@ -126,6 +145,34 @@ def test_resume_and_load_read_weights_directly_and_never_the_saved_model(
     assert "model.weights.h5" not in zip_reads
     for got, want in zip(state(resumed_trial.model), state(trial.model), strict=True):
         np.testing.assert_array_equal(got, want)  # nothing trained: its 4 batches were done
+    if dedup:
+        resume_from_a_damaged_chunk(url, registry, uuid)
+
+
+def resume_from_a_damaged_chunk(url: str, registry: str, uuid: str) -> None:
+    """A chunk of the model.keras read in place, damaged at the same size: the resume
+    refuses it naming that blob, before any weight is loaded."""
+    from ckptstore.checkpointing import blobs
+    from ckptstore.checkpointing import format as fmt
+
+    with open(os.path.join(url, uuid, fmt.MANIFEST_NAME), "rb") as f:
+        manifest = fmt.Manifest.parse(f.read(), uuid)
+    chunk = max(blobs.chunks_of(manifest.files["model.keras"]), key=lambda c: c["size"])
+    path = os.path.join(url, *blobs.blob_key(chunk["sha256"]).split("/"))
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as f:
+        f.seek(chunk["size"] // 2)
+        byte = f.read(1)
+        f.seek(chunk["size"] // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    fresh = model_with_adam(2)
+    before = state(fresh)
+    with det.core.init(storage=url, registry=registry, trial_id=1, preempt_signals=False) as ctx:
+        cb = det.keras.DeterminedCallback(ctx, uuid, 1, export_saved_model="never")
+        with pytest.raises(det.errors.ChecksumMismatch, match=chunk["sha256"]):
+            fresh.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[cb])
+    for got, want in zip(fresh.weights, before, strict=False):
+        np.testing.assert_array_equal(got.numpy(), want)
 
 
 def test_weights_file_forms_of_every_archive(tmp_path):

@@ -633,11 +633,16 @@ class DeterminedCallback(backend.CallbackBase):
         # Resuming never reads the SavedModel: not fetched, copied or checked (a subclass's
         # load_model may read anything).
         select = None if user_load else (lambda r: r.split("/", 1)[0] != SAVED_MODEL_DIRNAME)
-        with self._core.checkpoint.restore_path(uuid, selector=select) as path:
+        # A deduplicated model.keras on a local store is read in place from its chunks.
+        read_view = not user_load and not backend.IS_KERAS2
+        views: dict[str, Any] = {snapshot_lib.MODEL_FILENAME: None} if read_view else {}
+        with self._core.checkpoint.read_in_place(uuid, selector=select, views=views) as path:
             path = os.fspath(path)
             model_path = os.path.join(path, snapshot_lib.MODEL_FILENAME)
+            model_view = views.get(snapshot_lib.MODEL_FILENAME)
             keras2_weights = keras2_format.has_weights(path)
-            if not user_load and not keras2_weights and not os.path.exists(model_path):
+            has_model = model_view is not None or os.path.exists(model_path)
+            if not user_load and not keras2_weights and not has_model:
                 raise errors.ResumeError(
                     f"Checkpoint {uuid} has no {snapshot_lib.MODEL_FILENAME}; it was not written "
                     "by DeterminedCallback. Pass checkpoint=None or a checkpoint that holds a "
@@ -649,13 +654,13 @@ class DeterminedCallback(backend.CallbackBase):
                 self.load_model(
                     self.model, os.path.join(path, USER_MODEL_NAME), self._core.distributed
                 )
-            elif backend.IS_KERAS2 or (keras2_weights and not os.path.exists(model_path)):
+            elif backend.IS_KERAS2 or (keras2_weights and not has_model):
                 try:
                     keras2_format.load_into(self.model, path, with_optimizer=continuing)
                 except keras2_format.OtherModelError as exc:  # TF's text may list weight values
                     raise _fit_log.other_model(uuid, path, self.model, self._core) from exc
             else:
-                self._load_model_file(uuid, model_path, with_optimizer=continuing)
+                self._load_model_file(uuid, model_path, with_optimizer=continuing, view=model_view)
             if continuing:
                 assert state is not None
                 arrays_path = os.path.join(path, cb_arrays.ARRAYS_FILENAME)
@@ -707,7 +712,9 @@ class DeterminedCallback(backend.CallbackBase):
             )
         _fit_log.log_resumed(uuid, state, self._resume_batch, self._core)
 
-    def _load_model_file(self, uuid: str, model_path: str, *, with_optimizer: bool) -> None:
+    def _load_model_file(
+        self, uuid: str, model_path: str, *, with_optimizer: bool, view: Any = None
+    ) -> None:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -715,7 +722,9 @@ class DeterminedCallback(backend.CallbackBase):
                     optimizers_lib.build_attribute_optimizers(
                         self.model, os.path.dirname(model_path)
                     )
-                weights_view.load_weights(self.model, model_path, with_optimizer=with_optimizer)
+                weights_view.load_weights(
+                    self.model, model_path if view is None else view, with_optimizer=with_optimizer
+                )
             except (ValueError, KeyError, OSError) as exc:
                 # Keras' message holds weight values: a summary of both models instead.
                 raise _fit_log.other_model(uuid, model_path, self.model, self._core) from exc

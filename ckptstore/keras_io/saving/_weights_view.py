@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import struct
@@ -31,6 +32,7 @@ import zipfile
 from collections.abc import Iterator
 from typing import Any
 
+from ckptstore.checkpointing.chunk_view import ChunkedFile
 from ckptstore.keras_io.saving._keras_archive import CONFIG_NAME, METADATA_NAME, WEIGHTS_NAME
 from ckptstore.keras_io.saving._optimizers import attribute_optimizers
 from ckptstore.storage_backends.local import copy_range
@@ -43,9 +45,12 @@ _COPY_STEP = 8 << 20
 _SMALL_ENTRY = 64 << 20
 
 
-def _data_offset(fd: int, info: zipfile.ZipInfo) -> int:
+def _data_offset(fd: int | ChunkedFile, info: zipfile.ZipInfo) -> int:
     """Where the bytes of entry ``info`` begin (after its local header and extra field)."""
-    header = os.pread(fd, _LOCAL_HEADER.size, info.header_offset)
+    if isinstance(fd, ChunkedFile):
+        header = fd.pread(info.header_offset, _LOCAL_HEADER.size)
+    else:
+        header = os.pread(fd, _LOCAL_HEADER.size, info.header_offset)
     fields = _LOCAL_HEADER.unpack(header)
     if fields[0] != b"PK\x03\x04":
         raise zipfile.BadZipFile(f"bad local header for {info.filename}")
@@ -102,14 +107,89 @@ def place_weights(keras_file: str, target: str) -> str | None:
         os.close(fd)
 
 
+class RangeFile(io.BytesIO):
+    """Bytes ``[base, base + size)`` of a :class:`ChunkedFile` as a read-only file object,
+    named ``name`` by ``str()``. A ``BytesIO`` subclass because Keras's ``H5IOStore`` takes a
+    path or a ``BytesIO`` (and picks its reader by the name's ending); h5py reads it through
+    ``seek`` + ``readinto``, zipfile through ``seek`` + ``read``."""
+
+    def __init__(self, view: ChunkedFile, base: int, size: int, name: str) -> None:
+        super().__init__()
+        self.view, self.base, self.length, self.name, self.pos = view, base, size, name, 0
+
+    def __str__(self) -> str:
+        return self.name
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = max(0, pos + (0, self.pos, self.length)[whence])
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buf: Any) -> int:
+        view = memoryview(buf).cast("B")
+        want = max(0, min(len(view), self.length - self.pos))
+        got = self.view.readinto(view[:want], self.base + self.pos) if want else 0
+        self.pos += got
+        return got
+
+    def read(self, size: int | None = -1) -> bytes:
+        left = max(0, self.length - self.pos)
+        buf = bytearray(left if size is None or size < 0 else min(size, left))
+        return bytes(buf[: self.readinto(buf)])
+
+
+def _weights_in_place(view: ChunkedFile) -> RangeFile | None:
+    """The weights entry of the archive ``view`` holds, read in place, when it is stored
+    uncompressed; else None."""
+    try:
+        with zipfile.ZipFile(RangeFile(view, 0, view.size, view.name)) as archive:
+            info = archive.getinfo(WEIGHTS_NAME)
+        if info.compress_type != zipfile.ZIP_STORED:
+            return None
+        offset = _data_offset(view, info)
+    except (KeyError, zipfile.BadZipFile, struct.error, OSError, EOFError, ValueError):
+        return None
+    if offset + info.file_size > view.size:
+        return None
+    return RangeFile(view, offset, info.file_size, f"{view.name}/{WEIGHTS_NAME}")
+
+
+def _copy_out(view: ChunkedFile, target: str) -> None:
+    """Write the whole file ``view`` reads into ``target``."""
+    buf = bytearray(_COPY_STEP)
+    with open(target, "wb") as f:
+        for at in range(0, view.size, _COPY_STEP):
+            f.write(memoryview(buf)[: view.readinto(buf, at)])
+
+
 @contextlib.contextmanager
-def weights_file(keras_file: str) -> Iterator[tuple[str, str | None]]:
+def weights_file(keras_file: str | ChunkedFile) -> Iterator[tuple[str | RangeFile, str | None]]:
     """Yield ``(path, how)``: a ``*.weights.h5`` path holding ``keras_file``'s weights (see
     :func:`place_weights`; removed on exit), or ``(keras_file, None)`` when only Keras's own
-    reader can tell what is wrong with it."""
+    reader can tell what is wrong with it. A :class:`ChunkedFile` (an archive read in place
+    from its chunks) yields a :class:`RangeFile` of its weights (``how``: ``"in place"``),
+    or, for a compressed one, the weights of a copy of it."""
+    in_place = _weights_in_place(keras_file) if isinstance(keras_file, ChunkedFile) else None
+    if in_place is not None:
+        yield in_place, "in place"
+        return
     scratch = tempfile.mkdtemp(prefix="ckptstore-weights-")
     try:
         target = os.path.join(scratch, "model.weights.h5")
+        if isinstance(keras_file, ChunkedFile):
+            _copy_out(keras_file, os.path.join(scratch, "model.keras"))
+            keras_file = os.path.join(scratch, "model.keras")
         how = place_weights(keras_file, target)
         yield (target if how else keras_file), how
     finally:
@@ -156,7 +236,9 @@ def _unzip_small(keras_file: str, folder: str) -> str | None:
     return place_weights(keras_file, os.path.join(folder, WEIGHTS_NAME))
 
 
-def load_weights(model: Any, keras_file: str, *, with_optimizer: bool = True) -> str | None:
+def load_weights(
+    model: Any, keras_file: str | ChunkedFile, *, with_optimizer: bool = True
+) -> str | None:
     """Load the weights of archive ``keras_file`` into ``model`` through :func:`weights_file`
     (with its optimizer's state, or leaving the optimizer as it is); returns how they were
     read (:func:`place_weights`)."""
@@ -174,4 +256,4 @@ def load_weights(model: Any, keras_file: str, *, with_optimizer: bool = True) ->
     return how
 
 
-__all__ = ["load_weights", "model_folder", "place_weights", "weights_file"]
+__all__ = ["RangeFile", "load_weights", "model_folder", "place_weights", "weights_file"]
