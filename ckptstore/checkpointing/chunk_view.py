@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import mmap
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
@@ -98,12 +98,12 @@ def open_in_place(
             not the manifest's.
     """
     root = storage.local_path("")
-    entry: Mapping[str, Any] | None = manifest.files.get(rel)
+    entry = manifest.files.get(rel)
     if root is None or entry is None or not blobs.is_chunked(entry):
         return None
     chunks = blobs.chunks_of(entry)
-    paths = [os.path.join(root, *blobs.blob_key(c["sha256"]).split("/")) for c in chunks]
-    view = ChunkedFile(f"{uuid}/{rel}", paths, [int(c["size"]) for c in chunks])
+    paths = [os.path.join(root, *blobs.blob_key(c.sha256).split("/")) for c in chunks]
+    view = ChunkedFile(f"{uuid}/{rel}", paths, [c.size for c in chunks])
     if not verify:
         return view
     for path, chunk in zip(paths, chunks, strict=True):
@@ -111,9 +111,9 @@ def open_in_place(
             size = os.path.getsize(path)
         except OSError:
             size = -1
-        if size != chunk["size"]:  # read and hashed: the same error a download raises
+        if size != chunk.size:  # read and hashed: the same error a download raises
             blobs.read_blob(storage, chunk, verify=True, where=view.name)
-    if view.size != entry["size"] or view.crc32c() != entry["crc32c"]:
+    if view.size != entry.size or view.crc32c() != entry.crc32c:
         for chunk in chunks:  # name the damaged chunk, as a download does
             blobs.read_blob(storage, chunk, verify=True, where=view.name)
         raise errors.ChecksumMismatch(

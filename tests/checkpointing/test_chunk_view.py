@@ -62,7 +62,7 @@ def test_a_damaged_or_missing_chunk_is_named_before_anything_is_read(tmp_path):
     with CheckpointContext(root) as ctx:
         manifest = ctx._manifest(uuid)
     chunks = blobs.chunks_of(manifest.files["m.bin"])
-    victim = os.path.join(root, *blobs.blob_key(chunks[2]["sha256"]).split("/"))
+    victim = os.path.join(root, *blobs.blob_key(chunks[2].sha256).split("/"))
     os.chmod(victim, 0o644)
     original = open(victim, "rb").read()
     for damaged in (original[:-1] + bytes([original[-1] ^ 1]), original[:-3], None):
@@ -72,7 +72,7 @@ def test_a_damaged_or_missing_chunk_is_named_before_anything_is_read(tmp_path):
             with open(victim, "wb") as f:
                 f.write(damaged)
         with CheckpointContext(root) as ctx:
-            with pytest.raises(errors.ChecksumMismatch, match=chunks[2]["sha256"]):
+            with pytest.raises(errors.ChecksumMismatch, match=chunks[2].sha256):
                 with ctx.read_in_place(uuid, views={"m.bin": None}):
                     pass
     # verify=False opens the view unchecked, as a download would skip the checks

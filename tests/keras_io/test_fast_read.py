@@ -157,19 +157,19 @@ def resume_from_a_damaged_chunk(url: str, registry: str, uuid: str) -> None:
 
     with open(os.path.join(url, uuid, fmt.MANIFEST_NAME), "rb") as f:
         manifest = fmt.Manifest.parse(f.read(), uuid)
-    chunk = max(blobs.chunks_of(manifest.files["model.keras"]), key=lambda c: c["size"])
-    path = os.path.join(url, *blobs.blob_key(chunk["sha256"]).split("/"))
+    chunk = max(blobs.chunks_of(manifest.files["model.keras"]), key=lambda c: c.size)
+    path = os.path.join(url, *blobs.blob_key(chunk.sha256).split("/"))
     os.chmod(path, 0o644)
     with open(path, "r+b") as f:
-        f.seek(chunk["size"] // 2)
+        f.seek(chunk.size // 2)
         byte = f.read(1)
-        f.seek(chunk["size"] // 2)
+        f.seek(chunk.size // 2)
         f.write(bytes([byte[0] ^ 0xFF]))
     fresh = model_with_adam(2)
     before = state(fresh)
     with det.core.init(storage=url, registry=registry, trial_id=1, preempt_signals=False) as ctx:
         cb = det.keras.DeterminedCallback(ctx, uuid, 1, export_saved_model="never")
-        with pytest.raises(det.errors.ChecksumMismatch, match=chunk["sha256"]):
+        with pytest.raises(det.errors.ChecksumMismatch, match=chunk.sha256):
             fresh.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[cb])
     for got, want in zip(fresh.weights, before, strict=False):
         np.testing.assert_array_equal(got.numpy(), want)
