@@ -727,7 +727,8 @@ class DeterminedCallback(backend.CallbackBase):
                 )
             except (ValueError, KeyError, OSError) as exc:
                 # Keras' message holds weight values: a summary of both models instead.
-                raise _fit_log.other_model(uuid, model_path, self.model, self._core) from exc
+                saved = model_path if view is None else view  # the file read, not a path to it
+                raise _fit_log.other_model(uuid, saved, self.model, self._core) from exc
         raise_partial_load(
             caught,
             lambda text: errors.ResumeError(

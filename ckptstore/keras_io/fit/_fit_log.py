@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from ckptstore import errors
 from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving import _weights_view as weights_view
 
 __all__ = ["FitLog", "log_resumed", "log_summary", "other_model", "show_during_fit", "stop_showing"]
 
@@ -149,19 +150,25 @@ def _layers_word(names: list[str]) -> str:
     return shown or "no layers"
 
 
-def _saved_config(saved: str) -> Any:
+def _saved_config(saved: str | weights_view.ChunkedFile) -> Any:
     """The model config a checkpoint holds: ``model.to_json()`` beside a Keras 2 checkpoint's
-    weights (``saved`` a folder), or the ``config.json`` of a ``.keras`` file."""
-    if os.path.isdir(saved):
+    weights (``saved`` a folder), or the ``config.json`` of a ``.keras`` file (a path, or the
+    in-place view of one a resume reads from its chunks)."""
+    if isinstance(saved, str) and os.path.isdir(saved):
         with open(os.path.join(saved, keras2_format.MODEL_CONFIG_FILENAME), "rb") as f:
             data = f.read(_MAX_CONFIG_BYTES + 1)
     else:
-        with zipfile.ZipFile(saved) as archive, archive.open("config.json") as f:
+        source = (
+            saved
+            if isinstance(saved, str)
+            else weights_view.RangeFile(saved, 0, saved.size, saved.name)
+        )
+        with zipfile.ZipFile(source) as archive, archive.open("config.json") as f:
             data = f.read(_MAX_CONFIG_BYTES + 1)
-    return fmt.load_json(data, saved, _MAX_CONFIG_BYTES)
+    return fmt.load_json(data, str(getattr(saved, "name", saved)), _MAX_CONFIG_BYTES)
 
 
-def _saved_layers(saved: str) -> str:
+def _saved_layers(saved: str | weights_view.ChunkedFile) -> str:
     """The layers of the model a ``.keras`` file or a Keras 2 checkpoint folder holds, read
     from its config (no weights)."""
     try:
@@ -195,10 +202,13 @@ def _live_layers(model: Any) -> str:
     return f"{type(model).__name__} [{_layers_word(words)}]"
 
 
-def other_model(uuid: str, saved: str, model: Any, core: Any) -> errors.ResumeError:
+def other_model(
+    uuid: str, saved: str | weights_view.ChunkedFile, model: Any, core: Any
+) -> errors.ResumeError:
     """The two-line error of a resume or warm start into a model of another shape: which trial
     and checkpoint hold which model, and how to start fresh (Keras' own message dumps weights).
-    ``saved``: the checkpoint's ``.keras`` file, or its folder for a Keras 2 checkpoint.
+    ``saved``: the checkpoint's ``.keras`` file (or its in-place view), or its folder for a
+    Keras 2 checkpoint.
 
     Deleting the trial is suggested only when the checkpoint is the running trial's own: a warm
     start from another trial's checkpoint must not suggest deleting that trial."""
