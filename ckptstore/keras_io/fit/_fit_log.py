@@ -158,11 +158,7 @@ def _saved_config(saved: str | weights_view.ChunkedFile) -> Any:
         with open(os.path.join(saved, keras2_format.MODEL_CONFIG_FILENAME), "rb") as f:
             data = f.read(_MAX_CONFIG_BYTES + 1)
     else:
-        source = (
-            saved
-            if isinstance(saved, str)
-            else weights_view.RangeFile(saved, 0, saved.size, saved.name)
-        )
+        source = saved if isinstance(saved, str) else weights_view.RangeFile.whole(saved)
         with zipfile.ZipFile(source) as archive, archive.open("config.json") as f:
             data = f.read(_MAX_CONFIG_BYTES + 1)
     return fmt.load_json(data, str(getattr(saved, "name", saved)), _MAX_CONFIG_BYTES)

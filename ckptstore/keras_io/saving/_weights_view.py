@@ -117,6 +117,11 @@ class RangeFile(io.BytesIO):
         super().__init__()
         self.view, self.base, self.length, self.name, self.pos = view, base, size, name, 0
 
+    @classmethod
+    def whole(cls, view: ChunkedFile) -> RangeFile:
+        """All of ``view``'s bytes (the archive itself), named as the view."""
+        return cls(view, 0, view.size, view.name)
+
     def __str__(self) -> str:
         return self.name
 
@@ -153,7 +158,7 @@ def _weights_in_place(view: ChunkedFile) -> RangeFile | None:
     """The weights entry of the archive ``view`` holds, read in place, when it is stored
     uncompressed; else None."""
     try:
-        with zipfile.ZipFile(RangeFile(view, 0, view.size, view.name)) as archive:
+        with zipfile.ZipFile(RangeFile.whole(view)) as archive:
             info = archive.getinfo(WEIGHTS_NAME)
         if info.compress_type != zipfile.ZIP_STORED:
             return None
