@@ -662,12 +662,6 @@ RETENTION_KEY_OWNERS = {
 }
 
 
-#: Not GC: the UI explains what a past run's GC kept from the config in its registry row, which
-#: may come from an import (a Determined config ckptstore cannot open), so it reads the keys
-#: off the raw block (issue 43, left open).
-RETENTION_EXPLAINERS = {"ckptstore/ui/kept.py"}
-
-
 def retention_problems(trees: dict[str, ast.Module]) -> list[str]:
     found = []
     for path, tree in trees.items():
@@ -680,8 +674,7 @@ def retention_problems(trees: dict[str, ast.Module]) -> list[str]:
                 found.append(f"{path}: imports GC_KEYS")
         for name, call in _calls(tree):
             first = ast.unparse(call.args[0]) if call.args else ""
-            explains = path in RETENTION_EXPLAINERS
-            if name == "run_retention" and not first.endswith(".retention") and not explains:
+            if name == "run_retention" and not first.endswith(".retention"):
                 found.append(f"{path}:{call.lineno} {ast.unparse(call)[:80]}")
     return sorted(found)
 
@@ -692,7 +685,7 @@ def test_retention_keys_reach_gc_by_one_route():
         path
         for path, tree in _trees().items()
         for name, _ in _calls(tree)
-        if name == "run_retention" and path not in RETENTION_KEY_OWNERS | RETENTION_EXPLAINERS
+        if name == "run_retention" and path not in RETENTION_KEY_OWNERS
     ]
     # Scripts and experiments (core.init) and TFKerasTrial (its worker): the same call, as
     # ExperimentConfig.gc_settings() (what a TFKerasTrial of a config keeps) makes it.

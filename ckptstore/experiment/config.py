@@ -255,6 +255,25 @@ class ExperimentConfig(keys._Section):
         return run_retention(self.retention, trial_class=True) or {}
 
 
+def ran_with_gc(raw: dict[str, Any]) -> dict[str, int] | None:
+    """The GC keys the trials of a stored config (a registry row's) ran with, Determined's
+    defaults filled in; None when they ran without a policy: a TFKerasTrial always has one, a
+    script only when ``checkpoint_storage`` gave keys. A config ckptstore cannot run (imported,
+    hand-made) is judged as a script's, by its ``checkpoint_storage`` block alone."""
+    try:
+        config = parse_config(raw)
+    except errors.CkptstoreError:
+        try:
+            block = keys.validate_as(
+                _STORAGE, raw.get("checkpoint_storage") or {}, "checkpoint_storage"
+            )
+        except errors.InvalidConfig:
+            return None
+        block = block if isinstance(block, keys.StorageBlock) else keys.StorageBlock()
+        return run_retention(block.retention, trial_class=False)
+    return run_retention(config.retention, trial_class=config.entrypoint.is_trial_class)
+
+
 def _entrypoint(value: str | list[str] | None, script: str | list[str] | None) -> Entrypoint:
     value = value if value is not None else script
     if isinstance(value, list) and value:
@@ -383,6 +402,7 @@ def parse_length(value: Any, key: str, scheduling_unit: int) -> Length:
 
 _LENGTH = TypeAdapter(keys.LengthField)
 _HYPERPARAMETERS = TypeAdapter(Hyperparameters)
+_STORAGE = TypeAdapter(keys.StorageSpec)
 
 
 def parse_hyperparameters(raw: Any) -> list[Hyperparameter]:

@@ -17,38 +17,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ckptstore import errors
 from ckptstore.checkpointing.index import CheckpointRecord
-from ckptstore.checkpointing.retention import (
-    DETERMINED_DEFAULTS,
-    GCContext,
-    GCPolicy,
-    run_retention,
-)
-from ckptstore.experiment.config import parse_config
+from ckptstore.checkpointing.retention import GCContext, GCPolicy
+from ckptstore.experiment.config import ran_with_gc
 from ckptstore.registry import Registry, Trial
 from ckptstore.ui import queries
 
 
 def gc_settings(config: Mapping[str, Any] | None) -> dict[str, int] | None:
     """The GC keys the experiment's trials ran with, Determined's defaults filled in; None
-    when they ran without a policy.
-
-    A TFKerasTrial entrypoint always runs with one (the trial worker passes the config's
-    ``gc_settings()``); a script gets one only from GC keys in a ``checkpoint_storage`` dict
-    (``core.init`` splits them off the storage spec)."""
-    if not config:
-        return None
-    storage = config.get("checkpoint_storage")
-    given = {}
-    if isinstance(storage, Mapping):
-        given = {k: storage[k] for k in DETERMINED_DEFAULTS if isinstance(storage.get(k), int)}
-    try:
-        parsed = parse_config(dict(config))
-    except errors.CkptstoreError:
-        parsed = None  # a config from an import or a hand-made registry: judge by its keys
-    trial_class = parsed is not None and parsed.entrypoint.is_trial_class
-    return run_retention(parsed.retention if trial_class else given, trial_class=trial_class)
+    when they ran without a policy (:func:`~ckptstore.experiment.config.ran_with_gc`: the
+    config model reads the keys, as it did for the run)."""
+    return ran_with_gc(dict(config)) if config else None
 
 
 def kept_by(
