@@ -52,9 +52,17 @@ from pydantic import (
 
 from ckptstore import errors
 from ckptstore.checkpointing.retention import run_retention
-from ckptstore.experiment import config_schema as keys
-from ckptstore.experiment.config_schema import HP_TYPES, SEARCHERS, Length, config_error
-from ckptstore.experiment.hparams import Hyperparameter, Hyperparameters, nest_hparams
+from ckptstore.experiment import config_schema as sections
+from ckptstore.experiment import keys
+from ckptstore.experiment.config_schema import SEARCHERS, Length
+from ckptstore.experiment.hparams import (
+    HP_TYPES,
+    Hyperparameter,
+    Hyperparameters,
+    nest_hparams,
+    parse_hyperparameters,
+)
+from ckptstore.experiment.keys import config_error
 from ckptstore.validators import is_int
 from ckptstore.yamlsafe import check_size, load_yaml
 
@@ -69,12 +77,6 @@ _LAUNCHED_CLASS = re.compile(
     r"^(?:python3?\s+)?-m\s+determined\.launch\.\w+(?:\s+--[\w-]+)*?\s+--trial\s+"
     r"(?P<cls>[A-Za-z_][\w.]*:[A-Za-z_][\w.]*)$"
 )
-
-
-def _set(model: Any, **values: Any) -> None:
-    # The models are frozen for their users; their own validator puts the parsed values in.
-    for name, value in values.items():
-        object.__setattr__(model, name, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +96,7 @@ class Entrypoint:
         return shlex.split(self.raw)
 
 
-class ExperimentConfig(keys._Section):
+class ExperimentConfig(keys.Section):
     """A whole experiment config: Determined 0.38's keys (``ignored`` ones only mean something
     on a cluster). Where this differs from Determined's default it says so."""
 
@@ -109,10 +111,10 @@ class ExperimentConfig(keys._Section):
     #: A flat list of named hyperparameters (nested groups joined by ``.``) once parsed.
     hyperparameters: Hyperparameters | None = None
     #: Always set once parsed (:data:`DEFAULT_SEARCHER` when absent).
-    searcher: keys.Searcher | None = None
+    searcher: sections.Searcher | None = None
     #: A :class:`Length`, None when absent or 0, once parsed.
-    min_validation_period: keys.LengthField | None = None
-    min_checkpoint_period: keys.LengthField | None = None
+    min_validation_period: sections.LengthField | None = None
+    min_checkpoint_period: sections.LengthField | None = None
     #: None when 0, Determined's "unset".
     records_per_epoch: (
         Annotated[keys.NonNegativeInt, AfterValidator(lambda n: n or None)] | None
@@ -120,19 +122,19 @@ class ExperimentConfig(keys._Section):
     scheduling_unit: keys.PositiveInt = 100
     #: A URL or a storage mapping; None for the default storage (also when the block holds only
     #: GC keys, which are then in :attr:`retention`).
-    checkpoint_storage: keys.StorageSpec | None = None
+    checkpoint_storage: sections.StorageSpec | None = None
     #: An :class:`Entrypoint` once parsed (``entrypoint_script`` is its other name).
     entrypoint: str | list[str] | None = None
     entrypoint_script: str | list[str] | None = None
     #: ``{}`` when absent.
     data: dict[str, Any] | None = None
-    reproducibility: keys.Reproducibility | None = None
+    reproducibility: sections.Reproducibility | None = None
     max_restarts: Annotated[
         keys.NonNegativeInt, Field(description="Determined's default is 5; here 0 (fail fast).")
     ] = 0
     perform_initial_validation: bool = False
-    resources: keys.Resources | None = None
-    environment: keys.Environment | None = None
+    resources: sections.Resources | None = None
+    environment: sections.Environment | None = None
     #: Checkpoints a TFKerasTrial takes after validations
     #: (:class:`~ckptstore.keras_io.trial.controller.TrialController`).
     checkpoint_policy: Annotated[
@@ -173,16 +175,15 @@ class ExperimentConfig(keys._Section):
                 "Add e.g. `searcher: {name: single, metric: val_loss, max_length: {batches: 100}}`.",
             )
         hparams = self.hyperparameters or []
-        searcher = self.searcher or keys.Searcher(**DEFAULT_SEARCHER)
+        searcher = self.searcher or sections.Searcher(**DEFAULT_SEARCHER)
         _searcher_rules(searcher, hparams, unit, trial_class=entrypoint.is_trial_class)
         if entrypoint.is_trial_class:
             _check_batch_size(hparams)
         storage = self.checkpoint_storage
-        if isinstance(storage, keys.StorageBlock):
+        if isinstance(storage, sections.StorageBlock):
             self._retention = storage.retention
             storage = storage.model_dump(exclude_unset=True) if storage.type else None
-        _set(
-            self,
+        self._set(
             description=self.description if self.description is not None else self.name or "",
             hyperparameters=hparams,
             searcher=searcher,
@@ -206,17 +207,17 @@ class ExperimentConfig(keys._Section):
 
     @property
     def experiment_seed(self) -> int:
-        return (self.reproducibility or keys.Reproducibility()).experiment_seed
+        return (self.reproducibility or sections.Reproducibility()).experiment_seed
 
     @property
     def slots_per_trial(self) -> int:
         """``resources.slots_per_trial``: workers started per trial on this machine."""
-        return (self.resources or keys.Resources()).slots_per_trial
+        return (self.resources or sections.Resources()).slots_per_trial
 
     @property
     def slots(self) -> int:
         """``resources.slots``: workers of a job (``ckptstore job run``)."""
-        return (self.resources or keys.Resources()).slots
+        return (self.resources or sections.Resources()).slots
 
     @property
     def environment_variables(self) -> dict[str, str]:
@@ -269,7 +270,7 @@ def ran_with_gc(raw: dict[str, Any]) -> dict[str, int] | None:
             )
         except errors.InvalidConfig:
             return None
-        block = block if isinstance(block, keys.StorageBlock) else keys.StorageBlock()
+        block = block if isinstance(block, sections.StorageBlock) else sections.StorageBlock()
         return run_retention(block.retention, trial_class=False)
     return run_retention(config.retention, trial_class=config.entrypoint.is_trial_class)
 
@@ -319,7 +320,7 @@ def _period(value: int | Length | None, scheduling_unit: int) -> Length | None:
 
 
 def _searcher_rules(
-    searcher: keys.Searcher, hparams: list[Hyperparameter], unit: int, *, trial_class: bool
+    searcher: sections.Searcher, hparams: list[Hyperparameter], unit: int, *, trial_class: bool
 ) -> None:
     """``searcher`` checked against the rest of the config, its values put in the form the
     runner uses: ``max_length`` a :class:`Length` (or None), ``max_trials`` counted."""
@@ -327,7 +328,7 @@ def _searcher_rules(
     length = s.max_length if s.max_length is not None else s.max_steps
     if length is None and s.time_metric is None and trial_class:
         why = "a TFKerasTrial entrypoint needs `max_length` to know how long to train"
-        raise config_error("searcher.max_length", f"missing: {why}", keys.LENGTH_FIX)
+        raise config_error("searcher.max_length", f"missing: {why}", sections.LENGTH_FIX)
     max_length = _length(length, "searcher.max_length", unit) if length is not None else None
     max_trials = _max_trials(s, hparams)
     if trial_class and max_length is None:  # a TFKerasTrial counts its own time
@@ -339,10 +340,10 @@ def _searcher_rules(
             )
         assert s.max_time is not None
         max_length = Length(s.time_metric, s.max_time)
-    _set(searcher, max_length=max_length, max_trials=max_trials)
+    searcher._set(max_length=max_length, max_trials=max_trials)
 
 
-def _max_trials(s: keys.Searcher, hparams: list[Hyperparameter]) -> int:
+def _max_trials(s: sections.Searcher, hparams: list[Hyperparameter]) -> int:
     if s.name == "single":
         for hp in hparams:
             if hp.type != "const":
@@ -362,10 +363,10 @@ def _max_trials(s: keys.Searcher, hparams: list[Hyperparameter]) -> int:
                 )
         # The product of the sizes, never the grid itself: counts of 10**9 list nothing.
         size = math.prod(hp.grid_size() for hp in hparams)
-        if size > keys.MAX_TRIALS:
+        if size > sections.MAX_TRIALS:
             raise config_error(
                 "hyperparameters",
-                f"the grid has {size} points, more than the {keys.MAX_TRIALS} trials an experiment "
+                f"the grid has {size} points, more than the {sections.MAX_TRIALS} trials an experiment "
                 f"may have, received counts {[hp.grid_size() for hp in hparams]}",
                 "Lower the `count`s or search with `random`/`tpe` and `max_trials`.",
             )
@@ -400,21 +401,8 @@ def parse_length(value: Any, key: str, scheduling_unit: int) -> Length:
     return _length(keys.validate_as(_LENGTH, value, key), key, scheduling_unit)
 
 
-_LENGTH = TypeAdapter(keys.LengthField)
-_HYPERPARAMETERS = TypeAdapter(Hyperparameters)
-_STORAGE = TypeAdapter(keys.StorageSpec)
-
-
-def parse_hyperparameters(raw: Any) -> list[Hyperparameter]:
-    """The ``hyperparameters`` section as a flat list of named hyperparameters."""
-    if raw is not None and not isinstance(raw, dict):
-        raise config_error(
-            "hyperparameters",
-            f"expected a mapping of names to values or specs, received {type(raw).__name__}",
-            "Write it like `hyperparameters: {global_batch_size: 32}`.",
-        )
-    check_size(raw, "hyperparameters")
-    return [] if raw is None else keys.validate_as(_HYPERPARAMETERS, raw, "hyperparameters")
+_LENGTH = TypeAdapter(sections.LengthField)
+_STORAGE = TypeAdapter(sections.StorageSpec)
 
 
 def parse_config(raw: Any) -> ExperimentConfig:

@@ -18,7 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -31,80 +30,27 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
-    TypeAdapter,
-    ValidationError,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from ckptstore import errors
 from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS
+from ckptstore.experiment.keys import NonNegativeInt, PositiveInt, Section, config_error, ignored
 
-__all__ = ["HP_TYPES", "SEARCHERS", "Length", "config_error"]
+__all__ = ["SEARCHERS", "Length", "Searcher", "StorageBlock"]
 
 #: Searcher names this runner implements (``tpe`` is a ckptstore extension).
 SEARCHERS = ("single", "grid", "random", "adaptive_asha", "tpe")
-#: Hyperparameter types.
-HP_TYPES = ("const", "int", "double", "log", "categorical")
 #: More trials than one machine's queue can hold are refused before anything is enqueued
 #: (each trial is a row in the Optuna study, created up front).
 MAX_TRIALS = 100_000
-
-PositiveInt = Annotated[int, Field(ge=1)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
-Number = Annotated[float, Field(allow_inf_nan=False)]
-_IGNORED = "Accepted and ignored here."
-#: A key accepted for compatibility whose value changes nothing here.
-Ignored = Annotated[Any, Field(default=None, description=_IGNORED)]
-
-
-def ignored(names: str) -> dict[str, Any]:
-    """Fields for Determined keys that change nothing here; a section's body declares them from
-    its table with ``__annotations__.update(ignored("image pod_spec ..."))``."""
-    return dict.fromkeys(names.split(), Ignored)
-
-
-def did_you_mean(name: str, known: set[str] | tuple[str, ...]) -> str:
-    """`` Did you mean `x`?`` for the closest of ``known``, or ``""``."""
-    close = difflib.get_close_matches(name, sorted(known), n=1)
-    return f" Did you mean `{close[0]}`?" if close else ""
-
-
-class _Section(BaseModel):
-    """A mapping of the config: strict types (``"2"`` is not 2, ``yes`` is not true) and no
-    unknown keys; an unknown key is named with the closest known one."""
-
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-    #: Keys accepted for compatibility and reported in ``ExperimentConfig.ignored_keys``: the
-    #: :data:`Ignored` fields but the ``quiet`` ones.
-    ignored: ClassVar[frozenset[str]] = frozenset()
-    quiet: ClassVar[frozenset[str]] = frozenset()
-
-    @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        fields = cls.model_fields.items()
-        cls.ignored = frozenset(k for k, f in fields if f.description == _IGNORED) - cls.quiet
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            known = set(cls.model_fields)
-            for key in data:
-                if key not in known:
-                    raise PydanticCustomError(
-                        "unknown_key",
-                        "unknown key. Remove it or fix the spelling.{hint}",
-                        {"key": str(key), "hint": did_you_mean(str(key), known)},
-                    )
-        return data
 
 
 # ---- lengths ------------------------------------------------------------------------------------
 # The one length type: what the YAML says and what the runner and trials use (``Length("batches",
 # 100)``); its docstring is the published schema's description.
-class LengthSpec(_Section):
+class LengthSpec(Section):
     """``{batches: N}``, ``{records: N}`` or ``{epochs: N}``; 0 means "never" for periods."""
 
     batches: NonNegativeInt | None = None
@@ -170,16 +116,13 @@ LengthField = Annotated[
 
 LENGTH_FIX = "Set e.g. `max_length: {batches: 1000}`."
 
-#: Tags of the unions above: they appear in pydantic's error locations, never in a key path.
-_TAG = re.compile(r"^(length|hp|storage|env):")
-
 
 # ---- sections -----------------------------------------------------------------------------------
 def _one_per_cpu(n: int) -> int:
     return n or max(1, os.cpu_count() or 1)
 
 
-class Searcher(_Section):
+class Searcher(Section):
     """The ``searcher`` section (cross-key rules are in :mod:`~ckptstore.experiment.config`)."""
 
     # Rules among its own keys are _own_rules below (the docstring is the schema description).
@@ -300,7 +243,7 @@ class Searcher(_Section):
         return sorted(set(points))
 
 
-class Resources(_Section):
+class Resources(Section):
     """``resources``: ``slots_per_trial`` / ``slots`` start workers here; the rest is the
     cluster's."""
 
@@ -333,7 +276,7 @@ EnvAssignment = Annotated[
 ]
 
 
-class EnvironmentVariablesByAccelerator(_Section):
+class EnvironmentVariablesByAccelerator(Section):
     """Determined's per-accelerator form of ``environment.environment_variables``; ckptstore's
     trials ask for CPU slots, so the ``cpu`` list applies."""
 
@@ -349,7 +292,7 @@ EnvironmentVariables = Annotated[
 ]
 
 
-class Environment(_Section):
+class Environment(Section):
     """``environment``: ``environment_variables`` reach every trial process; the container keys
     are the cluster's."""
 
@@ -382,7 +325,7 @@ class Environment(_Section):
         return dict(entry.split("=", 1) for entry in given or ())
 
 
-class Reproducibility(_Section):
+class Reproducibility(Section):
     """``reproducibility``: the seed trials derive theirs from."""
 
     experiment_seed: NonNegativeInt = 0
@@ -440,57 +383,3 @@ StorageSpec = Annotated[
     | Annotated[StorageBlock, Tag("storage:block")],
     Discriminator(lambda v: "storage:url" if isinstance(v, str) else "storage:block"),
 ]
-
-
-# ---- errors -------------------------------------------------------------------------------------
-def config_error(
-    key: str, problem: str, fix: str, error: type[errors.InvalidConfig] = errors.InvalidConfig
-) -> errors.InvalidConfig:
-    """The one wording of a config problem: the dotted key, what is wrong, the fix."""
-    return error(f"Invalid experiment config at `{key}`: {problem}. {fix}")
-
-
-def _key(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(p) for p in loc if not _TAG.match(str(p))) or "<config>"
-
-
-def as_invalid_config(exc: ValidationError, prefix: tuple[str, ...] = ()) -> errors.InvalidConfig:
-    """The first problem of ``exc`` as users have always seen it: the key path, what is wrong,
-    the value received and the fix (custom errors carry theirs in ``ctx["fix"]``; a rule
-    between keys raised its :class:`~ckptstore.errors.InvalidConfig` already worded)."""
-    err = exc.errors(include_url=False)[0]
-    kind, loc, ctx = err["type"], (*prefix, *err["loc"]), err.get("ctx") or {}
-    if isinstance(ctx.get("error"), errors.InvalidConfig):
-        return ctx["error"]
-    received = err["input"]
-    if kind == "unknown_key":
-        fix = f"Remove it or fix the spelling.{ctx['hint']}"
-        return config_error(_key((*loc, ctx["key"])), "unknown key", fix)
-    if kind == "hp_type":
-        loc, received = (*loc, "type"), received.get("type")
-    if loc and loc[-1] == "[key]":  # a mapping key, not a value, is wrong
-        loc = loc[:-1]
-    key = _key(loc)
-    if kind == "missing":
-        return config_error(
-            key, "missing", f"Add `{loc[-1]}` (see `ckptstore experiment schema` for its type)."
-        )
-    problem = err["msg"][0].lower() + err["msg"][1:]
-    fix = ctx.get("fix") or "Fix the value (`ckptstore experiment schema` lists each key's type)."
-    if kind == "literal_error":
-        allowed = tuple(re.findall(r"'([^']*)'", str(ctx.get("expected", ""))))
-        fix = f"Use one of {', '.join(allowed)}.{did_you_mean(str(received), allowed)}"
-    elif kind == "string_pattern_mismatch":  # only hyperparameter names carry a pattern
-        problem = "a hyperparameter name must not contain dots"
-        fix = "Nest groups as mappings instead of dotted names."
-    elif kind == "hp_type":
-        fix = f"Use one of {', '.join(HP_TYPES)}.{did_you_mean(str(received), HP_TYPES)}"
-    return config_error(key, f"{problem}, received {received!r}", fix)
-
-
-def validate_as(adapter: TypeAdapter, value: Any, key: str) -> Any:
-    """``value`` checked alone against one key's type; errors name ``key``."""
-    try:
-        return adapter.validate_python(value)
-    except ValidationError as exc:
-        raise as_invalid_config(exc, tuple(key.split("."))) from None

@@ -5,7 +5,7 @@ named hyperparameters with their grid values.
 
 Example::
 
-    from ckptstore.experiment.config import parse_hyperparameters
+    from ckptstore.experiment.hparams import parse_hyperparameters
 
     [lr] = parse_hyperparameters({"lr": {"type": "log", "minval": -3, "maxval": -1, "count": 3}})
     lr.name, lr.grid_values()     # ("lr", [0.001, 0.01, 0.1])
@@ -21,18 +21,23 @@ from pydantic import (
     Field,
     PrivateAttr,
     Tag,
+    TypeAdapter,
     WithJsonSchema,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 from typing_extensions import TypeAliasType
 
-from ckptstore.experiment.config_schema import HP_TYPES, Number, PositiveInt, _Section
+from ckptstore.experiment.keys import Number, PositiveInt, Section, config_error, validate_as
+from ckptstore.yamlsafe import check_size
 
-__all__ = ["Hyperparameter", "Hyperparameters", "nest_hparams"]
+__all__ = ["HP_TYPES", "Hyperparameter", "Hyperparameters", "nest_hparams", "parse_hyperparameters"]
+
+#: Hyperparameter types.
+HP_TYPES = ("const", "int", "double", "log", "categorical")
 
 
-class _HP(_Section):
+class _HP(Section):
     """One hyperparameter; :attr:`name` is its dotted path (nested groups joined by ``.``)."""
 
     _name: str = PrivateAttr("")
@@ -173,6 +178,7 @@ HPSpec = TypeAliasType(
             _hp_tag,
             custom_error_type="hp_type",
             custom_error_message="unknown hyperparameter type",
+            custom_error_context={"expected": ", ".join(map(repr, HP_TYPES))},
         ),
     ],
 )
@@ -199,6 +205,21 @@ def _flatten(specs: dict[str, Any], prefix: str = "") -> list[Hyperparameter]:
 Hyperparameters = Annotated[
     dict[HPName, HPSpec], Field(json_schema_extra=_HP_NAMES), AfterValidator(_flatten)
 ]
+
+
+_HYPERPARAMETERS = TypeAdapter(Hyperparameters)
+
+
+def parse_hyperparameters(raw: Any) -> list[Hyperparameter]:
+    """The ``hyperparameters`` section as a flat list of named hyperparameters."""
+    if raw is not None and not isinstance(raw, dict):
+        raise config_error(
+            "hyperparameters",
+            f"expected a mapping of names to values or specs, received {type(raw).__name__}",
+            "Write it like `hyperparameters: {global_batch_size: 32}`.",
+        )
+    check_size(raw, "hyperparameters")
+    return [] if raw is None else validate_as(_HYPERPARAMETERS, raw, "hyperparameters")
 
 
 def nest_hparams(flat: dict[str, Any]) -> dict[str, Any]:
