@@ -54,7 +54,7 @@ from ckptstore import errors
 from ckptstore.checkpointing.retention import run_retention
 from ckptstore.experiment import config_schema as sections
 from ckptstore.experiment import keys
-from ckptstore.experiment.config_schema import SEARCHERS, Length
+from ckptstore.experiment.config_schema import SEARCHERS
 from ckptstore.experiment.hparams import (
     HP_TYPES,
     Hyperparameter,
@@ -63,10 +63,18 @@ from ckptstore.experiment.hparams import (
     parse_hyperparameters,
 )
 from ckptstore.experiment.keys import config_error
+from ckptstore.experiment.lengths import (
+    LENGTH_FIX,
+    LENGTH_UNITS,
+    Length,
+    LengthField,
+    in_batches,
+    parse_length,
+    period,
+)
 from ckptstore.validators import is_int
 from ckptstore.yamlsafe import check_size, load_yaml
 
-LENGTH_UNITS = ("batches", "records", "epochs")
 #: The searcher a config without ``searcher`` gets (the reference's ``entrypoint_script`` form).
 DEFAULT_SEARCHER = {"name": "single", "metric": "val_loss", "smaller_is_better": True}
 _EXAMPLE = "examples/mnist_tfkeras_trial/const.yaml"
@@ -113,8 +121,8 @@ class ExperimentConfig(keys.Section):
     #: Always set once parsed (:data:`DEFAULT_SEARCHER` when absent).
     searcher: sections.Searcher | None = None
     #: A :class:`Length`, None when absent or 0, once parsed.
-    min_validation_period: sections.LengthField | None = None
-    min_checkpoint_period: sections.LengthField | None = None
+    min_validation_period: LengthField | None = None
+    min_checkpoint_period: LengthField | None = None
     #: None when 0, Determined's "unset".
     records_per_epoch: (
         Annotated[keys.NonNegativeInt, AfterValidator(lambda n: n or None)] | None
@@ -188,8 +196,8 @@ class ExperimentConfig(keys.Section):
             hyperparameters=hparams,
             searcher=searcher,
             entrypoint=entrypoint,
-            min_validation_period=_period(self.min_validation_period, unit),
-            min_checkpoint_period=_period(self.min_checkpoint_period, unit),
+            min_validation_period=period(self.min_validation_period, unit),
+            min_checkpoint_period=period(self.min_checkpoint_period, unit),
             checkpoint_storage=storage,
             data=dict(self.data or {}),
         )
@@ -301,24 +309,6 @@ def _entrypoint(value: str | list[str] | None, script: str | list[str] | None) -
     return Entrypoint(value)
 
 
-def _length(value: int | Length, key: str, scheduling_unit: int) -> Length:
-    """Steps (a bare int) in batches; a length of 0 refused."""
-    if isinstance(value, int):  # Determined's older unit: steps of scheduling_unit batches
-        return Length("batches", value * scheduling_unit)
-    if value.value == 0:
-        raise config_error(
-            f"{key}.{value.unit}", "expected a positive integer, received 0", "Set e.g. 100."
-        )
-    return value
-
-
-def _period(value: int | Length | None, scheduling_unit: int) -> Length | None:
-    """A period as a :class:`Length`; None when absent or 0 ("never")."""
-    if value is None or (isinstance(value, Length) and value.value == 0):
-        return None
-    return _length(value, "", scheduling_unit)
-
-
 def _searcher_rules(
     searcher: sections.Searcher, hparams: list[Hyperparameter], unit: int, *, trial_class: bool
 ) -> None:
@@ -328,8 +318,8 @@ def _searcher_rules(
     length = s.max_length if s.max_length is not None else s.max_steps
     if length is None and s.time_metric is None and trial_class:
         why = "a TFKerasTrial entrypoint needs `max_length` to know how long to train"
-        raise config_error("searcher.max_length", f"missing: {why}", sections.LENGTH_FIX)
-    max_length = _length(length, "searcher.max_length", unit) if length is not None else None
+        raise config_error("searcher.max_length", f"missing: {why}", LENGTH_FIX)
+    max_length = in_batches(length, "searcher.max_length", unit) if length is not None else None
     max_trials = _max_trials(s, hparams)
     if trial_class and max_length is None:  # a TFKerasTrial counts its own time
         if s.time_metric not in LENGTH_UNITS:
@@ -396,12 +386,6 @@ def _check_batch_size(hparams: list[Hyperparameter]) -> None:
         )
 
 
-def parse_length(value: Any, key: str, scheduling_unit: int) -> Length:
-    """``{batches|records|epochs: N}`` or a bare int of steps (``N * scheduling_unit`` batches)."""
-    return _length(keys.validate_as(_LENGTH, value, key), key, scheduling_unit)
-
-
-_LENGTH = TypeAdapter(sections.LengthField)
 _STORAGE = TypeAdapter(sections.StorageSpec)
 
 

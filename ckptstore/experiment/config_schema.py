@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -34,9 +34,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ckptstore import errors
 from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS
 from ckptstore.experiment.keys import NonNegativeInt, PositiveInt, Section, config_error, ignored
+from ckptstore.experiment.lengths import LENGTH_FIX, Length, LengthField
 
 __all__ = ["SEARCHERS", "Length", "Searcher", "StorageBlock"]
 
@@ -45,76 +45,6 @@ SEARCHERS = ("single", "grid", "random", "adaptive_asha", "tpe")
 #: More trials than one machine's queue can hold are refused before anything is enqueued
 #: (each trial is a row in the Optuna study, created up front).
 MAX_TRIALS = 100_000
-
-
-# ---- lengths ------------------------------------------------------------------------------------
-# The one length type: what the YAML says and what the runner and trials use (``Length("batches",
-# 100)``); its docstring is the published schema's description.
-class LengthSpec(Section):
-    """``{batches: N}``, ``{records: N}`` or ``{epochs: N}``; 0 means "never" for periods."""
-
-    batches: NonNegativeInt | None = None
-    records: NonNegativeInt | None = None
-    epochs: NonNegativeInt | None = None
-
-    def __init__(self, unit: str | None = None, value: int | None = None, /, **given: Any):
-        super().__init__(**({unit: value} if unit is not None else given))
-
-    @model_validator(mode="after")
-    def _one_unit(self) -> LengthSpec:
-        if len(self.model_fields_set) != 1:
-            raise PydanticCustomError(
-                "one_unit",
-                "expected exactly one of batches, records, epochs",
-                {"fix": "Write it like `{batches: 100}`."},
-            )
-        return self
-
-    @property
-    def unit(self) -> str:
-        return next(iter(self.model_fields_set))
-
-    @property
-    def value(self) -> int:
-        return getattr(self, self.unit)
-
-    def to_batches(self, global_batch_size: int, records_per_epoch: int | None) -> int:
-        """The length in batches (records and epochs round up to whole batches)."""
-        if self.unit == "batches":
-            return self.value
-        if self.unit == "records":
-            return max(1, math.ceil(self.value / global_batch_size))
-        if not records_per_epoch:
-            raise errors.InvalidConfig(
-                f"A length of {{epochs: {self.value}}} needs the number of records per epoch. "
-                "Set `records_per_epoch` in the experiment config, or use a training data loader "
-                "whose length is known (NumPy arrays or a Sequence)."
-            )
-        return max(1, math.ceil(self.value * records_per_epoch / global_batch_size))
-
-    def to_dict(self) -> dict[str, int]:
-        return {self.unit: self.value}
-
-
-#: The one length type (the published schema names it ``LengthSpec``).
-Length = LengthSpec
-
-
-def _length_tag(value: Any) -> str:
-    return (
-        "length:steps" if isinstance(value, int) and not isinstance(value, bool) else "length:unit"
-    )
-
-
-#: A :class:`Length`, or a bare integer of Determined's older "steps" unit (``N *
-#: scheduling_unit`` batches, converted by the config's rules, which know the unit).
-LengthField = Annotated[
-    Annotated[PositiveInt, Tag("length:steps")] | Annotated[LengthSpec, Tag("length:unit")],
-    Discriminator(_length_tag),
-]
-
-
-LENGTH_FIX = "Set e.g. `max_length: {batches: 1000}`."
 
 
 # ---- sections -----------------------------------------------------------------------------------
