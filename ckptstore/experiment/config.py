@@ -1,22 +1,17 @@
 """Experiment configs: Determined's YAML keys, parsed and checked before anything runs.
 
-:func:`load_config` reads a YAML file, :func:`parse_config` a dict. Both return an
-:class:`ExperimentConfig` or raise :class:`~ckptstore.errors.InvalidConfig` whose message names the
-key (``searcher.max_length``, ``hyperparameters.lr.maxval``, ...), the value received and the fix.
-:class:`ExperimentConfig` is a pydantic model: its fields and sections
-(:mod:`~ckptstore.experiment.config_schema`) are the keys, types and defaults and publish the JSON
-Schema (:func:`config_json_schema`); a section's own rules are its validator, the rules across
-sections this model's, which leaves every value in the form the runner uses (lengths in batches, hyperparameters flat, ``max_trials``
-counted).
+:func:`load_config` reads a YAML file, :func:`parse_config` a dict; both return an
+:class:`ExperimentConfig`, a pydantic model whose fields and sections (``config_schema``,
+``hparams``, ``lengths``) are the keys, types and defaults and publish the JSON Schema
+(:func:`config_json_schema`). A section's own rules are its validator, the rules across sections
+this model's, which leave every value in the form the runner uses (lengths in batches,
+hyperparameters flat, ``max_trials`` counted). A problem raises one
+:class:`~ckptstore.errors.InvalidConfig` naming the dotted key, the value and the fix.
 
-Lengths are ``{batches: N}``, ``{records: N}``, ``{epochs: N}`` or a bare integer of
-Determined's older "steps" (``N * scheduling_unit`` batches, as ``searcher.max_steps``); a period
-of 0 is "off". Determined 0.38 configs load unchanged, keys that only mean something on a cluster
-are listed in :attr:`ExperimentConfig.ignored_keys` (docs: "Coming from Determined"). Configs are
-untrusted input: the YAML is read by :mod:`ckptstore.yamlsafe`, a grid or ``max_trials`` larger
-than a queue can hold or an entrypoint a shell cannot split is refused before anything runs.
-
-This module never imports TensorFlow.
+Determined 0.38 configs load unchanged; keys that only mean something on a cluster are listed in
+:attr:`ExperimentConfig.ignored_keys`. Configs are untrusted input: the YAML is read by
+:mod:`ckptstore.yamlsafe`, a grid or ``max_trials`` larger than a queue can hold or an entrypoint
+a shell cannot split is refused before anything runs. This module never imports TensorFlow.
 
 Example::
 
@@ -51,7 +46,6 @@ from pydantic import (
 )
 
 from ckptstore import errors
-from ckptstore.checkpointing.retention import run_retention
 from ckptstore.experiment import config_schema as sections
 from ckptstore.experiment import keys
 from ckptstore.experiment.config_schema import SEARCHERS
@@ -161,14 +155,7 @@ class ExperimentConfig(keys.Section):
     )
 
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
-    _retention: dict[str, int] = PrivateAttr(default_factory=dict)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _keep_raw(cls, data: Any, handler: Any) -> ExperimentConfig:
-        config = handler(data)
-        config._raw = data
-        return config
+    _storage: sections.StorageBlock = PrivateAttr(default_factory=sections.StorageBlock)
 
     @model_validator(mode="after")
     def _rules(self) -> ExperimentConfig:
@@ -189,7 +176,7 @@ class ExperimentConfig(keys.Section):
             _check_batch_size(hparams)
         storage = self.checkpoint_storage
         if isinstance(storage, sections.StorageBlock):
-            self._retention = storage.retention
+            self._storage = storage
             storage = storage.model_dump(exclude_unset=True) if storage.type else None
         self._set(
             description=self.description if self.description is not None else self.name or "",
@@ -211,7 +198,7 @@ class ExperimentConfig(keys.Section):
     @property
     def retention(self) -> dict[str, int]:
         """The GC keys given in ``checkpoint_storage`` (Determined's names)."""
-        return self._retention
+        return self._storage.retention
 
     @property
     def experiment_seed(self) -> int:
@@ -261,7 +248,7 @@ class ExperimentConfig(keys.Section):
     def gc_settings(self) -> dict[str, int]:
         """Determined's GC keys from ``checkpoint_storage`` (defaults filled in), as a
         TFKerasTrial of this config keeps its checkpoints by."""
-        return run_retention(self.retention, trial_class=True) or {}
+        return self._storage.gc_settings(trial_class=True) or {}
 
 
 def ran_with_gc(raw: dict[str, Any]) -> dict[str, int] | None:
@@ -271,16 +258,15 @@ def ran_with_gc(raw: dict[str, Any]) -> dict[str, int] | None:
     hand-made) is judged as a script's, by its ``checkpoint_storage`` block alone."""
     try:
         config = parse_config(raw)
+        block, trial_class = config._storage, config.entrypoint.is_trial_class
     except errors.CkptstoreError:
         try:
-            block = keys.validate_as(
-                _STORAGE, raw.get("checkpoint_storage") or {}, "checkpoint_storage"
-            )
+            given = raw.get("checkpoint_storage") or {}
+            block, trial_class = keys.validate_as(_STORAGE, given, "checkpoint_storage"), False
         except errors.InvalidConfig:
             return None
-        block = block if isinstance(block, sections.StorageBlock) else sections.StorageBlock()
-        return run_retention(block.retention, trial_class=False)
-    return run_retention(config.retention, trial_class=config.entrypoint.is_trial_class)
+    is_block = isinstance(block, sections.StorageBlock)
+    return block.gc_settings(trial_class=trial_class) if is_block else None
 
 
 def _entrypoint(value: str | list[str] | None, script: str | list[str] | None) -> Entrypoint:
@@ -401,9 +387,11 @@ def parse_config(raw: Any) -> ExperimentConfig:
             f"Start from {_EXAMPLE}."
         )
     try:
-        return ExperimentConfig.model_validate(raw)
+        config = ExperimentConfig.model_validate(raw)
     except ValidationError as exc:
         raise keys.as_invalid_config(exc) from None
+    config._raw = raw
+    return config
 
 
 def load_config(path: str | Path) -> ExperimentConfig:

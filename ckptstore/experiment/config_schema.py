@@ -1,12 +1,8 @@
-"""The experiment config's keys as pydantic v2 models: every key Determined 0.38 accepts, its
-type, its bounds and its default, in one place that also publishes the JSON Schema.
-
-These models are the runtime config, not a layer in front of one: a validated hyperparameter,
-length or searcher is the object the searcher and the trials use (a length's bare-int "steps"
-are turned into batches by the rules of :class:`~ckptstore.experiment.config.ExperimentConfig`,
-which holds the rules across sections; a section's own rules are its validator). A problem becomes
-:class:`~ckptstore.errors.InvalidConfig` the way users have always seen it: the dotted key, what
-was wrong, the value received and a fix, with "Did you mean" for a misspelt key.
+"""The experiment config's sections as pydantic models (``searcher``, ``resources``,
+``environment``, ``reproducibility``, ``checkpoint_storage``): every key Determined 0.38 accepts,
+its type, bounds and default, and the rules among a section's own keys as its validator. They
+are the runtime config, not a layer in front of one; the rules across sections are
+:class:`~ckptstore.experiment.config.ExperimentConfig`'s.
 
 Example::
 
@@ -34,7 +30,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS
+from ckptstore.checkpointing.retention import DETERMINED_DEFAULTS, run_retention
 from ckptstore.experiment.keys import NonNegativeInt, PositiveInt, Section, config_error, ignored
 from ckptstore.experiment.lengths import LENGTH_FIX, Length, LengthField
 
@@ -291,6 +287,11 @@ class StorageBlock(BaseModel):
         """The GC keys it gives (Determined's names)."""
         given = self.model_dump(exclude_unset=True)
         return {k: given[k] for k in DETERMINED_DEFAULTS if given.get(k) is not None}
+
+    def gc_settings(self, *, trial_class: bool) -> dict[str, int] | None:
+        """The GC keys a run of this storage keeps its checkpoints by (Determined's defaults
+        filled in): always for a TFKerasTrial, for a script only when keys were given."""
+        return run_retention(self.retention, trial_class=trial_class)
 
 
 def _storage_url(url: str) -> str:
