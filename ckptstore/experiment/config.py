@@ -28,11 +28,8 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-import re
-import shlex
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -49,6 +46,7 @@ from ckptstore import errors
 from ckptstore.experiment import config_schema as sections
 from ckptstore.experiment import keys
 from ckptstore.experiment.config_schema import SEARCHERS
+from ckptstore.experiment.entrypoint import Entrypoint
 from ckptstore.experiment.hparams import (
     HP_TYPES,
     Hyperparameter,
@@ -72,30 +70,6 @@ from ckptstore.yamlsafe import check_size, load_yaml
 #: The searcher a config without ``searcher`` gets (the reference's ``entrypoint_script`` form).
 DEFAULT_SEARCHER = {"name": "single", "metric": "val_loss", "smaller_is_better": True}
 _EXAMPLE = "examples/mnist_tfkeras_trial/const.yaml"
-_ENTRYPOINT_CLASS = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-#: Determined's legacy launcher form of a trial class:
-#: ``python3 -m determined.launch.horovod --autohorovod --trial model_def:Trial``.
-_LAUNCHED_CLASS = re.compile(
-    r"^(?:python3?\s+)?-m\s+determined\.launch\.\w+(?:\s+--[\w-]+)*?\s+--trial\s+"
-    r"(?P<cls>[A-Za-z_][\w.]*:[A-Za-z_][\w.]*)$"
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Entrypoint:
-    """``model_def:MNISTTrial`` (a TFKerasTrial class) or a script command (``python3 train.py``)."""
-
-    raw: str
-    module: str | None = None
-    attr: str | None = None
-
-    @property
-    def is_trial_class(self) -> bool:
-        return self.module is not None
-
-    def command(self) -> list[str]:
-        """The script command split like a shell would (script entrypoints only)."""
-        return shlex.split(self.raw)
 
 
 class ExperimentConfig(keys.Section):
@@ -162,7 +136,7 @@ class ExperimentConfig(keys.Section):
         """The rules across sections (each section checked its own keys already), in the order
         their errors are reported."""
         unit = self.scheduling_unit
-        entrypoint = _entrypoint(self.entrypoint, self.entrypoint_script)
+        entrypoint = Entrypoint.parse(self.entrypoint, self.entrypoint_script)
         if self.searcher is None and entrypoint.is_trial_class:
             raise config_error(
                 "searcher",
@@ -267,32 +241,6 @@ def ran_with_gc(raw: dict[str, Any]) -> dict[str, int] | None:
             return None
     is_block = isinstance(block, sections.StorageBlock)
     return block.gc_settings(trial_class=trial_class) if is_block else None
-
-
-def _entrypoint(value: str | list[str] | None, script: str | list[str] | None) -> Entrypoint:
-    value = value if value is not None else script
-    if isinstance(value, list) and value:
-        value = shlex.join(value)
-    if not isinstance(value, str) or not value.strip():
-        raise config_error(
-            "entrypoint",
-            f"missing or empty (received {value!r})",
-            "Set `entrypoint: model_def:MNISTTrial` or `entrypoint: python3 train.py`.",
-        )
-    value = value.strip()
-    launched = _LAUNCHED_CLASS.match(" ".join(value.split()))
-    if launched or _ENTRYPOINT_CLASS.match(value):
-        module, attr = (launched.group("cls") if launched else value).split(":", 1)
-        return Entrypoint(value, module, attr)
-    try:  # the runner splits it for every trial: refuse now what it could not split then
-        shlex.split(value)
-    except ValueError as exc:
-        raise config_error(
-            "entrypoint",
-            f"a shell cannot split this command ({exc}), received {value!r}",
-            "Balance the quotes, e.g. `entrypoint: python3 train.py`.",
-        ) from None
-    return Entrypoint(value)
 
 
 def _searcher_rules(
