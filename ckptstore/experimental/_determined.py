@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
 from ckptstore.core._not_supported import not_supported
+from ckptstore.experimental._checkpoint import Checkpoint
 from ckptstore.experimental._enums import (
     ExperimentState,
     ModelSortBy,
@@ -20,15 +21,14 @@ from ckptstore.experimental._enums import (
     TrialSortBy,
     sort_rows,
 )
-from ckptstore.experimental._objects import (
-    Checkpoint,
-    Experiment,
-    Model,
-    Trial,
+from ckptstore.experimental._experiment import Experiment
+from ckptstore.experimental._metrics import (
     TrialMetrics,
     iter_metrics,
 )
+from ckptstore.experimental._model import Model
 from ckptstore.experimental._session import Session, default_session
+from ckptstore.experimental._trial import Trial
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
