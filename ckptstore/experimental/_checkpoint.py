@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.core._not_supported import not_supported
+from ckptstore._not_supported import not_supported
 from ckptstore.experimental._enums import (
     _CHECKPOINT_STATES,
     CheckpointSortBy,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from ckptstore.core._not_supported import not_supported
+from ckptstore._not_supported import not_supported
 from ckptstore.experimental._checkpoint import Checkpoint
 from ckptstore.experimental._enums import OrderBy, _descending
 from ckptstore.experimental._metrics import TrialMetrics

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ckptstore.core._not_supported import not_supported
+from ckptstore._not_supported import not_supported
 from ckptstore.experimental._checkpoint import Checkpoint
 from ckptstore.experimental._determined import Determined
 from ckptstore.experimental._enums import (
@@ -42,7 +42,7 @@ from ckptstore.experimental._enums import (
     TrialSortBy,
     TrialState,
 )
-from ckptstore.experimental._experiment import Experiment
+from ckptstore.experimental._experiment import Experiment, Trial
 from ckptstore.experimental._metrics import (
     TrainingMetrics,
     TrialMetrics,
@@ -50,7 +50,6 @@ from ckptstore.experimental._metrics import (
 )
 from ckptstore.experimental._model import Model, ModelVersion
 from ckptstore.experimental._session import Session, default_session, set_default_session
-from ckptstore.experimental._trial import Trial
 
 if TYPE_CHECKING:
     from ckptstore.registry import Registry
