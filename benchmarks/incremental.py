@@ -91,10 +91,11 @@ def uploaded_per_checkpoint(storage, by_file=None) -> list[int]:  # type: ignore
     no earlier checkpoint had stored (create-only uploads skip those). ``by_file`` (a dict)
     gets the bytes each file sent, summed over the checkpoints after the first."""
     from ckptstore.checkpointing import format as fmt
+    from ckptstore.checkpointing import scan
 
     seen: set[str] = set()
     out = []
-    for i, record in enumerate(fmt.sort_records(fmt.scan_checkpoints(storage))):
+    for i, record in enumerate(scan.sort_records(scan.scan_checkpoints(storage))):
         manifest = fmt.read_manifest(storage, record.uuid)
         sent = len(storage.read_bytes(f"{record.uuid}/{fmt.MANIFEST_NAME}"))  # as stored
         files = {fmt.MANIFEST_NAME: sent}
@@ -120,7 +121,7 @@ def run_ckptstore(url: str, reg: str, dedup: bool, args, frozen: bool) -> dict[s
     import keras
 
     import ckptstore as det
-    from ckptstore.checkpointing import format as fmt
+    from ckptstore.checkpointing import scan
 
     x, y = data()
     model = build(args.backbone_mb, frozen)
@@ -137,7 +138,7 @@ def run_ckptstore(url: str, reg: str, dedup: bool, args, frozen: bool) -> dict[s
         ctx.checkpoint.wait()
         whole = time.perf_counter() - t0
         store = ctx.checkpoint.storage
-        committed = fmt.list_committed(store)
+        committed = scan.list_committed(store)
         by_file: dict[str, int] = {}
         sent = uploaded_per_checkpoint(store, by_file)
         last = ctx.checkpoint.latest_checkpoint()

@@ -189,8 +189,7 @@ def bench_round(model, data, args, s3_url: str, work: str) -> dict[str, float]:
     keras = _keras()
 
     import ckptstore as det
-    from ckptstore.checkpointing import CheckpointContext
-    from ckptstore.checkpointing import format as ckpt_format
+    from ckptstore.checkpointing import CheckpointContext, scan
 
     out: dict[str, float] = {}
 
@@ -237,7 +236,7 @@ def bench_round(model, data, args, s3_url: str, work: str) -> dict[str, float]:
             )
             store = ctx.checkpoint.storage
             stack.callback(  # runs before the context closes: keep the emulator's memory flat
-                lambda: [ctx.checkpoint.delete(u) for u in ckpt_format.list_committed(store)]
+                lambda: [ctx.checkpoint.delete(u) for u in scan.list_committed(store)]
             )
             kwargs = {} if export is None else {"export_saved_model": export}
             return det.keras.DeterminedCallback(ctx, None, 1, **kwargs)

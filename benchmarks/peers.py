@@ -180,11 +180,11 @@ def _load(args, out: dict[str, float]) -> dict[str, float]:  # type: ignore[no-u
             else os.path.join(args.work, "store")
         )
         reg = f"sqlite:///{args.work}/reg.db"
-        from ckptstore.checkpointing import format as fmt
+        from ckptstore.checkpointing import scan
         from ckptstore.storage_backends import open_storage
 
         with open_storage(url) as store:
-            uuid = fmt.sort_records(fmt.scan_checkpoints(store))[-1].uuid
+            uuid = scan.sort_records(scan.scan_checkpoints(store))[-1].uuid
         for key in ("load", "load_warm") if args.method == "ckptstore-s3" else ("load",):
             t0, c0 = time.perf_counter(), keras_stall.cpu_seconds()
             det.load_checkpoint_model(checkpoint_uuid=uuid, storage=url, registry=reg)

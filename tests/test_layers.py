@@ -148,9 +148,11 @@ def _over_limits() -> tuple[dict[str, int], dict[str, int]]:
     return modules, functions
 
 
-def _size_problems(found: dict[str, int], allowed: dict[str, int], limit: int) -> list[str]:
+def _size_problems(
+    found: dict[str, int], allowed: dict[str, int], limit: int, todo: str = "split it (issue 26)"
+) -> list[str]:
     problems = [
-        f"{name}: {size} lines, over the limit of {limit}: split it (issue 26)"
+        f"{name}: {size} lines, over the limit of {limit}: {todo}"
         for name, size in found.items()
         if name not in allowed
     ]
@@ -187,6 +189,45 @@ def test_size_check_measures_bodies_and_names_stale_entries():
     allowed = {"grew.py": 91, "kept.py": 85, "split.py": 99}
     problems = _size_problems(found, allowed, 80)
     assert [p.split(":")[0] for p in problems] == ["new.py", "grew.py", "split.py"]
+
+
+# ---- near the cap: split by responsibility, not at the line count (issue 43) --------------------
+NEAR_CAP_LINES = 750
+#: Modules over NEAR_CAP_LINES, with their size when listed and the responsibility that has to
+#: move out before anything is added (issue 43 found 7 at 750-800 lines: the cap met by cutting
+#: files). Each may only shrink; a module that crosses the figure fails until it is split or
+#: listed with its reason; one back under it must leave the list.
+NEAR_CAP_MODULES: dict[str, int] = {
+    # CheckpointContext's save, download, delete and GC paths (being split in session 10).
+    "ckptstore/checkpointing/context.py": 800,
+    # The Keras callback's save/resume hooks beside its backend handling (being split).
+    "ckptstore/keras_io/fit/_callback.py": 796,
+    # TFKerasTrial's controller: the training loop beside its checkpoint I/O (being split).
+    "ckptstore/keras_io/trial/controller.py": 786,
+    # The Registry facade over trials, checkpoints, metrics and models (being split).
+    "ckptstore/registry/registry.py": 797,
+}
+
+
+def near_cap_problems(lines: dict[str, int], listed: dict[str, int]) -> list[str]:
+    """Problems of modules (``{path: lines}``) over :data:`NEAR_CAP_LINES` against ``listed``."""
+    over = {path: n for path, n in lines.items() if n > NEAR_CAP_LINES}
+    todo = "move a responsibility out into its own module, or list it with its reason (issue 43)"
+    return _size_problems(over, listed, NEAR_CAP_LINES, todo)
+
+
+def test_modules_near_the_cap_are_listed_with_their_reason():
+    lines = {path: len(source.splitlines()) for path, source in _package_files().items()}
+    problems = near_cap_problems(lines, NEAR_CAP_MODULES)
+    assert problems == [], "\n".join(problems)
+
+
+def test_near_cap_rule_finds_a_new_a_grown_and_a_stale_module():
+    lines = {"new.py": NEAR_CAP_LINES + 1, "grew.py": 790, "kept.py": 780, "small.py": 700}
+    listed = {"grew.py": 785, "kept.py": 780, "split.py": 799}
+    problems = near_cap_problems(lines, listed)
+    assert [p.split(":")[0] for p in problems] == ["new.py", "grew.py", "split.py"]
+    assert "list it with its reason" in problems[0]
 
 
 # ---- test helpers defined once ----------------------------------------------------------------------
@@ -391,8 +432,9 @@ def test_the_command_line_parses_storage_once_at_the_edge():
     assert isinstance(next(p for p in cli.params if p.name == "storage").type, StorageParam)
 
 
-#: Imports of another package's private ``_x`` module (issue 43 counted 15; 5 now: the SDK and the
-#: TensorBoard callback use core's cluster-only refusal and TensorBoard sync). May only shrink.
+#: Imports of another package's private ``_x`` module (issue 43 counted 15, target 5; 2 today: the
+#: SDK and the TensorBoard callback use core's TensorBoard sync. The cluster-only refusal that core
+#: and the SDK share is ``ckptstore/_not_supported.py``, beside errors.py). May only shrink.
 MAX_PRIVATE_IMPORTS = 5
 
 

@@ -25,11 +25,8 @@ from ckptstore.checkpointing.format import (
     Manifest,
     build_manifest,
     is_committed,
-    list_committed,
     load_manifest,
     read_manifest,
-    read_metadata,
-    scan_checkpoints,
     verify_files,
 )
 from ckptstore.checkpointing.hints import CommitHints
@@ -41,6 +38,7 @@ from ckptstore.checkpointing.index import (
     CheckpointIndex,
     CheckpointRecord,
 )
+from ckptstore.checkpointing.metadata import read_metadata
 from ckptstore.checkpointing.restore import DownloadReport
 from ckptstore.checkpointing.retention import (
     AnyOf,
@@ -50,6 +48,7 @@ from ckptstore.checkpointing.retention import (
     KeepAll,
     LatestN,
 )
+from ckptstore.checkpointing.scan import list_committed, scan_checkpoints
 
 __all__ = [
     "CommitHints",

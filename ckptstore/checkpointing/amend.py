@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from ckptstore import errors
 from ckptstore.checkpointing import blobs
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import metadata as ckpt_metadata
 from ckptstore.checkpointing.commit import (
     PendingMarker,
     PreparedFiles,
@@ -135,7 +136,7 @@ def add_files(
         new_manifest = _rewrite(storage, uuid, manifest, before, prepared.entries)
         replace_manifest(storage, uuid, raw, new_manifest)
     logger.info("Added %d files to checkpoint %s in %s", len(prepared.entries), uuid, storage.url)
-    metadata = fmt.read_metadata(storage, uuid)
+    metadata = ckpt_metadata.read_metadata(storage, uuid)
     metadata.setdefault("uuid", uuid)
     return record_committed(index, new_manifest, metadata, storage_url or storage.url)
 

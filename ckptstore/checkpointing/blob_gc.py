@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.checkpointing import condemned
+from ckptstore.checkpointing import condemned, jsonfiles
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.blobs import BLOBS_DIR, blob_key, listed, marker_blobs
 from ckptstore.checkpointing.condemned import Condemnation, StorageClock
@@ -63,7 +63,7 @@ def _references(storage: Storage) -> set[str] | None:
         # marker, so one of the two is always seen.
         try:
             key = f"{name}/{fmt.PENDING_MARKER_NAME}"
-            marker = fmt.load_json(storage.read_bytes(key), key, fmt.MAX_MANIFEST_BYTES)
+            marker = jsonfiles.load_json(storage.read_bytes(key), key, fmt.MAX_MANIFEST_BYTES)
             found |= marker_blobs(marker)
         except errors.StorageNotFound:
             pass

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ckptstore import errors
-from ckptstore.checkpointing import blob_gc, commit, condemned
+from ckptstore.checkpointing import blob_gc, commit, condemned, scan
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.condemned import StorageClock
 from ckptstore.checkpointing.index import (
@@ -85,15 +85,15 @@ def _candidates(
                     experiment, [r for r in found if r.experiment_id == experiment_id]
                 )
     else:
-        scanned = fmt.scan_checkpoints(storage, storage_url)
+        scanned = scan.scan_checkpoints(storage, storage_url)
         trial = [r for r in scanned if r.trial_id == trial_id]
         experiment = (
             [r for r in scanned if r.experiment_id == experiment_id]
             if experiment_id is not None
             else []
         )
-    trial = fmt.sort_records(r for r in trial if same_storage(r, storage_url))
-    return trial, fmt.sort_records(experiment)
+    trial = scan.sort_records(r for r in trial if same_storage(r, storage_url))
+    return trial, scan.sort_records(experiment)
 
 
 def _merge(rows: list[CheckpointRecord], extra: list[CheckpointRecord]) -> list[CheckpointRecord]:

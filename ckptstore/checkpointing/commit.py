@@ -9,8 +9,8 @@ missing files; reconcile finishes it.
 
 Example::
 
-    from ckptstore.checkpointing import commit, format as ckpt_format
-    metadata = ckpt_format.build_metadata(uuid, {"steps_completed": 10})
+    from ckptstore.checkpointing import commit, metadata as ckpt_metadata
+    metadata = ckpt_metadata.build_metadata(uuid, {"steps_completed": 10})
     record = commit.commit_dir(storage, uuid, "/tmp/ckpt", metadata)
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.checkpointing import blobs, condemned, signing
+from ckptstore.checkpointing import blobs, condemned, scan, signing
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.clock import elapsed_clock
 from ckptstore.checkpointing.index import (
@@ -227,7 +227,7 @@ def record_pending(
 ) -> None:
     if index is None:
         return
-    record = fmt.record_from(fmt.Manifest(uuid, {}), metadata, storage_url)
+    record = scan.record_from(fmt.Manifest(uuid, {}), metadata, storage_url)
     record.state = PENDING
     index.record_checkpoint(record)
 
@@ -238,7 +238,7 @@ def record_committed(
     metadata: Mapping[str, Any],
     storage_url: str,
 ) -> CheckpointRecord:
-    record = fmt.record_from(manifest, metadata, storage_url)
+    record = scan.record_from(manifest, metadata, storage_url)
     if index is not None:
         index.record_checkpoint(record)
     return record

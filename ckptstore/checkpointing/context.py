@@ -15,9 +15,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ckptstore import errors
-from ckptstore.checkpointing import blobs, chunk_view, commit, restore, sharded, signing
+from ckptstore.checkpointing import blobs, chunk_view, commit, restore, scan, sharded, signing
 from ckptstore.checkpointing import cache as cache_mod
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import metadata as ckpt_metadata
 from ckptstore.checkpointing.blobs import DEFAULT_CHUNK_BYTES, check_chunk_bytes
 from ckptstore.checkpointing.collector import DEFAULT_GRACE_SECONDS, collect
 from ckptstore.checkpointing.distributed import ProcessGroup
@@ -349,7 +350,7 @@ class CheckpointContext:
         return self.dedup_chunk_bytes
 
     def _build_metadata(self, uuid: str, metadata: Mapping[str, Any] | None) -> dict[str, Any]:
-        built = fmt.build_metadata(
+        built = ckpt_metadata.build_metadata(
             uuid, metadata, trial_id=self.trial_id, experiment_id=self.experiment_id
         )
         if self.resumed_from is not None:  # a caller's own "resumed_from" wins
@@ -476,7 +477,7 @@ class CheckpointContext:
             if not self.storage.exists(storage_id):
                 raise errors.CheckpointNotFound(
                     f"No checkpoint {storage_id} in {self.storage.url}; check the UUID and the "
-                    "storage URL (list them with ckptstore.checkpointing.format.list_committed)."
+                    "storage URL (list them with ckptstore.checkpointing.list_committed)."
                 ) from None
             raise
 
@@ -594,7 +595,7 @@ class CheckpointContext:
         """The ``metadata.json`` of committed checkpoint ``storage_id``."""
         self._check_open()
         self._manifest(storage_id)
-        return fmt.read_metadata(self.storage, storage_id)
+        return ckpt_metadata.read_metadata(self.storage, storage_id)
 
     def latest_checkpoint(self, trial_id: int | None = None) -> str | None:
         """UUID of the newest committed checkpoint (most steps, then newest) of ``trial_id``
@@ -607,17 +608,17 @@ class CheckpointContext:
         if self.index is not None:
             records = self.index.checkpoint_records(trial_id=trial_id)
         else:
-            records = fmt.scan_checkpoints(self.storage, self.storage_url)
+            records = scan.scan_checkpoints(self.storage, self.storage_url)
             if trial_id is not None:
                 records = [r for r in records if r.trial_id == trial_id]
         if self.index is None:
-            records = fmt.sort_records(records)
+            records = scan.sort_records(records)
             return records[-1].uuid if records else None
         # The index may name a checkpoint whose manifest is gone (deleted outside ckptstore):
         # take the newest one that exists, with a warning.
         newest = newest_in_storage(
             self.storage,
-            reversed(fmt.sort_records(records)),
+            reversed(scan.sort_records(records)),
             storage_url=self.storage_url,
             trial_id=trial_id,
         )

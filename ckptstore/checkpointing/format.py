@@ -4,26 +4,29 @@ last and create-only, ``MANIFEST.json``.
 The manifest lists every file of the checkpoint (relative path, size, crc32c). It is the commit:
 a folder without a valid manifest is not a checkpoint, readers ignore it and GC removes it.
 
+This module owns the folder layout (reserved names, the one path rule), a local folder's
+manifest entries and their verification, the :class:`Manifest` type (its one parser and
+serialisation) and a folder's commit slot (committed, deleted). Beside it: ``metadata.json`` in
+:mod:`ckptstore.checkpointing.metadata`; what a storage holds (listing, records) in
+:mod:`ckptstore.checkpointing.scan`.
+
 Example::
 
     from ckptstore.checkpointing import format as ckpt_format
     from ckptstore.storage_backends import open_storage
 
     storage = open_storage("/tmp/ckpts")
-    for uuid in ckpt_format.list_committed(storage):
-        print(uuid, ckpt_format.read_metadata(storage, uuid)["steps_completed"])
+    manifest = ckpt_format.load_manifest(storage, uuid)
+    print(manifest.version, manifest.deduplicated, sorted(manifest.files))
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import logging
 import os
-import platform
 import re
-import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from types import MappingProxyType
@@ -33,15 +36,11 @@ from ckptstore import errors
 from ckptstore.checkpointing.blobs import SHA_RE, chunk_shas
 from ckptstore.checkpointing.checksums import crc32c_bytes, crc32c_file, file_sums
 from ckptstore.checkpointing.entries import FileEntry
-from ckptstore.checkpointing.index import COMMITTED, PARTIALLY_DELETED, CheckpointRecord
-from ckptstore.checkpointing.jsonfiles import MAX_JSON_DEPTH as MAX_JSON_DEPTH
-from ckptstore.checkpointing.jsonfiles import load_json as load_json
-from ckptstore.checkpointing.jsonfiles import read_json_file as read_json_file
+from ckptstore.checkpointing.jsonfiles import load_json
 from ckptstore.checkpointing.jsonfiles import refuse as _refuse
-from ckptstore.jsonsafe import to_json
 from ckptstore.storage_backends.paths import compile_selector as _compile_selector
 from ckptstore.storage_backends.paths import key_problem
-from ckptstore.validators import int_at_least, is_int
+from ckptstore.validators import is_int
 
 if TYPE_CHECKING:
     from ckptstore.storage_backends.base import Storage
@@ -60,9 +59,6 @@ FORMAT_VERSION = 1
 #: Manifests naming the content of some files as content-addressed blobs
 #: (:mod:`ckptstore.checkpointing.blobs`); whole-file checkpoints keep ``FORMAT_VERSION``.
 BLOBS_FORMAT_VERSION = 2
-#: The largest ``metadata.json`` ckptstore writes or reads (1 MiB). Metadata is copied into
-#: the registry and read on every listing; keep big things in checkpoint files instead.
-MAX_METADATA_BYTES = 2**20
 
 #: What a reader accepts from a ``MANIFEST.json``, checked before anything acts on it. Far
 #: beyond what ckptstore writes (a format 2 manifest of a 1 TB model in 4 MiB chunks is ~25 MB
@@ -247,6 +243,7 @@ def check_checksums(checksums: Mapping[str, str] | None) -> dict[str, str]:
     return dict(checksums)
 
 
+# ---- JSON bytes ------------------------------------------------------------------------------
 def dump_json(obj: Mapping[str, Any]) -> bytes:
     """Stable, readable JSON bytes for manifests and metadata (strict JSON: NaN/inf were made
     ``null`` by :func:`ckptstore.jsonsafe.to_json` before)."""
@@ -330,7 +327,7 @@ def kept_whole_in_place(storage: Storage, uuid: str) -> Callable[[str], bool]:
     return lambda rel: rel.startswith(IN_PLACE_FOLDERS)
 
 
-# ---- manifest and metadata on storage ----------------------------------------------------------
+# ---- the manifest -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Manifest:
     """A ``MANIFEST.json`` as a value: every reader gets it from :meth:`parse` (which checks
@@ -565,28 +562,7 @@ def load_manifest_and_bytes(storage: Storage, uuid: str) -> tuple[Manifest, byte
     return Manifest.parse(data, uuid), data
 
 
-def read_metadata(storage: Storage, uuid: str) -> dict[str, Any]:
-    """The parsed ``metadata.json`` of checkpoint ``uuid``; InvalidCheckpoint if missing/bad."""
-    check_storage_id(uuid)
-    where = f"{uuid}/{METADATA_NAME}"
-    try:
-        data = storage.read_bytes(where)
-    except errors.StorageNotFound:
-        raise errors.InvalidCheckpoint(
-            f"{where} does not exist in {storage.url}; the checkpoint is incomplete."
-        ) from None
-    try:
-        metadata = to_json(load_json(data, where, MAX_METADATA_BYTES), what=where)
-    except errors.InvalidConfig as exc:
-        raise errors.InvalidCheckpoint(str(exc)) from None
-    if not isinstance(metadata, dict):
-        raise errors.InvalidCheckpoint(f"{where} is not a JSON object.")
-    steps = metadata.get("steps_completed")
-    if steps is not None:
-        int_at_least(f"{where}: steps_completed", steps, 0, error=errors.InvalidCheckpoint)
-    return metadata
-
-
+# ---- a folder's commit slot -----------------------------------------------------------------
 def is_committed(storage: Storage, uuid: str) -> bool:
     """True if ``uuid`` has a valid manifest (a committed checkpoint)."""
     try:
@@ -616,170 +592,3 @@ def is_removed(storage: Storage, name: str) -> bool:
 def is_checkpoint_name(name: str) -> bool:
     """True if ``name`` could be a checkpoint folder (not a staging or hidden folder)."""
     return bool(_ID_RE.match(name)) and ".." not in name
-
-
-def _checkpoint_children(storage: Storage) -> list[str]:
-    return [name for name in storage.list_children("") if is_checkpoint_name(name)]
-
-
-def _try_manifest(
-    storage: Storage, uuid: str, skipped: dict[str, str] | None = None
-) -> Manifest | None:
-    try:
-        data = storage.read_bytes(f"{uuid}/{MANIFEST_NAME}")
-    except errors.StorageNotFound:
-        logger.debug("Ignoring %s in %s: no manifest (not committed).", uuid, storage.url)
-        return None
-    if data == TOMBSTONE_MANIFEST:
-        return None  # deleted: its commit slot is fenced
-    try:
-        return Manifest.parse(data, uuid)
-    except errors.InvalidCheckpoint as exc:
-        logger.warning("Ignoring %s in %s: not a checkpoint. %s", uuid, storage.url, exc)
-        if skipped is not None:
-            skipped[uuid] = str(exc)
-        return None
-
-
-def list_committed(storage: Storage) -> list[str]:
-    """UUIDs of the committed checkpoints under the storage prefix, sorted by name. Folders
-    without a valid manifest are skipped (a warning for a malformed one)."""
-    return [u for u in _checkpoint_children(storage) if _try_manifest(storage, u) is not None]
-
-
-def parse_created_at(value: Any) -> _dt.datetime | None:
-    """``created_at`` from metadata as an aware UTC datetime (None if absent or bad)."""
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = _dt.datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=_dt.timezone.utc)
-    return parsed
-
-
-def record_from(
-    manifest: Manifest, metadata: Mapping[str, Any], storage_url: str
-) -> CheckpointRecord:
-    """The :class:`CheckpointRecord` that a manifest and metadata describe. Used both when a
-    checkpoint is committed and by :func:`scan_checkpoints`, so a reindex reproduces it."""
-    metrics = metadata.get("metrics")
-    return CheckpointRecord(
-        uuid=str(metadata.get("uuid") or manifest.uuid),
-        trial_id=metadata.get("trial_id"),
-        experiment_id=metadata.get("experiment_id"),
-        steps_completed=int(metadata.get("steps_completed") or 0),
-        continue_id=metadata.get("continue_id"),
-        state=PARTIALLY_DELETED if manifest.partially_deleted else COMMITTED,
-        metadata=dict(metadata),
-        metrics=dict(metrics) if isinstance(metrics, dict) else {},
-        resources=manifest.sizes(),
-        storage_url=storage_url,
-        created_at=parse_created_at(metadata.get("created_at")),
-    )
-
-
-def scan_checkpoints(
-    storage: Storage, storage_url: str | None = None, *, skipped: dict[str, str] | None = None
-) -> list[CheckpointRecord]:
-    """Records (COMMITTED or PARTIALLY_DELETED) of every committed checkpoint in storage,
-    oldest first by (steps_completed, created_at). Used by ``Registry.reindex``. A folder
-    with a damaged manifest or metadata is left out, logged, and added to ``skipped``
-    (``{uuid: why}``) when given."""
-    records = []
-    for uuid in _checkpoint_children(storage):
-        manifest = _try_manifest(storage, uuid, skipped)
-        if manifest is None:
-            continue
-        try:
-            metadata = read_metadata(storage, uuid)
-        except errors.InvalidCheckpoint as exc:
-            logger.warning("Ignoring %s in %s: %s", uuid, storage.url, exc)
-            if skipped is not None:
-                skipped[uuid] = str(exc)
-            continue
-        metadata.setdefault("uuid", uuid)
-        records.append(record_from(manifest, metadata, storage_url or storage.url))
-    return sort_records(records)
-
-
-def sort_records(records: Iterable[CheckpointRecord]) -> list[CheckpointRecord]:
-    """Oldest first by (steps_completed, created_at, uuid)."""
-    epoch = _dt.datetime.min.replace(tzinfo=_dt.timezone.utc)
-    return sorted(records, key=lambda r: (r.steps_completed or 0, r.created_at or epoch, r.uuid))
-
-
-# ---- metadata ----------------------------------------------------------------------------------
-def framework_versions() -> dict[str, str]:
-    """Python, and TensorFlow/Keras versions if they are already imported (never imports them)."""
-    versions = {"python": platform.python_version()}
-    for name in ("tensorflow", "keras", "tf_keras"):
-        module = sys.modules.get(name)
-        version = getattr(module, "__version__", None) if module is not None else None
-        if isinstance(version, str):
-            versions[name] = version
-    return versions
-
-
-def utc_now_iso() -> str:
-    """The current UTC time in ISO 8601 with microseconds."""
-    return _dt.datetime.now(_dt.timezone.utc).isoformat()
-
-
-def build_metadata(
-    uuid: str,
-    user_metadata: Mapping[str, Any] | None,
-    *,
-    trial_id: int | None = None,
-    experiment_id: int | None = None,
-) -> dict[str, Any]:
-    """The full ``metadata.json`` content: the caller's keys plus ckptstore's own fields.
-
-    ``steps_completed``, ``continue_id``, ``epoch``, ``metrics``, ``trial_id`` and
-    ``experiment_id`` come from ``user_metadata`` when it has them.
-    """
-    from ckptstore import __version__
-
-    if user_metadata is not None and not isinstance(user_metadata, Mapping):
-        raise errors.InvalidConfig(
-            "Checkpoint metadata must be a dict of JSON-serializable values. Received: "
-            f"{type(user_metadata).__name__}"
-        )
-    # The one JSON policy (NaN/inf -> null, str keys, bounded depth) before anything else.
-    user = dict(to_json(dict(user_metadata or {}), what="checkpoint metadata"))
-    if "steps_completed" in user:
-        int_at_least("steps_completed", user["steps_completed"], 0)
-    for key in ("uuid", "format_version", "ckptstore_version", "created_at"):
-        if key in user:
-            logger.warning("Ignoring metadata key %r: ckptstore sets it.", key)
-            user.pop(key)
-    metadata: dict[str, Any] = dict(user)
-    metadata.update(
-        uuid=uuid,
-        trial_id=user.get("trial_id", trial_id),
-        experiment_id=user.get("experiment_id", experiment_id),
-        continue_id=user.get("continue_id"),
-        steps_completed=user.get("steps_completed", 0),
-        epoch=user.get("epoch"),
-        metrics=user.get("metrics") or {},
-        format_version=FORMAT_VERSION,
-        framework_versions=framework_versions(),
-        ckptstore_version=__version__,
-        created_at=utc_now_iso(),
-    )
-    try:
-        size = len(dump_json(metadata))
-    except (TypeError, ValueError) as exc:
-        raise errors.InvalidConfig(
-            f"Checkpoint metadata must be JSON-serializable ({exc}); convert values such as "
-            "numpy scalars with float()/int() first."
-        ) from None
-    if size > MAX_METADATA_BYTES:
-        raise errors.InvalidConfig(
-            f"Checkpoint metadata is {size} bytes as JSON, over the limit of "
-            f"{MAX_METADATA_BYTES} bytes (MAX_METADATA_BYTES); save large data as a file in "
-            "the checkpoint folder instead."
-        )
-    return metadata

@@ -9,7 +9,7 @@ for a checkpoint that will never exist.
 :func:`reconcile` looks at PENDING rows (of one trial, or all) that belong to this storage:
 
 - manifest in storage -> the row is rewritten from the manifest and ``metadata.json``
-  (:func:`ckptstore.checkpointing.format.record_from`), COMMITTED or PARTIALLY_DELETED;
+  (:func:`ckptstore.checkpointing.scan.record_from`), COMMITTED or PARTIALLY_DELETED;
 - no manifest, older than the grace period, nothing left in storage -> DELETED;
 - no manifest, older than the grace period, an uncommitted folder still in storage -> left
   PENDING and reported in ``leftovers``: GC removes the folder (and marks the row DELETED);
@@ -39,8 +39,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.checkpointing import commit
+from ckptstore.checkpointing import commit, scan
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import metadata as ckpt_metadata
 from ckptstore.checkpointing.index import (
     DELETED,
     DELETING,
@@ -250,12 +251,12 @@ def _record(storage: Storage, uuid: str, data: bytes, url: str) -> CheckpointRec
     (logged) when either is damaged: a human should look at it, we do not guess."""
     try:
         manifest = fmt.Manifest.parse(data, uuid)
-        metadata = fmt.read_metadata(storage, uuid)
+        metadata = ckpt_metadata.read_metadata(storage, uuid)
     except errors.InvalidCheckpoint as exc:
         logger.warning("PENDING checkpoint %s has a damaged commit; left PENDING: %s", uuid, exc)
         return None
     metadata.setdefault("uuid", uuid)
-    return fmt.record_from(manifest, metadata, url)
+    return scan.record_from(manifest, metadata, url)
 
 
 def _confirm(

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
 from ckptstore.checkpointing import blobs, commit, condemned, signing
+from ckptstore.checkpointing import checksums as ckpt_checksums
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.distributed import ProcessGroup
 from ckptstore.checkpointing.index import CheckpointIndex
@@ -261,7 +262,9 @@ def _store_signature(
         with open(out, "rb") as f:
             data = f.read()
     storage.write_bytes(f"{uuid}/{signing.SIGNATURE_NAME}", data)
-    return {signing.SIGNATURE_NAME: {"size": len(data), "crc32c": fmt.crc32c_bytes(data)}}
+    return {
+        signing.SIGNATURE_NAME: {"size": len(data), "crc32c": ckpt_checksums.crc32c_bytes(data)}
+    }
 
 
 def _write_commit(

@@ -315,8 +315,8 @@ def _resolve_trial(
                     logger.warning("Reconciling trial %d's checkpoints failed: %s", trial_id, exc)
         latest = registry.latest_checkpoint(trial_id)
         if latest is not None and storage is not None:
-            from ckptstore.checkpointing.format import sort_records
             from ckptstore.checkpointing.reconcile import newest_in_storage
+            from ckptstore.checkpointing.scan import sort_records
 
             found = newest_in_storage(
                 storage,

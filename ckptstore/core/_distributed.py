@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ckptstore import errors
+from ckptstore._not_supported import not_supported
 from ckptstore.checkpointing.distributed import ProcessGroup as _BaseDistributedContext
 from ckptstore.core._info import DIST_PORT_ENV
-from ckptstore.core._not_supported import not_supported
 from ckptstore.validators import is_int
 
 logger = logging.getLogger(__name__)

@@ -250,8 +250,8 @@ def lookup_latest_checkpoint(
     None for the default registry); None when the trial is unknown or has no checkpoint. With
     ``storage`` (a URL or dict), a checkpoint whose manifest is gone from it is skipped (the
     newest that exists is taken, with a warning)."""
-    from ckptstore.checkpointing.format import sort_records
     from ckptstore.checkpointing.reconcile import newest_in_storage
+    from ckptstore.checkpointing.scan import sort_records
     from ckptstore.registry import Registry, open_registry
     from ckptstore.storage_backends.spec import StorageConfig
 

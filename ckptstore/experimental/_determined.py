@@ -12,7 +12,8 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.core._not_supported import not_supported
+from ckptstore._not_supported import not_supported
+from ckptstore.experimental._checkpoint import Checkpoint
 from ckptstore.experimental._enums import (
     ExperimentState,
     ModelSortBy,
@@ -20,14 +21,12 @@ from ckptstore.experimental._enums import (
     TrialSortBy,
     sort_rows,
 )
-from ckptstore.experimental._objects import (
-    Checkpoint,
-    Experiment,
-    Model,
-    Trial,
+from ckptstore.experimental._experiment import Experiment, Trial
+from ckptstore.experimental._metrics import (
     TrialMetrics,
     iter_metrics,
 )
+from ckptstore.experimental._model import Model
 from ckptstore.experimental._session import Session, default_session
 
 if TYPE_CHECKING:

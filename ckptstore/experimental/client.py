@@ -27,7 +27,8 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ckptstore.core._not_supported import not_supported
+from ckptstore._not_supported import not_supported
+from ckptstore.experimental._checkpoint import Checkpoint
 from ckptstore.experimental._determined import Determined
 from ckptstore.experimental._enums import (
     CheckpointOrderBy,
@@ -41,16 +42,13 @@ from ckptstore.experimental._enums import (
     TrialSortBy,
     TrialState,
 )
-from ckptstore.experimental._objects import (
-    Checkpoint,
-    Experiment,
-    Model,
-    ModelVersion,
+from ckptstore.experimental._experiment import Experiment, Trial
+from ckptstore.experimental._metrics import (
     TrainingMetrics,
-    Trial,
     TrialMetrics,
     ValidationMetrics,
 )
+from ckptstore.experimental._model import Model, ModelVersion
 from ckptstore.experimental._session import Session, default_session, set_default_session
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
-from ckptstore.checkpointing import format as ckpt_format
+from ckptstore.checkpointing import jsonfiles
 
 if TYPE_CHECKING:
     from ckptstore.storage_backends import StorageSpec
@@ -165,7 +165,7 @@ def read_json(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         return {}
     try:
-        value = ckpt_format.read_json_file(path)  # bounded size and depth: typed errors
+        value = jsonfiles.read_json_file(path)  # bounded size and depth: typed errors
     except OSError as exc:
         raise errors.InvalidCheckpoint(
             f"{path} is not valid JSON ({exc}); the Determined checkpoint is damaged."

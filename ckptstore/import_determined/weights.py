@@ -60,6 +60,7 @@ import numpy as np
 
 from ckptstore import errors
 from ckptstore.checkpointing import format as ckpt_format
+from ckptstore.checkpointing import jsonfiles
 from ckptstore.import_determined import layouts as det_import
 from ckptstore.import_determined._plan import (
     _LAYER_RE,
@@ -378,7 +379,7 @@ def _stored_optimizer_config(f: Any) -> tuple[str, dict[str, Any]]:
         return "", {}
     try:
         # Bounded size and depth: a hostile file's deep nesting is ignored, not a RecursionError.
-        config = ckpt_format.load_json(raw, "training_config", ckpt_format.MAX_MANIFEST_BYTES)
+        config = jsonfiles.load_json(raw, "training_config", ckpt_format.MAX_MANIFEST_BYTES)
         optimizer = config.get("optimizer_config") or {}
         class_name = str(optimizer.get("class_name", "")).split(">")[-1]
         return class_name, dict(optimizer.get("config") or {})

@@ -1,7 +1,7 @@
 """Rebuilding the registry's checkpoint index from storage (storage is the source of truth).
 
 :func:`reindex` reads every committed checkpoint in a storage (its ``MANIFEST.json`` and
-``metadata.json``, through :func:`ckptstore.checkpointing.format.scan_checkpoints`), upserts a
+``metadata.json``, through :func:`ckptstore.checkpointing.scan.scan_checkpoints`), upserts a
 checkpoint row for each (creating trial and experiment rows as needed), and marks rows of that
 storage that are COMMITTED or PARTIALLY_DELETED in the index but no longer in storage as
 DELETED. PENDING rows are left alone (their upload may still be running). A new machine with
@@ -46,7 +46,7 @@ def reindex(registry: Registry, storage: Storage, *, skipped: dict[str, str] | N
     Returns the number of checkpoints indexed. One bad checkpoint (a damaged manifest, a
     ``metadata.json`` with ``trial_id: "abc"`` or ``2**70``) never stops the others: it is
     logged, left out, and added to ``skipped`` (``{uuid: why}``) when given."""
-    from ckptstore.checkpointing.format import scan_checkpoints
+    from ckptstore.checkpointing.scan import scan_checkpoints
 
     skipped = {} if skipped is None else skipped
     checked: list[tuple[CheckpointRecord, dict]] = []

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext, amend
+from ckptstore.checkpointing import CheckpointContext, amend, scan
 from ckptstore.checkpointing import format as fmt
 from ckptstore.registry import Registry
 from tests._helpers.trees import make_tree, read_tree
@@ -55,7 +55,7 @@ def test_sigkill_while_adding_leaves_the_checkpoint_as_it_was(local_and_s3_url, 
         for i, point in enumerate(("mid_upload", "before_manifest")):
             assert run_worker(local_and_s3_url, uuid, first_try, point) == -signal.SIGKILL
             # readers see exactly the original checkpoint, verified
-            assert fmt.list_committed(ctx.storage) == [uuid]
+            assert scan.list_committed(ctx.storage) == [uuid]
             assert downloaded(ctx, uuid, tmp_path / f"dl{i}") == ORIGINAL
             # the leftover: unlisted files, or (deduplicated) the marker protecting new chunks
             leftover = fmt.PENDING_MARKER_NAME if ctx.dedup else "saved_model/saved_model.pb"

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext, LatestN
+from ckptstore.checkpointing import CheckpointContext, LatestN, scan
 from ckptstore.checkpointing import format as fmt
 from ckptstore.storage_backends.local import LocalStorage
 from ckptstore.storage_backends.memory import MemoryStorage
@@ -120,7 +120,7 @@ def test_in_flight_uploads_are_bounded(gated_storage, tmp_path):
     assert not caller.is_alive() and len(third) == 1
     ctx.wait()
     assert gated_storage.max_running == 2
-    assert sorted(fmt.list_committed(gated_storage)) == sorted(first + third)
+    assert sorted(scan.list_committed(gated_storage)) == sorted(first + third)
     ctx.close()
 
 
@@ -159,7 +159,7 @@ def test_background_commit_triggers_gc(storage_url_factory, tmp_path):
     with CheckpointContext(storage_url_factory("file"), gc_policy=LatestN(2)) as ctx:
         uuids = [ctx.upload(src, {"steps_completed": s}, background=True) for s in range(5)]
         ctx.wait()
-        assert sorted(fmt.list_committed(ctx.storage)) == sorted(uuids[-2:])
+        assert sorted(scan.list_committed(ctx.storage)) == sorted(uuids[-2:])
 
 
 def test_snapshot_copies_large_files_in_ranges(tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import CheckpointContext, scan
 from ckptstore.checkpointing import format as fmt
 from tests._helpers.trees import make_tree, read_tree
 from tests.checkpointing._helpers import MemoryIndex
@@ -80,7 +80,7 @@ def test_store_path_discards_the_checkpoint_when_the_block_raises(file_memory_s3
             with ctx.store_path() as (path, uuid):
                 make_tree(path, {"a": b"1"})
                 raise RuntimeError("training crashed")
-        assert fmt.list_committed(ctx.storage) == []
+        assert scan.list_committed(ctx.storage) == []
         assert ctx.storage.list("") == {}
 
 
@@ -150,7 +150,7 @@ def test_delete_whole_and_partial(file_memory_s3_url, tmp_path):
         assert not any(k.startswith("optimizer/") for k in ctx.storage.list(uuid))
         assert index.records[uuid].state == "PARTIALLY_DELETED"
         assert set(index.records[uuid].resources) == set(manifest["files"])
-        [record] = fmt.scan_checkpoints(ctx.storage)
+        [record] = scan.scan_checkpoints(ctx.storage)
         assert record.state == "PARTIALLY_DELETED"
         # What remains still downloads and verifies.
         ctx.download(uuid, str(tmp_path / "rest"))
@@ -167,7 +167,7 @@ def test_delete_whole_and_partial(file_memory_s3_url, tmp_path):
         other = ctx.upload(src)
         ctx.delete(other)
         ctx.delete(other)  # idempotent
-        assert fmt.list_committed(ctx.storage) == []
+        assert scan.list_committed(ctx.storage) == []
         with pytest.raises(errors.CheckpointNotFound):
             ctx.download(other, str(tmp_path / "gone"))
         with pytest.raises(errors.CheckpointNotFound):

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import CheckpointContext, scan
+from ckptstore.checkpointing import checksums as ckpt_checksums
 from ckptstore.checkpointing import format as fmt
 from ckptstore.cli.main import cli
 from tests._helpers.trees import make_tree
@@ -109,7 +110,7 @@ def read_everything(ctx: CheckpointContext, url: str, uuid: str, out: str) -> No
     except errors.CkptstoreError:
         pass
     try:
-        fmt.scan_checkpoints(ctx.storage)  # what reindex reads
+        scan.scan_checkpoints(ctx.storage)  # what reindex reads
     except errors.CkptstoreError:
         pass
     result = CliRunner().invoke(cli, ["--storage", url, "checkpoint", "verify", uuid])
@@ -148,7 +149,7 @@ def test_damaged_manifests_raise_only_typed_errors(local_and_s3_url, tmp_path, d
 
 
 def _entry(data: bytes = b"") -> dict[str, Any]:
-    return {"size": len(data), "crc32c": fmt.crc32c_bytes(data)}
+    return {"size": len(data), "crc32c": ckpt_checksums.crc32c_bytes(data)}
 
 
 def _chunked(size: int, *sizes: Any) -> dict[str, Any]:

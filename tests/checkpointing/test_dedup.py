@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 import ckptstore.core
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext, LatestN, blob_gc, blobs, condemned
+from ckptstore.checkpointing import CheckpointContext, LatestN, blob_gc, blobs, condemned, scan
+from ckptstore.checkpointing import checksums as ckpt_checksums
 from ckptstore.checkpointing import format as fmt
 from ckptstore.cli.main import cli
 from tests._helpers.trees import make_tree, read_tree
@@ -83,7 +84,7 @@ def test_whole_file_and_dedup_checkpoints_share_a_prefix(tmp_path, frozen):
         assert not ctx.storage.exists(blobs.BLOBS_DIR)
     with CheckpointContext(url, trial_id=1, dedup=True, dedup_chunk_bytes=CHUNK) as ctx:
         new = ctx.upload(make_tree(str(tmp_path / "b"), tree(2, frozen=frozen)))
-        assert fmt.list_committed(ctx.storage) == sorted([old, new])
+        assert scan.list_committed(ctx.storage) == sorted([old, new])
         with ctx.restore_path(old) as path:
             assert read_tree(str(path))["model/frozen.bin"] == frozen
         with ctx.restore_path(new) as path:
@@ -100,7 +101,7 @@ def test_gc_and_partial_delete_remove_only_unreferenced_blobs(tmp_path, frozen):
         first = fmt.load_manifest(ctx.storage, u1).blobs()
         u2 = ctx.upload(make_tree(str(tmp_path / "b"), tree(2, frozen=frozen)))
         ctx.wait()  # GC (LatestN(1)) deleted u1 and swept its own blobs
-        assert fmt.list_committed(ctx.storage) == [u2]
+        assert scan.list_committed(ctx.storage) == [u2]
         used = fmt.load_manifest(ctx.storage, u2).blobs()
         assert stored(ctx) == used
         assert first - used and not (first - used) & stored(ctx)
@@ -266,7 +267,7 @@ def test_an_upload_collected_as_stale_by_gc_commits_nothing(tmp_path, monkeypatc
         monkeypatch.setattr(condemned, "threats", gc_collects_the_leftover)
         with pytest.raises(errors.CheckpointError, match="grace period"):
             ctx.upload(make_tree(str(tmp_path / "a"), {"x.bin": b"a" * 9000}))
-        assert fmt.list_committed(ctx.storage) == []
+        assert scan.list_committed(ctx.storage) == []
 
 
 def test_a_sweep_sends_no_delete_once_its_window_is_closing(tmp_path):
@@ -679,7 +680,7 @@ def test_a_file_written_as_its_chunks_commits_its_bytes_on_every_path(
             str(root / "s"), dedup=how != "whole", dedup_chunk_bytes=4096, gc_policy=None
         ) as ctx:
             with ctx.store_path(
-                {"steps_completed": 1}, checksums={rel: fmt.crc32c_bytes(data)}
+                {"steps_completed": 1}, checksums={rel: ckpt_checksums.crc32c_bytes(data)}
             ) as (
                 path,
                 uuid,
@@ -712,7 +713,9 @@ def _commit_again_from_stored_blobs(ctx, rel, data, chunks, root):  # type: igno
     for chunk in chunks:
         ranges.append((offset, chunk["size"]))
         offset += chunk["size"]
-    with ctx.store_path({"steps_completed": 2}, checksums={rel: fmt.crc32c_bytes(data)}) as (
+    with ctx.store_path(
+        {"steps_completed": 2}, checksums={rel: ckpt_checksums.crc32c_bytes(data)}
+    ) as (
         path,
         uuid,
     ):

@@ -11,8 +11,10 @@ import sys
 import pytest
 
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import CheckpointContext, scan
+from ckptstore.checkpointing import checksums as ckpt_checksums
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import metadata as ckpt_metadata
 from ckptstore.storage_backends import open_storage
 from tests._helpers.trees import make_tree
 
@@ -26,7 +28,10 @@ def test_build_manifest_lists_every_file_with_size_and_crc(tmp_path):
     assert manifest["format_version"] == fmt.FORMAT_VERSION
     assert set(manifest["files"]) == {*FILES, "assets/"}
     for rel, data in FILES.items():
-        assert manifest["files"][rel] == {"size": len(data), "crc32c": fmt.crc32c_bytes(data)}
+        assert manifest["files"][rel] == {
+            "size": len(data),
+            "crc32c": ckpt_checksums.crc32c_bytes(data),
+        }
     parsed = fmt.parse_manifest(fmt.dump_json(manifest), "u1")
     assert parsed == manifest
 
@@ -38,7 +43,7 @@ def test_manifest_and_metadata_round_trip_through_storage(tmp_path):
     uuid = ctx.upload(src, user)
     manifest = fmt.read_manifest(ctx.storage, uuid)
     assert set(manifest["files"]) == {*FILES, fmt.METADATA_NAME}
-    metadata = fmt.read_metadata(ctx.storage, uuid)
+    metadata = ckpt_metadata.read_metadata(ctx.storage, uuid)
     assert metadata == ctx.get_metadata(uuid)
     for key in (
         "uuid",
@@ -60,8 +65,8 @@ def test_manifest_and_metadata_round_trip_through_storage(tmp_path):
     assert metadata["metrics"] == {"val_loss": 0.5} and metadata["mine"] == [1, 2]
     assert metadata["framework_versions"]["python"]
     assert fmt.is_committed(ctx.storage, uuid)
-    assert fmt.list_committed(ctx.storage) == [uuid]
-    [record] = fmt.scan_checkpoints(ctx.storage)
+    assert scan.list_committed(ctx.storage) == [uuid]
+    [record] = scan.scan_checkpoints(ctx.storage)
     assert record.uuid == uuid and record.state == "COMMITTED" and record.steps_completed == 12
     assert record.resources == {rel: e["size"] for rel, e in manifest["files"].items()}
     ctx.close()
@@ -69,7 +74,7 @@ def test_manifest_and_metadata_round_trip_through_storage(tmp_path):
 
 def test_framework_versions_never_import_tensorflow():
     code = (
-        "import sys; from ckptstore.checkpointing import format as f; "
+        "import sys; from ckptstore.checkpointing import metadata as f; "
         "v = f.framework_versions(); "
         "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, sys.modules.keys(); "
         "assert 'tensorflow' not in v; print('ok')"
@@ -82,12 +87,12 @@ def test_framework_versions_reports_already_imported_keras(monkeypatch):
     fake = type(sys)("keras")
     fake.__version__ = "9.9.9"
     monkeypatch.setitem(sys.modules, "keras", fake)
-    assert fmt.framework_versions()["keras"] == "9.9.9"
+    assert ckpt_metadata.framework_versions()["keras"] == "9.9.9"
 
 
 def test_metadata_must_be_json_serializable():
     with pytest.raises(errors.InvalidConfig, match="JSON-serializable"):
-        fmt.build_metadata("u", {"bad": object()})
+        ckpt_metadata.build_metadata("u", {"bad": object()})
 
 
 def test_checksum_mismatch_names_the_file(tmp_path):
@@ -164,8 +169,8 @@ def test_malformed_manifest_is_invalid_and_skipped_by_readers(data, caplog):
         fmt.read_manifest(store, "u1")
     assert not fmt.is_committed(store, "u1")
     with caplog.at_level(logging.WARNING):
-        assert fmt.list_committed(store) == []
-        assert fmt.scan_checkpoints(store) == []
+        assert scan.list_committed(store) == []
+        assert scan.scan_checkpoints(store) == []
     assert "not a checkpoint" in caplog.text
     store.delete("")
 
@@ -181,7 +186,7 @@ def test_folder_without_manifest_is_ignored_by_readers(tmp_path):
             os.path.join(store, "0f0f0f0f-dead-4bee-8000-000000000000", "metadata.json"), "w"
         ) as f:
             json.dump({"trial_id": 1, "steps_completed": 99}, f)
-        assert fmt.list_committed(ctx.storage) == [good]
+        assert scan.list_committed(ctx.storage) == [good]
         assert ctx.latest_checkpoint() == good
         with pytest.raises(errors.InvalidCheckpoint, match="MANIFEST.json"):
             ctx.get_metadata("0f0f0f0f-dead-4bee-8000-000000000000")

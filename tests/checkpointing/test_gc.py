@@ -20,6 +20,7 @@ from ckptstore.checkpointing import (
     KeepAll,
     LatestN,
     commit,
+    scan,
 )
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.retention import GCContext
@@ -129,10 +130,10 @@ def test_gc_from_storage_metadata(local_and_s3_url, tmp_path):
         ctx.protect(uuids[0])  # e.g. the checkpoint this run resumed from
         expected = [uuids[2], uuids[3]]
         assert sorted(ctx.gc(dry_run=True)) == sorted(expected)
-        assert len(fmt.list_committed(ctx.storage)) == 7  # dry run deleted nothing
+        assert len(scan.list_committed(ctx.storage)) == 7  # dry run deleted nothing
         assert sorted(ctx.gc()) == sorted(expected)
         kept = {uuids[0], uuids[1], uuids[4]}
-        assert set(fmt.list_committed(ctx.storage)) == kept | set(others)
+        assert set(scan.list_committed(ctx.storage)) == kept | set(others)
         assert ctx.gc() == []  # idempotent
         for uuid in expected:
             assert fmt.is_removed(ctx.storage, uuid)  # only the tombstone stays
@@ -160,7 +161,7 @@ def test_gc_after_each_commit_with_index_and_protection(local_and_s3_url, tmp_pa
         kept = {first, uuids[1], uuids[3]}
         mine = {r.uuid for r in index.checkpoint_records(trial_id=2)}
         assert mine == kept
-        assert set(fmt.list_committed(ctx.storage)) == kept | {best_of_experiment}
+        assert set(scan.list_committed(ctx.storage)) == kept | {best_of_experiment}
         assert index.records[uuids[0]].state == "DELETED"
         assert index.records[uuids[2]].state == "DELETED"
 
@@ -173,7 +174,7 @@ def test_gc_tolerates_files_already_gone(storage_url_factory, tmp_path):
         ctx.storage.delete(f"{uuids[1]}/model.bin")
         ctx.gc_policy = LatestN(1)
         assert sorted(ctx.gc()) == sorted(uuids[:2])
-        assert fmt.list_committed(ctx.storage) == [uuids[2]]
+        assert scan.list_committed(ctx.storage) == [uuids[2]]
 
 
 def write_leftover(storage, name):
@@ -203,7 +204,7 @@ def test_gc_removes_only_stale_uncommitted_leftovers(local_and_s3_url, tmp_path,
         assert fmt.is_removed(ctx.storage, stale)
         assert ctx.storage.exists(f"{fresh}/weights.bin")
         assert ctx.storage.exists("not-a-checkpoint/readme.txt")
-        assert fmt.list_committed(ctx.storage) == [good]
+        assert scan.list_committed(ctx.storage) == [good]
         ctx.protect(fresh)
         ctx.gc_grace_seconds = 0
         assert ctx.gc() == []  # protected even when stale
@@ -230,7 +231,7 @@ def test_gc_spares_a_local_checkpoint_while_restore_path_uses_it(storage_url_fac
             assert ctx.gc() == []
             assert os.path.isfile(os.path.join(path, "model.bin"))
         assert ctx.gc() == [old]
-        assert fmt.list_committed(ctx.storage) == [new]
+        assert scan.list_committed(ctx.storage) == [new]
 
 
 def test_a_whole_file_upload_whose_folder_gc_removed_commits_nothing(storage_url_factory, tmp_path):
@@ -248,7 +249,7 @@ def test_a_whole_file_upload_whose_folder_gc_removed_commits_nothing(storage_url
         ctx.storage.write_bytes = gc_strikes_before_metadata
         with pytest.raises(errors.CheckpointError, match="grace period"):
             ctx.upload(make_tree(str(tmp_path / "a"), {"w.bin": b"w" * 5000}))
-        assert fmt.list_committed(ctx.storage) == []
+        assert scan.list_committed(ctx.storage) == []
 
 
 @pytest.mark.parametrize("dedup", [False, True])
@@ -284,7 +285,7 @@ def test_gc_in_the_same_context_never_takes_a_running_foreground_upload(
             stop.set()
             thread.join(30)
         assert not errors_seen
-        assert sorted(fmt.list_committed(ctx.storage)) == sorted(made)
+        assert sorted(scan.list_committed(ctx.storage)) == sorted(made)
         for uuid in made:  # every one complete: downloads verify sizes and checksums
             ctx.download(uuid, str(tmp_path / "dl" / uuid))
             assert (tmp_path / "dl" / uuid / "w.bin").read_bytes() == b"w" * 20_000

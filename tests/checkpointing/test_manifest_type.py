@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptstore.checkpointing import CheckpointContext, amend
+from ckptstore.checkpointing import CheckpointContext, amend, scan
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import metadata as ckpt_metadata
 from ckptstore.checkpointing.entries import FileEntry
 from tests._helpers.trees import make_tree
 
@@ -110,7 +111,7 @@ def _stored(ctx: CheckpointContext, uuid: str) -> fmt.Manifest:
     data = ctx.storage.read_bytes(f"{uuid}/{fmt.MANIFEST_NAME}")
     manifest = fmt.Manifest.parse(data, uuid)
     assert manifest.to_bytes() == data
-    record = fmt.record_from(manifest, fmt.read_metadata(ctx.storage, uuid), "u")
+    record = scan.record_from(manifest, ckpt_metadata.read_metadata(ctx.storage, uuid), "u")
     assert record.resources == manifest.sizes()
     return manifest
 

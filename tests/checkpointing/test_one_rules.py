@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import CheckpointContext, scan
 from ckptstore.checkpointing import format as fmt
 from ckptstore.jsonsafe import MAX_DEPTH, to_json
 from ckptstore.registry import Registry
@@ -53,7 +53,7 @@ def _write(folder: str, name: str) -> None:
 
 
 def _nothing_committed(ctx: CheckpointContext) -> None:
-    assert fmt.list_committed(ctx.storage) == []
+    assert scan.list_committed(ctx.storage) == []
     assert ctx.latest_checkpoint() is None
     assert ctx.index.checkpoint_records(trial_id=1) == []
 
@@ -131,7 +131,7 @@ def test_bad_steps_completed_is_typed(tmp_path, steps):
         with pytest.raises(errors.InvalidConfig, match="steps_completed"):
             with ctx.store_path({"steps_completed": steps}) as (p, _):
                 _write(p, "f")
-        assert fmt.list_committed(ctx.storage) == []
+        assert scan.list_committed(ctx.storage) == []
 
 
 def test_deeply_nested_metadata_is_typed(tmp_path):
@@ -142,7 +142,7 @@ def test_deeply_nested_metadata_is_typed(tmp_path):
         with pytest.raises(errors.InvalidConfig, match="nested deeper"):
             with ctx.store_path({"deep": deep}) as (p, _):
                 _write(p, "f")
-        assert fmt.list_committed(ctx.storage) == []
+        assert scan.list_committed(ctx.storage) == []
 
 
 def test_nan_metrics_commit_on_sqlite_and_postgresql(registry_url, tmp_path):

@@ -22,8 +22,10 @@ import threading
 import pytest
 from click.testing import CliRunner
 
-from ckptstore.checkpointing import CheckpointContext, LatestN, commit
+from ckptstore.checkpointing import CheckpointContext, LatestN, commit, scan
+from ckptstore.checkpointing import checksums as ckpt_checksums
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import metadata as ckpt_metadata
 from ckptstore.checkpointing.index import COMMITTED, DELETED, PENDING
 from ckptstore.cli.main import cli
 from ckptstore.registry import Registry
@@ -48,7 +50,7 @@ def _commit_unrecorded(storage, index, tmp_path, step: int, *, marker: bool = Tr
     ctx = CheckpointContext(storage, trial_id=1)  # no index: nothing recorded
     uuid = ctx.upload(_src(tmp_path, step), {"steps_completed": step, "metrics": {"loss": step}})
     ctx.close()
-    metadata = fmt.read_metadata(storage, uuid)
+    metadata = ckpt_metadata.read_metadata(storage, uuid)
     commit.record_pending(index, uuid, metadata, storage.url)
     if marker:
         commit.write_pending_marker(storage, uuid)
@@ -88,7 +90,7 @@ def test_kill_after_commit_is_reconciled_at_start_up(registry_url, local_and_s3_
     )  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     storage = open_storage(local_and_s3_url)
-    (uuid,) = fmt.list_committed(storage)
+    (uuid,) = scan.list_committed(storage)
     marker = f"{uuid}/{fmt.PENDING_MARKER_NAME}"
     assert storage.exists(marker)
     with Registry(registry_url) as reg:
@@ -104,7 +106,7 @@ def test_kill_after_commit_is_reconciled_at_start_up(registry_url, local_and_s3_
             assert row.resources == {r: e["size"] for r, e in manifest["files"].items()}
             assert row.metrics == {"val_loss": 0.25} and row.steps_completed == 7
             # exactly what a reindex from storage would record
-            (scanned,) = fmt.scan_checkpoints(storage)
+            (scanned,) = scan.scan_checkpoints(storage)
             assert dataclasses.replace(row.to_record(), created_at=None) == dataclasses.replace(
                 scanned, created_at=None
             )
@@ -134,7 +136,7 @@ def test_gc_applies_retention_to_checkpoints_the_registry_calls_pending(
         ) as ctx:
             assert sorted(ctx.gc()) == sorted([recorded, lost_old])
             assert ctx.latest_checkpoint() == lost_new
-        assert fmt.list_committed(storage) == [lost_new]
+        assert scan.list_committed(storage) == [lost_new]
         assert reg.get_checkpoint(lost_old).state == DELETED
         assert reg.get_checkpoint(lost_new).state == COMMITTED
         assert not storage.exists(f"{lost_new}/{fmt.PENDING_MARKER_NAME}")
@@ -150,7 +152,7 @@ def test_background_gc_after_a_commit_reconciles_the_trial(registry_url, tmp_pat
         newest = ctx.upload(_src(tmp_path, 2), {"steps_completed": 2})
         ctx.wait()  # the GC the commit triggered ran
         ctx.close()
-        assert fmt.list_committed(storage) == [newest]
+        assert scan.list_committed(storage) == [newest]
         assert reg.get_checkpoint(lost).state == DELETED
 
 
@@ -166,7 +168,7 @@ def test_cli_gc_reconciles_before_applying_the_policy(registry_url, tmp_path):
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["deleted"] == [lost[0]]
-    assert fmt.list_committed(storage) == [lost[1]]
+    assert scan.list_committed(storage) == [lost[1]]
     with Registry(registry_url) as reg:
         assert reg.latest_checkpoint(1).uuid == lost[1]
         assert reg.get_checkpoint(lost[0]).state == DELETED
@@ -183,7 +185,7 @@ def test_dry_run_reports_but_changes_nothing(tmp_path):
         assert sorted(report.committed) == sorted(lost)
         assert ctx.gc(dry_run=True) == [lost[0]]
         assert {r.state for r in index.records.values()} == {PENDING}
-        assert fmt.list_committed(storage) == sorted(lost)
+        assert scan.list_committed(storage) == sorted(lost)
         assert storage.exists(f"{lost[0]}/{fmt.PENDING_MARKER_NAME}")
 
 
@@ -270,7 +272,7 @@ def test_gc_removes_stray_markers_but_never_manifest_listed_files(local_and_s3_u
         manifest = fmt.read_manifest(storage, listed)
         manifest["files"][fmt.PENDING_MARKER_NAME] = {
             "size": 9,
-            "crc32c": fmt.crc32c_bytes(b"user data"),
+            "crc32c": ckpt_checksums.crc32c_bytes(b"user data"),
         }
         storage.write_bytes(f"{listed}/{fmt.MANIFEST_NAME}", fmt.dump_json(manifest))
         before = {u: storage.list(u) for u in (stray, listed)}
@@ -313,7 +315,7 @@ def test_reconcile_does_not_resurrect_a_checkpoint_deleted_meanwhile(tmp_path):
         report = ctx.reconcile(all_trials=True)
     assert uuid not in report.committed
     assert index.records[uuid].state == DELETED
-    assert fmt.list_committed(storage) == []
+    assert scan.list_committed(storage) == []
 
 
 def test_without_an_index_there_is_nothing_to_reconcile(tmp_path):

@@ -17,9 +17,11 @@ from ckptstore.checkpointing import (
     DummyDistributed,
     ProcessGroup,
     blob_gc,
+    scan,
     sharded,
 )
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import metadata as ckpt_metadata
 from ckptstore.checkpointing.sharded import check_conflicts, merge_metadata
 from ckptstore.storage_backends import open_storage
 from tests._helpers.ports import free_port
@@ -98,13 +100,13 @@ def test_sharded_upload_merges_files_and_metadata(mode, local_and_s3_url, tmp_pa
     assert len(uuids) == 1
     [uuid] = uuids
     storage = open_storage(local_and_s3_url)
-    assert fmt.list_committed(storage) == [uuid]
+    assert scan.list_committed(storage) == [uuid]
     manifest = fmt.read_manifest(storage, uuid)
     expected = {f"rank{r}/w.bin" for r in range(3)} | {"metadata.json"}
     if mode == "upload":
         expected.add("common.txt")
     assert set(manifest["files"]) == expected
-    metadata = fmt.read_metadata(storage, uuid)
+    metadata = ckpt_metadata.read_metadata(storage, uuid)
     assert metadata["shared"] == {"r0": 0, "r1": 1, "r2": 2}
     assert metadata["steps_completed"] == 5 and metadata["trial_id"] == 9
     assert all(r["latest"] == uuid for r in results)
@@ -163,7 +165,7 @@ def test_sharded_conflicts_fail_on_every_rank(mode, storage_url_factory, tmp_pat
     results = run_ranks(2, mode, url, tmp_path)
     assert [r["error"] for r in results] == ["CheckpointConflict", "CheckpointConflict"]
     assert "same.bin" in results[0]["message"] or "steps_completed" in results[0]["message"]
-    assert fmt.list_committed(open_storage(url)) == []
+    assert scan.list_committed(open_storage(url)) == []
 
 
 def test_sharded_refusals_fail_on_every_rank_before_anything_is_uploaded(
@@ -183,7 +185,7 @@ def test_sharded_refusals_fail_on_every_rank_before_anything_is_uploaded(
         else:
             assert errors_seen == ["InvalidConfig", "CheckpointError"]
         storage = open_storage(url)
-        assert fmt.list_committed(storage) == []
+        assert scan.list_committed(storage) == []
         for name in storage.list_children(""):  # only the chief's pending marker (GC's to clean)
             assert set(storage.list(name)) <= {fmt.PENDING_MARKER_NAME}, name
 

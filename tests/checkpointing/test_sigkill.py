@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptstore.checkpointing import CheckpointContext, KeepAll, blobs
+from ckptstore.checkpointing import CheckpointContext, KeepAll, blobs, scan
 from ckptstore.checkpointing import format as fmt
 from tests._helpers.trees import make_tree
 
@@ -24,7 +24,7 @@ def check_committed_checkpoints(
     ctx: CheckpointContext, tmp_path: Path, already_checked: set[str] = frozenset()
 ) -> list[str]:
     """Download and verify every committed checkpoint not checked before; check latest."""
-    committed = fmt.list_committed(ctx.storage)
+    committed = scan.list_committed(ctx.storage)
     for uuid in set(committed) - set(already_checked):
         out = tmp_path / f"dl-{uuid}"
         ctx.download(uuid, str(out))  # verifies every size and crc32c
@@ -64,14 +64,14 @@ def test_sigkill_during_saves_never_exposes_a_partial_checkpoint(local_and_s3_ur
 
     # The next save and resume work, and GC removes every leftover of the killed saves.
     with CheckpointContext(url, trial_id=1, gc_policy=KeepAll(), gc_grace_seconds=0) as ctx:
-        leftovers = set(ctx.storage.list_children("")) - set(fmt.list_committed(ctx.storage))
+        leftovers = set(ctx.storage.list_children("")) - set(scan.list_committed(ctx.storage))
         assert leftovers, "no kill landed inside a save; the test did not test anything"
         src = make_tree(str(tmp_path / "next"), {"step.txt": b"100000"})
         uuid = ctx.upload(src, {"steps_completed": 100000})
         assert ctx.latest_checkpoint() == uuid
         ctx.wait()
         ctx.gc()
-        committed = set(fmt.list_committed(ctx.storage))
+        committed = set(scan.list_committed(ctx.storage))
         assert uuid in committed and seen <= committed
         children = {c for c in ctx.storage.list_children("") if c != blobs.BLOBS_DIR}
         # A collected leftover keeps only its fenced commit slot (a tombstone manifest).
@@ -115,7 +115,7 @@ def test_sigkill_during_dedup_saves_and_blob_sweeps_never_leaves_a_missing_blob(
         with CheckpointContext(url, trial_id=1) as ctx:
             check_committed_checkpoints(ctx, tmp_path / f"it{iteration}")
     with CheckpointContext(url, trial_id=1) as ctx:
-        committed = fmt.list_committed(ctx.storage)
+        committed = scan.list_committed(ctx.storage)
         assert any(
             fmt.read_manifest(ctx.storage, u)["format_version"] == fmt.BLOBS_FORMAT_VERSION
             for u in committed
@@ -126,7 +126,7 @@ def test_sigkill_during_dedup_saves_and_blob_sweeps_never_leaves_a_missing_blob(
     # A final GC with no grace removes every leftover and every blob nothing references.
     with CheckpointContext(url, trial_id=1, gc_policy=KeepAll(), gc_grace_seconds=0) as ctx:
         ctx.gc()
-        committed = fmt.list_committed(ctx.storage)
+        committed = scan.list_committed(ctx.storage)
         children = set(ctx.storage.list_children("")) - {blobs.BLOBS_DIR}
         assert {c for c in children if not fmt.is_removed(ctx.storage, c)} == set(committed)
         stored = stored_blobs(ctx)

@@ -104,6 +104,7 @@ def test_signing_and_verifying_hash_each_file_once_in_the_checksum_read(
 ):
     """No second pass: model_signing's own hashing never runs, and the commit and the
     restore each read every file once, for its crc32c and its SHA-256 together."""
+    from ckptstore.checkpointing import checksums as ckpt_checksums
     from ckptstore.checkpointing import format as fmt
 
     key, pub, _ = keys
@@ -113,7 +114,7 @@ def test_signing_and_verifying_hash_each_file_once_in_the_checksum_read(
 
     monkeypatch.setattr(model_signing.hashing.Config, "hash", second_pass)
     reads: list[tuple[str, bool, bool]] = []
-    real = fmt.file_sums
+    real = ckpt_checksums.file_sums
 
     def spy(path, *, crc32c=True, sha256=False):
         reads.append((os.path.basename(path), crc32c, sha256))

@@ -7,14 +7,15 @@ import os
 import pytest
 
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import CheckpointContext, scan
+from ckptstore.checkpointing import checksums as ckpt_checksums
 from ckptstore.checkpointing import format as fmt
 
 
 def test_given_checksum_is_used_and_others_are_computed(local_and_s3_url, tmp_path, monkeypatch):
     data = os.urandom(5000)
     read_again: list[str] = []
-    real = fmt.file_sums
+    real = ckpt_checksums.file_sums
 
     def spy(path: str, *, crc32c: bool = True, sha256: bool = False) -> tuple:
         if crc32c:
@@ -29,11 +30,11 @@ def test_given_checksum_is_used_and_others_are_computed(local_and_s3_url, tmp_pa
                 f.write(data)
             with open(os.path.join(path, "small.txt"), "wb") as f:
                 f.write(b"x")
-            checksums["big.bin"] = fmt.crc32c_bytes(data)
+            checksums["big.bin"] = ckpt_checksums.crc32c_bytes(data)
         manifest = fmt.read_manifest(ctx.storage, uuid)
         entry = manifest["files"]["big.bin"]
-        assert (entry["size"], entry["crc32c"]) == (5000, fmt.crc32c_bytes(data))
-        assert manifest["files"]["small.txt"]["crc32c"] == fmt.crc32c_bytes(b"x")
+        assert (entry["size"], entry["crc32c"]) == (5000, ckpt_checksums.crc32c_bytes(data))
+        assert manifest["files"]["small.txt"]["crc32c"] == ckpt_checksums.crc32c_bytes(b"x")
         assert "big.bin" not in read_again and "small.txt" in read_again
         monkeypatch.setattr(fmt, "file_sums", real)
         with ctx.restore_path(uuid) as restored:  # verifies sizes and checksums
@@ -56,4 +57,4 @@ def test_malformed_checksum_is_refused(tmp_path):
             with ctx.store_path({}, checksums={"a.bin": "xyz"}) as (path, _uuid):
                 with open(os.path.join(path, "a.bin"), "wb") as f:
                     f.write(b"abc")
-        assert fmt.list_committed(ctx.storage) == []
+        assert scan.list_committed(ctx.storage) == []

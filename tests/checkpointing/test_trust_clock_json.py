@@ -40,16 +40,18 @@ def test_a_callback_state_nested_100000_deep_is_a_typed_invalid_checkpoint():
 def test_every_checkpoint_json_file_nested_deep_is_a_typed_invalid_checkpoint(tmp_path, name):
     from ckptstore import errors
     from ckptstore.checkpointing import format as fmt
+    from ckptstore.checkpointing import jsonfiles
+    from ckptstore.checkpointing import metadata as ckpt_metadata
     from ckptstore.storage_backends import open_storage
 
     storage = open_storage(str(tmp_path))
     uuid = "00000000-0000-4000-8000-000000000007"
     storage.write_bytes(f"{uuid}/{name}", b"[" * 100_000 + b"]" * 100_000)
-    read = fmt.read_manifest if name == "MANIFEST.json" else fmt.read_metadata
+    read = fmt.read_manifest if name == "MANIFEST.json" else ckpt_metadata.read_metadata
     with pytest.raises(errors.InvalidCheckpoint, match="levels deep"):
         read(storage, uuid)
     # A string holding brackets is not nesting.
-    assert fmt.load_json(b'{"a": "[[[[{{{{"}', "x", 100) == {"a": "[[[[{{{{"}
+    assert jsonfiles.load_json(b'{"a": "[[[[{{{{"}', "x", 100) == {"a": "[[[[{{{{"}
 
 
 def _deep_file(folder, name: str) -> str:

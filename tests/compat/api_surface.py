@@ -43,7 +43,7 @@ DOC = HERE.parents[1] / "docs" / "determined-compat.md"
 
 STATUSES = ("same", "compatible", "not supported", "out of scope", "different", "missing")
 RANK = {status: i for i, status in enumerate(STATUSES)}
-#: Marker set on callables that raise NotSupported (ckptstore.core._not_supported.MARKER).
+#: Marker set on callables that raise NotSupported (ckptstore._not_supported.MARKER).
 NOT_SUPPORTED_MARKER = "__ckptstore_not_supported__"
 
 #: Names that are not part of the Keras-facing surface, with the reason shown in the table.

@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 from ckptstore import errors
-from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import metadata as ckpt_metadata
+from ckptstore.checkpointing import scan
 from ckptstore.experiment import create_experiment, describe_experiment
 from ckptstore.experiment.config import Length, parse_config, parse_length
 from ckptstore.experiment.runner import warn_ignored_keys
@@ -68,7 +69,8 @@ def test_gc_keys_alone_apply_to_the_default_storage_end_to_end(tmp_path, monkeyp
     assert len(rows) == 3  # GC marked the others DELETED
     with open_storage(str(storage)) as store:  # the trial wrote to the default storage
         on_disk = [
-            fmt.read_metadata(store, u)["steps_completed"] for u in fmt.list_committed(store)
+            ckpt_metadata.read_metadata(store, u)["steps_completed"]
+            for u in scan.list_committed(store)
         ]
     assert sorted(on_disk) == kept
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ckptstore as det
-from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import CheckpointContext, scan
 from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io.exporting import export_checkpoint
 from ckptstore.keras_io.fit import _callback_state as state_lib
@@ -52,7 +52,7 @@ def test_frozen_tensors_are_stored_once_and_model_keras_loads_with_plain_keras(t
         model.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[cb])
         cb.wait()
         storage = ctx.checkpoint.storage
-        first, second = (r.uuid for r in fmt.sort_records(fmt.scan_checkpoints(storage)))
+        first, second = (r.uuid for r in scan.sort_records(scan.scan_checkpoints(storage)))
     manifests = [fmt.read_manifest(storage, u) for u in (first, second)]
     assert [m["format_version"] for m in manifests] == [fmt.BLOBS_FORMAT_VERSION] * 2
     before = {c["sha256"] for c in manifests[0]["files"]["model.keras"]["blobs"]}
@@ -166,7 +166,7 @@ def test_with_default_settings_a_changed_head_costs_about_its_own_bytes(tmp_path
         cb.wait()
         dirtied = None if dirtied is None else _dirtied() - dirtied  # type: ignore[operator]
         storage = ctx.checkpoint.storage
-        uuids = [r.uuid for r in fmt.sort_records(fmt.scan_checkpoints(storage))]
+        uuids = [r.uuid for r in scan.sort_records(scan.scan_checkpoints(storage))]
     assert len(uuids) == 3
     blob_bytes = {
         c["sha256"]: c["size"]

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import ckptstore as det
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import CheckpointContext, scan
 from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io.exporting import ExportPolicy, export_checkpoint
 from ckptstore.storage_backends import open_storage
@@ -79,7 +79,7 @@ def test_default_exports_the_final_checkpoint_and_leaving_the_context_waits(tmp_
         storage_root = tmp_path / "ckpts"
     # no explicit wait: leaving the core context waited for the final checkpoint's export
     storage = open_storage(str(storage_root))
-    committed = fmt.sort_records(fmt.scan_checkpoints(storage))
+    committed = scan.sort_records(scan.scan_checkpoints(storage))
     assert [r.steps_completed for r in committed] == [3, 6]
     assert not has_saved_model(storage, committed[0].uuid)
     assert has_saved_model(storage, committed[1].uuid)

@@ -20,8 +20,7 @@ import tensorflow as tf
 
 import ckptstore as det
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext
-from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import CheckpointContext, scan
 from ckptstore.keras_io.exporting import export_checkpoint
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.storage_backends import open_storage
@@ -141,7 +140,7 @@ def test_default_exports_only_the_final_checkpoint(tmp_path, no_training_thread_
         fit(model, [cb], epochs=2)
     # leaving the core context waited for the final checkpoint's export
     storage = open_storage(str(tmp_path / "ckpts"))
-    committed = fmt.sort_records(fmt.scan_checkpoints(storage))
+    committed = scan.sort_records(scan.scan_checkpoints(storage))
     assert [r.steps_completed for r in committed] == [3, 6]
     assert not has_saved_model(storage, committed[0].uuid)
     assert has_saved_model(storage, committed[1].uuid)

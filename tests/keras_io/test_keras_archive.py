@@ -12,8 +12,8 @@ import keras
 import numpy as np
 import pytest
 
+from ckptstore.checkpointing import checksums as ckpt_checksums
 from ckptstore.checkpointing import checksums as fast_crc
-from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io.saving import _keras_archive as keras_archive
 from ckptstore.keras_io.saving import _snapshot as snapshot_lib
 
@@ -39,7 +39,7 @@ def small_model() -> keras.Model:
 def check_archive(path: str, size: int, crc: str) -> None:
     data = open(path, "rb").read()
     assert size == len(data)
-    assert crc == fmt.crc32c_bytes(data) == fmt.crc32c_file(path)
+    assert crc == ckpt_checksums.crc32c_bytes(data) == ckpt_checksums.crc32c_file(path)
     with zipfile.ZipFile(path) as zf:
         assert zf.testzip() is None  # every entry's CRC-32 is right
         assert zf.namelist()[:3] == ["model.weights.h5", "metadata.json", "config.json"]

@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 import ckptstore as det
-from ckptstore.checkpointing import CheckpointContext, blobs
+from ckptstore.checkpointing import CheckpointContext, blobs, scan
 from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
 from ckptstore.keras_io.saving._writer import CheckpointWriter, SaveJob
@@ -312,7 +312,7 @@ def test_determined_callback_export_cuts_the_saved_model_variables(tmp_path):
         model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[cb])
         cb.wait()
         storage = ctx.checkpoint.storage
-        uuids = [r.uuid for r in fmt.sort_records(fmt.scan_checkpoints(storage))]
+        uuids = [r.uuid for r in scan.sort_records(scan.scan_checkpoints(storage))]
     assert len(uuids) == 2
     with CheckpointContext(url) as reader:
         for i, u in enumerate(uuids):

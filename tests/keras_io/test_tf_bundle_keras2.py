@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 import ckptstore as det
-from ckptstore.checkpointing import CheckpointContext, blobs
+from ckptstore.checkpointing import CheckpointContext, blobs, scan
 from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.keras_io.saving import _tf_bundle as tf_bundle
@@ -77,7 +77,7 @@ def test_keras2_checkpoint_and_its_saved_model_cost_their_changed_tensors(tmp_pa
         model.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[cb])
         cb.wait()
         storage = ctx.checkpoint.storage
-        uuids = [r.uuid for r in fmt.sort_records(fmt.scan_checkpoints(storage))]
+        uuids = [r.uuid for r in scan.sort_records(scan.scan_checkpoints(storage))]
     assert len(uuids) == 2
     dl = [str(tmp_path / f"dl{i}") for i in range(2)]
     with CheckpointContext(url) as reader:

@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext
-from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import CheckpointContext, scan
 from ckptstore.checkpointing.index import CheckpointRecord
 from ckptstore.cli.main import cli
 from ckptstore.registry import Registry, schema
@@ -58,7 +57,7 @@ def test_reindex_writes_records_one_by_one_when_a_batch_is_refused(registry_url,
     with CheckpointContext(store) as ctx:
         good = [ctx.upload(src, {"trial_id": 1, "steps_completed": s}) for s in (1, 2)]
         ctx.upload(src, {"trial_id": 1, "steps_completed": 3, "uuid": "u" * 100})
-    odd = next(u for u in fmt.list_committed(open_storage(store)) if u not in good)
+    odd = next(u for u in scan.list_committed(open_storage(store)) if u not in good)
     # build_metadata drops a caller's "uuid"; write one as a foreign tool might.
     meta_path = tmp_path / "store" / odd / "metadata.json"
     meta = json.loads(meta_path.read_text())

@@ -19,7 +19,7 @@ import pytest
 import sqlalchemy as sa
 
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext, LatestN
+from ckptstore.checkpointing import CheckpointContext, LatestN, scan
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.index import COMMITTED, DELETED, PinningIndex
 from ckptstore.checkpointing.pins import PinKeeper
@@ -246,7 +246,7 @@ def test_gc_in_another_process_keeps_what_a_live_process_protects(
         out, err = holder.communicate("go\n", timeout=60)
         assert holder.returncode == 0 and "DONE" in out, err[-3000:]
         assert sorted(_gc(local_and_s3_url, registry_url)) == sorted([resumed, restoring])
-        assert fmt.list_committed(storage) == [newest]
+        assert scan.list_committed(storage) == [newest]
         with Registry(registry_url) as reg:
             assert reg.get_checkpoint(resumed).state == DELETED
             assert reg.list_pins() == []
@@ -275,4 +275,4 @@ def test_pins_of_a_killed_process_expire(registry_url, tmp_path):
             time.sleep(0.2)  # the lease runs out: nothing renews it any more
         assert reg.list_pins(old) == []
     assert _gc(storage_url, registry_url) == [old]
-    assert fmt.list_committed(open_storage(storage_url)) == [newest]
+    assert scan.list_committed(open_storage(storage_url)) == [newest]

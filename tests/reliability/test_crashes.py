@@ -22,6 +22,7 @@ import pytest
 
 from ckptstore.checkpointing import CheckpointContext, LatestN, list_committed
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import metadata as ckpt_metadata
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
 from tests.reliability.crash_worker import NAMES, content
@@ -114,7 +115,7 @@ def test_sigkill_at_random_points_never_exposes_a_partial_checkpoint(
         latest = _check_readers(storage_url, registry_url, tmp_path)
         if latest is not None:
             storage = open_storage(storage_url)
-            steps_seen.append(int(fmt.read_metadata(storage, latest)["steps_completed"]))
+            steps_seen.append(int(ckpt_metadata.read_metadata(storage, latest)["steps_completed"]))
             storage.close()
     assert sum(killed.values()) >= kills - 2, killed
     assert set(killed) == set(PHASES), f"some kill points were never reached: {killed}"

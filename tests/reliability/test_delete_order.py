@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import CheckpointContext, scan
 from ckptstore.checkpointing import format as fmt
 from ckptstore.cli.main import cli
 from ckptstore.core import init
@@ -71,7 +71,7 @@ def test_cli_delete_with_a_read_only_registry_deletes_nothing(tmp_path, postgres
     )  # fmt: skip
     assert result.exit_code != 0
     assert "read-only" in str(result.exception) or "read-only" in result.output
-    assert fmt.list_committed(open_storage(storage_url)) == sorted([older, newest])
+    assert scan.list_committed(open_storage(storage_url)) == sorted([older, newest])
     assert_consistent(storage_url, registry_url)
     with Registry(registry_url) as reg, CheckpointContext(storage_url, index=reg) as ctx:
         assert ctx.latest_checkpoint(trial_id=1) == newest
@@ -110,7 +110,7 @@ def test_storage_error_mid_delete_is_finished_by_gc(tmp_path, registry_url, capl
             assert "Finished 1 delete(s) cut short" in caplog.text
         assert reg.get_checkpoint(newest).state == "DELETED"
     assert fmt.is_removed(open_storage(storage_url), newest)  # only the tombstone stays
-    assert fmt.list_committed(open_storage(storage_url)) == [older]
+    assert scan.list_committed(open_storage(storage_url)) == [older]
 
 
 @pytest.mark.parametrize("point", ["marked", "uncommitted", "removed"])
@@ -133,7 +133,7 @@ def test_sigkill_mid_delete(tmp_path, registry_url, point):
         assert reg.get_checkpoint(newest).state == "DELETED"
         assert reg.get_checkpoint(older).state == "COMMITTED"
     assert fmt.is_removed(open_storage(storage_url), newest)  # only the tombstone stays
-    assert fmt.list_committed(open_storage(storage_url)) == [older]
+    assert scan.list_committed(open_storage(storage_url)) == [older]
 
 
 def test_latest_skips_a_checkpoint_deleted_behind_the_registrys_back(tmp_path, caplog):

@@ -19,7 +19,9 @@ from click.testing import CliRunner
 
 from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext, list_committed, read_manifest
+from ckptstore.checkpointing import checksums as ckpt_checksums
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import metadata as ckpt_metadata
 from ckptstore.storage_backends import open_storage
 
 pytestmark = pytest.mark.timeout(180)
@@ -186,7 +188,7 @@ def test_manifest_entries_outside_the_checkpoint_are_rejected(box, entry):
     uuid = box.save()
     key = f"{uuid}/MANIFEST.json"
     manifest = json.loads(box.storage.read_bytes(key))
-    manifest["files"][entry] = {"size": len(SECRET), "crc32c": fmt.crc32c_bytes(SECRET)}
+    manifest["files"][entry] = {"size": len(SECRET), "crc32c": ckpt_checksums.crc32c_bytes(SECRET)}
     path = box.storage.local_path(key)
     os.chmod(os.path.dirname(path), 0o755)
     if os.path.exists(path):
@@ -312,7 +314,7 @@ def test_non_json_metadata_is_refused(box, metadata):
 
 
 def test_oversized_metadata_is_refused(box):
-    limit = fmt.MAX_METADATA_BYTES
+    limit = ckpt_metadata.MAX_METADATA_BYTES
     src = box.work / "src"
     src.mkdir()
     (src / "w.bin").write_bytes(b"1")
@@ -328,9 +330,11 @@ def test_oversized_metadata_in_storage_is_not_parsed(box):
     path = box.storage.local_path(key)
     os.chmod(os.path.dirname(path), 0o755)
     os.chmod(path, 0o644)
-    box.storage.write_bytes(key, b'{"a": "' + b"y" * (fmt.MAX_METADATA_BYTES + 10) + b'"}')
+    box.storage.write_bytes(
+        key, b'{"a": "' + b"y" * (ckpt_metadata.MAX_METADATA_BYTES + 10) + b'"}'
+    )
     with pytest.raises(errors.InvalidCheckpoint, match="metadata.json"):
-        fmt.read_metadata(box.storage, uuid)
+        ckpt_metadata.read_metadata(box.storage, uuid)
 
 
 def test_user_files_named_like_ckptstore_files_do_not_replace_them(box):

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import pytest
 
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext, amend, blob_gc, blobs
+from ckptstore.checkpointing import CheckpointContext, amend, blob_gc, blobs, scan
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing.collector import collect
 from ckptstore.storage_backends import open_storage
@@ -85,7 +85,7 @@ def _all_committed_read_back(url: str, tmp_path, written: dict[str, dict[str, by
     file's crc32c), with the bytes its writer gave it."""
     with CheckpointContext(url) as reader:
         assert blob_gc.check(reader.storage)["missing"] == {}
-        for uuid in fmt.list_committed(reader.storage):
+        for uuid in scan.list_committed(reader.storage):
             out = tmp_path / f"read-{uuid}"
             reader.download(uuid, str(out))
             got = read_tree(str(out))
@@ -216,7 +216,7 @@ def test_an_amend_paused_at_every_step_while_its_checkpoint_is_deleted_lists_no_
                 assert not fmt.is_committed(ctx.storage, uuid)  # deleted while it was paused
         _gc(url)
         _all_committed_read_back(url, tmp_path / f"a{at}", written)
-        assert keep in fmt.list_committed(open_storage(url))
+        assert keep in scan.list_committed(open_storage(url))
     assert outcomes[0] == "amended" and "CheckpointConflict" in outcomes, outcomes
 
 
@@ -298,10 +298,10 @@ def test_a_writer_paused_at_its_manifest_write_while_its_checkpoint_is_deleted_c
         with pytest.raises(errors.CheckpointNotFound, match="deleted"):
             ctx.download(deleted[0], str(tmp_path / "gone"))
         # Listings, reindex's scan and GC's leftover pass take the tombstone for nothing.
-        assert fmt.list_committed(ctx.storage) == [keep]
-        assert [r.uuid for r in fmt.scan_checkpoints(ctx.storage)] == [keep]
+        assert scan.list_committed(ctx.storage) == [keep]
+        assert [r.uuid for r in scan.scan_checkpoints(ctx.storage)] == [keep]
         # The id of a deleted checkpoint stays fenced; a new save gets a new UUID and commits.
         again = _save(ctx, 2, written)
     _gc(url)
     _all_committed_read_back(url, tmp_path, written)
-    assert fmt.list_committed(open_storage(url)) == sorted([keep, again])
+    assert scan.list_committed(open_storage(url)) == sorted([keep, again])

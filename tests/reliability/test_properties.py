@@ -32,8 +32,9 @@ from hypothesis import HealthCheck, Phase, assume, event, example, given, settin
 from hypothesis import strategies as st
 
 from ckptstore import errors
-from ckptstore.checkpointing import CheckpointContext
+from ckptstore.checkpointing import CheckpointContext, scan
 from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import metadata as ckpt_metadata
 from ckptstore.checkpointing.retention import LatestN
 from ckptstore.jsonsafe import to_json
 from ckptstore.registry import Registry
@@ -173,7 +174,7 @@ def _valid_by_the_rules(root: str, meta: dict[Any, Any]) -> bool:
     try:
         for rel in _entries(root):
             fmt.check_entry(rel)
-        fmt.build_metadata("0" * 8, meta)
+        ckpt_metadata.build_metadata("0" * 8, meta)
     except errors.CkptstoreError:
         return False
     return True
@@ -210,14 +211,14 @@ def check_save_property(base_url: str, files, meta, how) -> None:
                     probe = os.path.join(scratch, "probe")
                     _write_tree(probe, files)
                     assert not _valid_by_the_rules(probe, meta), "a valid save was refused"
-                    assert fmt.list_committed(ctx.storage) == []
+                    assert scan.list_committed(ctx.storage) == []
                     assert ctx.latest_checkpoint() is None
                     assert registry.checkpoint_records(trial_id=1) == []
                     return
                 # committed: it downloads, verifies and reads back byte-identical
                 event("committed")
                 expected = {r: d for r, d in made.items() if r not in fmt.RESERVED_NAMES}
-                assert fmt.list_committed(ctx.storage) == [uuid]
+                assert scan.list_committed(ctx.storage) == [uuid]
                 assert ctx.latest_checkpoint() == uuid
                 dest = os.path.join(scratch, "dest")
                 ctx.download(uuid, dest)
@@ -399,7 +400,7 @@ def check_delete_property(base_url: str, ops) -> None:
             rows = registry.checkpoint_records(trial_id=1, states=None)
             assert not [r.uuid for r in rows if r.state == "DELETING"]
             live = {r.uuid for r in rows if r.state in ("COMMITTED", "PARTIALLY_DELETED")}
-            assert set(fmt.list_committed(shared)) == live
+            assert set(scan.list_committed(shared)) == live
             shared.close()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -408,7 +409,7 @@ def check_delete_property(base_url: str, ops) -> None:
 def _check_invariants(
     storage: Any, registry: Registry, must_live: set[str], scratch: str, *, verify: bool
 ) -> None:
-    committed = set(fmt.list_committed(storage))
+    committed = set(scan.list_committed(storage))
     for record in registry.checkpoint_records(trial_id=1):
         assert record.uuid in committed, f"row {record.uuid} points at a missing checkpoint"
     assert must_live <= committed, f"lost: {must_live - committed}"

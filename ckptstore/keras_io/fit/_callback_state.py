@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore import errors
-from ckptstore.checkpointing.format import load_json
+from ckptstore.checkpointing.jsonfiles import load_json
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.validators import is_int, is_number
 

@@ -25,7 +25,7 @@ import zipfile
 from typing import Any, ClassVar
 
 from ckptstore import errors
-from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import jsonfiles
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.keras_io.saving import _weights_view as weights_view
 
@@ -161,7 +161,7 @@ def _saved_config(saved: str | weights_view.ChunkedFile) -> Any:
         source = saved if isinstance(saved, str) else weights_view.RangeFile.whole(saved)
         with zipfile.ZipFile(source) as archive, archive.open("config.json") as f:
             data = f.read(_MAX_CONFIG_BYTES + 1)
-    return fmt.load_json(data, str(getattr(saved, "name", saved)), _MAX_CONFIG_BYTES)
+    return jsonfiles.load_json(data, str(getattr(saved, "name", saved)), _MAX_CONFIG_BYTES)
 
 
 def _saved_layers(saved: str | weights_view.ChunkedFile) -> str:

@@ -29,7 +29,7 @@ import uuid as _uuid
 from collections.abc import Iterator
 
 from ckptstore import errors
-from ckptstore.checkpointing import blobs, signing
+from ckptstore.checkpointing import blobs, jsonfiles, signing
 from ckptstore.checkpointing import format as fmt
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ def _subject(folder: str) -> str | None:
         return None
     with open(path, "rb") as f:
         data = f.read(fmt.MAX_MANIFEST_BYTES + 1)
-    manifest = fmt.load_json(data, path, fmt.MAX_MANIFEST_BYTES)
+    manifest = jsonfiles.load_json(data, path, fmt.MAX_MANIFEST_BYTES)
     uuid = manifest.get("uuid") if isinstance(manifest, dict) else None
     return uuid if isinstance(uuid, str) else None
 

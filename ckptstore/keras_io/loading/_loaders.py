@@ -338,8 +338,8 @@ def _scan_trial(
     storage: Storage, trial_id: int, best_by: str | None, smaller_is_better: bool
 ) -> str:
     """Find a trial's latest/best checkpoint from storage alone (no registry row)."""
-    from ckptstore.checkpointing.format import scan_checkpoints, sort_records
     from ckptstore.checkpointing.metrics import rank_by_metric
+    from ckptstore.checkpointing.scan import scan_checkpoints, sort_records
 
     records = [r for r in scan_checkpoints(storage) if r.trial_id == trial_id]
     if not records:
@@ -367,9 +367,10 @@ def resolve_checkpoint(
     smaller_is_better: bool = True,
 ) -> tuple[str, str | None]:
     """``(uuid, storage_url or None)`` of the checkpoint to load (see :func:`load_checkpoint_model`)."""
-    from ckptstore.checkpointing.format import is_committed, sort_records
+    from ckptstore.checkpointing.format import is_committed
     from ckptstore.checkpointing.metrics import rank_by_metric
     from ckptstore.checkpointing.reconcile import newest_in_storage
+    from ckptstore.checkpointing.scan import sort_records
 
     if (trial_id is None) == (checkpoint_uuid is None):
         raise errors.InvalidConfig(

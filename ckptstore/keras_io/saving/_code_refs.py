@@ -42,7 +42,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ckptstore import errors
-from ckptstore.checkpointing.format import MAX_MANIFEST_BYTES, load_json
+from ckptstore.checkpointing.format import MAX_MANIFEST_BYTES
+from ckptstore.checkpointing.jsonfiles import load_json
 
 #: Packages whose classes Keras itself resolves: Keras's own family and Python's builtins
 #: (Keras records built-in activations such as ``relu`` under ``builtins``).

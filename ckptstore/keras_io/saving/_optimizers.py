@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore import errors
-from ckptstore.checkpointing import format as fmt
+from ckptstore.checkpointing import jsonfiles
 from ckptstore.keras_io._types import KerasModel
 
 OPTIMIZERS_FILENAME = "optimizers.json"
@@ -139,7 +139,7 @@ def read(folder: str) -> dict[str, Any] | None:
     path = os.path.join(folder, OPTIMIZERS_FILENAME)
     if not os.path.isfile(path):
         return None
-    record = fmt.read_json_file(path)  # bounded size and depth: typed errors
+    record = jsonfiles.read_json_file(path)  # bounded size and depth: typed errors
     if not isinstance(record, dict):
         raise errors.InvalidCheckpoint(f"{path} is not a JSON object; the checkpoint is damaged.")
     return record

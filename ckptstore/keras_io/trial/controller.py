@@ -60,8 +60,9 @@ import numpy as np
 
 from ckptstore import errors
 from ckptstore.checkpointing import signing
-from ckptstore.checkpointing.format import MANIFEST_NAME, check_storage_id, read_json_file
+from ckptstore.checkpointing.format import MANIFEST_NAME, check_storage_id
 from ckptstore.checkpointing.hints import CommitHints
+from ckptstore.checkpointing.jsonfiles import read_json_file
 from ckptstore.checkpointing.metrics import reported_value
 from ckptstore.experiment.config import ExperimentConfig, Length, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value

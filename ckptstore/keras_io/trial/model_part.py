@@ -28,7 +28,7 @@ from typing import Any
 
 from ckptstore import errors
 from ckptstore.checkpointing import signing
-from ckptstore.checkpointing.format import read_json_file
+from ckptstore.checkpointing.jsonfiles import read_json_file
 from ckptstore.keras_io import backend
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.saving import _keras2_format as keras2_format

@@ -1,6 +1,7 @@
 """Determined calls that need a cluster (:func:`not_supported`) or data ckptstore's registry
 does not keep (:func:`refuses`): they exist, keep Determined's signature, and raise
-:class:`~ckptstore.errors.NotSupported` saying what to use instead.
+:class:`~ckptstore.errors.NotSupported` saying what to use instead. Shared by ``ckptstore.core``
+and the SDK (``ckptstore.experimental``), so it sits beside ``errors.py``, below both.
 
 Example::
 
