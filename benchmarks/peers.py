@@ -53,8 +53,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-if os.environ.get("PEERS_CODE"):  # ckptstore@base: the baseline checkout's package first
+if os.environ.get("PEERS_CODE"):
+    # ckptstore@base: the baseline checkout's package, bound now (incremental and keras_stall
+    # put this checkout first on sys.path when they are imported)
     sys.path.insert(0, os.environ["PEERS_CODE"])
+    import ckptstore  # noqa: E402, F401
+
+    assert ckptstore.__file__.startswith(os.environ["PEERS_CODE"]), ckptstore.__file__
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 MiB = 2**20
