@@ -13,8 +13,12 @@ method a fresh Python process
   (``/proc/self/io`` ``write_bytes``: pages it dirtied; a deduplicating store's second copy
   shows here) beside the bytes the checkpoint added to the store;
 - ``resume`` (another fresh process): builds and compiles the model, then times from
-  ``fit()``'s start to the first batch of the next epoch (weights, optimizer state, callback
-  state and data position restored);
+  ``fit()``'s start (``core.init`` included) to the end of the first batch of the next epoch
+  (weights, optimizer state, callback state and data position restored, and one step
+  trained). The clock stops after that step for every method, so each window holds the same
+  work: Keras builds an optimizer that a restore has not built while it traces the first
+  step, which a clock stopped at the batch's start (before session 10; still printed as
+  ``to batch``) counted for ckptstore's resume and not for ``BackupAndRestore``'s;
 - then, in the same process: times loading the last checkpoint for inference (``load_checkpoint_model`` by
   UUID; ``keras.models.load_model`` of the last ``ModelCheckpoint`` file for the Keras peers).
 
@@ -26,8 +30,9 @@ with the machine's load average and the physical floors measured in the same run
 model's checkpoint bytes to a file, SHA-256 over them, and a memcpy.
 
 ``--phases train`` times the writing side alone; ``--baseline DIR`` adds ``ckptstore@base``,
-the ``ckptstore`` method run from another checkout of the project (``git worktree add DIR
-<commit>``), so a change is measured against its base in the same run.
+the ``ckptstore`` method run by this script with the package of another checkout of the
+project (``git worktree add DIR <commit>``), so a change is measured against its base in the
+same run and by the same clock.
 
     .venv/bin/python benchmarks/peers.py --mb 104 --rounds 3
 """
@@ -48,6 +53,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if os.environ.get("PEERS_CODE"):
+    # ckptstore@base: the baseline checkout's package, bound now (incremental and keras_stall
+    # put this checkout first on sys.path when they are imported)
+    sys.path.insert(0, os.environ["PEERS_CODE"])
+    import ckptstore  # noqa: E402, F401
+
+    assert ckptstore.__file__.startswith(os.environ["PEERS_CODE"]), ckptstore.__file__
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 MiB = 2**20
@@ -67,10 +79,10 @@ def _tree_bytes(folder: str) -> int:
 
 
 class _Ready(Exception):
-    """Raised at the first batch after a resume: the model is ready to train."""
+    """Raised when the first batch after a resume has been trained: the model is trained on."""
 
 
-def _marker(times: dict[str, float]):  # type: ignore[no-untyped-def]
+def _marker(times: dict[str, float], model):  # type: ignore[no-untyped-def]
     import keras
     import keras_stall
 
@@ -79,6 +91,13 @@ def _marker(times: dict[str, float]):  # type: ignore[no-untyped-def]
             times.setdefault("fit", time.perf_counter())
 
         def on_train_batch_begin(self, batch, logs=None):  # type: ignore[no-untyped-def]
+            # the clock before session 10, kept for comparison; the optimizer's step count
+            # read before the first step moves it
+            times.setdefault("batch", time.perf_counter())
+            times.setdefault("batch_cpu", keras_stall.cpu_seconds())
+            times.setdefault("iterations", float(model.optimizer.iterations.numpy()))
+
+        def on_train_batch_end(self, batch, logs=None):  # type: ignore[no-untyped-def]
             times["ready"] = time.perf_counter()
             times["ready_cpu"] = keras_stall.cpu_seconds()
             raise _Ready
@@ -130,14 +149,17 @@ def worker(args) -> dict[str, float]:  # type: ignore[no-untyped-def]
         times = {"fit": time.perf_counter(), "fit_cpu": keras_stall.cpu_seconds()}
         with _callback(args.method, args.work, resume=True) as cb:
             try:
-                model.fit(x, y, epochs=args.epochs + 1, verbose=0, callbacks=[cb, _marker(times)])
+                marker = _marker(times, model)
+                model.fit(x, y, epochs=args.epochs + 1, verbose=0, callbacks=[cb, marker])
             except _Ready:
                 pass
         out["resume"] = times["ready"] - times["fit"]
         out["resume_cpu"] = times["ready_cpu"] - times["fit_cpu"]
+        out["to_batch"] = times["batch"] - times["fit"]
+        out["to_batch_cpu"] = times["batch_cpu"] - times["fit_cpu"]
         # Keras 3's BackupAndRestore loads before fit() builds the optimizer: its state is
         # then skipped with a warning, so that resume reads the weights alone.
-        out["optimizer_restored"] = float(int(model.optimizer.iterations.numpy()) > 0)
+        out["optimizer_restored"] = float(times["iterations"] > 0)
         return _load(args, out)
     model.fit(x, y, epochs=1, verbose=0)
     t0, c0 = time.perf_counter(), keras_stall.cpu_seconds()
@@ -219,11 +241,12 @@ def floors(state_bytes: int, work: str) -> dict[str, float]:
 
 
 def _run(method: str, regime: str, phase: str, work: str, args, env) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    script = os.path.abspath(__file__)
-    if method.endswith("@base"):  # the same method, from the baseline checkout's own script
-        script = os.path.join(args.baseline, "benchmarks", "peers.py")
+    env = dict(env)
+    if method.endswith("@base"):
+        # the same method and this script's clock, with the baseline checkout's ckptstore
+        env["PEERS_CODE"] = os.path.abspath(args.baseline)
         method = method.removesuffix("@base")
-    cmd = [sys.executable, script, "--worker", method, "--regime", regime]
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", method, "--regime", regime]
     cmd += ["--phase", phase, "--work", work, "--mb", str(args.mb), "--epochs", str(args.epochs)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
@@ -356,6 +379,10 @@ def report(results: dict[tuple[str, str], list[dict[str, float]]], loads: list[f
             )
         for method, rs in rows.items():
             load_key = "load_warm_cpu" if method == "ckptstore-s3" else "load_cpu"
+            print(
+                f"  {method}: to the first batch's start (the clock before session 10) "
+                f"{med(rs, 'to_batch'):.3f} s, {med(rs, 'to_batch_cpu'):.2f} CPU s"
+            )
             print(
                 f"  {method}: CPU s to resume {med(rs, 'resume_cpu'):.2f} "
                 f"({med(rs, 'resume_cpu') / med(bar, 'resume_cpu') if bar else float('nan'):.2f}x "
