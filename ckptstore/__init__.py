@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ckptstore import _deprecated, _prewarm, errors
+from ckptstore import _deprecated, errors
 
 _deprecated.install()
 
@@ -71,6 +71,3 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["errors", "LOG_FORMAT", "__version__", *sorted(_LAZY_MODULES), *sorted(_LAZY_ATTRS)]
-
-# last: the package is complete before the thread imports from it
-_prewarm.start()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -60,42 +59,6 @@ def test_public_names_after_import_ckptstore():
     # experiment config, pydantic) and the PostgreSQL dialect load only when used.
     assert got.pop("heavy") == []
     assert all(got.values()), got
-
-
-def test_import_ckptstore_imports_sqlalchemy_on_a_background_thread():
-    # issue 41: SQLAlchemy's import (the registry's) leaves core.init's path; the thread imports
-    # no ckptstore module (two threads importing the package's modules can meet a circular
-    # import half-way), core.init works after it, and CKPTSTORE_PREWARM=0 keeps a bare import
-    # from importing SQLAlchemy
-    code = (
-        "import json, os, sys, threading\n"
-        "import ckptstore\n"
-        "before = sorted(m for m in sys.modules if m.startswith('ckptstore'))\n"
-        "[t.join(60) for t in threading.enumerate() if t.name == 'ckptstore-prewarm']\n"
-        "after = sorted(m for m in sys.modules if m.startswith('ckptstore'))\n"
-        "got = {'sqlalchemy': 'sqlalchemy.dialects.sqlite' in sys.modules,\n"
-        "       'ckptstore modules imported by the thread': sorted(set(after) - set(before))}\n"
-        "import tempfile\n"
-        "d = tempfile.mkdtemp()\n"
-        "with ckptstore.core.init(storage=d + '/s', registry=f'sqlite:///{d}/r.db', trial_id=3,\n"
-        "                         preempt_signals=False) as ctx:\n"
-        "    got['trial'] = ctx.info.trial.trial_id\n"
-        "print(json.dumps(got))"
-    )
-    assert _run(code) == {
-        "sqlalchemy": True,
-        "ckptstore modules imported by the thread": [],
-        "trial": 3,
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", "import sys, ckptstore; print('sqlalchemy' in sys.modules)"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=180,
-        env={**os.environ, "CKPTSTORE_PREWARM": "0"},
-    )
-    assert done.stdout.strip() == "False", done.stderr[-2000:]
 
 
 #: keras_io's flat modules before the split by concern (0.2), each with a name it must still give.
