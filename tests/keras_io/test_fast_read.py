@@ -133,9 +133,17 @@ def test_resume_and_load_read_weights_directly_and_never_the_saved_model(
 
     zip_reads.clear()
     loaded = det.load_checkpoint_model(checkpoint_uuid=uuid, storage=url, registry=registry)
-    assert "model.weights.h5" not in zip_reads  # Keras loaded a folder with them in place
+    assert "model.weights.h5" not in zip_reads  # HDF5 read them where they are
+    assert "model.keras" not in assembled  # deduplicated: read in place, no reassembled copy
     for got, want in zip(state(loaded), state(trained), strict=True):
         np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(loaded.predict(X, verbose=0), trained.predict(X, verbose=0))
+    # the checkpoint's folder in its store, by path: deduplicated, read in place the same way
+    # (a whole-file folder's archive is CRC-checked through zipfile: no manifest check there)
+    by_path = det.keras.load_model_from_checkpoint_path(os.path.join(url, uuid))
+    assert not dedup or "model.weights.h5" not in zip_reads
+    assert "model.keras" not in assembled
+    np.testing.assert_array_equal(by_path.predict(X, verbose=0), trained.predict(X, verbose=0))
 
     # A TFKerasTrial resumes through the same HDF5 read (trial 2 in the same storage).
     trial = run_trial(url, registry)
@@ -150,8 +158,8 @@ def test_resume_and_load_read_weights_directly_and_never_the_saved_model(
 
 
 def resume_from_a_damaged_chunk(url: str, registry: str, uuid: str) -> None:
-    """A chunk of the model.keras read in place, damaged at the same size: the resume
-    refuses it naming that blob, before any weight is loaded."""
+    """A chunk of the model.keras read in place, damaged at the same size: the resume and a
+    load by UUID refuse it naming that blob, before any weight is loaded."""
     from ckptstore.checkpointing import blobs
     from ckptstore.checkpointing import format as fmt
 
@@ -173,6 +181,9 @@ def resume_from_a_damaged_chunk(url: str, registry: str, uuid: str) -> None:
             fresh.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[cb])
     for got, want in zip(fresh.weights, before, strict=False):
         np.testing.assert_array_equal(got.numpy(), want)
+    # a load by UUID reads the same chunks in place: refused the same way, before Keras
+    with pytest.raises(det.errors.ChecksumMismatch, match=chunk.sha256):
+        det.load_checkpoint_model(checkpoint_uuid=uuid, storage=url, registry=registry)
 
 
 def test_weights_file_forms_of_every_archive(tmp_path):

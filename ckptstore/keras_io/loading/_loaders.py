@@ -28,9 +28,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
+from ckptstore.checkpointing.blobs import BLOBS_DIR
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.loading._archive import load_archive
-from ckptstore.keras_io.loading._in_place import readable_folder
+from ckptstore.keras_io.loading._in_place import is_deduplicated_folder, readable_folder
 from ckptstore.keras_io.loading._into_model import load_into_model
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME, SAVED_MODEL_DIRNAME
@@ -189,8 +190,34 @@ def load_model_from_folder(
             f"Checkpoint path {path} does not exist; download the checkpoint first "
             "(CheckpointContext.download) or use ckptstore.load_checkpoint_model()."
         )
+    options = {"compile": compile, "custom_objects": custom_objects, "safe_mode": safe_mode}
+    loaded = load_folder_in_place(path, modules=modules, **options)
+    if loaded is not None:
+        return loaded
     with readable_folder(path) as folder:
         return _load_folder(folder, compile, custom_objects, safe_mode, modules)
+
+
+def load_folder_in_place(
+    path: str, *, unless: Sequence[str] = (), **options: Any
+) -> KerasModel | None:
+    """The model of deduplicated checkpoint folder ``path`` in its store, its ``.keras`` file
+    read in place from the chunk files (verified first, as a load by UUID reads it: no
+    reassembled copy, no other file); None when ``path`` is no such folder, its manifest lists
+    no ``.keras`` file, or lists any of ``unless`` (a layout read otherwise). ``options``: as
+    :func:`.load_archive` takes them."""
+    from ckptstore.checkpointing import CheckpointContext
+
+    folder = os.path.abspath(path)
+    if not os.path.isdir(folder) or not is_deduplicated_folder(folder):
+        return None
+    store, uuid = os.path.split(folder)
+    if not os.path.isdir(os.path.join(store, BLOBS_DIR)):
+        return None  # readable_folder says what is wrong
+    with CheckpointContext(store, cache=False) as ctx:
+        if any(name in ctx._manifest(uuid).files for name in unless):
+            return None
+        return _load_archive_of(ctx, uuid, **options)
 
 
 def _load_folder(
@@ -531,6 +558,7 @@ __all__ = [
     "SAVED_MODEL_DIRNAME",
     "SavedModelPredictor",
     "load_checkpoint_model",
+    "load_folder_in_place",
     "load_model_from_folder",
     "resolve_checkpoint",
 ]
