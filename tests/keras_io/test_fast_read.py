@@ -148,9 +148,11 @@ def test_resume_and_load_read_weights_directly_and_never_the_saved_model(
     # A TFKerasTrial resumes through the same HDF5 read (trial 2 in the same storage).
     trial = run_trial(url, registry)
     zip_reads.clear()
+    assembled.clear()
     resumed_trial = run_trial(url, registry)
     assert resumed_trial.batches_trained == 4 and resumed_trial.context.get_initial_batch() == 4
     assert "model.weights.h5" not in zip_reads
+    assert "model.keras" not in assembled  # its chunks read in place (deduplicated by default)
     for got, want in zip(state(resumed_trial.model), state(trial.model), strict=True):
         np.testing.assert_array_equal(got, want)  # nothing trained: its 4 batches were done
     if dedup:
