@@ -7,7 +7,9 @@ content of the others is in ``<store>/.ckptstore-blobs/``. Given such a folder,
 :func:`readable_folder` downloads the checkpoint from that store (its parent folder, opened as
 a local storage and never left) into a temporary folder through the one verified download path
 (chunk SHA-256 and file crc32c; a verify key in the environment checks the signature exactly
-as ``CheckpointContext.download`` does), yields it and removes it afterwards. Any other folder
+as ``CheckpointContext.download`` does), yields it and removes it afterwards. (The loaders first
+try ``load_folder_in_place``, which reads such a folder's ``model.keras`` in place from its
+chunks, without this copy.) Any other folder
 (whole-file checkpoints, Determined's layouts, a plain download) is yielded as it is.
 
 Example::

@@ -4,8 +4,10 @@ A checkpoint written by ``DeterminedCallback`` holds ``model.keras`` (architectu
 optimizer state) and, for the final checkpoint, an inference SavedModel in ``saved_model/``.
 :func:`load_model_from_folder` prefers the ``.keras`` file and falls back to the
 SavedModel (inference only). :func:`load_checkpoint_model` finds the checkpoint through the
-registry (or by scanning storage when the registry does not know it), downloads it with checksum
-verification into a temporary folder, and loads it.
+registry (or by scanning storage when the registry does not know it) and reads its ``.keras`` file
+alone, verified: in place on a local store (a deduplicated one from its chunk files), else a
+download into a temporary folder (the restore cache serves repeated loads); the model is built
+from its config and its weights read by HDF5 where they are (:mod:`._archive`).
 
 Example::
 
@@ -160,8 +162,10 @@ def load_model_from_folder(
     """A Keras model from a local checkpoint folder (or a ``.keras`` file).
 
     A deduplicated checkpoint's folder in its store (``<store>/<uuid>``, chunks in
-    ``<store>/.ckptstore-blobs/``) is read too: its files are assembled, verified, into a
-    temporary folder that is removed after the load (:mod:`._in_place`).
+    ``<store>/.ckptstore-blobs/``) is read too: its ``model.keras`` in place from its chunk
+    files, verified first (:func:`load_folder_in_place`); a checkpoint without one has its
+    files assembled, verified, into a temporary folder removed after the load
+    (:mod:`._in_place`).
 
     Loads ``model.keras`` (or the folder's only ``*.keras``) with its optimizer state. When there
     is none, falls back to the inference SavedModel in ``saved_model/`` (or ``path`` itself),
