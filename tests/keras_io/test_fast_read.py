@@ -261,3 +261,35 @@ def test_resumable_array_input_builds_its_pipeline_once_per_fit(tmp_path, monkey
         history = model.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[cb])
     assert len(history.history["loss"]) == 3
     assert len(built) == 1
+
+
+def test_a_model_loads_from_every_form_of_archive(tmp_path):
+    """load_archive builds the model from config.json and reads the weights itself for Keras's
+    own archives and compressed ones; an archive with other entries (assets) goes through
+    Keras's reader, whole or read in place: the same predictions every way."""
+    from ckptstore.checkpointing.chunk_view import ChunkedFile
+    from ckptstore.keras_io.loading._archive import load_archive
+
+    model = model_with_adam(3)
+    model.fit(X, Y, batch_size=8, epochs=1, verbose=0)
+    want = model.predict(X, verbose=0)
+    keras_made = str(tmp_path / "keras.keras")
+    model.save(keras_made)
+    deflated, with_assets = str(tmp_path / "deflated.keras"), str(tmp_path / "assets.keras")
+    with (
+        zipfile.ZipFile(keras_made) as src,
+        zipfile.ZipFile(deflated, "w") as dst,
+        zipfile.ZipFile(with_assets, "w") as other,
+    ):
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info), zipfile.ZIP_DEFLATED)
+            other.writestr(info.filename, src.read(info))
+        other.writestr("assets/vocab.txt", "a\nb\n")
+    options = {"compile": True, "custom_objects": None, "safe_mode": True}
+    for path in (keras_made, deflated, with_assets):
+        loaded = load_archive(path, **options)
+        np.testing.assert_array_equal(loaded.predict(X, verbose=0), want)
+        for got, saved in zip(state(loaded), state(model), strict=True):
+            np.testing.assert_array_equal(got, saved)
+        view = ChunkedFile(path, [path], [os.path.getsize(path)])  # one chunk: the file
+        np.testing.assert_array_equal(load_archive(view, **options).predict(X, verbose=0), want)
