@@ -37,7 +37,11 @@ from ckptstore import errors
 from ckptstore.checkpointing import signing
 from ckptstore.import_determined import layouts
 from ckptstore.import_determined.weights import load_determined_checkpoint
-from ckptstore.keras_io.loading import load_model_from_folder, readable_folder
+from ckptstore.keras_io.loading import (
+    load_folder_in_place,
+    load_model_from_folder,
+    readable_folder,
+)
 from ckptstore.keras_io.trial import model_part
 from ckptstore.keras_model import KerasModel
 
@@ -221,7 +225,20 @@ def load_model_from_checkpoint_path(
         predictions = model.predict(x)
     """
     _check_tags(tags)
-    # A deduplicated checkpoint folder in its store is assembled (verified) to a temporary one.
+    if model is None:  # ckptstore's own model.keras, deduplicated in its store: read in place
+        unless = (model_part.SEQUENCER_FILENAME, *layouts.LAYOUT_MARKERS.values())
+        loaded = load_folder_in_place(
+            os.fspath(path),
+            unless=unless,
+            compile=compile,
+            custom_objects=custom_objects,
+            safe_mode=safe_mode,
+            modules=modules,
+        )
+        if loaded is not None:
+            return loaded
+    # Any other deduplicated checkpoint folder in its store is assembled (verified) to a
+    # temporary one.
     with readable_folder(os.fspath(path)) as folder:
         return _load_from_folder(
             folder, model, compile, custom_objects, safe_mode, trust_pickle, trust_code, modules

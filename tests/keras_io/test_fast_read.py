@@ -133,16 +133,26 @@ def test_resume_and_load_read_weights_directly_and_never_the_saved_model(
 
     zip_reads.clear()
     loaded = det.load_checkpoint_model(checkpoint_uuid=uuid, storage=url, registry=registry)
-    assert "model.weights.h5" not in zip_reads  # Keras loaded a folder with them in place
+    assert "model.weights.h5" not in zip_reads  # HDF5 read them where they are
+    assert "model.keras" not in assembled  # deduplicated: read in place, no reassembled copy
     for got, want in zip(state(loaded), state(trained), strict=True):
         np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(loaded.predict(X, verbose=0), trained.predict(X, verbose=0))
+    # the checkpoint's folder in its store, by path: deduplicated, read in place the same way
+    # (a whole-file folder's archive is CRC-checked through zipfile: no manifest check there)
+    by_path = det.keras.load_model_from_checkpoint_path(os.path.join(url, uuid))
+    assert not dedup or "model.weights.h5" not in zip_reads
+    assert "model.keras" not in assembled
+    np.testing.assert_array_equal(by_path.predict(X, verbose=0), trained.predict(X, verbose=0))
 
     # A TFKerasTrial resumes through the same HDF5 read (trial 2 in the same storage).
     trial = run_trial(url, registry)
     zip_reads.clear()
+    assembled.clear()
     resumed_trial = run_trial(url, registry)
     assert resumed_trial.batches_trained == 4 and resumed_trial.context.get_initial_batch() == 4
     assert "model.weights.h5" not in zip_reads
+    assert "model.keras" not in assembled  # its chunks read in place (deduplicated by default)
     for got, want in zip(state(resumed_trial.model), state(trial.model), strict=True):
         np.testing.assert_array_equal(got, want)  # nothing trained: its 4 batches were done
     if dedup:
@@ -150,8 +160,8 @@ def test_resume_and_load_read_weights_directly_and_never_the_saved_model(
 
 
 def resume_from_a_damaged_chunk(url: str, registry: str, uuid: str) -> None:
-    """A chunk of the model.keras read in place, damaged at the same size: the resume
-    refuses it naming that blob, before any weight is loaded."""
+    """A chunk of the model.keras read in place, damaged at the same size: the resume and a
+    load by UUID refuse it naming that blob, before any weight is loaded."""
     from ckptstore.checkpointing import blobs
     from ckptstore.checkpointing import format as fmt
 
@@ -173,6 +183,9 @@ def resume_from_a_damaged_chunk(url: str, registry: str, uuid: str) -> None:
             fresh.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[cb])
     for got, want in zip(fresh.weights, before, strict=False):
         np.testing.assert_array_equal(got.numpy(), want)
+    # a load by UUID reads the same chunks in place: refused the same way, before Keras
+    with pytest.raises(det.errors.ChecksumMismatch, match=chunk.sha256):
+        det.load_checkpoint_model(checkpoint_uuid=uuid, storage=url, registry=registry)
 
 
 def test_weights_file_forms_of_every_archive(tmp_path):
@@ -248,3 +261,35 @@ def test_resumable_array_input_builds_its_pipeline_once_per_fit(tmp_path, monkey
         history = model.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[cb])
     assert len(history.history["loss"]) == 3
     assert len(built) == 1
+
+
+def test_a_model_loads_from_every_form_of_archive(tmp_path):
+    """load_archive builds the model from config.json and reads the weights itself for Keras's
+    own archives and compressed ones; an archive with other entries (assets) goes through
+    Keras's reader, whole or read in place: the same predictions every way."""
+    from ckptstore.checkpointing.chunk_view import ChunkedFile
+    from ckptstore.keras_io.loading._archive import load_archive
+
+    model = model_with_adam(3)
+    model.fit(X, Y, batch_size=8, epochs=1, verbose=0)
+    want = model.predict(X, verbose=0)
+    keras_made = str(tmp_path / "keras.keras")
+    model.save(keras_made)
+    deflated, with_assets = str(tmp_path / "deflated.keras"), str(tmp_path / "assets.keras")
+    with (
+        zipfile.ZipFile(keras_made) as src,
+        zipfile.ZipFile(deflated, "w") as dst,
+        zipfile.ZipFile(with_assets, "w") as other,
+    ):
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info), zipfile.ZIP_DEFLATED)
+            other.writestr(info.filename, src.read(info))
+        other.writestr("assets/vocab.txt", "a\nb\n")
+    options = {"compile": True, "custom_objects": None, "safe_mode": True}
+    for path in (keras_made, deflated, with_assets):
+        loaded = load_archive(path, **options)
+        np.testing.assert_array_equal(loaded.predict(X, verbose=0), want)
+        for got, saved in zip(state(loaded), state(model), strict=True):
+            np.testing.assert_array_equal(got, saved)
+        view = ChunkedFile(path, [path], [os.path.getsize(path)])  # one chunk: the file
+        np.testing.assert_array_equal(load_archive(view, **options).predict(X, verbose=0), want)

@@ -14,6 +14,7 @@ from ckptstore.keras_io.loading._in_place import readable_folder
 from ckptstore.keras_io.loading._loaders import (
     SavedModelPredictor,
     load_checkpoint_model,
+    load_folder_in_place,
     load_model_from_folder,
     resolve_checkpoint,
 )
@@ -21,6 +22,7 @@ from ckptstore.keras_io.loading._loaders import (
 __all__ = [
     "SavedModelPredictor",
     "load_checkpoint_model",
+    "load_folder_in_place",
     "load_model_from_folder",
     "readable_folder",
     "resolve_checkpoint",

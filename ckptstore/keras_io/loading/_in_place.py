@@ -7,7 +7,9 @@ content of the others is in ``<store>/.ckptstore-blobs/``. Given such a folder,
 :func:`readable_folder` downloads the checkpoint from that store (its parent folder, opened as
 a local storage and never left) into a temporary folder through the one verified download path
 (chunk SHA-256 and file crc32c; a verify key in the environment checks the signature exactly
-as ``CheckpointContext.download`` does), yields it and removes it afterwards. Any other folder
+as ``CheckpointContext.download`` does), yields it and removes it afterwards. (The loaders first
+try ``load_folder_in_place``, which reads such a folder's ``model.keras`` in place from its
+chunks, without this copy.) Any other folder
 (whole-file checkpoints, Determined's layouts, a plain download) is yielded as it is.
 
 Example::
@@ -35,7 +37,7 @@ from ckptstore.checkpointing import format as fmt
 logger = logging.getLogger(__name__)
 
 
-def _blob_manifest(folder: str) -> bool:
+def is_deduplicated_folder(folder: str) -> bool:
     """Whether ``folder`` is a checkpoint folder whose manifest lists files by their chunks
     (a damaged manifest there is refused: the files it names cannot be found otherwise)."""
     path = os.path.join(folder, fmt.MANIFEST_NAME)
@@ -87,7 +89,7 @@ def readable_folder(path: str) -> Iterator[str]:
         SignatureError: with a verify key set, a checkpoint its signature does not cover.
     """
     folder = os.path.abspath(path)
-    if not os.path.isdir(folder) or not _blob_manifest(folder):
+    if not os.path.isdir(folder) or not is_deduplicated_folder(folder):
         # Every layout (whole-file, Determined's, a plain folder) is checked before Keras or
         # the trial loader opens a file in it, exactly as a download is; a file (a `.keras`
         # path) is checked as a member of the folder holding it, so naming the file does

@@ -4,8 +4,10 @@ A checkpoint written by ``DeterminedCallback`` holds ``model.keras`` (architectu
 optimizer state) and, for the final checkpoint, an inference SavedModel in ``saved_model/``.
 :func:`load_model_from_folder` prefers the ``.keras`` file and falls back to the
 SavedModel (inference only). :func:`load_checkpoint_model` finds the checkpoint through the
-registry (or by scanning storage when the registry does not know it), downloads it with checksum
-verification into a temporary folder, and loads it.
+registry (or by scanning storage when the registry does not know it) and reads its ``.keras`` file
+alone, verified: in place on a local store (a deduplicated one from its chunk files), else a
+download into a temporary folder (the restore cache serves repeated loads); the model is built
+from its config and its weights read by HDF5 where they are (:mod:`._archive`).
 
 Example::
 
@@ -22,23 +24,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
+from ckptstore.checkpointing.blobs import BLOBS_DIR
 from ckptstore.keras_io._types import KerasModel
-from ckptstore.keras_io.loading._in_place import readable_folder
+from ckptstore.keras_io.loading._archive import load_archive
+from ckptstore.keras_io.loading._in_place import is_deduplicated_folder, readable_folder
 from ckptstore.keras_io.loading._into_model import load_into_model
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
-from ckptstore.keras_io.saving import _weights_view as weights_view
-from ckptstore.keras_io.saving._code_refs import (
-    check_code_refs,
-    import_allowed,
-    imported_objects,
-)
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME, SAVED_MODEL_DIRNAME
 
 if TYPE_CHECKING:
@@ -49,8 +46,6 @@ logger = logging.getLogger(__name__)
 
 #: The SavedModel endpoint ``model.export()`` writes.
 SERVE_ENDPOINT = "serve"
-
-_UNKNOWN_CLASS = re.compile(r"Could not locate (?:class|function) '([^']+)'")
 
 
 # ---- local folder --------------------------------------------------------------------------------
@@ -76,98 +71,6 @@ def _find_saved_model(path: str) -> str | None:
         if os.path.isfile(os.path.join(candidate, "saved_model.pb")):
             return candidate
     return None
-
-
-def _check_archive(keras_file: str) -> None:
-    """Refuse a truncated or damaged ``.keras`` zip with a message that says so (Keras itself
-    reports such a file as "File not found" or an unsupported format)."""
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(keras_file) as archive:
-            bad = archive.testzip()  # reads every member and checks its CRC-32
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-        bad, reason = "", f"{type(exc).__name__}: {exc}"
-    else:
-        reason = f"member {bad!r} fails its CRC-32 check" if bad else ""
-    if bad is not None:
-        raise errors.ModelLoadError(
-            f"{keras_file} is not a complete Keras archive: it is truncated or damaged "
-            f"({reason}). Download the checkpoint again (ckptstore verifies every file against "
-            "its manifest) or load another checkpoint."
-        )
-
-
-def _check_code(
-    keras_file: str, custom_objects: Mapping[str, Any] | None, modules: Sequence[str]
-) -> dict[str, Any]:
-    """Refuse a ``.keras`` file whose ``config.json`` names code the caller did not allow
-    (before Keras reads it: older Keras 3 imports any module a config names), then import the
-    allowed modules it names. Returns the caller's ``custom_objects`` plus the classes of
-    modules this process already imported that the config names (Keras 3 would not find them)."""
-    import zipfile
-
-    with zipfile.ZipFile(keras_file) as archive:
-        try:
-            config = archive.read("config.json")
-        except KeyError:
-            return dict(custom_objects or {})  # not a model archive: Keras says so itself
-    if config.strip() == b"null":  # written by DeterminedCallback for a model without config
-        raise errors.ModelLoadError(
-            f"{keras_file} holds no full model, only its weights and optimizer state: the "
-            "model's config could not be saved (see the checkpoint's metadata 'missing'). "
-            "Build the model in code and pass it: load_checkpoint_model(..., model=my_model) "
-            "(or a function returning it)."
-        )
-    allowed = check_code_refs(
-        config, what=keras_file, modules=modules, custom_objects=custom_objects
-    )
-    import_allowed(allowed, keras_file)
-    return {**imported_objects(config), **(custom_objects or {})}
-
-
-def _load_keras_file(
-    keras_file: str,
-    compile: bool,
-    custom_objects: Mapping[str, Any] | None,
-    safe_mode: bool,
-    modules: Sequence[str] = (),
-    checked: bool = False,
-) -> Any:
-    """``checked``: the file matched its manifest's size and crc32c (no second CRC pass)."""
-    import keras
-
-    if not checked:
-        _check_archive(keras_file)
-    custom_objects = _check_code(keras_file, custom_objects, modules) or None
-    try:
-        # Its weights read by HDF5 in place, not out of the zip (issue 41).
-        with weights_view.model_folder(keras_file) as source:
-            return keras.saving.load_model(
-                source,
-                compile=compile,
-                custom_objects=dict(custom_objects) if custom_objects else None,
-                safe_mode=safe_mode,
-            )
-    except (TypeError, ValueError) as exc:
-        message = str(exc)
-        if "safe_mode" in message and ("Lambda" in message or "lambda" in message):
-            raise errors.UnsafeCheckpointContent(
-                f"{keras_file} contains a Lambda layer holding Python bytecode, which could run "
-                "arbitrary code, so it was not loaded. If you trust this checkpoint, pass "
-                "safe_mode=False."
-            ) from exc
-        missing = _UNKNOWN_CLASS.search(message)
-        if missing or "could not be deserialized" in message:
-            what = f"'{missing.group(1)}'" if missing else "a custom layer, loss or metric"
-            raise errors.ModelLoadError(
-                f"{keras_file} uses {what}, which Keras does not know. Import the module that "
-                "defines it (decorated with @keras.saving.register_keras_serializable()) or pass "
-                f"custom_objects={{{what if missing else repr('Name')}: TheClass}}."
-            ) from exc
-        raise errors.ModelLoadError(f"Keras could not load {keras_file}: {exc}") from exc
-    except OSError as exc:
-        raise errors.ModelLoadError(f"Could not read {keras_file}: {exc}") from exc
 
 
 class SavedModelPredictor:
@@ -259,8 +162,10 @@ def load_model_from_folder(
     """A Keras model from a local checkpoint folder (or a ``.keras`` file).
 
     A deduplicated checkpoint's folder in its store (``<store>/<uuid>``, chunks in
-    ``<store>/.ckptstore-blobs/``) is read too: its files are assembled, verified, into a
-    temporary folder that is removed after the load (:mod:`._in_place`).
+    ``<store>/.ckptstore-blobs/``) is read too: its ``model.keras`` in place from its chunk
+    files, verified first (:func:`load_folder_in_place`); a checkpoint without one has its
+    files assembled, verified, into a temporary folder removed after the load
+    (:mod:`._in_place`).
 
     Loads ``model.keras`` (or the folder's only ``*.keras``) with its optimizer state. When there
     is none, falls back to the inference SavedModel in ``saved_model/`` (or ``path`` itself),
@@ -289,8 +194,34 @@ def load_model_from_folder(
             f"Checkpoint path {path} does not exist; download the checkpoint first "
             "(CheckpointContext.download) or use ckptstore.load_checkpoint_model()."
         )
+    options = {"compile": compile, "custom_objects": custom_objects, "safe_mode": safe_mode}
+    loaded = load_folder_in_place(path, modules=modules, **options)
+    if loaded is not None:
+        return loaded
     with readable_folder(path) as folder:
         return _load_folder(folder, compile, custom_objects, safe_mode, modules)
+
+
+def load_folder_in_place(
+    path: str, *, unless: Sequence[str] = (), **options: Any
+) -> KerasModel | None:
+    """The model of deduplicated checkpoint folder ``path`` in its store, its ``.keras`` file
+    read in place from the chunk files (verified first, as a load by UUID reads it: no
+    reassembled copy, no other file); None when ``path`` is no such folder, its manifest lists
+    no ``.keras`` file, or lists any of ``unless`` (a layout read otherwise). ``options``: as
+    :func:`.load_archive` takes them."""
+    from ckptstore.checkpointing import CheckpointContext
+
+    folder = os.path.abspath(path)
+    if not os.path.isdir(folder) or not is_deduplicated_folder(folder):
+        return None
+    store, uuid = os.path.split(folder)
+    if not os.path.isdir(os.path.join(store, BLOBS_DIR)):
+        return None  # readable_folder says what is wrong
+    with CheckpointContext(store, cache=False) as ctx:
+        if any(name in ctx._manifest(uuid).files for name in unless):
+            return None
+        return _load_archive_of(ctx, uuid, **options)
 
 
 def _load_folder(
@@ -319,7 +250,13 @@ def _load_folder(
         # Keras 3 model built in code.
     if keras_file is not None:
         logger.info("Loading Keras model from %s", keras_file)
-        return _load_keras_file(keras_file, compile, custom_objects, safe_mode, modules)
+        return load_archive(
+            keras_file,
+            compile=compile,
+            custom_objects=custom_objects,
+            safe_mode=safe_mode,
+            modules=modules,
+        )
     saved_model = _find_saved_model(path)
     if saved_model is not None:
         logger.info(
@@ -526,26 +463,22 @@ def _download_and_load(
 
     ckpt = CheckpointContext(store, verify=True, cache=cache, verify_key=verify_key)
     logger.info("Loading checkpoint %s from %s", uuid, store.url)
-    keras_file = None
+    loaded = None
     try:
         # model=: the caller's model takes any layout's weights (Keras 2's too): every file.
-        if model is None and any(map(_keras_archive, ckpt._manifest(uuid).files)):
-            with ckpt.restore_path(uuid, selector=_keras_archive) as folder:
-                keras_file = _find_keras_file(os.fspath(folder))
-                if keras_file is not None:
-                    model = _load_keras_file(
-                        keras_file, compile, custom_objects, safe_mode, modules, checked=True
-                    )
+        if model is None:
+            options = {"compile": compile, "custom_objects": custom_objects, "safe_mode": safe_mode}
+            loaded = _load_archive_of(ckpt, uuid, modules=modules, **options)
     except BaseException:
         with _suppress():
             ckpt.close()
         raise
-    if keras_file is not None:
+    if loaded is not None:
         with _suppress():  # lets context.evaluate() record metrics against this checkpoint
-            model._ckptstore_checkpoint_uuid = uuid
+            loaded._ckptstore_checkpoint_uuid = uuid
         with _suppress():
             ckpt.close()
-        return model
+        return loaded
     tmp = tempfile.mkdtemp(prefix=f"ckptstore-load-{uuid[:8]}-")
     try:
         ckpt.download(uuid, tmp)
@@ -574,6 +507,23 @@ def _download_and_load(
     with _suppress():
         ckpt.close()
     return model
+
+
+def _load_archive_of(ckpt: Any, uuid: str, **options: Any) -> KerasModel | None:
+    """The model of checkpoint ``uuid``'s ``.keras`` file, the only file read (None: it has
+    none). A deduplicated one on a local store is read in place from its chunk files (verified
+    first; never reassembled), any other from the checkpoint folder or a verified download."""
+    archives = sorted(filter(_keras_archive, ckpt._manifest(uuid).files))
+    if not archives:
+        return None
+    name = MODEL_FILENAME if MODEL_FILENAME in archives else archives[0]
+    views: dict[str, Any] = {name: None} if len(archives) == 1 or name == MODEL_FILENAME else {}
+    with ckpt.read_in_place(uuid, selector=_keras_archive, views=views) as folder:
+        view = views.get(name)
+        if view is not None:
+            return load_archive(view, **options)
+        keras_file = _find_keras_file(os.fspath(folder))
+        return None if keras_file is None else load_archive(keras_file, checked=True, **options)
 
 
 def _keras_archive(rel: str) -> bool:
@@ -613,6 +563,7 @@ __all__ = [
     "SAVED_MODEL_DIRNAME",
     "SavedModelPredictor",
     "load_checkpoint_model",
+    "load_folder_in_place",
     "load_model_from_folder",
     "resolve_checkpoint",
 ]

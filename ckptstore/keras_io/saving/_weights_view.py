@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ckptstore.checkpointing.chunk_view import ChunkedFile
-from ckptstore.keras_io.saving._keras_archive import CONFIG_NAME, METADATA_NAME, WEIGHTS_NAME
+from ckptstore.keras_io.saving._keras_archive import WEIGHTS_NAME
 from ckptstore.keras_io.saving._optimizers import attribute_optimizers
 from ckptstore.storage_backends.local import copy_range
 
@@ -41,8 +41,6 @@ _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
 #: Bytes per step when inflating a compressed entry.
 _COPY_STEP = 8 << 20
-#: Largest config.json / metadata.json :func:`model_folder` writes out of an archive.
-_SMALL_ENTRY = 64 << 20
 
 
 def _data_offset(fd: int | ChunkedFile, info: zipfile.ZipInfo) -> int:
@@ -201,46 +199,6 @@ def weights_file(keras_file: str | ChunkedFile) -> Iterator[tuple[str | RangeFil
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def model_folder(keras_file: str) -> Iterator[str]:
-    """Yield what to pass to ``keras.saving.load_model`` for archive ``keras_file``: a folder
-    in Keras's own unzipped layout (``config.json``, ``metadata.json`` and the weights placed
-    by :func:`place_weights`, read by HDF5's file driver) when the archive holds nothing else
-    (assets: Keras reads them from the zip) and this Keras reads such folders; else the
-    archive itself. Removed on exit."""
-    from keras.src.saving import saving_lib
-
-    if not hasattr(saving_lib, "_load_model_from_dir"):  # Keras before folder loading
-        yield keras_file
-        return
-    scratch = tempfile.mkdtemp(prefix="ckptstore-model-")
-    try:
-        yield keras_file if _unzip_small(keras_file, scratch) is None else scratch
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _unzip_small(keras_file: str, folder: str) -> str | None:
-    """Write the archive's small entries into ``folder`` and place its weights there; None
-    (Keras reads the archive itself) when it holds other entries or its weights cannot be
-    placed."""
-    try:
-        with zipfile.ZipFile(keras_file) as archive:
-            names = set(archive.namelist())
-            if CONFIG_NAME not in names or WEIGHTS_NAME not in names:
-                return None
-            if not names <= {CONFIG_NAME, METADATA_NAME, WEIGHTS_NAME}:
-                return None
-            if any(archive.getinfo(n).file_size > _SMALL_ENTRY for n in names - {WEIGHTS_NAME}):
-                return None  # Keras's reader applies its own limits
-            for name in names - {WEIGHTS_NAME}:
-                with open(os.path.join(folder, name), "wb") as f:
-                    f.write(archive.read(name))
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
-        return None
-    return place_weights(keras_file, os.path.join(folder, WEIGHTS_NAME))
-
-
 def load_weights(
     model: Any, keras_file: str | ChunkedFile, *, with_optimizer: bool = True
 ) -> str | None:
@@ -261,4 +219,4 @@ def load_weights(
     return how
 
 
-__all__ = ["RangeFile", "load_weights", "model_folder", "place_weights", "weights_file"]
+__all__ = ["RangeFile", "load_weights", "place_weights", "weights_file"]

@@ -52,15 +52,12 @@ import json
 import logging
 import math
 import os
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ckptstore import errors
-from ckptstore.checkpointing import signing
-from ckptstore.checkpointing.format import MANIFEST_NAME, check_storage_id
 from ckptstore.checkpointing.hints import CommitHints
 from ckptstore.checkpointing.jsonfiles import read_json_file
 from ckptstore.checkpointing.metrics import reported_value
@@ -80,7 +77,7 @@ from ckptstore.keras_io.saving import _weights_view as weights_view
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME
 from ckptstore.keras_io.trial import callback_events as events
 from ckptstore.keras_io.trial import data as data_mod
-from ckptstore.keras_io.trial import model_part
+from ckptstore.keras_io.trial import model_part, resume_source
 from ckptstore.keras_io.trial.context import TFKerasTrialContext
 from ckptstore.keras_io.trial.trial import TFKerasTrial
 
@@ -330,34 +327,6 @@ class TrialController:
         else:
             self.model.optimizer.build(self.model.trainable_variables)
 
-    @contextlib.contextmanager
-    def _checkpoint_folder(self, uuid: str) -> Iterator[str]:
-        """A local folder holding checkpoint ``uuid``: a committed ckptstore checkpoint, or a
-        folder Determined wrote under that name in the storage (it has no MANIFEST.json), which
-        is read in place. Its ``code/`` is not even downloaded: nothing in it is imported."""
-        ckpt = self.core.checkpoint
-        check_storage_id(uuid)
-        storage = getattr(ckpt, "storage", None)  # None: a checkpoint context of another kind
-        if storage is None or storage.exists(f"{uuid}/{MANIFEST_NAME}") or not storage.exists(uuid):
-            with ckpt.restore_path(uuid) as path:
-                yield os.fspath(path)
-            return
-        with tempfile.TemporaryDirectory(prefix=f"ckptstore-det-{uuid}-") as tmp:
-            storage.download(uuid, tmp, selector=lambda rel: not rel.startswith("code/"))
-            verify_key = getattr(ckpt, "verify_key", None)
-            if verify_key is not None:
-                # No manifest: its model.sig (model_signing's own) is all that vouches for
-                # it. code/ was not fetched, so signed files may be missing, never changed.
-                signing.verify_folder(tmp, verify_key, partial=True)
-            if keras2_format.determined_layout(tmp) is None:
-                raise errors.ResumeError(
-                    f"{uuid} in {storage.url} is neither a committed checkpoint (no "
-                    f"{MANIFEST_NAME}) nor a Determined checkpoint folder the migration code "
-                    f"knows. Received: {sorted(os.listdir(tmp))}. Check "
-                    "searcher.source_checkpoint_uuid and the storage."
-                )
-            yield tmp
-
     def _warm_start_from_determined(self, path: str, uuid: str, layout: str) -> None:
         """Determined's warm start restores weights and optimizer state and starts the schedule
         afresh; its pickles (RNG, callback and sequencer state) run code when read, so they are
@@ -374,7 +343,7 @@ class TrialController:
 
     def _restore(self, uuid: str) -> None:
         trial_id = self.context.trial_id
-        with self._checkpoint_folder(uuid) as path:
+        with resume_source.checkpoint_folder(self.core.checkpoint, uuid) as (path, view):
             layout = None
             if not os.path.exists(os.path.join(path, callback_state.STATE_FILENAME)):
                 layout = keras2_format.determined_layout(path)
@@ -386,17 +355,19 @@ class TrialController:
             sequencer = {}
             if os.path.exists(seq_path):
                 sequencer = read_json_file(seq_path)  # bounded: typed errors
-            model_file = os.path.join(path, MODEL_FILENAME)
-            if not os.path.exists(model_file):  # a model Keras could not save whole
+            # a deduplicated model.keras on a local store: read in place from its chunks
+            model_file: str | Any = view or os.path.join(path, MODEL_FILENAME)
+            if view is None and not os.path.exists(model_file):  # not saved whole by Keras
                 model_file = os.path.join(path, model_part.WEIGHTS_FILENAME)
-            model_part.check_layout(os.fspath(path), uuid)
+            if view is None:
+                model_part.check_layout(os.fspath(path), uuid)
             same_trial = state is not None and state.continue_id == trial_id
             self._ensure_built(os.fspath(path) if same_trial else None)
             if same_trial:
                 if backend.IS_KERAS2:
                     keras2_format.load_weights(self.model, os.fspath(path), with_optimizer=True)
                 else:
-                    self._load_weights(model_file, uuid)
+                    resume_source.load_weights(self.model, model_file, uuid)
                 record = optimizers_mod.read(os.fspath(path))
                 if record is not None:
                     optimizers_mod.assign(self.optimizers, record, os.fspath(path))
@@ -451,20 +422,6 @@ class TrialController:
                 cb.load_state(state.callbacks[key])
         callback_state.restore_rng(state.rng)
         keras2_format.restore_layer_rng(self.model, state.rng)
-
-    def _load_weights(self, model_file: str, uuid: str) -> None:
-        import warnings
-
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            weights_view.load_weights(self.model, model_file)  # HDF5 reads it, not zipfile
-        for w in caught:
-            if "Skipping variable loading for optimizer" in str(w.message):
-                raise errors.ResumeError(
-                    f"The optimizer state in checkpoint {uuid} does not fit the model built by "
-                    f"build_model() ({w.message}). Use the same model and optimizer as the run "
-                    "that wrote the checkpoint."
-                )
 
     def _checkpoint(self) -> str:
         """Rank 0 writes and commits the checkpoint; the other workers write nothing and learn
