@@ -202,8 +202,6 @@ NEAR_CAP_MODULES: dict[str, int] = {
     "ckptstore/checkpointing/context.py": 800,
     # The Keras callback's save/resume hooks beside its backend handling (being split).
     "ckptstore/keras_io/fit/_callback.py": 796,
-    # TFKerasTrial's controller: the training loop beside its checkpoint I/O (being split).
-    "ckptstore/keras_io/trial/controller.py": 786,
     # The Registry facade over trials, checkpoints, metrics and models (being split).
     "ckptstore/registry/registry.py": 797,
 }
