@@ -22,6 +22,7 @@ from ckptstore.keras_io.exporting._policy import ExportPolicy
 from ckptstore.keras_io.fit import _callback_state as state_lib
 from ckptstore.keras_io.fit import _fit_log
 from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
+from ckptstore.keras_io.fit._final_handoff import FinalHandoff
 from ckptstore.keras_io.fit._mwms_compat import apply_mwms_compat
 from ckptstore.keras_io.fit._resume import USER_MODEL_NAME, CheckpointRestore
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
@@ -170,6 +171,9 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             apply_mwms_compat()
 
         self._writer: CheckpointWriter | None = None
+        #: The final checkpoint on its way into the writer's queue (see _final_handoff).
+        self._handoff: FinalHandoff | None = None
+        self._handed_over = False
         self._layout: snapshot_lib.StateLayout | keras2_format.Keras2Layout | None = None
         #: Why the export worker cannot rebuild the model (exported in-process); None: it can.
         self._export_blocker: str | None = None
@@ -262,6 +266,12 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
                 self._writer = CheckpointWriter(self._core.checkpoint)
             if self._export_blocker is None:  # see _save
                 self._exports.prestart()
+            if self._handoff is not None:  # an earlier fit() that did not reach its end
+                self._handoff.stop()
+            self._handed_over = False
+            self._handoff = (
+                FinalHandoff(self._writer) if self._exports.policy.mode != "never" else None
+            )
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
@@ -384,14 +394,19 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
                 )
             if self._writer is not None and self._exports.submitted:
                 # fit() does not wait for SavedModel exports (see the class docstring).
-                writer, self._writer = self._writer, None
+                handed = self._handoff if self._handed_over else None
+                writer, self._writer = handed or self._writer, None
                 self._exports.detach(writer, self._core.checkpoint)
             elif self._writer is not None:
                 self._writer.wait()
             self._set_status("finishing")
         finally:
-            if self._writer is not None:
-                self._writer.close()
+            handoff, self._handoff = self._handoff, None
+            if handoff is not None and not self._handed_over:
+                handoff.stop()
+                handoff = None
+            if self._writer is not None:  # not detached: an error on the way
+                (handoff or self._writer).close()
                 self._writer = None
                 self._exports.close()
             keras2_format.set_initial_epoch(self.model, None)
@@ -551,7 +566,14 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
                 before_commit=export_hook,
                 cuts={state_lib.STATE_FILENAME: state_cuts},
             )
-            self._writer.submit(job)
+            if final and export_hook is not None and self._writer.busy and self._handoff:
+                # fit() does not wait for this commit (see on_train_end): nor for a place in
+                # the writer's queue behind earlier checkpoints (see _final_handoff).
+                self._writer.check()
+                self._handoff.hand_over(job)
+                self._handed_over = True
+            else:
+                self._writer.submit(job)
             self._fitlog.saves += 1
         except BaseException:
             shutil.rmtree(extra_dir, ignore_errors=True)
