@@ -566,14 +566,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
                 before_commit=export_hook,
                 cuts={state_lib.STATE_FILENAME: state_cuts},
             )
-            if final and export_hook is not None and self._writer.busy and self._handoff:
-                # fit() does not wait for this commit (see on_train_end): nor for a place in
-                # the writer's queue behind earlier checkpoints (see _final_handoff).
-                self._writer.check()
-                self._handoff.hand_over(job)
-                self._handed_over = True
-            else:
-                self._writer.submit(job)
+            self._submit(job, detached=final and export_hook is not None)
             self._fitlog.saves += 1
         except BaseException:
             shutil.rmtree(extra_dir, ignore_errors=True)
@@ -581,6 +574,18 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         blocked = time.perf_counter() - started
         self.save_blocked_seconds.append(blocked)
         logger.debug("Checkpoint handed to the background writer in %.3f s", blocked)
+
+    def _submit(self, job: SaveJob, *, detached: bool) -> None:
+        """Hand ``job`` to the writer. ``detached``: fit() does not wait for its commit (the
+        final checkpoint with an export, see on_train_end), nor, when earlier checkpoints fill
+        the writer's queue, for a place in it (see _final_handoff)."""
+        assert self._writer is not None
+        if detached and self._handoff is not None and self._writer.busy:
+            self._writer.check()  # a failure known now is raised from fit()
+            self._handoff.hand_over(job)
+            self._handed_over = True
+        else:
+            self._writer.submit(job)
 
     def _training_state(self, complete: bool) -> tuple[state_lib.TrainingState, dict[str, Any]]:
         """The checkpoint's ``callback_state.json`` contents besides the data position, and the
