@@ -230,7 +230,7 @@ class Context:
         except BaseException as err:  # noqa: BLE001 - re-raised below
             upload_error = err
             if exc is not None:
-                logger.error("A background write of training metrics failed: %s", err)
+                logger.error("A background metrics write or TensorBoard upload failed: %s", err)
         try:
             self.checkpoint.wait()
         except BaseException as err:  # noqa: BLE001 - re-raised below

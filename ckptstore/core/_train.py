@@ -23,6 +23,7 @@ import json
 import logging
 import pathlib
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,13 @@ class TrainContext:
     it are dropped, so the registry holds the reports up to the failure. :meth:`wait` waits
     for the writes and raises a failure at once.
 
+    With ``tensorboard_mode=AUTO`` each report also uploads the new files of
+    :meth:`get_tensorboard_path`, on a second background thread (in order, one upload waiting
+    at most: it takes whatever is new when it runs); :meth:`close` uploads the files written
+    since the last report. A failed upload raises
+    :class:`~ckptstore.errors.StorageError`, naming the fix, once, from the next call of this
+    context or from :meth:`close`; the next report uploads what was missed.
+
     Example::
 
         train = TrainContext(registry, trial_id=3, distributed=None)
@@ -113,6 +121,11 @@ class TrainContext:
         self.early_exit: EarlyExitReason | None = None
         self._validation_hooks: list[Callable[[int, Mapping[str, Any]], None]] = []
         self._writes = OrderedWrites(f"ckptstore-metrics-{trial_id}")
+        #: AUTO TensorBoard uploads: their own ordered thread (registry calls do not wait for
+        #: them), failures raised like a failed metrics write; see :meth:`_upload_tensorboard`.
+        self._tb_writes = OrderedWrites(f"ckptstore-tensorboard-{trial_id}")
+        self._tb_queued = False
+        self._tb_lock = threading.Lock()
         self._remove_barrier = (
             registry.add_barrier(self._writes.wait) if registry is not None else None
         )
@@ -127,16 +140,22 @@ class TrainContext:
         return self._distributed is None or getattr(self._distributed, "rank", 0) == 0
 
     def wait(self) -> None:
-        """Wait until every reported metric is written to the registry; raise the error of a
-        background write that failed (see the class docstring)."""
+        """Wait until every reported metric is written to the registry and every AUTO
+        TensorBoard upload is done; raise the error of a background write or upload that failed
+        (see the class docstring)."""
         self._writes.wait()
+        self._tb_writes.wait()
         self._raise_failed_write()
 
     def close(self) -> None:
-        """:meth:`wait`, then stop ordering the registry's calls behind this context (called by
-        ``core.init``'s exit). Idempotent."""
+        """:meth:`wait`, then (``tensorboard_mode=AUTO``) upload the TensorBoard files written
+        since the last report, then stop ordering the registry's calls behind this context
+        (called by ``core.init``'s exit). Idempotent."""
         try:
             self._writes.close()
+            if self.tensorboard_mode is TensorboardMode.AUTO and self._tb_sync is not None:
+                self._upload_tensorboard(final=True)
+            self._tb_writes.close()
             self._raise_failed_write()
         finally:
             if self._remove_barrier is not None:
@@ -149,6 +168,36 @@ class TrainContext:
             if hasattr(failure, "add_note"):  # Python 3.11+
                 failure.add_note("(from a background write of training metrics reported earlier)")
             raise failure
+        failure = self._tb_writes.take_failure()
+        if failure is not None:
+            assert self._tb_sync is not None
+            raise errors.StorageError(
+                f"Uploading TensorBoard files from {self._tb_sync.log_dir} to "
+                f"{self._tb_sync.key} in the checkpoint storage failed: "
+                f"{type(failure).__name__}: {str(failure).rstrip('.')}. Make the storage reachable and writable "
+                "(the next report uploads every file not uploaded yet), or pass "
+                "tensorboard_mode='MANUAL' to core.init and call "
+                "train.upload_tensorboard_files() yourself."
+            ) from failure
+
+    def _upload_tensorboard(self, *, final: bool = False) -> None:
+        """Queue an upload of the new TensorBoard files (``tensorboard_mode=AUTO``) on the
+        upload thread: a report does not wait for the storage. At most one upload waits in the
+        queue (it uploads whatever is new when it runs); ``final`` queues one regardless, for
+        the files written after the last report."""
+        sync = self._tb_sync
+        assert sync is not None
+        with self._tb_lock:
+            if self._tb_queued and not final:
+                return
+            self._tb_queued = True
+
+        def upload() -> None:
+            with self._tb_lock:
+                self._tb_queued = False
+            sync.upload()
+
+        self._tb_writes.submit(upload, f"upload TensorBoard files to {sync.key}")
 
     def _report(self, group: str, steps_completed: int, metrics: Mapping[str, Any]) -> None:
         self._raise_failed_write()
@@ -170,10 +219,11 @@ class TrainContext:
                 f"write trial {trial_id}'s training metrics at step {steps}",
             )
         elif self._registry is not None:
-            self.wait()
+            self._writes.wait()  # after the queued training metrics (not the uploads)
+            self._raise_failed_write()
             self._registry.report_metrics(self.trial_id, group, steps, clean)
         if self.tensorboard_mode is TensorboardMode.AUTO and self._tb_sync is not None:
-            self.upload_tensorboard_files()
+            self._upload_tensorboard()
 
     def set_status(self, status: str) -> None:
         """Record what the trial is doing (``"training"``, ``"checkpointing"``...). Determined
@@ -211,6 +261,8 @@ class TrainContext:
         if self._tb_sync is None:
             self.get_tensorboard_path()
         assert self._tb_sync is not None
+        self._tb_writes.wait()  # an AUTO upload still running: one upload at a time
+        self._raise_failed_write()
         self._tb_sync.upload(selector)
 
     def report_early_exit(self, reason: EarlyExitReason) -> None:

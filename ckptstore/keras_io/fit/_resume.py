@@ -1,0 +1,171 @@
+"""Restoring a ``DeterminedCallback`` from a checkpoint: the model's weights and optimizer
+state, then (same ``continue_id``) the run's counters, RNGs, callbacks' states and its place in
+the epoch. ``DeterminedCallback`` takes these methods from :class:`CheckpointRestore`; the
+callback's other half (:mod:`~ckptstore.keras_io.fit._callback`) saves what is read here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any
+
+from ckptstore import errors
+from ckptstore.keras_io import backend
+from ckptstore.keras_io.fit import _callback_state as state_lib
+from ckptstore.keras_io.fit import _fit_log
+from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
+from ckptstore.keras_io.loading._into_model import raise_partial_load
+from ckptstore.keras_io.saving import _keras2_format as keras2_format
+from ckptstore.keras_io.saving import _layer_states as layer_states
+from ckptstore.keras_io.saving import _optimizers as optimizers_lib
+from ckptstore.keras_io.saving import _snapshot as snapshot_lib
+from ckptstore.keras_io.saving import _weights_view as weights_view
+from ckptstore.keras_io.saving._snapshot import SAVED_MODEL_DIRNAME
+
+logger = logging.getLogger(__name__)
+
+#: What Determined's save_model/load_model hooks get as ``path`` inside the checkpoint.
+USER_MODEL_NAME = "model_checkpoint"
+
+__all__ = ["USER_MODEL_NAME", "CheckpointRestore"]
+
+
+class CheckpointRestore:
+    """The restoring half of ``DeterminedCallback`` (a mixin: it reads and sets the callback's
+    counters, its data hooks, exports policy and pending callback states)."""
+
+    def _ensure_optimizer_built(self) -> None:
+        keras2_format.build_optimizer(self.model)
+
+    def _load(self, uuid: str) -> None:
+        self._set_status("restoring")
+        user_load = self._overrides("load_model")
+        # Resuming never reads the SavedModel: not fetched, copied or checked (a subclass's
+        # load_model may read anything).
+        select = None if user_load else (lambda r: r.split("/", 1)[0] != SAVED_MODEL_DIRNAME)
+        # A deduplicated model.keras on a local store is read in place from its chunks.
+        read_view = not user_load and not backend.IS_KERAS2
+        views: dict[str, Any] = {snapshot_lib.MODEL_FILENAME: None} if read_view else {}
+        with self._core.checkpoint.read_in_place(uuid, selector=select, views=views) as path:
+            path = os.fspath(path)
+            model_path = os.path.join(path, snapshot_lib.MODEL_FILENAME)
+            model_view = views.get(snapshot_lib.MODEL_FILENAME)
+            keras2_weights = keras2_format.has_weights(path)
+            has_model = model_view is not None or os.path.exists(model_path)
+            if not user_load and not keras2_weights and not has_model:
+                raise errors.ResumeError(
+                    f"Checkpoint {uuid} has no {snapshot_lib.MODEL_FILENAME}; it was not written "
+                    "by DeterminedCallback. Pass checkpoint=None or a checkpoint that holds a "
+                    "Keras model."
+                )
+            state = state_lib.read_state(path)
+            continuing = state is not None and state.continue_id == self._continue_id_json
+            if user_load:  # a subclass's load_model decides what is restored, as in Determined
+                self.load_model(
+                    self.model, os.path.join(path, USER_MODEL_NAME), self._core.distributed
+                )
+            elif backend.IS_KERAS2 or (keras2_weights and not has_model):
+                try:
+                    keras2_format.load_into(self.model, path, with_optimizer=continuing)
+                except keras2_format.OtherModelError as exc:  # TF's text may list weight values
+                    raise _fit_log.other_model(uuid, path, self.model, self._core) from exc
+            else:
+                self._load_model_file(uuid, model_path, with_optimizer=continuing, view=model_view)
+            if continuing:
+                assert state is not None
+                arrays_path = os.path.join(path, cb_arrays.ARRAYS_FILENAME)
+                if os.path.exists(arrays_path):
+                    arrays = cb_arrays.arrays_from_file(arrays_path)
+                    state.callbacks = cb_arrays.join_arrays(state.callbacks, arrays)
+                    state.layer_states = cb_arrays.join_arrays(state.layer_states, arrays)
+                if state.data is not None and self._data is not None:
+                    self._resume_batch = self._data.restore(state.data, path)
+        protect = getattr(self._core.checkpoint, "protect", None)
+        if callable(protect):
+            protect(uuid)
+        if not continuing:
+            logger.info(
+                "Warm start from checkpoint %s (its continue_id %r differs from %r): weights "
+                "only, optimizer fresh, epoch 0.",
+                uuid,
+                None if state is None else state.continue_id,
+                self._continue_id_json,
+            )
+            return
+        assert state is not None
+        self._continue_from(uuid, state)
+
+    def _continue_from(self, uuid: str, state: state_lib.TrainingState) -> None:
+        """Continue the run that wrote checkpoint ``uuid`` (same ``continue_id``): its step and
+        epoch counters, RNGs, extra variables, callbacks' states and place in the epoch."""
+        self.resumed = True
+        self._exports.resume_from(self._core.checkpoint, uuid)
+        self._steps_completed = int(state.steps_completed)
+        self._last_reported_steps = self._steps_completed
+        self._epochs_completed = int(state.epoch)
+        keras2_format.set_initial_epoch(self.model, int(state.epoch))
+        state_lib.restore_rng(state.rng)
+        keras2_format.restore_layer_rng(self.model, state.rng)
+        state_lib.restore_extra_variables(self.model, state.extra_variables)
+        layer_states.restore(self.model, state.layer_states, uuid)
+        self._pending_callback_states = dict(state.callbacks)
+        if not state.epoch_complete and self._resume_batch:
+            self._resume_metrics = state.metrics_variables
+            self._batches_this_epoch = self._resume_batch
+        elif not state.epoch_complete:
+            self._resume_batch = 0
+            logger.warning(
+                "Checkpoint %s was saved in the middle of epoch %d (preemption); that epoch "
+                "restarts from its first batch.",
+                uuid,
+                state.epoch + 1,
+            )
+        _fit_log.log_resumed(uuid, state, self._resume_batch, self._core)
+
+    def _load_model_file(
+        self, uuid: str, model_path: str, *, with_optimizer: bool, view: Any = None
+    ) -> None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                if with_optimizer:  # a GAN's own optimizers, built as when it was saved
+                    optimizers_lib.build_attribute_optimizers(
+                        self.model, os.path.dirname(model_path)
+                    )
+                weights_view.load_weights(
+                    self.model, model_path if view is None else view, with_optimizer=with_optimizer
+                )
+            except (ValueError, KeyError, OSError) as exc:
+                # Keras' message holds weight values: a summary of both models instead.
+                saved = model_path if view is None else view  # the file read, not a path to it
+                raise _fit_log.other_model(uuid, saved, self.model, self._core) from exc
+        raise_partial_load(
+            caught,
+            lambda text: errors.ResumeError(
+                f"Checkpoint {uuid} could not be restored exactly: {text} Compile the model "
+                "with the same optimizer it was saved with."
+            ),
+        )
+        if with_optimizer:
+            optimizers_lib.raise_if_unrestored(self.model, f"checkpoint {uuid}")
+
+    def _apply_callback_states(self, states: dict[str, Any]) -> None:
+        targets = {
+            key: cb
+            for key, cb in state_lib.stateful_callbacks(self._callbacks).items()
+            if cb is not self
+        }
+        for key, value in states.items():
+            cb = targets.get(key)
+            if cb is None:
+                logger.warning(
+                    "Checkpoint has state for callback %r but fit() has no such callback; ignored.",
+                    key,
+                )
+                continue
+            cb.load_state(value)
+        missing = sorted(set(targets) - set(states))
+        if missing:
+            logger.warning("No saved state for callbacks %s; they start fresh.", missing)
