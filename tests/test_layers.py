@@ -200,8 +200,6 @@ NEAR_CAP_LINES = 750
 NEAR_CAP_MODULES: dict[str, int] = {
     # CheckpointContext's save, download, delete and GC paths (being split in session 10).
     "ckptstore/checkpointing/context.py": 800,
-    # The Keras callback's save/resume hooks beside its backend handling (being split).
-    "ckptstore/keras_io/fit/_callback.py": 796,
     # The Registry facade over trials, checkpoints, metrics and models (being split).
     "ckptstore/registry/registry.py": 797,
 }
