@@ -97,19 +97,19 @@ class ByteCounts:
     writer wrote into the part files of ``model.keras``."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from ckptstore.checkpointing import blobs
+        from ckptstore.checkpointing import direct_writes
         from ckptstore.storage_backends import local
 
         self.copied = 0
         self.linked = 0
         self.parts = 0
-        real_pwrite = blobs.pwrite_all
+        real_pwrite = direct_writes.PartWriter.pwrite
 
-        def pwrite(fd, data, offset):  # type: ignore[no-untyped-def]
+        def pwrite(part, data, offset):  # type: ignore[no-untyped-def]
             self.parts += memoryview(data).nbytes  # the writer thread alone writes parts
-            return real_pwrite(fd, data, offset)
+            return real_pwrite(part, data, offset)
 
-        monkeypatch.setattr(blobs, "pwrite_all", pwrite)
+        monkeypatch.setattr(direct_writes.PartWriter, "pwrite", pwrite)
         real_copy, real_link = local.copy_range, local.LocalStorage.link_if_absent
         lock = threading.Lock()
 
