@@ -32,7 +32,11 @@ model's checkpoint bytes to a file, SHA-256 over them, and a memcpy.
 ``--phases train`` times the writing side alone; ``--baseline DIR`` adds ``ckptstore@base``,
 the ``ckptstore`` method run by this script with the package of another checkout of the
 project (``git worktree add DIR <commit>``), so a change is measured against its base in the
-same run and by the same clock.
+same run and by the same clock. ``--cold`` drops every file a method wrote from the page cache
+before its resume (``fsync`` + ``posix_fadvise(DONTNEED)``, no root needed), so each method
+resumes from the disk as on a new machine after a preemption; without it a method whose
+checkpoint is still in the page cache reads from memory (ckptstore writes its chunks past the
+page cache, so its resume reads the disk either way).
 
     .venv/bin/python benchmarks/peers.py --mb 104 --rounds 3
 """
@@ -240,7 +244,24 @@ def floors(state_bytes: int, work: str) -> dict[str, float]:
     return {"write": write, "sha256": sha, "memcpy": time.perf_counter() - t0}
 
 
+def drop_from_page_cache(folder: str) -> None:
+    """Every file under ``folder`` written to the disk and dropped from the page cache."""
+    for where, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                fd = os.open(os.path.join(where, name), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def _run(method: str, regime: str, phase: str, work: str, args, env) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    if phase == "resume" and args.cold:
+        drop_from_page_cache(work)
     env = dict(env)
     if method.endswith("@base"):
         # the same method and this script's clock, with the baseline checkout's ckptstore
@@ -265,6 +286,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--regimes", default="a,b")
     parser.add_argument("--phases", default="train,resume", help="train, resume or both")
     parser.add_argument("--baseline", help="another checkout: adds ckptstore@base")
+    parser.add_argument("--cold", action="store_true", help="resume with a cold page cache")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     parser.add_argument("--regime", help=argparse.SUPPRESS)
