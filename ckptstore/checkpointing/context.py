@@ -10,7 +10,7 @@ import shutil
 import tempfile
 import threading
 import uuid as _uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -20,13 +20,14 @@ from ckptstore.checkpointing import cache as cache_mod
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing import metadata as ckpt_metadata
 from ckptstore.checkpointing.blobs import DEFAULT_CHUNK_BYTES, check_chunk_bytes
-from ckptstore.checkpointing.collector import DEFAULT_GRACE_SECONDS, collect
+from ckptstore.checkpointing.collecting import Collecting
+from ckptstore.checkpointing.collector import DEFAULT_GRACE_SECONDS
 from ckptstore.checkpointing.distributed import ProcessGroup
 from ckptstore.checkpointing.download_mode import DownloadMode, check_download_mode
 from ckptstore.checkpointing.hints import CommitHints
 from ckptstore.checkpointing.index import CheckpointIndex
 from ckptstore.checkpointing.pins import DEFAULT_PIN_LEASE_SECONDS, PinKeeper
-from ckptstore.checkpointing.reconcile import ReconcileReport, newest_in_storage, reconcile
+from ckptstore.checkpointing.reconcile import newest_in_storage
 from ckptstore.checkpointing.retention import GCPolicy
 from ckptstore.checkpointing.uploader import BackgroundUploader, snapshot_dir
 from ckptstore.storage_backends import Storage
@@ -37,7 +38,7 @@ from ckptstore.validators import number_at_least
 logger = logging.getLogger(__name__)
 
 
-class CheckpointContext:
+class CheckpointContext(Collecting):
     """Save, load, delete and garbage-collect checkpoints, with Determined's method names.
 
     A checkpoint is a folder ``<storage>/<uuid>/`` committed by its ``MANIFEST.json``; see
@@ -579,18 +580,6 @@ class CheckpointContext:
         digests.update(signing.unlisted_digests(local, manifest.files))
         expected.compare(local, digests, partial=selector is not None)
 
-    def _use(self, storage_id: str, delta: int) -> None:
-        with self._protected_lock:
-            count = self._in_use.get(storage_id, 0) + delta
-            if delta > 0:
-                self._pins.acquire(storage_id)  # raises (index down) before counting it
-            if count:
-                self._in_use[storage_id] = count
-            else:
-                self._in_use.pop(storage_id, None)
-            if delta < 0:
-                self._pins.release(storage_id)
-
     def get_metadata(self, storage_id: str) -> dict[str, Any]:
         """The ``metadata.json`` of committed checkpoint ``storage_id``."""
         self._check_open()
@@ -623,118 +612,6 @@ class CheckpointContext:
             trial_id=trial_id,
         )
         return newest.uuid if newest is not None else None
-
-    # ---- deleting ----------------------------------------------------------------------------
-    def delete(self, storage_id: str, globs: Iterable[str] | None = None) -> None:
-        """Delete checkpoint ``storage_id``, or only its files matching ``globs`` (it is then
-        PARTIALLY_DELETED, with a manifest listing what remains). A whole delete leaves its
-        tombstone ``<id>/MANIFEST.json`` (28 bytes) for good: reading the id then raises
-        CheckpointDeleted, and a writer stopped mid-commit can never recommit it."""
-        self._check_open()
-        fmt.check_storage_id(storage_id)
-        if globs is None:
-            commit.delete_checkpoint(self.storage, storage_id, self.index)
-            return
-        self._manifest(storage_id)
-        commit.delete_files(self.storage, storage_id, globs, self.index)
-
-    def protect(self, uuid: str) -> None:
-        """Never let GC delete ``uuid`` (e.g. the checkpoint this run resumed from) while this
-        context is open.
-
-        With an index that supports pins (the registry), ``uuid`` is pinned there under this
-        process's holder name (``host:pid:random``) with a lease renewed in the background,
-        so GC in any process using the same registry keeps it; the pin is released by
-        :meth:`close` or at interpreter exit, and expires after ``pin_lease_seconds`` if the
-        process dies. Without such an index the protection is known only in this process:
-        GC run elsewhere (``ckptstore gc``, another trial) on storage alone cannot see it.
-        """
-        fmt.check_storage_id(uuid)
-        with self._protected_lock:
-            if uuid in self._protected:
-                return
-            self._pins.acquire(uuid)
-            self._protected.add(uuid)
-
-    @property
-    def protected(self) -> frozenset[str]:
-        """UUIDs pinned with :meth:`protect`."""
-        with self._protected_lock:
-            return frozenset(self._protected)
-
-    @property
-    def pin_holder(self) -> str:
-        """The holder name of this context's index pins (``host:pid:random``)."""
-        return self._pins.holder
-
-    def reconcile(self, all_trials: bool = False, dry_run: bool = False) -> ReconcileReport:
-        """Make the index's PENDING rows of this trial (of every trial with ``all_trials``)
-        agree with storage, the source of truth: committed in storage -> COMMITTED (from the
-        manifest and metadata); no manifest, older than ``gc_grace_seconds`` and nothing left
-        in storage -> DELETED. Uploads in flight here are left alone. Without an index there
-        is nothing to reconcile. See :mod:`ckptstore.checkpointing.reconcile`."""
-        self._check_open()
-        if self.index is None:
-            return ReconcileReport()
-        return reconcile(
-            self.storage,
-            self.index,
-            trial_id=self.trial_id,
-            all_trials=all_trials,
-            grace_seconds=self.gc_grace_seconds,
-            storage_url=self.storage_url,
-            skip=self._in_flight,
-            dry_run=dry_run,
-        )
-
-    def gc(self, dry_run: bool = False) -> list[str]:
-        """Apply the GC policy now and remove stale uncommitted folders; returns what was
-        deleted (or would be, with ``dry_run``). With an index, every trial's PENDING rows
-        are reconciled first (:meth:`reconcile`), and stray pending markers are removed from
-        committed checkpoints."""
-        self._check_open()
-        with self._gc_lock:
-            return self._collect(dry_run, reconcile_scope="all")
-
-    def _collect(self, dry_run: bool = False, reconcile_scope: str = "trial") -> list[str]:
-        return collect(
-            self.storage,
-            policy=self.gc_policy,
-            index=self.index,
-            trial_id=self.trial_id,
-            experiment_id=self.experiment_id,
-            protected=self._protected_now(),
-            in_flight=self._in_flight,
-            grace_seconds=self.gc_grace_seconds,
-            storage_url=self.storage_url,
-            dry_run=dry_run,
-            reconcile_scope=reconcile_scope,
-        )
-
-    def _protected_now(self) -> set[str]:
-        with self._protected_lock:
-            return self._protected | set(self._in_use)
-
-    def _after_commit(self) -> None:
-        """Queue one background GC run (coalesced) after a commit, on the chief."""
-        if self.gc_policy is None or self.distributed.rank != 0 or self._closed:
-            return
-        with self._gc_flag_lock:
-            if self._gc_queued:
-                return
-            self._gc_queued = True
-
-        def run() -> list[str]:
-            with self._gc_flag_lock:
-                self._gc_queued = False
-            with self._gc_lock:
-                try:
-                    return self._collect()
-                except Exception as exc:  # GC must never break training
-                    logger.warning("Background GC failed: %s", exc)
-                    return []
-
-        self._gc_future = self._gc_executor.submit(run)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def defer(self, wait: Callable[[], None]) -> None:
