@@ -1,11 +1,14 @@
-"""Resumable input for Keras 3's ``fit()`` on the JAX backend (``KERAS_BACKEND=jax``).
+"""Resumable input for Keras 3's ``fit()`` on the JAX and PyTorch backends (``KERAS_BACKEND=jax``
+or ``torch``).
 
 Keras's JAX fit loop (``keras/src/backend/jax/trainer.py``) draws its batches from
 ``JAXEpochIterator._get_iterator()``, a fresh iterator of the data adapter every epoch (one
 iterator for the whole ``fit()`` when ``steps_per_epoch`` is given). :func:`attach` replaces that
 method on the running epoch iterator, so every batch comes from an iterator this module controls,
 in the order and from the position the checkpoint records, with the same per-input rules as the
-TensorFlow loop (:mod:`ckptstore.keras_io.data._resumable`, whose classes are reused):
+TensorFlow loop (:mod:`ckptstore.keras_io.data._resumable`, whose classes are reused). Keras's
+PyTorch loop (``keras/src/backend/torch/trainer.py``) has the same shape
+(``TorchEpochIterator._get_iterator()``): the same classes hook it, and hand it torch tensors.
 
 =====================  =========================================================================
 input given to fit()   how an epoch is reproduced
@@ -49,22 +52,33 @@ class _JaxHook:
         return None  # fit() on JAX builds the metrics before on_train_begin
 
 
-def _to_jax_compatible(batches: Any) -> Iterator[Any]:
+def _to_compatible(batches: Any) -> Iterator[Any]:
+    """``batches`` as the running backend's fit loop takes them (what Keras's adapters do)."""
+    import keras
     from keras.src.trainers.data_adapters import data_adapter_utils
 
+    if keras.backend.backend() == "torch":
+        return iter(data_adapter_utils.get_torch_dataloader(batches))
     return data_adapter_utils.get_jax_iterator(batches)
 
 
 class _ArrayData(_JaxHook, base._ArrayData):
     def _epoch_iterator(self) -> Iterator[Any]:
+        import keras
+        from keras import ops
         from keras.src import tree
         from keras.src.trainers.data_adapters import array_slicing
 
         adapter = self._adapter
         batches = self._epoch_batches(adapter._num_samples, adapter._batch_size, adapter._shuffle)
-        inputs = array_slicing.convert_to_sliceable(adapter._inputs, target_backend="jax")
+        target = keras.backend.backend()
+        inputs = array_slicing.convert_to_sliceable(adapter._inputs, target_backend=target)
 
         def take(sliceable: Any, indices: np.ndarray) -> Any:
+            if target == "torch":  # as Keras's ArrayDataAdapter.get_torch_dataloader
+                return ops.convert_to_tensor(
+                    sliceable.convert_to_torch_compatible(sliceable[indices])
+                )
             return sliceable.convert_to_jax_compatible(sliceable[indices])
 
         for indices in batches:
@@ -78,7 +92,7 @@ class _PyDatasetData(_JaxHook, base._PyDatasetData):
             return iter(self._original())  # Keras's own reading (workers, multiprocessing)
         order = base._epoch_order(self._seed, self._epoch, self.num_batches, bool(adapter.shuffle))
         wanted = [int(i) for i in order[self._start :]]
-        return _to_jax_compatible(adapter._standardize_batch(adapter.py_dataset[i]) for i in wanted)
+        return _to_compatible(adapter._standardize_batch(adapter.py_dataset[i]) for i in wanted)
 
 
 class _Stream:
@@ -127,7 +141,7 @@ class _TFDatasetData(_JaxHook, base._TFDatasetData):
                     return
                 yield tree.map_structure(lambda x: x.numpy(), batch, none_is_leaf=False)
 
-        return _to_jax_compatible(batches())
+        return _to_compatible(batches())
 
 
 class _GeneratorData(_JaxHook, base._Base):
@@ -160,7 +174,7 @@ def attach(
     distributed_size: int = 1,
     on_boundary: Callable[[], None] | None = None,
 ) -> base.ResumableData | None:
-    """:func:`ckptstore.keras_io.data._resumable.attach` for the JAX fit loop."""
+    """:func:`ckptstore.keras_io.data._resumable.attach` for the JAX and PyTorch fit loops."""
     return base.attach(
         model,
         seed=seed,

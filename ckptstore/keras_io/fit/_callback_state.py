@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import logging
@@ -184,6 +185,9 @@ def _check_rng(rng: dict[str, Any]) -> None:
         raise _bad_state(
             "rng.tensorflow must be {'state': [2 or 3 integers], 'algorithm': int}", tf_state
         )
+    torch_state = rng.get("torch")
+    if torch_state is not None and not isinstance(torch_state, str):
+        raise _bad_state("rng.torch must be torch.get_rng_state() in base64", torch_state)
     seed = rng.get("keras_global_seed")
     if seed is not None and not _int_list(seed, 2):  # a SeedGenerator's state: 2 integers
         raise _bad_state("rng.keras_global_seed must be a list of 2 integers", seed)
@@ -288,6 +292,12 @@ def capture_rng() -> dict[str, Any]:
     gen = _keras_global_seed_generator()
     if gen is not None:
         rng["keras_global_seed"] = np.asarray(gen.state.numpy()).tolist()
+    if "torch" in sys.modules:
+        # Keras's Dropout without a seed draws from torch's global CPU generator on PyTorch
+        # (torch.nn.functional.dropout): its MT19937 state, 5056 bytes, base64.
+        import torch
+
+        rng["torch"] = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")
     return rng
 
 
@@ -317,6 +327,11 @@ def restore_rng(rng: dict[str, Any]) -> None:
 
         gen = tf.random.get_global_generator()
         gen.reset(np.asarray(rng["tensorflow"]["state"], dtype=np.int64))
+    if "torch" in rng and "torch" in sys.modules:
+        import torch
+
+        state = np.frombuffer(base64.b64decode(rng["torch"]), dtype=np.uint8).copy()
+        torch.set_rng_state(torch.from_numpy(state))
     if "keras_global_seed" in rng:
         from keras.src.random.seed_generator import global_seed_generator
 
@@ -325,8 +340,8 @@ def restore_rng(rng: dict[str, Any]) -> None:
 
 
 def get_rng_state() -> dict[str, Any]:
-    """Determined's ``det.keras.get_rng_state()``: the Python, NumPy, TensorFlow and Keras RNG
-    states as a JSON-able dict (see :func:`capture_rng`)."""
+    """Determined's ``det.keras.get_rng_state()``: the Python, NumPy, TensorFlow, Keras (and
+    PyTorch's, where it is imported) RNG states as a JSON-able dict (see :func:`capture_rng`)."""
     return capture_rng()
 
 
