@@ -58,8 +58,31 @@ def _to_compatible(batches: Any) -> Iterator[Any]:
     from keras.src.trainers.data_adapters import data_adapter_utils
 
     if keras.backend.backend() == "torch":
-        return iter(data_adapter_utils.get_torch_dataloader(batches))
+        # What Keras's get_torch_dataloader yields, without its DataLoader (see _iterate)
+        from keras import ops
+        from keras.src import tree
+
+        convert = ops.convert_to_tensor
+        return (tree.map_structure(convert, b, none_is_leaf=False) for b in batches)
     return data_adapter_utils.get_jax_iterator(batches)
+
+
+def _iterate(iterable: Any) -> Iterator[Any]:
+    """``iter(iterable)``, leaving torch's global generator as it was: a ``torch.utils.data``
+    ``DataLoader`` (Keras's input on PyTorch) draws its workers' base seed from it for every
+    iterator it makes, which a resumed run would do at another point of the sequence than the
+    run it continues, and every Dropout mask after it would differ."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return iter(iterable)
+    import torch
+
+    state = torch.get_rng_state()
+    try:
+        return iter(iterable)
+    finally:
+        torch.set_rng_state(state)
 
 
 class _ArrayData(_JaxHook, base._ArrayData):
@@ -89,7 +112,7 @@ class _PyDatasetData(_JaxHook, base._PyDatasetData):
     def _epoch_iterator(self) -> Iterator[Any]:
         adapter = self._adapter
         if self._start == 0 and not adapter.shuffle:
-            return iter(self._original())  # Keras's own reading (workers, multiprocessing)
+            return _iterate(self._original())  # Keras's own reading (workers, multiprocessing)
         order = base._epoch_order(self._seed, self._epoch, self.num_batches, bool(adapter.shuffle))
         wanted = [int(i) for i in order[self._start :]]
         return _to_compatible(adapter._standardize_batch(adapter.py_dataset[i]) for i in wanted)
@@ -107,7 +130,7 @@ class _Stream:
 
     def iterator(self) -> Iterator[Any]:
         if self._it is None:
-            self._it = iter(self._make())
+            self._it = _iterate(self._make())
             for _ in range(self.skip):  # a resumed run: batches the checkpoint trained on
                 next(self._it)
             self.drawn = self.skip
