@@ -186,11 +186,27 @@ def _check_rng(rng: dict[str, Any]) -> None:
             "rng.tensorflow must be {'state': [2 or 3 integers], 'algorithm': int}", tf_state
         )
     torch_state = rng.get("torch")
-    if torch_state is not None and not isinstance(torch_state, str):
-        raise _bad_state("rng.torch must be torch.get_rng_state() in base64", torch_state)
+    if torch_state is not None and not _torch_rng_state(torch_state):
+        raise _bad_state(
+            f"rng.torch must be torch.get_rng_state() ({TORCH_RNG_BYTES} bytes) in base64",
+            torch_state,
+        )
     seed = rng.get("keras_global_seed")
     if seed is not None and not _int_list(seed, 2):  # a SeedGenerator's state: 2 integers
         raise _bad_state("rng.keras_global_seed must be a list of 2 integers", seed)
+
+
+#: Size of ``torch.get_rng_state()`` on CPU: the MT19937 generator's state.
+TORCH_RNG_BYTES = 5056
+
+
+def _torch_rng_state(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        return len(base64.b64decode(value, validate=True)) == TORCH_RNG_BYTES
+    except ValueError:  # binascii.Error
+        return False
 
 
 def _dumps_with_cuts(doc: dict[str, Any]) -> tuple[str, list[int]]:
