@@ -215,8 +215,8 @@ class InvalidHP(CkptstoreError):
 
 class NotSupported(CkptstoreError, NotImplementedError):
     """A Determined API that needs a Determined cluster (master, agents, Horovod, the profiler),
-    or a Keras backend a feature does not run on (``KERAS_BACKEND=torch``; TFKerasTrial off
-    TensorFlow).
+    or a Keras backend a feature does not run on (TFKerasTrial off TensorFlow; DeterminedCallback
+    off TensorFlow, JAX and PyTorch).
 
     The message names the call and what to use instead with ckptstore.
     """

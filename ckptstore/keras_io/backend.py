@@ -104,12 +104,12 @@ def check_eager(what: str) -> None:
 
 #: Keras 3 backends DeterminedCallback, the loaders and the Keras API checkpoint on (docs:
 #: the compatibility table's backend column).
-SUPPORTED_BACKENDS = ("tensorflow", "jax")
+SUPPORTED_BACKENDS = ("tensorflow", "jax", "torch")
 
 
 def check_backend(what: str, supported: tuple[str, ...] = SUPPORTED_BACKENDS) -> None:
     """:class:`~ckptstore.errors.NotSupported` naming the Keras backend ``what`` cannot run on
-    (``KERAS_BACKEND=torch``: ckptstore ships no PyTorch support; see the compatibility page)."""
+    (TFKerasTrial on anything but TensorFlow; see the compatibility page)."""
     name = backend_name()
     if name in supported:
         return

@@ -1,8 +1,9 @@
-"""Keras 3 backends (issue 42): checkpoints move between TensorFlow and JAX, the others are refused.
+"""Keras 3 backends (issue 42): checkpoints move between TensorFlow, JAX and PyTorch; the others
+are refused.
 
 The cross-backend test runs in the main run (this process on TensorFlow, the other backend JAX)
-and again in the JAX child of ``tests/keras_io/test_jax_suite.py`` (this process on JAX, the
-other TensorFlow): a checkpoint written on one backend is loaded, resumed (optimizer state
+and again in the JAX and PyTorch children of ``tests/keras_io/test_jax_suite.py`` and
+``test_torch_suite.py`` (this process on JAX or PyTorch, the other TensorFlow): a checkpoint written on one backend is loaded, resumed (optimizer state
 included) and checkpointed on the other, and that checkpoint comes back to the first.
 """
 
@@ -20,11 +21,11 @@ import pytest
 import ckptstore as det
 from ckptstore import errors
 from ckptstore.keras_io import backend
-from tests._helpers.jax_env import REPO, keras_env, require_jax
+from tests._helpers.jax_env import REPO, keras_env, require_backend
 from tests.keras_io import backend_worker
 
 HERE = keras.backend.backend()
-OTHER = "tensorflow" if HERE == "jax" else "jax"
+OTHER = "tensorflow" if HERE in ("jax", "torch") else "jax"
 
 
 def _run_worker(backend_name: str, workdir, epochs: int) -> dict:
@@ -42,10 +43,10 @@ def _run_worker(backend_name: str, workdir, epochs: int) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    HERE not in ("tensorflow", "jax"), reason="TensorFlow <-> JAX: run on one of them"
+    HERE not in ("tensorflow", "jax", "torch"), reason="TensorFlow <-> JAX or PyTorch"
 )
 def test_checkpoints_resume_and_load_across_backends(tmp_path):
-    require_jax()
+    require_backend("jax" if HERE == "tensorflow" else HERE)
     # 1 epoch here
     backend_worker.main(["--dir", str(tmp_path), "--epochs", "1", "--out", str(tmp_path / "a")])
     with open(tmp_path / "a") as f:
@@ -76,33 +77,34 @@ def test_checkpoints_resume_and_load_across_backends(tmp_path):
 
 
 def _pretend_backend(monkeypatch, name: str) -> None:
-    """What Keras reports under ``KERAS_BACKEND=name`` (torch itself is not installed here)."""
+    """What Keras reports under ``KERAS_BACKEND=name`` (without importing that backend)."""
     monkeypatch.setattr(backend.keras.backend, "backend", lambda: name)
     monkeypatch.setenv("KERAS_BACKEND", name)
 
 
-def test_torch_backend_is_refused_when_the_callback_is_made(tmp_path, monkeypatch):
+def test_other_backends_are_refused_when_the_callback_is_made(tmp_path, monkeypatch):
     with det.core.init(
         storage=str(tmp_path / "c"), registry=f"sqlite:///{tmp_path}/r.db", trial_id=1
     ) as core:
-        _pretend_backend(monkeypatch, "torch")
+        _pretend_backend(monkeypatch, "openvino")  # inference only: fit() does not run there
         with pytest.raises(errors.NotSupported) as info:
             det.keras.DeterminedCallback(core, None, continue_id=1)
     text = str(info.value)
-    assert "'torch'" in text and "KERAS_BACKEND=tensorflow or jax" in text
+    assert "'openvino'" in text and "KERAS_BACKEND=tensorflow or jax or torch" in text
 
 
-def test_tfkerastrial_refuses_jax(tmp_path, monkeypatch):
+@pytest.mark.parametrize("other", ["jax", "torch"])
+def test_tfkerastrial_refuses_other_backends(tmp_path, monkeypatch, other):
     from ckptstore.keras_io.trial.controller import TrialController
     from tests.keras_io.trial.tiny_trial import TinyTrial
 
     with det.core.init(
         storage=str(tmp_path / "c"), registry=f"sqlite:///{tmp_path}/r.db", trial_id=1
     ) as core:
-        _pretend_backend(monkeypatch, "jax")
+        _pretend_backend(monkeypatch, other)
         with pytest.raises(
             errors.NotSupported,
-            match="TFKerasTrial runs on the Keras backends tensorflow, not 'jax'",
+            match=f"TFKerasTrial runs on the Keras backends tensorflow, not '{other}'",
         ):
             TrialController(
                 TinyTrial,

@@ -4,6 +4,7 @@ non-objects are refused with InvalidCheckpoint; what ckptstore writes reads back
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 
@@ -57,7 +58,7 @@ BAD = {
     "metrics_variables": _not(list, type(None)),
     "layer_states": _not(list, type(None)),
 }
-RNG_KEYS = ("python", "numpy", "tensorflow", "keras_global_seed")
+RNG_KEYS = ("python", "numpy", "tensorflow", "keras_global_seed", "torch")
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +68,7 @@ def good() -> dict:
     state.rng = state_lib.capture_rng()
     state.rng.setdefault("tensorflow", {"state": [1, 2, 3], "algorithm": 1})
     state.rng.setdefault("keras_global_seed", [0, 1337])
+    state.rng.setdefault("torch", base64.b64encode(bytes(state_lib.TORCH_RNG_BYTES)).decode())
     return json.loads(state.to_json())
 
 
@@ -96,6 +98,8 @@ def test_malformed_states_are_refused_before_use(good, data):
         value = doc["rng"][key]
         if isinstance(value, dict):  # tensorflow: its state truncated or retyped
             broken = [dict(value, state=value["state"][:1]), dict(value, algorithm="philox")]
+        elif isinstance(value, str):  # torch: base64 cut short, or not base64
+            broken = [value[:-4], value[:-1], "!" + value[1:]]
         else:  # a list: truncated, or wrapped once more
             broken = [value[:-1], [value]]
         # not None (absent: allowed) nor a list of integers (may be a valid seed, e.g. [0, 0])

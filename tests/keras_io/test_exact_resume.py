@@ -180,10 +180,12 @@ def test_preempt_check_period_is_honoured_and_stays_exact(tmp_path, straight, pe
 
 
 ON_JAX = os.environ.get("KERAS_BACKEND") == "jax"
+ON_TORCH = os.environ.get("KERAS_BACKEND") == "torch"
 
 
-# Defined per backend (a skip fails under CI=true): on JAX a generator with steps_per_epoch
-# resumes exactly (tests/keras_io/test_jax_suite.py's child), elsewhere its cut epoch restarts.
+# Defined per backend (a skip fails under CI=true): on JAX and PyTorch a generator with
+# steps_per_epoch resumes exactly (the children of tests/keras_io/test_jax_suite.py and
+# test_torch_suite.py), on TensorFlow its cut epoch restarts.
 @pytest.mark.slow
 def _generator_resumes_bit_exactly_on_jax(tmp_path, straight):
     # the resumed run fast-forwards a fresh generator past the batches the checkpoint trained on
@@ -195,6 +197,10 @@ def _generator_resumes_bit_exactly_on_jax(tmp_path, straight):
 
 if ON_JAX:
     test_generator_with_steps_per_epoch_resumes_bit_exactly_on_jax = (
+        _generator_resumes_bit_exactly_on_jax
+    )
+if ON_TORCH:
+    test_generator_with_steps_per_epoch_resumes_bit_exactly_on_torch = (
         _generator_resumes_bit_exactly_on_jax
     )
 

@@ -16,13 +16,9 @@ and ``ckptstore job run`` batch inference from a JAX checkpoint (``test_jobs.py`
 
 from __future__ import annotations
 
-import re
-import sys
-
 import pytest
 
-from tests._helpers.child_runs import ChildRun
-from tests._helpers.jax_env import REPO, jax_missing, keras_env, require_jax
+from tests._helpers.backend_runs import backend_run, check_backend_run
 
 EXACT = "tests/keras_io/test_exact_resume.py::"
 CALLBACK = "tests/keras_io/test_callback.py::"
@@ -42,18 +38,9 @@ MODULES = [
 ]
 
 
-def _command() -> tuple[list[str], str, dict[str, str]]:
-    env = keras_env("jax", TF_CPP_MIN_LOG_LEVEL="2")
-    return (
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *MODULES],
-        REPO,
-        env,
-    )
-
-
 #: Started with the session when JAX is there, beside the other tests
 #: (tests/_helpers/child_runs.py); its limit counts from its start.
-JAX_RUN = ChildRun("JAX", _command, timeout=1500, ready=lambda: jax_missing() is None)
+JAX_RUN = backend_run("JAX", "jax", MODULES, timeout=1500)
 
 
 @pytest.mark.slow
@@ -61,12 +48,5 @@ JAX_RUN = ChildRun("JAX", _command, timeout=1500, ready=lambda: jax_missing() is
 @pytest.mark.timeout(4600)  # waits for the child runs queued before it, then its own
 @JAX_RUN.test
 def test_keras_tests_pass_on_jax():
-    require_jax()
-    proc = JAX_RUN.result()
-    tail = proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert proc.returncode == 0, tail
-    summary = proc.stdout.strip().splitlines()[-1]
-    passed = re.search(r"(\d+) passed", summary)
     # test_loaders.py's case runs on local storage and S3
-    assert passed and int(passed.group(1)) >= len(MODULES), tail
-    assert "skipped" not in summary and "xfail" not in summary, tail
+    check_backend_run(JAX_RUN, "jax", len(MODULES))

@@ -118,11 +118,12 @@ def attach(
     the last batch and before any of them reacts to the end of the epoch. ``adapt`` (the JAX
     loop's) makes the handle for the fit's epoch iterator instead of this module's classes.
     """
-    on_backend = keras.backend.backend() in ("tensorflow", "jax")
+    on_backend = keras.backend.backend() in ("tensorflow", "jax", "torch")
     frame = find_fit_frame(model) if on_backend else None
     if frame is None:
         logger.warning(
-            "Could not find the running fit() loop (not Keras 3's TensorFlow or JAX trainer?): a "
+            "Could not find the running fit() loop (not Keras 3's TensorFlow, JAX or PyTorch "
+            "trainer?): a "
             "preempted epoch will restart from its first batch on resume."
         )
         return None

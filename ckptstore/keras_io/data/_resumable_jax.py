@@ -1,11 +1,14 @@
-"""Resumable input for Keras 3's ``fit()`` on the JAX backend (``KERAS_BACKEND=jax``).
+"""Resumable input for Keras 3's ``fit()`` on the JAX and PyTorch backends (``KERAS_BACKEND=jax``
+or ``torch``).
 
 Keras's JAX fit loop (``keras/src/backend/jax/trainer.py``) draws its batches from
 ``JAXEpochIterator._get_iterator()``, a fresh iterator of the data adapter every epoch (one
 iterator for the whole ``fit()`` when ``steps_per_epoch`` is given). :func:`attach` replaces that
 method on the running epoch iterator, so every batch comes from an iterator this module controls,
 in the order and from the position the checkpoint records, with the same per-input rules as the
-TensorFlow loop (:mod:`ckptstore.keras_io.data._resumable`, whose classes are reused):
+TensorFlow loop (:mod:`ckptstore.keras_io.data._resumable`, whose classes are reused). Keras's
+PyTorch loop (``keras/src/backend/torch/trainer.py``) has the same shape
+(``TorchEpochIterator._get_iterator()``): the same classes hook it, and hand it torch tensors.
 
 =====================  =========================================================================
 input given to fit()   how an epoch is reproduced
@@ -49,22 +52,56 @@ class _JaxHook:
         return None  # fit() on JAX builds the metrics before on_train_begin
 
 
-def _to_jax_compatible(batches: Any) -> Iterator[Any]:
+def _to_compatible(batches: Any) -> Iterator[Any]:
+    """``batches`` as the running backend's fit loop takes them (what Keras's adapters do)."""
+    import keras
     from keras.src.trainers.data_adapters import data_adapter_utils
 
+    if keras.backend.backend() == "torch":
+        # What Keras's get_torch_dataloader yields, without its DataLoader (see _iterate)
+        from keras import ops
+        from keras.src import tree
+
+        convert = ops.convert_to_tensor
+        return (tree.map_structure(convert, b, none_is_leaf=False) for b in batches)
     return data_adapter_utils.get_jax_iterator(batches)
+
+
+def _iterate(iterable: Any) -> Iterator[Any]:
+    """``iter(iterable)``, leaving torch's global generator as it was: a ``torch.utils.data``
+    ``DataLoader`` (Keras's input on PyTorch) draws its workers' base seed from it for every
+    iterator it makes, which a resumed run would do at another point of the sequence than the
+    run it continues, and every Dropout mask after it would differ."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return iter(iterable)
+    import torch
+
+    state = torch.get_rng_state()
+    try:
+        return iter(iterable)
+    finally:
+        torch.set_rng_state(state)
 
 
 class _ArrayData(_JaxHook, base._ArrayData):
     def _epoch_iterator(self) -> Iterator[Any]:
+        import keras
+        from keras import ops
         from keras.src import tree
         from keras.src.trainers.data_adapters import array_slicing
 
         adapter = self._adapter
         batches = self._epoch_batches(adapter._num_samples, adapter._batch_size, adapter._shuffle)
-        inputs = array_slicing.convert_to_sliceable(adapter._inputs, target_backend="jax")
+        target = keras.backend.backend()
+        inputs = array_slicing.convert_to_sliceable(adapter._inputs, target_backend=target)
 
         def take(sliceable: Any, indices: np.ndarray) -> Any:
+            if target == "torch":  # as Keras's ArrayDataAdapter.get_torch_dataloader
+                return ops.convert_to_tensor(
+                    sliceable.convert_to_torch_compatible(sliceable[indices])
+                )
             return sliceable.convert_to_jax_compatible(sliceable[indices])
 
         for indices in batches:
@@ -75,10 +112,10 @@ class _PyDatasetData(_JaxHook, base._PyDatasetData):
     def _epoch_iterator(self) -> Iterator[Any]:
         adapter = self._adapter
         if self._start == 0 and not adapter.shuffle:
-            return iter(self._original())  # Keras's own reading (workers, multiprocessing)
+            return _iterate(self._original())  # Keras's own reading (workers, multiprocessing)
         order = base._epoch_order(self._seed, self._epoch, self.num_batches, bool(adapter.shuffle))
         wanted = [int(i) for i in order[self._start :]]
-        return _to_jax_compatible(adapter._standardize_batch(adapter.py_dataset[i]) for i in wanted)
+        return _to_compatible(adapter._standardize_batch(adapter.py_dataset[i]) for i in wanted)
 
 
 class _Stream:
@@ -93,7 +130,7 @@ class _Stream:
 
     def iterator(self) -> Iterator[Any]:
         if self._it is None:
-            self._it = iter(self._make())
+            self._it = _iterate(self._make())
             for _ in range(self.skip):  # a resumed run: batches the checkpoint trained on
                 next(self._it)
             self.drawn = self.skip
@@ -127,7 +164,7 @@ class _TFDatasetData(_JaxHook, base._TFDatasetData):
                     return
                 yield tree.map_structure(lambda x: x.numpy(), batch, none_is_leaf=False)
 
-        return _to_jax_compatible(batches())
+        return _to_compatible(batches())
 
 
 class _GeneratorData(_JaxHook, base._Base):
@@ -160,7 +197,7 @@ def attach(
     distributed_size: int = 1,
     on_boundary: Callable[[], None] | None = None,
 ) -> base.ResumableData | None:
-    """:func:`ckptstore.keras_io.data._resumable.attach` for the JAX fit loop."""
+    """:func:`ckptstore.keras_io.data._resumable.attach` for the JAX and PyTorch fit loops."""
     return base.attach(
         model,
         seed=seed,

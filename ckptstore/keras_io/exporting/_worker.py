@@ -82,6 +82,11 @@ class ExportWorker:
 
             env.pop("TF_USE_LEGACY_KERAS", None)
             env.setdefault("KERAS_BACKEND", keras.backend.backend())
+            if env["KERAS_BACKEND"] == "torch":
+                # Keras exports a SavedModel from PyTorch through torch.export, which rejects
+                # plain Keras models' input structures; the .keras archive is the same on every
+                # backend, so the worker exports it on TensorFlow, Keras's native path.
+                env["KERAS_BACKEND"] = "tensorflow"
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["CUDA_VISIBLE_DEVICES"] = "-1"
         # The child finds what this process finds: the script's folder, the project, ...

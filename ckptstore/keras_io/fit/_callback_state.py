@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import logging
@@ -184,9 +185,28 @@ def _check_rng(rng: dict[str, Any]) -> None:
         raise _bad_state(
             "rng.tensorflow must be {'state': [2 or 3 integers], 'algorithm': int}", tf_state
         )
+    torch_state = rng.get("torch")
+    if torch_state is not None and not _torch_rng_state(torch_state):
+        raise _bad_state(
+            f"rng.torch must be torch.get_rng_state() ({TORCH_RNG_BYTES} bytes) in base64",
+            torch_state,
+        )
     seed = rng.get("keras_global_seed")
     if seed is not None and not _int_list(seed, 2):  # a SeedGenerator's state: 2 integers
         raise _bad_state("rng.keras_global_seed must be a list of 2 integers", seed)
+
+
+#: Size of ``torch.get_rng_state()`` on CPU: the MT19937 generator's state.
+TORCH_RNG_BYTES = 5056
+
+
+def _torch_rng_state(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        return len(base64.b64decode(value, validate=True)) == TORCH_RNG_BYTES
+    except ValueError:  # binascii.Error
+        return False
 
 
 def _dumps_with_cuts(doc: dict[str, Any]) -> tuple[str, list[int]]:
@@ -288,6 +308,12 @@ def capture_rng() -> dict[str, Any]:
     gen = _keras_global_seed_generator()
     if gen is not None:
         rng["keras_global_seed"] = np.asarray(gen.state.numpy()).tolist()
+    if "torch" in sys.modules:
+        # Keras's Dropout without a seed draws from torch's global CPU generator on PyTorch
+        # (torch.nn.functional.dropout): its MT19937 state, 5056 bytes, base64.
+        import torch
+
+        rng["torch"] = base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode("ascii")
     return rng
 
 
@@ -317,6 +343,11 @@ def restore_rng(rng: dict[str, Any]) -> None:
 
         gen = tf.random.get_global_generator()
         gen.reset(np.asarray(rng["tensorflow"]["state"], dtype=np.int64))
+    if "torch" in rng and "torch" in sys.modules:
+        import torch
+
+        state = np.frombuffer(base64.b64decode(rng["torch"]), dtype=np.uint8).copy()
+        torch.set_rng_state(torch.from_numpy(state))
     if "keras_global_seed" in rng:
         from keras.src.random.seed_generator import global_seed_generator
 
@@ -325,8 +356,8 @@ def restore_rng(rng: dict[str, Any]) -> None:
 
 
 def get_rng_state() -> dict[str, Any]:
-    """Determined's ``det.keras.get_rng_state()``: the Python, NumPy, TensorFlow and Keras RNG
-    states as a JSON-able dict (see :func:`capture_rng`)."""
+    """Determined's ``det.keras.get_rng_state()``: the Python, NumPy, TensorFlow, Keras (and
+    PyTorch's, where it is imported) RNG states as a JSON-able dict (see :func:`capture_rng`)."""
     return capture_rng()
 
 

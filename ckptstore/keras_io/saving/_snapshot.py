@@ -10,7 +10,8 @@ ckptstore splits the save in two:
    variable copies the buffer first (TensorFlow's copy-on-write for shared variable buffers), so
    the read is both cheap and a true point-in-time copy. On JAX the training step donates (and
    so deletes) the arrays it is given: the snapshot keeps the current arrays and gives the
-   variables copies of them, which the next step donates instead.
+   variables copies of them, which the next step donates instead. On PyTorch the optimizer
+   updates the parameters in place: the snapshot holds detached clones (one memory copy).
 2. :func:`write_model_archive` (background thread): writes a standard ``model.keras`` zip
    (``metadata.json``, ``config.json``, ``model.weights.h5``) from the snapshot with the same
    HDF5 layout Keras's ``saving_lib`` uses, so ``keras.models.load_model`` reads it back with
@@ -266,8 +267,8 @@ def _walk_container(
 
 
 def _read_value(variable: Any) -> Any:
-    """A point-in-time value of ``variable`` that later updates cannot change (TensorFlow and
-    other backends; JAX values are read in one batch by :func:`_jax_copies`)."""
+    """A point-in-time value of ``variable`` that later updates cannot change (TensorFlow,
+    PyTorch and other backends; JAX values are read in one batch by :func:`_jax_copies`)."""
     import keras
 
     backend = keras.backend.backend()
@@ -279,6 +280,10 @@ def _read_value(variable: Any) -> Any:
         import tensorflow as tf
 
         return tf.identity(value)
+    if backend == "torch":
+        # The optimizer writes into the parameter's storage (``param.copy_``/``add_``): the
+        # snapshot owns a clone, detached so it holds no autograd graph.
+        return value.detach().clone()
     return keras.ops.copy(value)
 
 

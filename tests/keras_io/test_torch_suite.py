@@ -1,0 +1,39 @@
+"""The Keras 3 tests again on the PyTorch backend (``KERAS_BACKEND=torch``, issue 42), in a child
+pytest like the JAX run (``tests/keras_io/test_jax_suite.py``; see tests/_helpers/backend_runs.py).
+
+Kept smaller than the JAX run (its budget is ~3 minutes of CI, on the second core): the
+plain-Keras tutorial's shape through ``DeterminedCallback`` (checkpoint contents and schedule,
+with the SavedModel exported on TensorFlow), the point-in-time snapshot (PyTorch's optimizer
+writes into the parameters in place: a snapshot that held them would record the next steps), a
+bit-equal SIGTERM/resume in fresh processes for shuffled NumPy arrays and for a Python generator
+with ``steps_per_epoch`` (fed through Keras's torch ``DataLoader``, whose iterators draw from
+torch's global generator), and a checkpoint moving between PyTorch and TensorFlow both ways,
+optimizer state included (``test_backends.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests._helpers.backend_runs import backend_run, check_backend_run
+
+EXACT = "tests/keras_io/test_exact_resume.py::"
+CALLBACK = "tests/keras_io/test_callback.py::"
+MODULES = [
+    f"{CALLBACK}test_checkpoint_contents_and_schedule",
+    f"{CALLBACK}test_snapshot_archive_matches_keras_layout_and_is_point_in_time",
+    "tests/keras_io/test_backends.py::test_checkpoints_resume_and_load_across_backends",
+    f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[arrays_shuffle]",
+    f"{EXACT}test_generator_with_steps_per_epoch_resumes_bit_exactly_on_torch",
+]
+
+#: Started with the session when PyTorch is there (.venv-torch), after the JAX run.
+TORCH_RUN = backend_run("PyTorch", "torch", MODULES, timeout=900)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(5500)  # waits for the child runs queued before it, then its own
+@TORCH_RUN.test
+def test_keras_tests_pass_on_torch():
+    check_backend_run(TORCH_RUN, "torch", len(MODULES))
