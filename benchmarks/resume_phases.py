@@ -11,8 +11,15 @@ script splits that window at the points every method shares, with the process's 
 - ``epoch``: to the first ``on_train_batch_begin`` (``on_epoch_begin``, the epoch's iterator);
 - ``step``: the first batch (the train step's trace and run, the iterator's first element).
 
-It also counts the train function's traces, and with ``--profile DIR`` writes a ``cProfile``
-of each resume (CPU clock) to ``DIR/<method>-<regime>-<round>.prof``. Each method's store is
+Each phase also gets the main thread's CPU seconds inside the garbage collector and the number
+of full (generation-2) collections (``gc.callbacks``): a full collection of a TensorFlow
+process's ~350,000 objects costs ~0.2 CPU-s, and CPython runs one once enough objects have
+survived since the last. It counts the train function's traces, and with ``--profile DIR``
+writes a ``cProfile`` of each resume (main-thread CPU clock) to
+``DIR/<method>-<regime>-<round>.prof``. ``--preimport`` adds ``ckptstore-preimported``: the
+imports of ckptstore's resume done before the clock. For diagnosis, ``RESUME_PHASES_OBJECTS=1``
+prints the objects per GC generation at each point (slow: it disturbs the clocks) and
+``RESUME_PHASES_COLLECT=1`` runs ``gc.collect()`` just before the clock. Each method's store is
 written once by ``peers.py``'s train phase; ``--cold`` drops it from the page cache before each
 resume; ``--baseline DIR`` adds ``ckptstore@base`` (another checkout's package, see peers.py).
 
@@ -41,6 +48,17 @@ if os.environ.get("PEERS_CODE"):  # ckptstore@base: bound now, before peers puts
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 PHASES = ("begin", "restore", "epoch", "step")
+#: ``--preimport``'s method: ckptstore with its resume's imports (the registry's SQLAlchemy,
+#: ``core.init``'s modules, the callback's) done before the clock, as a script that imported
+#: them at its top would have them.
+PREIMPORTED = "ckptstore-preimported"
+_PREIMPORTS = (
+    "sqlalchemy",
+    "sqlalchemy.orm",
+    "ckptstore.registry",
+    "ckptstore.core",
+    "ckptstore.keras",
+)
 
 
 _GC = {"at": 0.0, "cpu": 0.0, "runs": 0.0}
@@ -80,6 +98,11 @@ def resume(args) -> dict[str, float]:  # type: ignore[no-untyped-def]
 
     if args.method.startswith("ckptstore"):
         import ckptstore  # noqa: F401
+    if os.environ.get("RESUME_PHASES_PREIMPORT"):
+        import importlib
+
+        for name in _PREIMPORTS:
+            importlib.import_module(name)
 
     x, y = incremental.data()
     model = incremental.build(args.mb, args.regime == "a")
@@ -144,6 +167,9 @@ def _child(method: str, regime: str, work: str, args, profile: str | None) -> di
     if method.endswith("@base"):
         env["PEERS_CODE"] = os.path.abspath(args.baseline)
         method = method.removesuffix("@base")
+    if method == PREIMPORTED:
+        env["RESUME_PHASES_PREIMPORT"] = "1"
+        method = "ckptstore"
     if args.cold:
         peers.drop_from_page_cache(work)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", method, "--regime", regime]
@@ -167,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", default="ckptstore,BackupAndRestore")
     parser.add_argument("--baseline", help="another checkout: adds ckptstore@base")
     parser.add_argument("--cold", action="store_true")
+    parser.add_argument("--preimport", action="store_true", help=f"adds {PREIMPORTED}")
     parser.add_argument("--profile", help="folder for a cProfile of each resume")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--regime", help=argparse.SUPPRESS)
@@ -179,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     import peers
 
     methods = args.methods.split(",") + (["ckptstore@base"] if args.baseline else [])
+    methods += [PREIMPORTED] if args.preimport else []
     root = tempfile.mkdtemp(prefix="resume-phases-")
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -190,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
             for method in methods:
                 work = works[regime, method] = os.path.join(root, f"{method}-{regime}")
                 os.makedirs(work)
-                peers._run(method, regime, "train", work, args, env)
+                trained = "ckptstore" if method == PREIMPORTED else method
+                peers._run(trained, regime, "train", work, args, env)
         for round_ in range(args.rounds):
             for regime in args.regimes.split(","):
                 for method in methods:
