@@ -172,16 +172,18 @@ def _child(method: str, regime: str, work: str, args, profile: str | None) -> di
         method = "ckptstore"
     if args.cold:
         peers.drop_from_page_cache(work)
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", method, "--regime", regime]
-    cmd += ["--work", work, "--mb", str(args.mb), "--epochs", str(args.epochs)]
-    if profile:
-        cmd += ["--profile", profile]
+    flags = {"--worker": method, "--regime": regime, "--work": work, "--mb": args.mb}
+    flags.update({"--epochs": args.epochs, **({"--profile": profile} if profile else {})})
+    cmd = [sys.executable, os.path.abspath(__file__)]
+    cmd += [str(part) for pair in flags.items() for part in pair]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-    if done.returncode or not lines:
-        print(f"  {method} {regime} failed:\n{done.stderr[-3000:]}", file=sys.stderr)
-        return {}
-    return json.loads(lines[-1])
+    # the worker's one JSON line is its last line of output
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    if done.returncode == 0 and last.startswith("{"):
+        return json.loads(last)
+    sys.stderr.write(f"  {method} {regime} failed (exit {done.returncode}):\n")
+    sys.stderr.write(done.stderr[-3000:] + "\n")
+    return {}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -195,13 +197,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cold", action="store_true")
     parser.add_argument("--preimport", action="store_true", help=f"adds {PREIMPORTED}")
     parser.add_argument("--profile", help="folder for a cProfile of each resume")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--regime", help=argparse.SUPPRESS)
-    parser.add_argument("--work", help=argparse.SUPPRESS)
+    for hidden in ("--worker", "--regime", "--work"):  # the child's (see _child)
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        args.method = args.worker
-        print(json.dumps(resume(args)))
+        print(json.dumps(resume(argparse.Namespace(**vars(args), method=args.worker))))
         return
     import peers
 
