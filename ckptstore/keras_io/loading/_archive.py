@@ -29,6 +29,7 @@ from typing import Any
 from ckptstore import errors
 from ckptstore.checkpointing.chunk_view import ChunkedFile
 from ckptstore.checkpointing.format import MAX_MANIFEST_BYTES
+from ckptstore.keras_io.saving import _skipsets as skipsets
 from ckptstore.keras_io.saving import _weights_view as weights_view
 from ckptstore.keras_io.saving._code_refs import (
     check_code_refs,
@@ -148,7 +149,9 @@ def _from_config_and_weights(
         model = saving_lib._model_from_config(config, objects, compile, safe_mode)
         if not model.built:  # Keras's own reader reports what it cannot restore
             return None
+        skipsets.prime(model)
         saving_lib.load_weights_only(model, weights)
+        skipsets.share()
     return model
 
 

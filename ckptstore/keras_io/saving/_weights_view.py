@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ckptstore.checkpointing.chunk_view import ChunkedFile
+from ckptstore.keras_io.saving import _skipsets as skipsets
 from ckptstore.keras_io.saving._keras_archive import WEIGHTS_NAME
 from ckptstore.keras_io.saving._optimizers import attribute_optimizers
 from ckptstore.storage_backends.local import copy_range
@@ -207,6 +208,7 @@ def load_weights(
     read (:func:`place_weights`)."""
     from keras.src.saving import saving_lib
 
+    skipsets.prime(model)  # Keras's walk then builds no throwaway Layer() per layer
     with weights_file(keras_file) as (path, how):
         if with_optimizer:
             model.load_weights(path)
@@ -216,6 +218,7 @@ def load_weights(
             if getattr(model, "optimizer", None) is not None:
                 skip.append(model.optimizer)
             saving_lib.load_weights_only(model, path, objects_to_skip=skip or None)
+    skipsets.share()  # the optimizer's and metrics' too, for the walks that follow
     return how
 
 
