@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import threading
 import zipfile
 import zlib
 
@@ -75,70 +74,15 @@ def test_archive_loads_with_optimizer_and_checksums_match(tmp_path, monkeypatch,
     assert_same_state(loaded, model)
     # same HDF5 tree as Keras's own file
     model.save(tmp_path / "ref.keras")
-    assert _h5_tree(path) == _h5_tree(tmp_path / "ref.keras")
 
+    def tree(p):
+        with zipfile.ZipFile(p) as z:
+            h5 = h5py.File(io.BytesIO(z.read("model.weights.h5")), "r")
+            items = []
+            h5.visititems(lambda n, o: items.append((n, dict(o.attrs), getattr(o, "shape", None))))
+            return items
 
-def _in_new_thread(fn):
-    """``fn()`` on a new thread: Keras's global state (its skip-set cache too) is per thread."""
-    out, errors_ = [], []
-    thread = threading.Thread(target=lambda: _capture(fn, out, errors_))
-    thread.start()
-    thread.join()
-    if errors_:
-        raise errors_[0]
-    return out[0]
-
-
-def _capture(fn, out, errors_):
-    try:
-        out.append(fn())
-    except BaseException as exc:  # noqa: BLE001 - re-raised by _in_new_thread
-        errors_.append(exc)
-
-
-def test_kept_skipsets_are_reused_and_the_walk_is_keras_own(tmp_path):
-    """keep_keras_skipsets stores each set Keras computes under the key Keras looks it up by:
-    Keras's walk then reuses it (instead of building a reference Layer per object walked), and
-    the layout and the archive are those of Keras's own uncached walk."""
-    from keras.src.backend.common import global_state
-    from keras.src.saving import saving_lib
-
-    model = small_model()
-
-    def keras_own():  # a thread whose cache is empty: Keras's own walk, as Keras does it
-        model.save(tmp_path / "ref.keras")
-
-    def ours():
-        snapshot_lib.keep_keras_skipsets(model)
-        kept = global_state.get_global_attribute("saving_attr_skiplist_Layer")
-        assert saving_lib.get_attr_skipset("Layer") is kept  # reused, not rebuilt
-        assert saving_lib.get_attr_skipset("Optimizer") is global_state.get_global_attribute(
-            "saving_attr_skiplist_Optimizer"
-        )
-        fresh = _in_new_thread(lambda: saving_lib.get_attr_skipset("Layer"))
-        assert kept == fresh  # the set Keras computes
-        layout = snapshot_lib.StateLayout.of(model)
-        size, crc = snapshot_lib.write_model_archive(
-            snapshot_lib.take_snapshot(layout), str(tmp_path / "m.keras")
-        )
-        check_archive(str(tmp_path / "m.keras"), size, crc)
-        return layout
-
-    _in_new_thread(keras_own)
-    layout = _in_new_thread(ours)
-    names = {id(v): v.path for v in model.weights + model.optimizer.variables}
-    assert all(id(e.variable) in names for e in layout.entries)
-    assert _h5_tree(tmp_path / "m.keras") == _h5_tree(tmp_path / "ref.keras")
-    loaded = keras.models.load_model(tmp_path / "m.keras")
-    assert_same_state(loaded, model)
-
-
-def _h5_tree(path):
-    with zipfile.ZipFile(path) as z:
-        h5 = h5py.File(io.BytesIO(z.read("model.weights.h5")), "r")
-        items = []
-        h5.visititems(lambda n, o: items.append((n, dict(o.attrs), getattr(o, "shape", None))))
-        return items
+    assert tree(path) == tree(tmp_path / "ref.keras")
 
 
 def test_odd_dtypes_and_sizes_round_trip(tmp_path):

@@ -254,8 +254,6 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         self._save_begun = False
         self.resumed = False
         self._ensure_optimizer_built()
-        if not backend.IS_KERAS2:  # before Keras's load_weights and the layout walk (below)
-            snapshot_lib.keep_keras_skipsets(self.model)
         if self._checkpoint is not None and not self._loaded:
             self._load(self._checkpoint)
             self._loaded = True

@@ -198,42 +198,6 @@ def _is_variable(value: Any) -> bool:
     return isinstance(value, Variable)
 
 
-#: The kinds of object Keras's saver meets in a compiled model (``KerasSaveable._obj_type()``).
-_MODEL_OBJ_TYPES = ("Layer", "Optimizer", "Metric", "Loss")
-
-
-def keep_keras_skipsets(model: KerasModel | None = None, obj_types: tuple[str, ...] = ()) -> None:
-    """Make Keras 3's saver and loader reuse the attribute skip-set of each kind of object.
-
-    ``saving_lib._walk_saveable`` (``model.save``, ``load_weights``, :class:`StateLayout`) skips
-    the attributes that a plain reference object of the same kind has. ``get_attr_skipset``
-    means to build that set once per kind, but (Keras 3 up to at least 3.15) it looks the set
-    up under ``saving_attr_skiplist_<kind>`` and stores it under ``saving_attr_skipset_<kind>``:
-    every layer walked builds a new reference ``Layer()`` (0.8 ms each; a 28-layer model paid
-    25 ms a walk, a resume two walks). This stores each set under the key it is looked up by.
-    The sets are the ones Keras computes, so every walk visits the same attributes; where Keras
-    looks up what it stores, this changes nothing. Keras's state is per thread and emptied by
-    ``clear_session()``: a later call fills it again. With ``model``: the kinds a compiled
-    model's walk meets (its own, layers, optimizer, metrics, losses), so Keras's own
-    ``load_weights`` that follows reuses them too.
-    """
-    try:
-        from keras.src.backend.common import global_state
-        from keras.src.saving import saving_lib
-    except ImportError:  # not Keras 3
-        return
-    skipset_of = getattr(saving_lib, "get_attr_skipset", None)
-    if skipset_of is None:
-        return
-    kinds = obj_types
-    if model is not None:
-        kinds = (*kinds, model._obj_type(), *_MODEL_OBJ_TYPES)
-    for kind in kinds:
-        key = f"saving_attr_skiplist_{kind}"
-        if global_state.get_global_attribute(key) is None:
-            global_state.set_global_attribute(key, skipset_of(kind))
-
-
 def _walk(saveable: Any, store: _Recorder, inner_path: str, visited: set[int], assets: str) -> None:
     """Mirror of ``keras.src.saving.saving_lib._save_state`` that records instead of writing.
 
@@ -264,7 +228,6 @@ def _walk(saveable: Any, store: _Recorder, inner_path: str, visited: set[int], a
             os.rmdir(target)
     visited.add(id(saveable))
 
-    keep_keras_skipsets(obj_types=(saveable._obj_type(),))
     for child_attr, child in saving_lib._walk_saveable(saveable):
         child_path = f"{inner_path}/{child_attr}" if inner_path else child_attr
         if isinstance(child, KerasSaveable):
