@@ -45,6 +45,7 @@ from ckptstore import errors
 from ckptstore.checkpointing import format as fmt
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.saving import _keras_archive as keras_archive
+from ckptstore.keras_io.saving import _skipsets as skipsets
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,12 @@ class StateLayout:
             config_json, config_error = "null", f"{type(exc).__name__}: {exc}".strip()
         recorder = _Recorder()
         assets_root = tempfile.mkdtemp(prefix="ckptstore-assets-")
+        # Keras's skip sets once per type, not a throwaway Layer() per layer walked (also for a
+        # run that starts without a checkpoint, whose first walk is this one); shared after it
+        # for the walks that follow (the optimizer's and metrics' types met here)
+        skipsets.prime(model)
         _walk(model, recorder, "", set(), assets_root)
+        skipsets.share()
         if not any(os.scandir(assets_root)):
             shutil.rmtree(assets_root, ignore_errors=True)
             assets_root = None
