@@ -73,6 +73,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import mmap
 import os
 import re
 import shutil
@@ -86,7 +87,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ckptstore import defaults, errors
-from ckptstore.checkpointing.checksums import file_sums
+from ckptstore.checkpointing.checksums import crc32c_update, file_sums
 from ckptstore.storage_backends.object_store import TMP_MARK, tmp_name
 
 if TYPE_CHECKING:
@@ -262,6 +263,38 @@ class RestoreCache:
         self.drop(key)
         return None
 
+    def open_entry(self, key: str, entry: FileEntry) -> int | None:
+        """An open read-only descriptor of cached file ``key``, for a caller that reads it in
+        place (no link, so its identity stays as recorded), if it passes :meth:`link_file`'s
+        checks: unchanged since insertion (else its recorded SHA-256), then ``entry``'s size
+        and crc32c, all read through the descriptor. A damaged entry is dropped; None: not
+        served. The descriptor keeps the bytes readable if the entry is evicted meanwhile;
+        the caller closes it."""
+        recorded = self._recorded(key)
+        if recorded is None:
+            return None
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+        try:
+            info = os.fstat(fd)
+            same = _ident(info) == recorded[0]
+            if info.st_size == entry.size:
+                crc, sha = fd_sums(fd, info.st_size, sha256=not same)
+                if crc == entry.crc32c and (same or sha == recorded[1]):
+                    if not same:
+                        self._seen(key, _ident(info))
+                    fd, served = -1, fd
+                    return served
+        except OSError:
+            pass
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        self.drop(key)
+        return None
+
     def _recorded(self, key: str) -> tuple[str | None, str] | None:
         """(identity as last seen, SHA-256 at insertion) of entry ``key``; None: unknown
         (an orphan, or an index from before: never served whole)."""
@@ -308,15 +341,18 @@ class RestoreCache:
             self.drop(key)
         return None
 
-    def put_file(self, key: str, source: str) -> None:
+    def put_file(self, key: str, source: str, *, move: bool = False) -> None:
         """Keep the file at ``source`` as entry ``key`` (hard link, else copy; renamed into
-        place). Best effort: a full disk or a read-only cache costs the saving, never the
-        load."""
+        place; ``move``: ``source`` is then removed, so the entry's identity recorded by this
+        load stays its identity). Best effort: a full disk or a read-only cache costs the
+        saving, never the load (a file not kept is left at ``source``)."""
         path = self._path(key)
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             part = tmp_name(path)
             _link_or_copy(source, part)
+            if move:
+                os.unlink(source)
             # Read-only: a link to it in a user's folder cannot be written by accident (an
             # edit anyway changes its identity, and the entry is then a miss).
             os.chmod(part, 0o444)
@@ -509,10 +545,24 @@ class RestoreCache:
 def _ident_of(path: str) -> str | None:
     """A file's identity: device, inode, size, mtime and ctime (ns); None if it is gone."""
     try:
-        s = os.stat(path)
+        return _ident(os.stat(path))
     except OSError:
         return None
+
+
+def _ident(s: os.stat_result) -> str:
     return f"{s.st_dev}:{s.st_ino}:{s.st_size}:{s.st_mtime_ns}:{s.st_ctime_ns}"
+
+
+def fd_sums(fd: int, size: int, *, sha256: bool = False) -> tuple[str, str | None]:
+    """``(crc32c, sha256 or None)`` of the ``size`` bytes of open file ``fd``, mapped (no copy
+    out of the page cache)."""
+    if size == 0:
+        return "00000000", hashlib.sha256().hexdigest() if sha256 else None
+    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
+        crc = crc32c_update(0, mapped)
+        digest = hashlib.sha256(mapped).hexdigest() if sha256 else None
+    return f"{crc:08x}", digest
 
 
 def _same_inode(ident: str | None, path: str) -> bool:

@@ -1,0 +1,140 @@
+"""A remote checkpoint's file read in place from the restore cache (``.cache_view``): a warm
+load reads the cached file through a descriptor, with no reassembled copy, no link into a
+folder and no second hash of the file; a damaged cached file is dropped and fetched again."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from ckptstore.checkpointing import CheckpointContext, blobs, cache_view
+from ckptstore.checkpointing import cache as cache_mod
+from ckptstore.checkpointing import format as fmt
+from tests._helpers.trees import make_tree
+from tests.checkpointing._helpers import same_crc32c
+
+CHUNK = 2**16
+BIG = "model.keras"
+
+
+def files(seed: int) -> dict[str, bytes]:
+    rng = __import__("random").Random(seed)
+    return {BIG: rng.randbytes(5 * CHUNK + 123), "other.bin": b"x" * 10}
+
+
+@pytest.fixture
+def assembled(monkeypatch):
+    """Relative paths a download reassembled from their chunks while the fixture is active."""
+    seen: list[str] = []
+    real = blobs.assemble
+
+    def spy(storage, uuid, manifest, local_dir, select, **kwargs):  # type: ignore[no-untyped-def]
+        seen.extend(
+            rel for rel in manifest.files if blobs.is_chunked(manifest.files[rel]) and select(rel)
+        )
+        return real(storage, uuid, manifest, local_dir, select, **kwargs)
+
+    monkeypatch.setattr(blobs, "assemble", spy)
+    return seen
+
+
+def read_view(url: str, uuid: str) -> tuple[bytes, object, list[str]]:
+    """(the bytes read through the view of model.keras, the view, the files in the folder)
+    of one read_in_place in a new context (as a new process would)."""
+    with CheckpointContext(url) as ctx:
+        views: dict[str, object] = {BIG: None}
+        with ctx.read_in_place(uuid, selector=[BIG, "metadata.json"], views=views) as folder:
+            view = views[BIG]
+            data = view.pread(0, view.size) if view is not None else b""
+            listed = sorted(os.listdir(folder))
+    return data, view, listed
+
+
+def cache_entry(url: str, uuid: str) -> tuple[cache_mod.RestoreCache, str]:
+    with CheckpointContext(url) as ctx:
+        entry = fmt.load_manifest(ctx.storage, uuid).files[BIG]
+        return ctx.cache, ctx.cache.content_key(entry.chunks)
+
+
+def test_a_warm_load_reads_the_cached_file_in_place(storage_url_factory, tmp_path, assembled):
+    url = storage_url_factory("s3")
+    tree = files(1)
+    with CheckpointContext(url, dedup=True, dedup_chunk_bytes=CHUNK) as ctx:
+        uuid = ctx.upload(make_tree(str(tmp_path / "src"), tree))
+    # Cold: fetched, verified and moved into the cache; read there (no copy left behind).
+    data, view, listed = read_view(url, uuid)
+    assert isinstance(view, cache_view.CachedFile) and data == tree[BIG]
+    assert listed == ["metadata.json"] and assembled == [BIG]
+    cache, key = cache_entry(url, uuid)
+    recorded = cache._recorded(key)
+    assert recorded is not None and recorded[0] == cache_mod._ident_of(str(cache.root / key))
+    # Warm, twice: read from the cache in place, nothing reassembled, the entry's identity
+    # unchanged (so no load hashes it again: one crc32c pass).
+    for _ in range(2):
+        assembled.clear()
+        data, view, listed = read_view(url, uuid)
+        assert isinstance(view, cache_view.CachedFile) and data == tree[BIG]
+        assert assembled == [] and listed == ["metadata.json"]
+        assert view.fd == -1  # closed with the context
+        assert cache._recorded(key) == recorded
+    assert cache.info().hit_rate is not None and cache.info().hit_rate > 0
+
+
+def test_a_damaged_cached_file_is_dropped_and_fetched_again(
+    storage_url_factory, tmp_path, assembled, caplog
+):
+    url = storage_url_factory("s3")
+    tree = files(2)
+    with CheckpointContext(url, dedup=True, dedup_chunk_bytes=CHUNK) as ctx:
+        uuid = ctx.upload(make_tree(str(tmp_path / "src"), tree))
+    read_view(url, uuid)
+    cache, key = cache_entry(url, uuid)
+    path = cache.root / key
+    os.chmod(path, 0o644)
+    damaged = bytearray(path.read_bytes())
+    damaged[3 * CHUNK + 5] ^= 1  # the crc32c catches it (its identity changed too)
+    path.write_bytes(bytes(damaged))
+    assembled.clear()
+    with caplog.at_level(logging.WARNING, logger="ckptstore.checkpointing.cache"):
+        data, view, _ = read_view(url, uuid)
+    assert "is damaged; dropped" in caplog.text
+    assert isinstance(view, cache_view.CachedFile) and data == tree[BIG]
+    assert assembled == [BIG]  # fetched again from storage
+    assert path.read_bytes() == tree[BIG]
+
+
+def test_an_edit_that_keeps_the_crc32c_is_never_read_in_place(storage_url_factory, tmp_path):
+    url = storage_url_factory("s3")
+    tree = files(3)
+    with CheckpointContext(url, dedup=True, dedup_chunk_bytes=CHUNK) as ctx:
+        uuid = ctx.upload(make_tree(str(tmp_path / "src"), tree))
+    read_view(url, uuid)
+    cache, key = cache_entry(url, uuid)
+    path = cache.root / key
+    os.chmod(path, 0o644)
+    # The same bytes rewritten (a new identity): served once its recorded SHA-256 matches,
+    # then known again by its identity.
+    path.write_bytes(path.read_bytes())
+    data, view, _ = read_view(url, uuid)
+    assert isinstance(view, cache_view.CachedFile) and data == tree[BIG]
+    assert cache._recorded(key)[0] == cache_mod._ident_of(str(path))
+    # Other bytes with the same size and crc32c: refused, dropped, fetched again.
+    model = tree[BIG]
+    forged = same_crc32c(b"666" * (len(model) // 3) + b"6" * (len(model) % 3), model)
+    with open(path, "r+b") as f:
+        f.write(forged)
+    data, view, _ = read_view(url, uuid)
+    assert data == model and path.read_bytes() == model
+
+
+def test_without_a_cache_or_with_a_verify_key_nothing_is_read_from_the_cache(
+    storage_url_factory, tmp_path
+):
+    url = storage_url_factory("s3")
+    with CheckpointContext(url, dedup=True, dedup_chunk_bytes=CHUNK, cache=False) as ctx:
+        uuid = ctx.upload(make_tree(str(tmp_path / "src"), files(4)))
+        views: dict[str, object] = {BIG: None}
+        with ctx.read_in_place(uuid, selector=[BIG], views=views) as folder:
+            assert views[BIG] is None and os.listdir(folder) == [BIG]  # the old path
