@@ -95,6 +95,7 @@ def open_views(
     )
     if stats.used:
         cache.record(stats)  # the entries read become the most recently used
+        restore.log_load(ctx.storage, manifest.uuid, 0, stats.from_cache, cached=True)
     if missing:
         restore.download_checkpoint(
             ctx.storage,

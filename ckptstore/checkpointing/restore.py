@@ -133,15 +133,22 @@ def download_checkpoint(
         stats.from_cache,
         restore is not None,
     )
+    log_load(storage, uuid, report.from_storage, report.from_cache, cached=restore is not None)
+    return report
+
+
+def log_load(
+    storage: Storage, uuid: str, from_storage: int, from_cache: int, *, cached: bool
+) -> None:
+    """The DEBUG line of one read of checkpoint ``uuid``: bytes from storage, from the cache."""
     logger.debug(
         "Checkpoint %s: %d bytes from storage %s, %d from the restore cache%s",
         uuid,
-        report.from_storage,
+        from_storage,
         storage.url,
-        report.from_cache,
-        "" if restore else " (off)",
+        from_cache,
+        "" if cached else " (off)",
     )
-    return report
 
 
 def download_signed(
