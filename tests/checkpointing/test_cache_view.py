@@ -113,9 +113,13 @@ def test_an_edit_that_keeps_the_crc32c_is_never_read_in_place(storage_url_factor
     read_view(url, uuid)
     cache, key = cache_entry(url, uuid)
     path = cache.root / key
+    # A deduplicated file's entry is checked by its chunks (verified as they were fetched),
+    # so its insertion hashed no whole file; a file repeating a chunk keeps a whole SHA-256.
+    assert cache._recorded(key)[1] == cache_mod.BY_CHUNKS
+    assert cache_mod._content_record(str(path), [("a", 0), ("a", 9)]) != cache_mod.BY_CHUNKS
     os.chmod(path, 0o644)
-    # The same bytes rewritten (a new identity): served once its recorded SHA-256 matches,
-    # then known again by its identity.
+    # The same bytes rewritten (a new identity): served once its chunks' SHA-256 match, then
+    # known again by its identity.
     path.write_bytes(path.read_bytes())
     data, view, _ = read_view(url, uuid)
     assert isinstance(view, cache_view.CachedFile) and data == tree[BIG]
