@@ -25,8 +25,9 @@ def files(seed: int) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def assembled(monkeypatch):
-    """Relative paths a download reassembled from their chunks while the fixture is active."""
+def reassembled(monkeypatch):
+    """Relative paths of the deduplicated files a download reassembled from their chunks
+    into a folder while the fixture is active."""
     seen: list[str] = []
     real = blobs.assemble
 
@@ -58,7 +59,19 @@ def cache_entry(url: str, uuid: str) -> tuple[cache_mod.RestoreCache, str]:
         return ctx.cache, ctx.cache.content_key(entry.chunks)
 
 
-def test_a_warm_load_reads_the_cached_file_in_place(storage_url_factory, tmp_path, assembled):
+def loaded_once(url: str, tmp_path, seed: int):  # type: ignore[no-untyped-def]
+    """A checkpoint of :func:`files` (``seed``) in ``url``, read once (so cached): its
+    UUID, files, the cache and the path of model.keras's entry, made writable."""
+    tree = files(seed)
+    with CheckpointContext(url, dedup=True, dedup_chunk_bytes=CHUNK) as ctx:
+        uuid = ctx.upload(make_tree(str(tmp_path / "src"), tree))
+    read_view(url, uuid)
+    cache, key = cache_entry(url, uuid)
+    os.chmod(cache.root / key, 0o644)
+    return uuid, tree, cache, cache.root / key
+
+
+def test_a_warm_load_reads_the_cached_file_in_place(storage_url_factory, tmp_path, reassembled):
     url = storage_url_factory("s3")
     tree = files(1)
     with CheckpointContext(url, dedup=True, dedup_chunk_bytes=CHUNK) as ctx:
@@ -66,58 +79,47 @@ def test_a_warm_load_reads_the_cached_file_in_place(storage_url_factory, tmp_pat
     # Cold: fetched, verified and moved into the cache; read there (no copy left behind).
     data, view, listed = read_view(url, uuid)
     assert isinstance(view, cache_view.CachedFile) and data == tree[BIG]
-    assert listed == ["metadata.json"] and assembled == [BIG]
+    assert listed == ["metadata.json"] and reassembled == [BIG]
     cache, key = cache_entry(url, uuid)
     recorded = cache._recorded(key)
     assert recorded is not None and recorded[0] == cache_mod._ident_of(str(cache.root / key))
     # Warm, twice: read from the cache in place, nothing reassembled, the entry's identity
     # unchanged (so no load hashes it again: one crc32c pass).
     for _ in range(2):
-        assembled.clear()
+        reassembled.clear()
         data, view, listed = read_view(url, uuid)
         assert isinstance(view, cache_view.CachedFile) and data == tree[BIG]
-        assert assembled == [] and listed == ["metadata.json"]
+        assert reassembled == [] and listed == ["metadata.json"]
         assert view.fd == -1  # closed with the context
         assert cache._recorded(key) == recorded
     assert cache.info().hit_rate is not None and cache.info().hit_rate > 0
 
 
 def test_a_damaged_cached_file_is_dropped_and_fetched_again(
-    storage_url_factory, tmp_path, assembled, caplog
+    storage_url_factory, tmp_path, reassembled, caplog
 ):
     url = storage_url_factory("s3")
-    tree = files(2)
-    with CheckpointContext(url, dedup=True, dedup_chunk_bytes=CHUNK) as ctx:
-        uuid = ctx.upload(make_tree(str(tmp_path / "src"), tree))
-    read_view(url, uuid)
-    cache, key = cache_entry(url, uuid)
-    path = cache.root / key
-    os.chmod(path, 0o644)
+    uuid, tree, _cache, path = loaded_once(url, tmp_path, 2)
     damaged = bytearray(path.read_bytes())
     damaged[3 * CHUNK + 5] ^= 1  # the crc32c catches it (its identity changed too)
     path.write_bytes(bytes(damaged))
-    assembled.clear()
+    reassembled.clear()
     with caplog.at_level(logging.WARNING, logger="ckptstore.checkpointing.cache"):
         data, view, _ = read_view(url, uuid)
     assert "is damaged; dropped" in caplog.text
     assert isinstance(view, cache_view.CachedFile) and data == tree[BIG]
-    assert assembled == [BIG]  # fetched again from storage
+    assert reassembled == [BIG]  # fetched again from storage
     assert path.read_bytes() == tree[BIG]
 
 
 def test_an_edit_that_keeps_the_crc32c_is_never_read_in_place(storage_url_factory, tmp_path):
     url = storage_url_factory("s3")
-    tree = files(3)
-    with CheckpointContext(url, dedup=True, dedup_chunk_bytes=CHUNK) as ctx:
-        uuid = ctx.upload(make_tree(str(tmp_path / "src"), tree))
-    read_view(url, uuid)
-    cache, key = cache_entry(url, uuid)
-    path = cache.root / key
+    uuid, tree, cache, path = loaded_once(url, tmp_path, 3)
+    key = str(path.relative_to(cache.root))
     # A deduplicated file's entry is checked by its chunks (verified as they were fetched),
     # so its insertion hashed no whole file; a file repeating a chunk keeps a whole SHA-256.
     assert cache._recorded(key)[1] == cache_mod.BY_CHUNKS
     assert cache_mod._content_record(str(path), [("a", 0), ("a", 9)]) != cache_mod.BY_CHUNKS
-    os.chmod(path, 0o644)
     # The same bytes rewritten (a new identity): served once its chunks' SHA-256 match, then
     # known again by its identity.
     path.write_bytes(path.read_bytes())
