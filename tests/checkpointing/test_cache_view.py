@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from ckptstore import errors
 from ckptstore.checkpointing import CheckpointContext, blobs, cache_view
 from ckptstore.checkpointing import cache as cache_mod
 from ckptstore.checkpointing import format as fmt
@@ -144,3 +145,29 @@ def test_without_a_cache_or_with_a_verify_key_nothing_is_read_from_the_cache(
         views: dict[str, object] = {BIG: None}
         with ctx.read_in_place(uuid, selector=[BIG], views=views) as folder:
             assert views[BIG] is None and os.listdir(folder) == [BIG]  # the old path
+
+
+def test_s3_chunks_stream_into_place_and_a_damaged_blob_is_named(
+    storage_url_factory, tmp_path, monkeypatch
+):
+    from ckptstore.storage_backends import s3
+
+    url = storage_url_factory("s3")
+    tree = files(5)
+    with CheckpointContext(url, dedup=True, dedup_chunk_bytes=CHUNK) as ctx:
+        uuid = ctx.upload(make_tree(str(tmp_path / "src"), tree))
+        sha = fmt.load_manifest(ctx.storage, uuid).files[BIG].chunks[2].sha256
+    whole_reads: list[str] = []
+    real = s3.S3Storage._read
+    monkeypatch.setattr(
+        s3.S3Storage, "_read", lambda self, name: whole_reads.append(name) or real(self, name)
+    )
+    with CheckpointContext(url, cache=False) as ctx:
+        ctx.download(uuid, tmp_path / "ok", selector=[BIG])
+        assert (tmp_path / "ok" / BIG).read_bytes() == tree[BIG]
+        assert not [n for n in whole_reads if blobs.BLOBS_DIR in n]  # streamed, piece by piece
+        # A stored blob with other bytes of its size: the streamed SHA-256 names it.
+        ctx.storage.write_bytes(blobs.blob_key(sha), b"\0" * CHUNK)
+        with pytest.raises(errors.ChecksumMismatch, match=f"Blob {sha} .* is corrupted"):
+            ctx.download(uuid, tmp_path / "bad", selector=[BIG])
+        assert not (tmp_path / "bad" / BIG).exists()
