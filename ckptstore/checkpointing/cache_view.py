@@ -97,6 +97,11 @@ def open_views(
         cache.record(stats)  # the entries read become the most recently used
         restore.log_load(ctx.storage, manifest.uuid, 0, stats.from_cache, cached=True)
     if missing:
+        # A file larger than the cache's limit would be evicted as soon as it was recorded:
+        # it stays in the folder (read from there), fetched once.
+        limit = cache.limit()
+        missing = frozenset(rel for rel in missing if manifest.files[rel].size <= limit)
+    if missing:
         restore.download_checkpoint(
             ctx.storage,
             manifest.uuid,

@@ -171,3 +171,17 @@ def test_s3_chunks_stream_into_place_and_a_damaged_blob_is_named(
         with pytest.raises(errors.ChecksumMismatch, match=f"Blob {sha} .* is corrupted"):
             ctx.download(uuid, tmp_path / "bad", selector=[BIG])
         assert not (tmp_path / "bad" / BIG).exists()
+
+
+def test_a_file_larger_than_the_cache_is_read_from_the_folder_fetched_once(
+    storage_url_factory, tmp_path, reassembled
+):
+    url = storage_url_factory("s3")
+    tree = files(6)
+    small = cache_mod.RestoreCache(tmp_path / "small-cache", limit=CHUNK)
+    with CheckpointContext(url, dedup=True, dedup_chunk_bytes=CHUNK, cache=small) as ctx:
+        uuid = ctx.upload(make_tree(str(tmp_path / "src"), tree))
+        views: dict[str, object] = {BIG: None}
+        with ctx.read_in_place(uuid, selector=[BIG], views=views) as folder:
+            assert views[BIG] is None and (folder / BIG).read_bytes() == tree[BIG]
+    assert reassembled == [BIG]  # once: not moved into the cache, evicted, then fetched again
