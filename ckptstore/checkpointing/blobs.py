@@ -552,7 +552,7 @@ def place_blob(
     """Write a chunk at ``offset`` of the open file ``fd``, checked first (as :func:`read_blob`);
     a local store copies it in the kernel (:meth:`~ckptstore.storage_backends.base.Storage.
     read_into`)."""
-    check = (lambda data: _check_blob(storage, chunk, where, data)) if verify else None
+    check = _BlobCheck(storage, chunk, where) if verify else None
     try:
         storage.read_into(blob_key(chunk.sha256), fd, offset, check)
     except errors.StorageNotFound:
@@ -570,14 +570,44 @@ def _missing(storage: Storage, chunk: Chunk, where: str) -> errors.ChecksumMisma
 
 
 def _check_blob(storage: Storage, chunk: Chunk, where: str, data: bytes) -> None:
+    _check_sums(storage, chunk, where, len(data), lambda: hashlib.sha256(data).hexdigest())
+
+
+def _check_sums(
+    storage: Storage, chunk: Chunk, where: str, size: int, digest: Callable[[], str]
+) -> None:
+    """Raise unless ``size`` bytes whose SHA-256 is ``digest()`` are the chunk."""
     sha = chunk.sha256
-    if len(data) != chunk.size or hashlib.sha256(data).hexdigest() != sha:
+    if size != chunk.size or digest() != sha:
         raise _damaged(
-            f"Blob {sha} of {where} in {storage.url} is corrupted ({len(data)} bytes, expected "
+            f"Blob {sha} of {where} in {storage.url} is corrupted ({size} bytes, expected "
             f"{chunk.size} with that SHA-256); every checkpoint using it is damaged (list "
             "them with `ckptstore checkpoint verify`).",
             sha,
         )
+
+
+class _BlobCheck:
+    """A chunk's check, on its whole bytes (``check(data)``) or piece by piece as a streamed
+    read delivers them (``reset()`` per attempt, ``update(piece)``, ``finish()``: see
+    :meth:`~ckptstore.storage_backends.object_store.ObjectStorage.read_into`)."""
+
+    def __init__(self, storage: Storage, chunk: Chunk, where: str) -> None:
+        self.storage, self.chunk, self.where = storage, chunk, where
+        self.reset()
+
+    def __call__(self, data: bytes) -> None:
+        _check_blob(self.storage, self.chunk, self.where, data)
+
+    def reset(self) -> None:
+        self.sha, self.size = hashlib.sha256(), 0
+
+    def update(self, piece: bytes) -> None:
+        self.sha.update(piece)
+        self.size += len(piece)
+
+    def finish(self) -> None:
+        _check_sums(self.storage, self.chunk, self.where, self.size, self.sha.hexdigest)
 
 
 def assemble(

@@ -73,6 +73,7 @@ import contextlib
 import hashlib
 import itertools
 import logging
+import mmap
 import os
 import re
 import shutil
@@ -86,11 +87,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ckptstore import defaults, errors
-from ckptstore.checkpointing.checksums import file_sums
+from ckptstore.checkpointing.checksums import crc32c_update, file_sums
+from ckptstore.checkpointing.entries import Chunk
 from ckptstore.storage_backends.object_store import TMP_MARK, tmp_name
 
 if TYPE_CHECKING:
-    from ckptstore.checkpointing.entries import Chunk, FileEntry
+    from ckptstore.checkpointing.entries import FileEntry
     from ckptstore.storage_backends.base import Storage
 
 logger = logging.getLogger(__name__)
@@ -107,6 +109,8 @@ RECENT_LOADS = 100
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*$", re.IGNORECASE)
 _INDEX = "index.db"
+#: The content record of an entry checked by its chunks' SHA-256 (:meth:`RestoreCache._intact`).
+BY_CHUNKS = "chunks"
 _OFF = {"off", "0", "false", "no"}
 _ON = {"on", "1", "true", "yes"}
 
@@ -253,14 +257,81 @@ class RestoreCache:
         # not the entry's name: an eviction meanwhile cannot swap it.
         same = recorded is not None and recorded[0] == before and _same_inode(before, part)
         if recorded is not None and os.path.getsize(part) == entry.size:
-            crc, sha = file_sums(part, sha256=sha256 or not same)
-            if crc == entry.crc32c and (same or sha == recorded[1]):
+            by_sha = not same and recorded[1] != BY_CHUNKS
+            crc, sha = file_sums(part, sha256=sha256 or by_sha)
+            if crc == entry.crc32c and (same or self._intact(key, recorded[1], sha, part)):
                 os.replace(part, target)
                 self._seen(key, _ident_of(path))  # our own link changed its ctime
                 return sha or ""
         os.unlink(part)
         self.drop(key)
         return None
+
+    def open_entry(self, key: str, entry: FileEntry) -> int | None:
+        """An open read-only descriptor of cached file ``key``, for a caller that reads it in
+        place (no link, so its identity stays as recorded), if it passes :meth:`link_file`'s
+        checks: unchanged since insertion (else its recorded SHA-256), then ``entry``'s size
+        and crc32c, all read through the descriptor. A damaged entry is dropped; None: not
+        served. The descriptor keeps the bytes readable if the entry is evicted meanwhile;
+        the caller closes it."""
+        recorded = self._recorded(key)
+        if recorded is None:
+            return None
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+        try:
+            info = os.fstat(fd)
+            same = _ident(info) == recorded[0]
+            if info.st_size == entry.size:
+                by_sha = not same and recorded[1] != BY_CHUNKS
+                crc, sha = fd_sums(fd, info.st_size, sha256=by_sha)
+                if crc == entry.crc32c and (same or self._intact(key, recorded[1], sha, fd)):
+                    if not same:
+                        self._seen(key, _ident(info))
+                    fd, served = -1, fd
+                    return served
+        except OSError:
+            pass
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        self.drop(key)
+        return None
+
+    def _intact(self, key: str, recorded: str, sha: str | None, file: int | str) -> bool:
+        """Whether entry ``key``, whose identity changed since it was last seen, still holds
+        what it held at insertion: its whole-file SHA-256 as ``recorded``, or for a
+        deduplicated file's entry recorded :data:`BY_CHUNKS`, every chunk's SHA-256 at its
+        offset (the chunks table; they must make up the list its key names)."""
+        if recorded != BY_CHUNKS:
+            return sha == recorded
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT sha, offset FROM chunks WHERE key = ? ORDER BY offset", (key,)
+            ).fetchall()
+        if not rows or rows[0][1] != 0:
+            return False
+        fd = os.open(file, os.O_RDONLY) if isinstance(file, str) else file
+        try:
+            size = os.fstat(fd).st_size
+            ends = [offset for _sha, offset in rows[1:]] + [size]
+            chunks = [Chunk(c, end - at) for (c, at), end in zip(rows, ends, strict=True)]
+            if self.content_key(chunks) != key or not size:
+                return False
+            with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
+                view = memoryview(mapped)
+                try:
+                    return all(
+                        hashlib.sha256(view[at : at + c.size]).hexdigest() == c.sha256
+                        for c, (_sha, at) in zip(chunks, rows, strict=True)
+                    )
+                finally:
+                    view.release()
+        finally:
+            if isinstance(file, str):
+                os.close(fd)
 
     def _recorded(self, key: str) -> tuple[str | None, str] | None:
         """(identity as last seen, SHA-256 at insertion) of entry ``key``; None: unknown
@@ -308,15 +379,18 @@ class RestoreCache:
             self.drop(key)
         return None
 
-    def put_file(self, key: str, source: str) -> None:
+    def put_file(self, key: str, source: str, *, move: bool = False) -> None:
         """Keep the file at ``source`` as entry ``key`` (hard link, else copy; renamed into
-        place). Best effort: a full disk or a read-only cache costs the saving, never the
-        load."""
+        place; ``move``: ``source`` is then removed, so the entry's identity recorded by this
+        load stays its identity). Best effort: a full disk or a read-only cache costs the
+        saving, never the load (a file not kept is left at ``source``)."""
         path = self._path(key)
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             part = tmp_name(path)
             _link_or_copy(source, part)
+            if move:
+                os.unlink(source)
             # Read-only: a link to it in a user's folder cannot be written by accident (an
             # edit anyway changes its identity, and the entry is then a miss).
             os.chmod(part, 0o444)
@@ -409,9 +483,9 @@ class RestoreCache:
                         db.execute(
                             "UPDATE entries SET used = ?, size = ? WHERE key = ?", (now, size, key)
                         )
-                    else:  # inserted now: its identity and SHA-256 (what later hits must match)
+                    else:  # inserted now: its identity and content (what later hits must match)
                         ident = _ident_of(self._path(key))
-                        sha = file_sums(self._path(key), sha256=True)[1]
+                        sha = _content_record(self._path(key), stats.layouts.get(key))
                         db.execute(
                             "INSERT INTO entries (key, size, used, ident, sha) VALUES (?, ?, ?, ?, ?)",
                             (key, size, now, ident, sha),
@@ -506,13 +580,36 @@ class RestoreCache:
         return int(size)
 
 
+def _content_record(path: str, layout: Sequence[tuple[str, int]] | None) -> str | None:
+    """What an entry's content is checked by when its identity changes: :data:`BY_CHUNKS`
+    for a deduplicated file whose chunks are all distinct (each verified as it was fetched:
+    no pass over the file now), else its whole-file SHA-256."""
+    if layout and len({sha for sha, _offset in layout}) == len(layout):
+        return BY_CHUNKS
+    return file_sums(path, sha256=True)[1]
+
+
 def _ident_of(path: str) -> str | None:
     """A file's identity: device, inode, size, mtime and ctime (ns); None if it is gone."""
     try:
-        s = os.stat(path)
+        return _ident(os.stat(path))
     except OSError:
         return None
+
+
+def _ident(s: os.stat_result) -> str:
     return f"{s.st_dev}:{s.st_ino}:{s.st_size}:{s.st_mtime_ns}:{s.st_ctime_ns}"
+
+
+def fd_sums(fd: int, size: int, *, sha256: bool = False) -> tuple[str, str | None]:
+    """``(crc32c, sha256 or None)`` of the ``size`` bytes of open file ``fd``, mapped (no copy
+    out of the page cache)."""
+    if size == 0:
+        return "00000000", hashlib.sha256().hexdigest() if sha256 else None
+    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
+        crc = crc32c_update(0, mapped)
+        digest = hashlib.sha256(mapped).hexdigest() if sha256 else None
+    return f"{crc:08x}", digest
 
 
 def _same_inode(ident: str | None, path: str) -> bool:

@@ -15,7 +15,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from ckptstore import errors
-from ckptstore.checkpointing import blobs, chunk_view, commit, restore, scan, sharded, signing
+from ckptstore.checkpointing import (
+    blobs,
+    cache_view,
+    chunk_view,
+    commit,
+    restore,
+    scan,
+    sharded,
+    signing,
+)
 from ckptstore.checkpointing import cache as cache_mod
 from ckptstore.checkpointing import format as fmt
 from ckptstore.checkpointing import metadata as ckpt_metadata
@@ -534,7 +543,9 @@ class CheckpointContext(Collecting):
         self, storage_id: str, *, selector: Any = None, views: dict[str, Any] | None = None
     ) -> Iterator[pathlib.Path]:
         """:meth:`restore_path`, and ``views``: ``{relpath: None}`` of files the caller can
-        read through a view (:func:`.chunk_view.open_views`: read in place from the chunks)."""
+        read through a view (:func:`.chunk_view.open_views`: read in place from the chunks of
+        a local store; :func:`.cache_view.open_views`: from the restore cache), open until
+        the context exits."""
         self._check_open()
         fmt.check_storage_id(storage_id)
         # GC (here, and in other processes through an index pin) must not delete it while in
@@ -557,9 +568,11 @@ class CheckpointContext(Collecting):
             path = tempfile.mkdtemp(prefix=f"ckptstore-restore-{storage_id}-")
             try:
                 selector = chunk_view.open_views(self, manifest, selector, views)
+                selector = cache_view.open_views(self, manifest, selector, views, path)
                 self.download(storage_id, path, selector=selector)
                 yield pathlib.Path(path)
             finally:
+                cache_view.close_views(views)
                 shutil.rmtree(path, ignore_errors=True)
         finally:
             self._use(storage_id, -1)

@@ -69,8 +69,13 @@ def download_checkpoint(
     progress: ProgressCallback | None = None,
     sha256: dict[str, str] | None = None,
     signed: Mapping[str, str] | None = None,
+    into_cache: frozenset[str] = frozenset(),
 ) -> DownloadReport:
     """Write the files of ``manifest`` that ``select`` picks into ``out_dir``.
+
+    ``into_cache``: files the caller reads from the cache itself
+    (:mod:`.cache_view`): each one fetched is moved into the cache, not left in ``out_dir``
+    (where it stays only if the cache could not keep it).
 
     ``signed``: ``{path: SHA-256}`` a checked signature vouches for; a cached file whose
     SHA-256 is not its signed one is a miss (dropped, fetched from storage): an entry with the
@@ -118,7 +123,8 @@ def download_checkpoint(
             raise
     if restore is not None:
         for rel in fetched | assembled:
-            restore.put_file(keys[rel], os.path.join(out_dir, *rel.split("/")))
+            path = os.path.join(out_dir, *rel.split("/"))
+            restore.put_file(keys[rel], path, move=rel in into_cache)
             stats.use(keys[rel], blobs.chunks_of(files[rel]))
         restore.record(stats)
     report = DownloadReport(
@@ -127,15 +133,22 @@ def download_checkpoint(
         stats.from_cache,
         restore is not None,
     )
+    log_load(storage, uuid, report.from_storage, report.from_cache, cached=restore is not None)
+    return report
+
+
+def log_load(
+    storage: Storage, uuid: str, from_storage: int, from_cache: int, *, cached: bool
+) -> None:
+    """The DEBUG line of one read of checkpoint ``uuid``: bytes from storage, from the cache."""
     logger.debug(
         "Checkpoint %s: %d bytes from storage %s, %d from the restore cache%s",
         uuid,
-        report.from_storage,
+        from_storage,
         storage.url,
-        report.from_cache,
-        "" if restore else " (off)",
+        from_cache,
+        "" if cached else " (off)",
     )
-    return report
 
 
 def download_signed(
@@ -201,12 +214,16 @@ def _keys(
     if restore is None:
         return {}
     return {
-        rel: restore.content_key(blobs.chunks_of(e))
-        if blobs.is_chunked(e)
-        else restore.file_key(storage.url, uuid, rel, e)
-        for rel, e in files.items()
-        if not rel.endswith("/")
+        rel: cache_key(storage, uuid, rel, e) for rel, e in files.items() if not rel.endswith("/")
     }
+
+
+def cache_key(storage: Storage, uuid: str, rel: str, entry: FileEntry) -> str:
+    """The restore cache's key of file ``rel`` of checkpoint ``uuid``: by its chunks for a
+    deduplicated file (shared by checkpoints and storages), else by where it comes from."""
+    if blobs.is_chunked(entry):
+        return cache_mod.RestoreCache.content_key(blobs.chunks_of(entry))
+    return cache_mod.RestoreCache.file_key(storage.url, uuid, rel, entry)
 
 
 def _link_cached(
@@ -284,4 +301,4 @@ def _assemble(
     blobs.assemble(storage, uuid, manifest, out_dir, wanted.__contains__, place=place)
 
 
-__all__ = ["DownloadReport", "download_checkpoint", "download_signed"]
+__all__ = ["DownloadReport", "cache_key", "download_checkpoint", "download_signed"]

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from ckptstore import errors
@@ -171,6 +171,32 @@ class ObjectStorage(Storage):
         ``length`` is None) into ``fd`` at the same offsets; a short body raises
         ``ConnectionError`` so the part is retried."""
         raise NotImplementedError
+
+    #: True when :meth:`_get_into` takes ``on_piece`` (called with each piece of the body
+    #: before it is written) and returns the bytes written: :meth:`read_into` then streams.
+    _streams_pieces = False
+
+    def read_into(
+        self, key: str, fd: int, offset: int, check: Callable[[bytes], None] | None = None
+    ) -> int:
+        """:meth:`Storage.read_into`, streamed into ``fd`` as the body arrives (no copy of the
+        whole object in memory) when the backend can and ``check`` is None or takes pieces
+        (``reset()`` per attempt, ``update(piece)``, then ``finish()``, which raises on bad
+        content: the caller discards what was written, as a failed chunk's part file is)."""
+        update = getattr(check, "update", None)
+        if not self._streams_pieces or (check is not None and update is None):
+            return super().read_into(key, fd, offset, check)
+        name = self._name(key)
+
+        def attempt() -> int:
+            if check is not None:
+                check.reset()  # type: ignore[attr-defined]
+            return int(self._get_into(name, fd, offset, None, on_piece=update))  # type: ignore[call-arg, func-returns-value]
+
+        size = self._call(attempt, name, "read")
+        if check is not None:
+            check.finish()  # type: ignore[attr-defined]
+        return size
 
     def _read(self, name: str) -> bytes:
         raise NotImplementedError

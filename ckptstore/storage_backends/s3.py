@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 import botocore.exceptions
@@ -269,7 +270,16 @@ class S3Storage(ObjectStorage):
     def _upload_file(self, name: str, path: str, size: int) -> None:
         self._manager.upload(path, self.bucket, name).result()
 
-    def _get_into(self, name: str, fd: int, start: int, length: int | None) -> None:
+    _streams_pieces = True
+
+    def _get_into(
+        self,
+        name: str,
+        fd: int,
+        start: int,
+        length: int | None,
+        on_piece: Callable[[bytes], None] | None = None,
+    ) -> int:
         """GET ``name`` (all of it, or ``length`` bytes from ``start``) into ``fd`` at offset
         ``start``, 1 MiB at a time as the body arrives. boto3's ``download_file`` hands every
         256 KiB to one writer thread per transfer manager; writing from the request thread
@@ -286,6 +296,8 @@ class S3Storage(ObjectStorage):
         offset = start
         try:
             for chunk in body.iter_chunks(_GET_CHUNK):
+                if on_piece is not None:
+                    on_piece(chunk)
                 offset += pwrite_all(fd, chunk, offset)
         finally:
             body.close()
@@ -294,6 +306,7 @@ class S3Storage(ObjectStorage):
             raise ConnectionError(
                 f"short read at offset {start}: got {offset - start} of {expected} bytes"
             )
+        return expected
 
     def _read(self, name: str) -> bytes:
         return self._client.get_object(Bucket=self.bucket, Key=name)["Body"].read()
