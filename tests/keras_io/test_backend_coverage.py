@@ -10,12 +10,9 @@ holds on TensorFlow holds on the other backends.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
-import re
-import tarfile
 
 import keras
 import numpy as np
@@ -26,6 +23,7 @@ import ckptstore as det
 from ckptstore.registry import Registry
 from ckptstore.ui.app import create_app
 from ckptstore.ui.settings import UiSettings
+from tests._helpers.ui_client import verify_and_archive
 from tests.keras_io.export_common import X, Y, fit, has_saved_model
 from tests.keras_io.keras_under_test import optimizer_variables, tiny_model
 
@@ -104,13 +102,7 @@ def test_registry_and_ui_show_a_trial_trained_here(where):
         assert 'data-series="training"' in trial and 'data-series="validation"' in trial
         page = client.get(f"/checkpoints/{uuids[1]}").text
         assert "model.keras" in page and HERE in page  # the metadata names the backend
-        csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
-        verified = client.post(f"/checkpoints/{uuids[1]}/verify", data={"csrf": csrf})
-        assert verified.status_code == 200 and 'class="ok"' in verified.text
-        archive = client.get(f"/checkpoints/{uuids[1]}/archive.tar")
-        assert archive.status_code == 200
-        with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
-            assert f"{uuids[1]}/model.keras" in tar.getnames()
+        assert f"{uuids[1]}/model.keras" in verify_and_archive(client, uuids[1])
 
 
 #: A custom layer of the training script: Keras records ``"module": "__main__"``, so no other
