@@ -7,8 +7,9 @@ before Keras is imported), in one run, and prints them side by side:
   yardstick;
 - ``snapshot``: :func:`~ckptstore.keras_io.saving._snapshot.take_snapshot` alone (TensorFlow: a
   copy-on-write read of every variable; JAX: the trainer state synced back and copied once on the
-  device, because the next step donates and deletes the arrays; PyTorch: detached clones, because
-  the optimizer updates the parameters in place);
+  device, because the next step donates and deletes the arrays; PyTorch: detached copies, because
+  the optimizer updates the parameters in place, into the previous round's memory after the
+  first round);
 - ``blocked``: what ``fit()`` waits for at a checkpoint with ``DeterminedCallback``'s defaults
   (``on_epoch_end`` + the next ``on_epoch_begin``), and ``final blocked`` (the last epoch's
   ``on_epoch_end`` + ``on_train_end``, which hands the SavedModel export to the worker).
@@ -116,12 +117,12 @@ def measure(
     run_fit(model, (x, x), 1, [])  # build + compile the step
     out: dict[str, list[float]] = {key: [] for key in KEYS}
     work = tempfile.mkdtemp(prefix="backend-stall-")
+    layout = snapshot_lib.StateLayout.of(model)  # one, as fit() has (PyTorch reuses its copies)
     for i in range(rounds):
         started = time.perf_counter()
         keras_save(model, os.path.join(work, f"save{i}"))
         out["model.save"].append(time.perf_counter() - started)
         os.remove(os.path.join(work, f"save{i}.keras"))
-        layout = snapshot_lib.StateLayout.of(model)
         started = time.perf_counter()
         snapshot_lib.take_snapshot(layout)
         out["snapshot"].append(time.perf_counter() - started)
