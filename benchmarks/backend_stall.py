@@ -7,7 +7,9 @@ before Keras is imported), in one run, and prints them side by side:
   yardstick;
 - ``snapshot``: :func:`~ckptstore.keras_io.saving._snapshot.take_snapshot` alone (TensorFlow: a
   copy-on-write read of every variable; JAX: the trainer state synced back and copied once on the
-  device, because the next step donates and deletes the arrays);
+  device, because the next step donates and deletes the arrays; PyTorch: detached copies, because
+  the optimizer updates the parameters in place, into the previous round's memory after the
+  first round);
 - ``blocked``: what ``fit()`` waits for at a checkpoint with ``DeterminedCallback``'s defaults
   (``on_epoch_end`` + the next ``on_epoch_begin``), and ``final blocked`` (the last epoch's
   ``on_epoch_end`` + ``on_train_end``, which hands the SavedModel export to the worker).
@@ -15,11 +17,13 @@ before Keras is imported), in one run, and prints them side by side:
 ``--sections`` also prints, per backend, the median milliseconds of each part of the callback's
 epoch-end path on the training thread (``section:`` rows; ``--epochs 12`` gives more repeats).
 
-Target: blocked <= 0.05x ``model.save`` on JAX as on TensorFlow.
+Target: blocked <= 0.05x ``model.save`` on JAX and PyTorch as on TensorFlow.
 
     .venv/bin/python benchmarks/backend_stall.py --sizes-mb 25 --rounds 3
+    .venv/bin/python benchmarks/backend_stall.py --backends tensorflow,torch
 
-JAX comes from ``.venv-jax/`` (``scripts/setup.sh --test``) or from the venv if installed there.
+JAX and PyTorch come from ``.venv-jax/`` and ``.venv-torch/`` (``scripts/setup.sh --test``) or
+from the venv if installed there.
 """
 
 from __future__ import annotations
@@ -37,9 +41,9 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from tests._helpers.jax_env import jax_missing, keras_env  # noqa: E402 - after the path
+from tests._helpers.jax_env import backend_missing, keras_env  # noqa: E402 - after the path
 
-BACKENDS = ("tensorflow", "jax")
+BACKENDS = ("tensorflow", "jax", "torch")
 KEYS = ("model.save", "snapshot", "blocked", "final blocked")
 
 
@@ -113,12 +117,12 @@ def measure(
     run_fit(model, (x, x), 1, [])  # build + compile the step
     out: dict[str, list[float]] = {key: [] for key in KEYS}
     work = tempfile.mkdtemp(prefix="backend-stall-")
+    layout = snapshot_lib.StateLayout.of(model)  # one, as fit() has (PyTorch reuses its copies)
     for i in range(rounds):
         started = time.perf_counter()
         keras_save(model, os.path.join(work, f"save{i}"))
         out["model.save"].append(time.perf_counter() - started)
         os.remove(os.path.join(work, f"save{i}.keras"))
-        layout = snapshot_lib.StateLayout.of(model)
         started = time.perf_counter()
         snapshot_lib.take_snapshot(layout)
         out["snapshot"].append(time.perf_counter() - started)
@@ -154,7 +158,7 @@ def measure(
 
 
 def _child(backend: str, args: argparse.Namespace) -> dict[str, list[float]]:
-    env = keras_env(backend)  # JAX from .venv-jax/ (scripts/setup.sh --test) for the JAX child
+    env = keras_env(backend)  # JAX (PyTorch) from .venv-jax/ (.venv-torch/) for its child
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--child", *sys.argv[1:]],
         env=env,
@@ -174,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="training steps per epoch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sections", action="store_true", help="time the epoch-end path's parts")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = [float(s) for s in args.sizes_mb.split(",") if s]
@@ -183,23 +188,25 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(json.dumps(results))
         return 0
-    if jax_missing():
-        raise SystemExit(jax_missing())
-    runs = {backend: _child(backend, args) for backend in BACKENDS}
+    backends = [b for b in args.backends.split(",") if b]
+    for backend in backends:
+        if backend != "tensorflow" and backend_missing(backend):
+            raise SystemExit(backend_missing(backend))
+    runs = {backend: _child(backend, args) for backend in backends}
     for size in sizes:
         print(
             f"\n=== state {size:.0f} MB (weights + Adam), {args.epochs} epochs x {args.steps} "
             f"steps, median of {args.rounds} rounds, load average {os.getloadavg()[0]:.1f} ==="
         )
-        print(f"{'seconds':16s}" + "".join(f"{b:>16s}{'x save':>9s}" for b in BACKENDS))
+        print(f"{'seconds':16s}" + "".join(f"{b:>16s}{'x save':>9s}" for b in backends))
         for key in KEYS:
             row = f"{key:16s}"
-            for backend in BACKENDS:
+            for backend in backends:
                 values = runs[backend][str(size)]
                 ratios = [a / b for a, b in zip(values[key], values["model.save"], strict=True)]
                 row += f"{statistics.median(values[key]):16.4f}{statistics.median(ratios):9.3f}"
             print(row)
-        _print_sections([runs[backend][str(size)] for backend in BACKENDS])
+        _print_sections([runs[backend][str(size)] for backend in backends])
     return 0
 
 

@@ -179,11 +179,11 @@ def _job_images() -> np.ndarray:
     return images
 
 
-def _jax_job_predicts_as_the_checkpoint(tmp_path):
-    """Issue 42: ``ckptstore job run`` on ``KERAS_BACKEND=jax`` (the job inherits it; Keras
-    would fail to import without JAX): a checkpoint trained here on JAX, the reference's
-    batch_inference.py by UUID; the job completes and writes this process's predictions of
-    the same checkpoint."""
+def _job_predicts_as_the_checkpoint(tmp_path, backend):
+    """Issue 42: ``ckptstore job run`` on ``KERAS_BACKEND=jax`` or ``torch`` (the job inherits
+    it; Keras would fail to import without the backend): a checkpoint trained here on that
+    backend, the reference's batch_inference.py by UUID; the job completes and writes this
+    process's predictions of the same checkpoint."""
     import keras
 
     import ckptstore as det
@@ -204,7 +204,7 @@ def _jax_job_predicts_as_the_checkpoint(tmp_path):
     ).predict(_job_images(), batch_size=16, verbose=0)
 
     model_dir = copy_corpus("new_keras_api", tmp_path)
-    cfg = _job_config(model_dir, "jax.yaml", trial_id=None, checkpoint_uuid=uuid)
+    cfg = _job_config(model_dir, f"{backend}.yaml", trial_id=None, checkpoint_uuid=uuid)
     done = ckptstore("job", "run", cfg, ".", storage=storage, registry=registry, cwd=model_dir)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Job 1 completed" in done.stdout
@@ -217,7 +217,10 @@ def _jax_job_predicts_as_the_checkpoint(tmp_path):
     np.testing.assert_allclose(predictions, expected, rtol=1e-6, atol=1e-7)
 
 
-# Defined on JAX only (a skip fails under CI=true): tests/keras_io/test_jax_suite.py's child
-# runs it; the main run covers the same job on TensorFlow above.
-if os.environ.get("KERAS_BACKEND") == "jax":
-    test_jax_job_predicts_as_the_checkpoint = _jax_job_predicts_as_the_checkpoint
+# Defined on JAX and PyTorch only (a skip fails under CI=true), parametrised by the backend the
+# process runs on: the children of tests/keras_io/test_jax_suite.py and test_torch_suite.py run
+# it; the main run covers the same job on TensorFlow above.
+if os.environ.get("KERAS_BACKEND") in ("jax", "torch"):
+    test_job_predicts_as_the_checkpoint = pytest.mark.parametrize(
+        "backend", [os.environ["KERAS_BACKEND"]]
+    )(_job_predicts_as_the_checkpoint)

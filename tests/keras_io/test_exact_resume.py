@@ -77,6 +77,7 @@ def assert_same_arrays(ref: dict, got: dict) -> None:
 def assert_bit_equal(ref: dict, got: dict) -> None:
     assert_same_arrays(ref, got)
     assert any(k.startswith("best_weights/") for k in ref["arrays"])  # EarlyStopping's
+    assert "val_loss" in ref["history"]  # validation_data's results are compared too
     for key in (
         "iterations",
         "steps_completed",

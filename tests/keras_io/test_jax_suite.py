@@ -11,7 +11,10 @@ storage, ``test_loaders.py``'s latest/best/UUID case), checkpoints moving betwee
 TensorFlow both ways (``test_backends.py``), and bit-equal SIGTERM/resume in fresh processes for
 shuffled arrays, a ``keras.utils.PyDataset``, a ``tf.data.Dataset`` and a Python generator with
 ``steps_per_epoch`` (the PyDataset and tf.data cases add six worker processes, ~14 CPU-s each),
-and ``ckptstore job run`` batch inference from a JAX checkpoint (``test_jobs.py``).
+``ckptstore job run`` batch inference from a JAX checkpoint (``test_jobs.py``), and
+``core.init`` + ``CheckpointContext`` alone with the loaders, the registry and the web UI over a
+trial trained on JAX, and the in-process SavedModel of a model with a class of the training
+script (``test_backend_coverage.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ MODULES = [
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[pydataset]",
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[tfdata]",
     f"{EXACT}test_generator_with_steps_per_epoch_resumes_bit_exactly_on_jax",
-    "tests/determined_compat/test_jobs.py::test_jax_job_predicts_as_the_checkpoint",
+    "tests/keras_io/test_backend_coverage.py",
+    "tests/determined_compat/test_jobs.py::test_job_predicts_as_the_checkpoint[jax]",
 ]
 
 

@@ -1,14 +1,18 @@
 """The Keras 3 tests again on the PyTorch backend (``KERAS_BACKEND=torch``, issue 42), in a child
 pytest like the JAX run (``tests/keras_io/test_jax_suite.py``; see tests/_helpers/backend_runs.py).
 
-Kept smaller than the JAX run (its budget is ~3 minutes of CI, on the second core): the
+Kept smaller than the JAX run (its budget is ~5 minutes of CI, on the second core): the
 plain-Keras tutorial's shape through ``DeterminedCallback`` (checkpoint contents and schedule,
 with the SavedModel exported on TensorFlow), the point-in-time snapshot (PyTorch's optimizer
 writes into the parameters in place: a snapshot that held them would record the next steps), a
-bit-equal SIGTERM/resume in fresh processes for shuffled NumPy arrays and for a Python generator
-with ``steps_per_epoch`` (fed through Keras's torch ``DataLoader``, whose iterators draw from
-torch's global generator), and a checkpoint moving between PyTorch and TensorFlow both ways,
-optimizer state included (``test_backends.py``).
+bit-equal SIGTERM/resume in fresh processes, validation data included, for shuffled NumPy
+arrays, a ``keras.utils.PyDataset``, a ``tf.data.Dataset`` and a Python generator with
+``steps_per_epoch`` (fed through Keras's torch ``DataLoader``, whose iterators draw from torch's
+global generator), a checkpoint moving between PyTorch and TensorFlow both ways, optimizer state
+included (``test_backends.py``), ``core.init`` + ``CheckpointContext`` alone with the loaders,
+the registry and the web UI over a trial trained on torch, the SavedModel warning of a model
+with a class of the training script (``test_backend_coverage.py``), and ``ckptstore job run``
+batch inference from a torch checkpoint (``test_jobs.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,11 @@ MODULES = [
     f"{CALLBACK}test_snapshot_archive_matches_keras_layout_and_is_point_in_time",
     "tests/keras_io/test_backends.py::test_checkpoints_resume_and_load_across_backends",
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[arrays_shuffle]",
+    f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[pydataset]",
+    f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[tfdata]",
     f"{EXACT}test_generator_with_steps_per_epoch_resumes_bit_exactly_on_torch",
+    "tests/keras_io/test_backend_coverage.py",
+    "tests/determined_compat/test_jobs.py::test_job_predicts_as_the_checkpoint[torch]",
 ]
 
 #: Started with the session when PyTorch is there (.venv-torch), after the JAX run.

@@ -11,6 +11,7 @@ import tarfile
 
 from ckptstore.checkpointing import format as ckpt_format
 from ckptstore.checkpointing.checksums import crc32c_file
+from tests._helpers.ui_client import verify_and_archive
 from tests.ui.conftest import TRIALS
 
 
@@ -108,17 +109,8 @@ def test_checkpoint_page_manifest_verify_and_archive(client, ui_env):
     html = client.get(f"/checkpoints/{uuid}").text
     for name in ("model.keras", "extra/notes.txt", "saved_model/x.pb", "metadata.json"):
         assert name in html
-    csrf = re.search(r'name="csrf" value="([^"]+)"', html).group(1)
-    verified = client.post(f"/checkpoints/{uuid}/verify", data={"csrf": csrf})
-    assert verified.status_code == 200 and 'class="ok"' in verified.text
-
-    response = client.get(f"/checkpoints/{uuid}/archive.tar")
-    assert response.status_code == 200
-    with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
-        names = tar.getnames()
-        assert f"{uuid}/MANIFEST.json" in names
-        out = ui_env.env.workdir + "/extracted"
-        tar.extractall(out, filter="data")
+    out = ui_env.env.workdir + "/extracted"
+    assert f"{uuid}/MANIFEST.json" in verify_and_archive(client, uuid, out)
     manifest = ckpt_format.parse_manifest(open(f"{out}/{uuid}/MANIFEST.json", "rb").read(), uuid)
     checked = ckpt_format.verify_files(f"{out}/{uuid}", manifest)
     assert set(checked) == {k for k in manifest["files"] if not k.endswith("/")}

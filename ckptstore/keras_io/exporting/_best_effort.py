@@ -48,6 +48,16 @@ FIX = (
     "ckptstore.load_checkpoint_model(..., model=build_model). A SavedModel can be added "
     "later with `ckptstore checkpoint export UUID`."
 )
+#: The fix when a torch model's SavedModel cannot be made: the worker rebuilds the model on
+#: TensorFlow from model.keras, which a class of the training script defeats; in-process, Keras's
+#: torch export goes through torch.export and torch_xla.
+TORCH_FIX = (
+    "Fix: move the custom layers/models out of the training script into a module it imports "
+    "and decorate them with @keras.saving.register_keras_serializable(): the export worker then "
+    "rebuilds the model on TensorFlow from the checkpoint's model.keras (Keras's in-process "
+    "export on torch needs torch.export and torch_xla). Or add the SavedModel later where "
+    "that module imports: `ckptstore checkpoint export UUID --module <module>`."
+)
 
 
 class Shortfalls:
@@ -59,7 +69,9 @@ class Shortfalls:
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 
-    def record(self, metadata: MutableMapping[str, Any], artifact: str, reason: str) -> None:
+    def record(
+        self, metadata: MutableMapping[str, Any], artifact: str, reason: str, fix: str = FIX
+    ) -> None:
         metadata.setdefault(MISSING_KEY, {})[artifact] = reason
         if artifact == SAVED_MODEL:
             metadata["saved_model"] = False
@@ -75,7 +87,7 @@ class Shortfalls:
                 "position and RNG are in every checkpoint). %s",
                 _WHAT[artifact],
                 reason,
-                FIX,
+                fix,
             )
 
 
@@ -100,6 +112,25 @@ def export_blocker(layout: Any) -> str | None:
     if found:
         return f"the model uses {found} defined in the training script (__main__)"
     return None
+
+
+def live_export_blocker() -> str | None:
+    """Why this process cannot export a live model itself (None: it can try): on torch, Keras
+    converts through ``torch.export`` and ``torch_xla``, which may be missing."""
+    import importlib.util
+
+    from ckptstore.keras_io import backend
+
+    if backend.backend_name() != "torch" or importlib.util.find_spec("torch_xla") is not None:
+        return None
+    return "Keras's in-process SavedModel export on torch needs torch_xla, which is not installed"
+
+
+def live_export_fix() -> str:
+    """The fix a failed (or not tried) export of the live model names on this backend."""
+    from ckptstore.keras_io import backend
+
+    return TORCH_FIX if backend.backend_name() == "torch" else FIX
 
 
 def export_live(model: KerasModel, out_dir: str) -> None:
@@ -139,10 +170,13 @@ __all__ = [
     "MISSING_KEY",
     "MODEL_CONFIG",
     "SAVED_MODEL",
+    "TORCH_FIX",
     "Shortfalls",
     "config_shortfall",
     "export_blocker",
     "export_live",
+    "live_export_blocker",
+    "live_export_fix",
     "reason_of",
     "script_classes",
 ]

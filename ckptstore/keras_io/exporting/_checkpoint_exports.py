@@ -16,6 +16,8 @@ from ckptstore.keras_io.exporting._best_effort import (
     SAVED_MODEL,
     Shortfalls,
     export_live,
+    live_export_blocker,
+    live_export_fix,
     reason_of,
 )
 from ckptstore.keras_io.exporting._policy import ExportPolicy
@@ -116,6 +118,11 @@ class CheckpointExports:
         failure is recorded in ``metadata``). Whether it did."""
         if preempted or not self.policy.wants(final=final, metrics=metrics):
             return False
+        fix = live_export_fix()
+        blocker = live_export_blocker()
+        if blocker is not None:  # not tried: fit() would wait for an export bound to fail
+            self.shortfalls.record(metadata, SAVED_MODEL, f"{why}; {blocker}", fix)
+            return False
         logger.warning(
             "SavedModel exported on the training thread (fit() waits for it): %s, "
             "which the export worker process cannot rebuild.",
@@ -125,7 +132,7 @@ class CheckpointExports:
             export_live(model, out)
         except Exception as exc:  # noqa: BLE001 - a secondary artifact never fails the run
             shutil.rmtree(out, ignore_errors=True)
-            self.shortfalls.record(metadata, SAVED_MODEL, reason_of(exc))
+            self.shortfalls.record(metadata, SAVED_MODEL, reason_of(exc), fix)
             return False
         return True
 

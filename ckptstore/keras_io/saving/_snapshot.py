@@ -11,7 +11,8 @@ ckptstore splits the save in two:
    the read is both cheap and a true point-in-time copy. On JAX the training step donates (and
    so deletes) the arrays it is given: the snapshot keeps the current arrays and gives the
    variables copies of them, which the next step donates instead. On PyTorch the optimizer
-   updates the parameters in place: the snapshot holds detached clones (one memory copy).
+   updates the parameters in place: the snapshot holds detached copies (one memory copy, into
+   the memory of an earlier snapshot the writer is done with: ``_torch_buffers.py``).
 2. :func:`write_model_archive` (background thread): writes a standard ``model.keras`` zip
    (``metadata.json``, ``config.json``, ``model.weights.h5``) from the snapshot with the same
    HDF5 layout Keras's ``saving_lib`` uses, so ``keras.models.load_model`` reads it back with
@@ -273,8 +274,9 @@ def _walk_container(
 
 
 def _read_value(variable: Any) -> Any:
-    """A point-in-time value of ``variable`` that later updates cannot change (TensorFlow,
-    PyTorch and other backends; JAX values are read in one batch by :func:`_jax_copies`)."""
+    """A point-in-time value of ``variable`` that later updates cannot change (TensorFlow and
+    other backends; JAX and PyTorch values are read in one batch: :func:`_jax_copies`,
+    :class:`~ckptstore.keras_io.saving._torch_buffers.TorchBuffers`)."""
     import keras
 
     backend = keras.backend.backend()
@@ -286,10 +288,6 @@ def _read_value(variable: Any) -> Any:
         import tensorflow as tf
 
         return tf.identity(value)
-    if backend == "torch":
-        # The optimizer writes into the parameter's storage (``param.copy_``/``add_``): the
-        # snapshot owns a clone, detached so it holds no autograd graph.
-        return value.detach().clone()
     return keras.ops.copy(value)
 
 
@@ -321,6 +319,10 @@ def _jax_copies(model: Any, variables: list[Any]) -> list[Any]:
 def _read_values(layout: StateLayout) -> list[Any]:
     import keras
 
+    if keras.backend.backend() == "torch":
+        variables = [e.variable.value for e in layout.entries if e.variable is not None]
+        copies = iter(_torch_buffers(layout).copies(variables))
+        return [next(copies) if e.variable is not None else e.constant for e in layout.entries]
     if keras.backend.backend() != "jax":
         return [
             _read_value(e.variable) if e.variable is not None else e.constant
@@ -345,7 +347,22 @@ def take_snapshot(layout: StateLayout) -> Snapshot:
             fresh.optimizers,
         )
     # a copy of the layout's fields: a later re-record must not change what this one writes
-    return Snapshot(layout=dataclasses.replace(layout), values=_read_values(layout))
+    snapshot = Snapshot(layout=dataclasses.replace(layout), values=_read_values(layout))
+    pool = layout.__dict__.get(_TORCH_BUFFERS)
+    if pool is not None:  # torch: the copies go back to the pool once the writer let go
+        pool.release_with(snapshot)
+    return snapshot
+
+
+#: The attribute of a (torch) :class:`StateLayout` holding its snapshots' reusable copies; not a
+#: field, so the layout copy each snapshot carries does not share it.
+_TORCH_BUFFERS = "_torch_buffers"
+
+
+def _torch_buffers(layout: StateLayout) -> Any:
+    from ckptstore.keras_io.saving._torch_buffers import TorchBuffers
+
+    return layout.__dict__.setdefault(_TORCH_BUFFERS, TorchBuffers())
 
 
 def _to_numpy(value: Any) -> np.ndarray:
