@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptstore.import_determined.weights import load_determined_checkpoint
 from ckptstore.keras import callbacks
@@ -38,14 +38,29 @@ from ckptstore.keras_io.fit import (
 )
 from ckptstore.keras_io.loading import load_checkpoint_model
 from ckptstore.keras_io.trial import (
-    ArrayLike,
-    InMemorySequence,
-    InputData,
-    SequenceAdapter,
+    SEQUENCE_NAMES,
     TFKerasExperimentalContext,
     TFKerasTrial,
     TFKerasTrialContext,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ckptstore.keras_io.trial.sequences import (
+        ArrayLike,
+        InMemorySequence,
+        InputData,
+        SequenceAdapter,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    # TFKerasTrial's data helpers import TensorFlow: loaded on first use, so that this module
+    # imports on JAX or PyTorch without TensorFlow installed (issue 42).
+    if name in SEQUENCE_NAMES:
+        from ckptstore.keras_io.trial import sequences
+
+        return getattr(sequences, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class TFKerasTensorBoard(TrialTensorBoard):

@@ -10,16 +10,20 @@ Example::
 from typing import TYPE_CHECKING, Any
 
 from ckptstore.keras_io.trial.context import TFKerasExperimentalContext, TFKerasTrialContext
-from ckptstore.keras_io.trial.sequences import (
-    ArrayLike,
-    InMemorySequence,
-    InputData,
-    SequenceAdapter,
-)
 from ckptstore.keras_io.trial.trial import TFKerasTrial
 
 if TYPE_CHECKING:  # pragma: no cover
     from ckptstore.keras_io.trial.controller import TrialController
+    from ckptstore.keras_io.trial.sequences import (
+        ArrayLike,
+        InMemorySequence,
+        InputData,
+        SequenceAdapter,
+    )
+
+#: Names whose module imports TensorFlow: loaded on first use, so that `import ckptstore.keras`
+#: works on Keras 3 with JAX or PyTorch where TensorFlow is not installed (issue 42).
+SEQUENCE_NAMES = ("ArrayLike", "InMemorySequence", "InputData", "SequenceAdapter")
 
 
 def __getattr__(name: str) -> Any:
@@ -29,6 +33,10 @@ def __getattr__(name: str) -> Any:
         from ckptstore.keras_io.trial.controller import TrialController
 
         return TrialController
+    if name in SEQUENCE_NAMES:
+        from ckptstore.keras_io.trial import sequences
+
+        return getattr(sequences, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
