@@ -3,7 +3,8 @@ pytest like the JAX run (``tests/keras_io/test_jax_suite.py``; see tests/_helper
 
 Kept smaller than the JAX run (its budget is ~5 minutes of CI, on the second core): the
 plain-Keras tutorial's shape through ``DeterminedCallback`` (checkpoint contents and schedule,
-with the SavedModel exported on TensorFlow), the point-in-time snapshot (PyTorch's optimizer
+with the SavedModel exported on TensorFlow; warm start, a failed S3 upload, stateful callbacks, as
+on JAX), the loaders on local storage and S3 (``test_loaders.py``), the point-in-time snapshot (PyTorch's optimizer
 writes into the parameters in place: a snapshot that held them would record the next steps), a
 bit-equal SIGTERM/resume in fresh processes, validation data included, for shuffled NumPy
 arrays, a ``keras.utils.PyDataset``, a ``tf.data.Dataset`` and a Python generator with
@@ -26,6 +27,10 @@ CALLBACK = "tests/keras_io/test_callback.py::"
 MODULES = [
     f"{CALLBACK}test_checkpoint_contents_and_schedule",
     f"{CALLBACK}test_snapshot_archive_matches_keras_layout_and_is_point_in_time",
+    f"{CALLBACK}test_warm_start_loads_weights_only_and_protects",
+    f"{CALLBACK}test_failed_background_save_raises_from_fit",
+    f"{CALLBACK}test_callback_state_applied_after_on_train_begin",
+    "tests/keras_io/test_loaders.py::test_latest_best_and_uuid",
     "tests/keras_io/test_backends.py::test_checkpoints_resume_and_load_across_backends",
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[arrays_shuffle]",
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[pydataset]",
