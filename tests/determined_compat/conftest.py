@@ -23,10 +23,11 @@ CLI_TIMEOUT_S = 300
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment of a user's shell: this checkout importable, quiet TensorFlow."""
     env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     env.update(extra)
-    # the suite's JAX and PyTorch are outside the venv (jax_env.py)
-    env["PYTHONPATH"] = repo_pythonpath(env.get("KERAS_BACKEND"))
+    if env.get("KERAS_BACKEND") in ("jax", "torch"):  # outside the venv (jax_env.py)
+        env["PYTHONPATH"] = repo_pythonpath(env["KERAS_BACKEND"])
     return env
 
 
