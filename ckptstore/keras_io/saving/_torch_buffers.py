@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Iterator
@@ -63,7 +64,9 @@ class _Set:
             self.flat[start : start + _numel(shape) * _itemsize(dtype)].view(dtype).view(shape)
             for start, (shape, dtype) in zip(offsets, signature, strict=True)
         ]
-        self._uses = _storage_uses(self.flat)  # the flat buffer and the views, nothing else
+        # what refers to the memory with nothing else holding it: the flat buffer and the views
+        # (other tensors of it, e.g. a NumPy array's base), and this set's list (the views)
+        self._uses, self._refs = _storage_uses(self.flat), self._view_refs()
 
     def touch(self) -> _Set:
         """Map every page in now (the first write faults them in)."""
@@ -72,7 +75,10 @@ class _Set:
 
     def unshared(self) -> bool:
         """Whether nothing outside this set refers to its memory (views, NumPy arrays)."""
-        return _storage_uses(self.flat) == self._uses
+        return _storage_uses(self.flat) == self._uses and self._view_refs() == self._refs
+
+    def _view_refs(self) -> list[int]:
+        return [sys.getrefcount(view) for view in self.views]
 
 
 class TorchBuffers:
