@@ -8,8 +8,8 @@ before Keras is imported), in one run, and prints them side by side:
 - ``snapshot``: :func:`~ckptstore.keras_io.saving._snapshot.take_snapshot` alone (TensorFlow: a
   copy-on-write read of every variable; JAX: the trainer state synced back and copied once on the
   device, because the next step donates and deletes the arrays; PyTorch: detached copies, because
-  the optimizer updates the parameters in place, into the previous round's memory after the
-  first round);
+  the optimizer updates the parameters in place, into a pooled buffer set mapped in beforehand;
+  ``CKPTSTORE_TORCH_POOL=0`` turns the pool off for an A/B);
 - ``blocked``: what ``fit()`` waits for at a checkpoint with ``DeterminedCallback``'s defaults
   (``on_epoch_end`` + the next ``on_epoch_begin``), and ``final blocked`` (the last epoch's
   ``on_epoch_end`` + ``on_train_end``, which hands the SavedModel export to the worker).

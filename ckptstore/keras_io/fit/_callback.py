@@ -262,6 +262,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             if self._layout is None or self._layout.model is not self.model:
                 self._layout = keras2_format.layout_of(self.model)
                 self._export_blocker = best_effort.export_blocker(self._layout)
+            snapshot_lib.prepare_buffers(self._layout)  # PyTorch: the snapshot's memory
             if self._writer is None or self._writer.closed:
                 self._writer = CheckpointWriter(self._core.checkpoint)
             if self._export_blocker is None:  # see _save
@@ -409,6 +410,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
                 (handoff or self._writer).close()
                 self._writer = None
                 self._exports.close()
+            snapshot_lib.release_buffers(self._layout)
             keras2_format.set_initial_epoch(self.model, None)
             self._fitlog.end(self._checkpoint if self.resumed else None)
 

@@ -12,7 +12,8 @@ ckptstore splits the save in two:
    so deletes) the arrays it is given: the snapshot keeps the current arrays and gives the
    variables copies of them, which the next step donates instead. On PyTorch the optimizer
    updates the parameters in place: the snapshot holds detached copies (one memory copy, into
-   the memory of an earlier snapshot the writer is done with: ``_torch_buffers.py``).
+   memory mapped in beforehand by a background thread or left by an earlier snapshot the
+   writer is done with: ``_torch_buffers.py``).
 2. :func:`write_model_archive` (background thread): writes a standard ``model.keras`` zip
    (``metadata.json``, ``config.json``, ``model.weights.h5``) from the snapshot with the same
    HDF5 layout Keras's ``saving_lib`` uses, so ``keras.models.load_model`` reads it back with
@@ -363,6 +364,23 @@ def _torch_buffers(layout: StateLayout) -> Any:
     from ckptstore.keras_io.saving._torch_buffers import TorchBuffers
 
     return layout.__dict__.setdefault(_TORCH_BUFFERS, TorchBuffers())
+
+
+def prepare_buffers(layout: Any) -> None:
+    """On PyTorch, have the memory of ``layout``'s next snapshot mapped in by a background
+    thread (``fit()``'s start: the first checkpoint's copy then needs no page faults)."""
+    import keras
+
+    if isinstance(layout, StateLayout) and keras.backend.backend() == "torch":
+        variables = [e.variable.value for e in layout.entries if e.variable is not None]
+        _torch_buffers(layout).prepare(variables)
+
+
+def release_buffers(layout: Any) -> None:
+    """Let the memory :func:`prepare_buffers` and the snapshots kept go (``fit()``'s end)."""
+    pool = getattr(layout, "__dict__", {}).get(_TORCH_BUFFERS)
+    if pool is not None:
+        pool.close()
 
 
 def _to_numpy(value: Any) -> np.ndarray:

@@ -1,87 +1,224 @@
-"""The PyTorch snapshot's copies, made into memory that earlier snapshots used (issue 42).
+"""The PyTorch snapshot's copies, made into memory mapped in before the checkpoint (issue 42).
 
 PyTorch's optimizer updates the parameters in place, so a snapshot must own a copy of every
 variable. A fresh ``clone()`` per checkpoint gets new memory from the allocator, and the kernel
 maps it in page by page on the first write: on the 2-core test VM about 8 µs a page, 50-60 ms of
 ``fit()``'s time for 25 MB of weights + Adam state, against a few ms to copy the same bytes into
-pages already mapped. :class:`TorchBuffers` keeps the copies of a snapshot the writer has let
-go (the :class:`~ckptstore.keras_io.saving._snapshot.Snapshot` object was collected: the
-writer drops it once its values are on disk) and copies the next snapshot's values into them.
+pages already mapped.
 
-A buffer is reused only when nothing but the pool refers to it (its reference count), so a
-caller that kept a snapshot's values past the snapshot keeps them intact.
+:class:`TorchBuffers` is a bounded pool of *buffer sets*: one flat allocation per set, holding a
+view per variable, its pages touched once. The training thread copies a snapshot's values into
+a free set in one call (``torch._foreach_copy_``: one release of the GIL, not one per tensor,
+which matters while the writer thread holds it), on one intra-op thread (see :func:`_one_thread`). A set goes back to the pool when its snapshot
+is collected (the writer drops it once its values are on disk) and nothing else still refers to
+its memory (a NumPy array of a view, for instance: the storage's use count is checked). Spare
+sets are allocated and touched by a background thread, ahead of the checkpoint that needs them:
+one at :meth:`TorchBuffers.prepare` (``fit()``'s start), another whenever the pool runs out.
+There are at most :data:`SETS` pooled sets: the writer holds at most two snapshots (one written,
+one queued: ``_writer.py``), so with three the training thread finds a mapped set; a snapshot
+taken while all are held gets fresh memory that is not kept. :meth:`TorchBuffers.close`
+(``fit()``'s end) lets the pool's memory go.
 
 Example::
 
     pool = TorchBuffers()
-    values = pool.copies([v.value for v in variables])   # training thread
-    pool.release_with(snapshot)     # those copies are reused after the snapshot is gone
+    pool.prepare([v.value for v in variables])  # a spare set, touched in the background
+    values = pool.copies([v.value for v in variables])  # training thread
+    pool.release_with(snapshot)  # the set is reused once the snapshot is gone
+    pool.close()
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
-#: ``sys.getrefcount`` of a buffer just taken off the free list that nothing else refers to
-#: (a numpy view of it would: ``Tensor.numpy()`` arrays keep the tensor as their base): the
-#: local name and the call's argument.
-_FREE_REFS = 2
+#: Pooled buffer sets: the writer's two snapshots in flight (one written, one queued) + one.
+SETS = 3
+#: Byte alignment of each variable's view in a set's flat buffer.
+_ALIGN = 64
+#: ``CKPTSTORE_TORCH_POOL=0`` turns the pool off (a ``clone()`` per variable: A/B benchmarks).
+_ENV = "CKPTSTORE_TORCH_POOL"
+
+
+class _Set:
+    """One flat CPU buffer and a view of it per variable (``signature``: shapes and dtypes)."""
+
+    def __init__(self, signature: tuple[Any, ...], pooled: bool) -> None:
+        import torch
+
+        self.signature = signature
+        self.pooled = pooled
+        offsets, total = [], 0
+        for shape, dtype in signature:
+            offsets.append(total)
+            nbytes = _numel(shape) * _itemsize(dtype)
+            total += -(-nbytes // _ALIGN) * _ALIGN
+        self.flat = torch.empty(max(total, 1), dtype=torch.uint8)
+        self.views = [
+            self.flat[start : start + _numel(shape) * _itemsize(dtype)].view(dtype).view(shape)
+            for start, (shape, dtype) in zip(offsets, signature, strict=True)
+        ]
+        # what refers to the memory with nothing else holding it: the flat buffer and the views
+        # (other tensors of it, e.g. a NumPy array's base), and this set's list (the views)
+        self._uses, self._refs = _storage_uses(self.flat), self._view_refs()
+
+    def touch(self) -> _Set:
+        """Map every page in now (the first write faults them in)."""
+        self.flat.zero_()
+        return self
+
+    def unshared(self) -> bool:
+        """Whether nothing outside this set refers to its memory (views, NumPy arrays)."""
+        return _storage_uses(self.flat) == self._uses and self._view_refs() == self._refs
+
+    def _view_refs(self) -> list[int]:
+        return [sys.getrefcount(view) for view in self.views]
 
 
 class TorchBuffers:
-    """Free copies by ``(shape, dtype, device)``, taken by :meth:`copies`, given back when the
-    snapshot holding them is collected (:meth:`release_with`). Thread-safe (the writer thread
-    drops snapshots)."""
+    """A bounded pool of :class:`_Set`\\ s (see the module docstring). Thread-safe: the writer
+    thread drops snapshots, a background thread adds spare sets."""
 
-    def __init__(self) -> None:
-        self._free: dict[tuple[Any, ...], list[Any]] = {}
+    def __init__(self, sets: int = SETS) -> None:
+        self._limit = sets
+        self._free: list[_Set] = []
+        self._pooled = 0  # pooled sets alive: free, held by snapshots or being touched
         self._lock = threading.Lock()
-        self._last: list[Any] = []  # the last copies(), until release_with() takes them
+        self._spare: threading.Thread | None = None
+        self._closed = False
+        self._last: _Set | None = None  # the last copies(), until release_with() takes it
+        self.enabled = os.environ.get(_ENV, "1") != "0"
+
+    def prepare(self, values: list[Any]) -> None:
+        """Open the pool (again) and have a set for ``values`` touched in the background."""
+        self._closed = False
+        signature = _signature(values)
+        if self.enabled and signature is not None:
+            self._start_spare(signature)
 
     def copies(self, values: list[Any]) -> list[Any]:
-        """A detached copy of each torch tensor of ``values``, each in a free buffer when one
-        fits, else a new ``clone()``."""
+        """A detached copy of each torch tensor of ``values``, in a free set when there is one."""
         import torch
 
-        out = []
-        with torch.no_grad():
-            for value in values:
-                source = value.detach()
-                buffer = self._take(_key(source))
-                if buffer is None:
-                    out.append(source.clone())
-                else:
-                    buffer.copy_(source)
-                    out.append(buffer)
-        self._last = out
-        return out
+        sources = [value.detach() for value in values]
+        signature = _signature(sources) if self.enabled else None
+        if signature is None:  # not all on the CPU, or the pool is off
+            self._last = None
+            with torch.no_grad():
+                return [source.clone() for source in sources]
+        chosen = self._take(signature)
+        with torch.no_grad(), _one_thread(torch):
+            torch._foreach_copy_(chosen.views, sources)
+        self._last = chosen
+        if not self._free:
+            self._start_spare(signature)
+        return list(chosen.views)
 
     def release_with(self, owner: Any) -> None:
-        """Give the last :meth:`copies` back to the pool once ``owner`` (their snapshot) is
-        collected."""
-        buffers, self._last = self._last, []
-        weakref.finalize(owner, self._give_back, buffers)
+        """Give the last :meth:`copies`' set back to the pool once ``owner`` (their snapshot)
+        is collected."""
+        chosen, self._last = self._last, None
+        if chosen is not None:
+            weakref.finalize(owner, self._give_back, chosen)
 
-    def _take(self, key: tuple[Any, ...]) -> Any:
+    def close(self) -> None:
+        """Let the free sets go; sets still held are dropped when given back."""
         with self._lock:
-            free = self._free.get(key)
-            while free:
-                buffer = free.pop()
-                if sys.getrefcount(buffer) == _FREE_REFS:
-                    return buffer
+            self._closed = True
+            self._pooled -= len(self._free)
+            self._free.clear()
+
+    # ---- internals --------------------------------------------------------------------------
+    def _take(self, signature: tuple[Any, ...]) -> _Set:
+        with self._lock:
+            # sets of an older layout (an optimizer built more slots since) go
+            stale = [s for s in self._free if s.signature != signature]
+            self._free = [s for s in self._free if s.signature == signature]
+            self._pooled -= len(stale)
+            for i, candidate in enumerate(self._free):
+                if candidate.unshared():
+                    return self._free.pop(i)
+            pooled = not self._closed and self._pooled < self._limit
+            if pooled:
+                self._pooled += 1
+        return _Set(signature, pooled)  # fresh memory: its pages fault in on the copy
+
+    def _start_spare(self, signature: tuple[Any, ...]) -> None:
+        with self._lock:
+            busy = self._spare is not None and self._spare.is_alive()
+            if busy or self._closed or self._pooled >= self._limit:
+                return
+            self._pooled += 1
+            self._spare = threading.Thread(
+                target=self._make_spare,
+                args=(signature,),
+                name="ckptstore-torch-spare",
+                daemon=True,
+            )
+        self._spare.start()
+
+    def _make_spare(self, signature: tuple[Any, ...]) -> None:
+        try:
+            spare = _Set(signature, pooled=True).touch()
+        except BaseException:  # noqa: BLE001 - out of memory: the next snapshot clones
+            with self._lock:
+                self._pooled -= 1
+            return
+        self._give_back(spare)
+
+    def _give_back(self, chosen: _Set) -> None:
+        if not chosen.pooled:
+            return
+        with self._lock:
+            if self._closed:
+                self._pooled -= 1
+            else:
+                self._free.append(chosen)
+
+
+@contextlib.contextmanager
+def _one_thread(torch: Any) -> Iterator[None]:
+    """Run torch's ops on this thread alone: a memory copy gains nothing from a second thread
+    (memory bandwidth), and when the other core is busy (the writer thread, other processes)
+    the copy waits for its share (measured: 25-30 ms with two threads, 6 ms with one, load 3.5)."""
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if threads > 1:
+            torch.set_num_threads(threads)
+
+
+def _signature(values: list[Any]) -> tuple[Any, ...] | None:
+    """``values``' shapes and dtypes, or None when one is not a CPU tensor."""
+    if any(getattr(v, "device", None) is None or v.device.type != "cpu" for v in values):
         return None
-
-    def _give_back(self, buffers: list[Any]) -> None:
-        with self._lock:
-            for buffer in buffers:
-                self._free.setdefault(_key(buffer), []).append(buffer)
+    return tuple((tuple(v.shape), v.dtype) for v in values)
 
 
-def _key(tensor: Any) -> tuple[Any, ...]:
-    return (tuple(tensor.shape), tensor.dtype, tensor.device, tensor.stride())
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
 
 
-__all__ = ["TorchBuffers"]
+def _itemsize(dtype: Any) -> int:
+    return dtype.itemsize
+
+
+def _storage_uses(tensor: Any) -> int:
+    import torch
+
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+
+
+__all__ = ["SETS", "TorchBuffers"]
