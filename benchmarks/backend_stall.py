@@ -29,8 +29,10 @@ from the venv if installed there.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -117,6 +119,7 @@ def measure(
     run_fit(model, (x, x), 1, [])  # build + compile the step
     out: dict[str, list[float]] = {key: [] for key in KEYS}
     work = tempfile.mkdtemp(prefix="backend-stall-")
+    atexit.register(shutil.rmtree, work, True)  # ~0.9 GB of saves and checkpoints per size
     layout = snapshot_lib.StateLayout.of(model)  # one, as fit() has (PyTorch reuses its copies)
     for i in range(rounds):
         started = time.perf_counter()
