@@ -53,13 +53,16 @@ class TinyGAN(keras.Model):
         return {"loss": loss}
 
 
-def gan(names=("critic_opt", "maker_opt")):
+def gan(names=("critic_opt", "maker_opt"), called=True):
+    """``called=False``: never called, as in a script whose train_step is all that runs it (the
+    model stays unbuilt, its sub-models are built by their Input)."""
     keras.utils.set_random_seed(5)
     critic = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(1)])
     maker = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
     model = TinyGAN(critic, maker)
     model.compile(keras.optimizers.Adam(0.01), keras.optimizers.Adam(0.02), names=names)
-    model(np.zeros((1, 2), "float32"))
+    if called:
+        model(np.zeros((1, 2), "float32"))
     return model
 
 
@@ -108,6 +111,18 @@ def test_own_optimizers_resume_with_every_slot_and_warm_start_fresh(fit):
     _, cb = fit(warm, uuid, continue_id=2)  # another run: the weights only
     assert not cb.resumed
     assert int(np.asarray(warm.critic_opt.iterations)) == 4  # its own 4 steps, not 8
+
+
+@KERAS3
+def test_a_gan_never_called_outside_its_train_step_resumes(fit):
+    trained = gan(called=False)
+    uuid, _ = fit(trained, epochs=2)
+    assert not trained.built  # Keras refuses load_weights into such a model by itself
+    resumed = gan(called=False)
+    _, cb = fit(resumed, uuid, epochs=3)
+    assert cb.resumed and cb.steps_completed == 12
+    assert int(np.asarray(resumed.critic_opt.iterations)) == 12
+    assert int(np.asarray(resumed.maker_opt.iterations)) == 12
 
 
 @KERAS3

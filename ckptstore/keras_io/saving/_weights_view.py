@@ -200,6 +200,18 @@ def weights_file(keras_file: str | ChunkedFile) -> Iterator[tuple[str | RangeFil
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _built_by_its_layers(model: Any) -> None:
+    """Mark a subclassed model built when every layer it holds is: one whose ``call`` a custom
+    ``train_step`` never runs (a GAN training its generator and discriminator itself) stays
+    unbuilt, and Keras refuses to load weights into it although all its variables exist (the
+    checkpoint was written from those same variables)."""
+    layers = getattr(model, "_flatten_layers", None)
+    if getattr(model, "built", True) or not callable(layers) or not model.weights:
+        return
+    if all(layer.built for layer in layers(include_self=False)):
+        model.built = True
+
+
 def load_weights(
     model: Any, keras_file: str | ChunkedFile, *, with_optimizer: bool = True
 ) -> str | None:
@@ -209,6 +221,7 @@ def load_weights(
     from keras.src.saving import saving_lib
 
     skipsets.prime(model)  # Keras's walk then builds no throwaway Layer() per layer
+    _built_by_its_layers(model)
     with weights_file(keras_file) as (path, how):
         if with_optimizer:
             model.load_weights(path)
