@@ -31,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import threading
@@ -57,11 +58,11 @@ class _Set:
         offsets, total = [], 0
         for shape, dtype in signature:
             offsets.append(total)
-            nbytes = _numel(shape) * _itemsize(dtype)
+            nbytes = math.prod(shape) * dtype.itemsize
             total += -(-nbytes // _ALIGN) * _ALIGN
         self.flat = torch.empty(max(total, 1), dtype=torch.uint8)
         self.views = [
-            self.flat[start : start + _numel(shape) * _itemsize(dtype)].view(dtype).view(shape)
+            self.flat[start : start + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
             for start, (shape, dtype) in zip(offsets, signature, strict=True)
         ]
         # what refers to the memory with nothing else holding it: the flat buffer and the views
@@ -202,17 +203,6 @@ def _signature(values: list[Any]) -> tuple[Any, ...] | None:
     if any(getattr(v, "device", None) is None or v.device.type != "cpu" for v in values):
         return None
     return tuple((tuple(v.shape), v.dtype) for v in values)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
-
-
-def _itemsize(dtype: Any) -> int:
-    return dtype.itemsize
 
 
 def _storage_uses(tensor: Any) -> int:
