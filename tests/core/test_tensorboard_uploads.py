@@ -13,18 +13,23 @@ from ckptstore import errors
 from ckptstore.core import init
 
 
-def _held_uploads(storage, release: threading.Event, threads: list[str]) -> None:
+def _held_uploads(
+    storage, release: threading.Event, threads: list[str]
+) -> threading.Event:
     """The context's real storage, whose uploads wait for ``release`` and record the thread
-    they ran on (and ``"timed out"`` when a report waited for them: release never came)."""
-    upload = storage.upload
+    they ran on (and ``"timed out"`` when a report waited for them: release never came).
+    Returns an event set when the first upload has begun."""
+    upload, started = storage.upload, threading.Event()
 
     def held(*args, **kwargs):
         threads.append(threading.current_thread().name)
+        started.set()
         if not release.wait(timeout=30):
             threads.append("timed out")
         return upload(*args, **kwargs)
 
     storage.upload = held
+    return started
 
 
 @pytest.mark.timeout(240)
@@ -36,13 +41,15 @@ def test_auto_uploads_run_off_the_training_thread_and_none_is_lost(tmp_path):
         preempt_signals=False,
     ) as ctx:
         trial = ctx.trial_id
-        _held_uploads(ctx.train._storage, release, threads)
+        started = _held_uploads(ctx.train._storage, release, threads)
         logs = ctx.train.get_tensorboard_path()
         (logs / "events.1").write_bytes(b"epoch 1")
         ctx.train.report_training_metrics(1, {"loss": 1.0})
         ctx.train.report_validation_metrics(1, {"val_loss": 1.0})
-        # both reports returned while the first upload is held: it is not on this thread
-        assert threads and threading.current_thread().name not in threads
+        # both reports returned, and the first upload (begun on its own thread, however late
+        # a loaded machine starts it) is held: it did not run on this thread
+        assert started.wait(timeout=60)
+        assert threading.current_thread().name not in threads
         (logs / "events.1").write_bytes(b"epoch 1, epoch 2")
         (logs / "events.2").write_bytes(b"written after the last report")
         release.set()
