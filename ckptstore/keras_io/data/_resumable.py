@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import zlib
 from collections.abc import Callable, Iterator
@@ -60,6 +61,15 @@ logger = logging.getLogger(__name__)
 #: Folder of the tf.data iterator checkpoint inside a checkpoint.
 ITERATOR_DIRNAME = "data_iterator"
 _ITERATOR_PREFIX = "iterator"
+#: The warning of a fit() whose tf.data pipeline TensorFlow cannot checkpoint (%s: TF's reason).
+_STATEFUL_PIPELINE = (
+    "TensorFlow cannot checkpoint this fit()'s tf.data pipeline (%s): a function it maps "
+    "holds state outside the pipeline, such as the seed of a Keras preprocessing layer "
+    "(RandomFlip, RandomTranslation, ...) or a tf.py_function. Its checkpoints commit without "
+    "the input's position: a resumed run reads the pipeline from its start, and a preempted "
+    "epoch restarts from its first batch. For an exact resume apply random augmentation layers in "
+    "the model instead of in dataset.map() (their seed state is checkpointed with it)."
+)
 
 
 class ResumableData(Protocol):
@@ -503,6 +513,8 @@ class _TFDatasetData(_Base):
     """A ``tf.data.Dataset``: one iterator for the whole ``fit()``, checkpointed by TF."""
 
     kind = "tf.data"
+    #: True once TensorFlow refused to checkpoint the pipeline (see :meth:`snapshot`).
+    _unsaveable = False
 
     def __init__(
         self, epoch_iterator: Any, dataset: Any, num_batches: int, steps_given: bool
@@ -539,12 +551,20 @@ class _TFDatasetData(_Base):
     def _epoch_iterator(self) -> Iterator[Any]:
         return self._iter()
 
-    def snapshot(self, epoch: int, batches_done: int, checkpoint_dir: str) -> dict[str, Any]:
+    def snapshot(self, epoch: int, batches_done: int, checkpoint_dir: str) -> dict[str, Any] | None:
         import tensorflow as tf
 
+        if self._unsaveable:
+            return None
         folder = os.path.join(checkpoint_dir, ITERATOR_DIRNAME)
         os.makedirs(folder, exist_ok=True)
-        tf.train.Checkpoint(iterator=self._iter()).write(os.path.join(folder, _ITERATOR_PREFIX))
+        try:
+            tf.train.Checkpoint(iterator=self._iter()).write(os.path.join(folder, _ITERATOR_PREFIX))
+        except tf.errors.FailedPreconditionError as exc:  # a stateful op in the pipeline
+            shutil.rmtree(folder, ignore_errors=True)
+            self._unsaveable = True
+            logger.warning(_STATEFUL_PIPELINE, str(exc).split("}}")[-1].split(" [Op:")[0].strip())
+            return None
         return {
             "kind": self.kind,
             "epoch": epoch,

@@ -1,0 +1,433 @@
+"""Training scripts in the shapes keras-io writes for JAX and PyTorch (a ``train_step`` of the
+backend's own style, ``keras.distribution.DataParallel``, augmentation layers, gradient
+accumulation), run as a user runs them (``python tests/keras_io/backend_shapes_worker.py``:
+their classes live in ``__main__``). No tests in here; ``tests/keras_io/test_backend_shapes.py``
+runs it in the JAX and PyTorch child runs.
+
+    KERAS_BACKEND=jax python tests/keras_io/backend_shapes_worker.py --dir D --phase first|final
+
+Each phase runs every shape of this process's backend in turn (each with its own storage,
+registry and seed, built in the same order in every phase, so layer names agree): ``first``
+trains each shape 2 epochs of 4 steps with ``DeterminedCallback`` (``straight``), then again
+sending itself a real SIGTERM after step ``SIGTERM_AT`` (inside epoch 2, ``part``); ``final``
+(a new process, as after a preemption) resumes from the latest checkpoint, finishes, loads the
+last checkpoint by UUID and compares its predictions with the trained model's. Writes
+``D/<phase>.json`` (per shape: steps, resumed, last epoch's logs, load result, errors) and
+``D/<phase>-<shape>.npz`` (model and optimizer variables, by position).
+
+The DataParallel shape needs two JAX devices: the test starts this script with
+``XLA_FLAGS=--xla_force_host_platform_device_count=2`` (two host CPU devices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+import ckptstore as det  # noqa: E402
+
+BACKEND = keras.backend.backend()
+BATCH = 4
+STEPS = 4  # per epoch
+EPOCHS = 2
+N = BATCH * STEPS
+SIGTERM_AT = 6  # inside epoch 2 (and between two updates of the accumulating optimizer)
+
+
+def numbers(features: int = 4, classes: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.RandomState(0)
+    x = rng.rand(N, features).astype("float32")
+    return x, (x.sum(axis=1) * 2.3).astype("int64") % classes
+
+
+def dense_body(inputs: Any) -> Any:
+    """Dense -> Dropout (its SeedGenerator state moves every step) -> Dense logits."""
+    h = keras.layers.Dense(8, activation="relu")(inputs)
+    return keras.layers.Dense(3)(keras.layers.Dropout(0.25)(h))
+
+
+# ---- train_step in the backend's own style, with its own metric trackers --------------------
+class TrackedModel(keras.Model):
+    """The keras-io "going lower-level" model: compile() gets the optimizer only; the loss and
+    the metrics are the model's own trackers (reset by fit() at each epoch)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="acc")
+        self.loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @property
+    def metrics(self) -> list[Any]:
+        return [self.loss_tracker, self.accuracy]
+
+
+class StatelessStep(TrackedModel):
+    """JAX: a pure train_step over the state fit() hands it (stateless_call, stateless_apply,
+    the trackers' stateless updates); returns (logs, state)."""
+
+    def _loss(self, trainable, non_trainable, x, y):
+        y_pred, non_trainable = self.stateless_call(trainable, non_trainable, x, training=True)
+        return self.loss_fn(y, y_pred), (y_pred, non_trainable)
+
+    def train_step(self, state, data):
+        import jax
+
+        trainable, non_trainable, optimizer_vars, metrics_vars = state
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        grad_fn = jax.value_and_grad(self._loss, has_aux=True)
+        (loss, (y_pred, non_trainable)), grads = grad_fn(trainable, non_trainable, x, y)
+        trainable, optimizer_vars = self.optimizer.stateless_apply(optimizer_vars, grads, trainable)
+        cut = len(self.loss_tracker.variables)
+        loss_vars = self.loss_tracker.stateless_update_state(metrics_vars[:cut], loss)
+        acc_vars = self.accuracy.stateless_update_state(metrics_vars[cut:], y, y_pred)
+        logs = {
+            "loss": self.loss_tracker.stateless_result(loss_vars),
+            "acc": self.accuracy.stateless_result(acc_vars),
+        }
+        return logs, (trainable, non_trainable, optimizer_vars, loss_vars + acc_vars)
+
+
+class TorchStep(TrackedModel):
+    """PyTorch: zero_grad(), a forward pass, backward(), optimizer.apply() under no_grad."""
+
+    def train_step(self, data):
+        import torch
+
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        self.zero_grad()
+        y_pred = self(x, training=True)
+        loss = self.loss_fn(y, y_pred)
+        loss.backward()
+        weights = list(self.trainable_weights)
+        with torch.no_grad():
+            self.optimizer.apply([w.value.grad for w in weights], weights)
+        self.loss_tracker.update_state(loss)
+        self.accuracy.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+@dataclasses.dataclass
+class Shape:
+    """A model and how fit() trains it, what it predicts on, how it loads."""
+
+    model: Any
+    data: tuple[Any, ...]
+    fit: dict[str, Any] = dataclasses.field(default_factory=dict)
+    sample: Any = None
+    load: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: entered around building, training and loading (a keras.distribution scope)
+    scope: Any = contextlib.nullcontext
+
+
+ARRAYS = {"batch_size": BATCH, "shuffle": True}
+
+
+def _own_step(cls: type) -> Shape:
+    x, y = numbers()
+    inputs = keras.Input((4,))
+    model = cls(inputs, dense_body(inputs))
+    model.compile(keras.optimizers.Adam(0.01))
+    return Shape(model, (x, y), ARRAYS, x, {"custom_objects": {cls.__name__: cls}})
+
+
+def shape_jax_stateless_train_step() -> Shape:
+    return _own_step(StatelessStep)
+
+
+def shape_torch_train_step() -> Shape:
+    return _own_step(TorchStep)
+
+
+def _compiled(model: Any, optimizer: Any = None) -> Any:
+    model.compile(
+        optimizer or keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def _two_devices() -> list[Any]:
+    import jax
+
+    devices = jax.devices()
+    if len(devices) != 2:
+        raise RuntimeError(f"needs 2 JAX devices (XLA_FLAGS), found {devices}")
+    return devices
+
+
+def _distributed(distribution: Any) -> Shape:
+    with distribution.scope():
+        x, y = numbers()
+        inputs = keras.Input((4,))
+        h = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
+        outputs = keras.layers.Dense(3)(keras.layers.Dropout(0.25)(h))
+        model = _compiled(keras.Model(inputs, outputs))
+    return Shape(model, (x, y), ARRAYS, x, scope=distribution.scope)
+
+
+def shape_jax_data_parallel() -> Shape:
+    """keras.distribution.DataParallel over the host's devices (two: XLA_FLAGS): every variable
+    replicated on both, each batch split between them."""
+    return _distributed(keras.distribution.DataParallel(devices=_two_devices()))
+
+
+def shape_jax_model_parallel() -> Shape:
+    """keras.distribution.ModelParallel: the hidden layer's kernel and bias (and their Adam
+    slots) sharded between the two devices, the rest replicated."""
+    mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], devices=_two_devices())
+    layouts = keras.distribution.LayoutMap(mesh)
+    layouts["hidden/kernel"] = (None, "model")
+    layouts["hidden/bias"] = ("model",)
+    return _distributed(
+        keras.distribution.ModelParallel(layout_map=layouts, batch_dim_name="batch")
+    )
+
+
+def _images() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.RandomState(1)
+    x = rng.rand(N, 6, 6, 1).astype("float32")
+    return x, (x.mean(axis=(1, 2, 3)) * 9).astype("int64") % 3
+
+
+def _classifier(*front: Any) -> Any:
+    layers = [keras.layers.Conv2D(2, 3), keras.layers.GlobalAveragePooling2D()]
+    model = keras.Sequential([keras.Input((6, 6, 1)), *front, *layers, keras.layers.Dense(3)])
+    return _compiled(model)
+
+
+def shape_augmentation() -> Shape:
+    """Augmentation layers in the model (keras-io's image classifiers): each draws from its
+    SeedGenerator, whose state is no weight of the .keras format."""
+    x, y = _images()
+    augment = [
+        keras.layers.RandomFlip("horizontal"),
+        keras.layers.RandomTranslation(0.2, 0.2),
+        keras.layers.RandomContrast(0.3),
+    ]
+    return Shape(_classifier(*augment), (x, y), ARRAYS, x)
+
+
+def shape_augmentation_in_tf_data() -> Shape:
+    """The other keras-io way: the augmentation layers map a tf.data pipeline (they run on
+    TensorFlow there, whatever the backend), the model trains on what it yields."""
+    import tensorflow as tf
+
+    x, y = _images()
+    flip, shift = keras.layers.RandomFlip("horizontal"), keras.layers.RandomTranslation(0.2, 0.2)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N, seed=2).batch(BATCH)
+    ds = ds.map(lambda images, labels: (shift(flip(images)), labels))
+    return Shape(_classifier(), (ds,), {"shuffle": False}, x)
+
+
+def shape_gradient_accumulation() -> Shape:
+    """An optimizer that applies the mean of every 4 steps' gradients: SIGTERM after step 6
+    leaves 2 steps' gradients accumulated."""
+    x, y = numbers()
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, dense_body(inputs))
+    optimizer = keras.optimizers.Adam(0.01, gradient_accumulation_steps=4)
+    return Shape(_compiled(model, optimizer), (x, y), ARRAYS, x)
+
+
+class SeededGAN(keras.Model):
+    """keras-io's PyTorch GAN, tiny: two optimizers, latent points and label noise drawn from
+    the model's own SeedGenerator (a variable no layer saves), trackers for both losses."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.discriminator = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(6), keras.layers.Dense(1)]
+        )
+        self.generator = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4)])
+        self.seed_generator = keras.random.SeedGenerator(1337)
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+
+    @property
+    def metrics(self) -> list[Any]:
+        return [self.d_loss_tracker, self.g_loss_tracker]
+
+    def compile(self, d_optimizer: Any, g_optimizer: Any) -> None:
+        super().compile()
+        self.d_optimizer, self.g_optimizer = d_optimizer, g_optimizer
+        self.loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+    def call(self, z: Any) -> Any:
+        return self.generator(z)
+
+    def _step(self, net: Any, optimizer: Any, labels: Any, inputs: Any) -> Any:
+        import torch
+
+        self.zero_grad()
+        loss = self.loss_fn(labels, self.discriminator(inputs))
+        loss.backward()
+        weights = list(net.trainable_weights)
+        with torch.no_grad():
+            optimizer.apply([w.value.grad for w in weights], weights)
+        return loss
+
+    def train_step(self, real: Any) -> dict[str, Any]:
+        import torch
+
+        real = real[0] if isinstance(real, tuple) else real
+        n = real.shape[0]
+        z = keras.random.normal((n, 2), seed=self.seed_generator)
+        labels = torch.cat([torch.ones((n, 1)), torch.zeros((n, 1))])
+        labels = labels + 0.05 * keras.random.uniform(labels.shape, seed=self.seed_generator)
+        both = torch.cat([self.generator(z).detach(), real])
+        d_loss = self._step(self.discriminator, self.d_optimizer, labels, both)
+        z = keras.random.normal((n, 2), seed=self.seed_generator)
+        g_loss = self._step(
+            self.generator, self.g_optimizer, torch.zeros((n, 1)), self.generator(z)
+        )
+        self.d_loss_tracker.update_state(d_loss)
+        self.g_loss_tracker.update_state(g_loss)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def shape_torch_gan_seed_generator() -> Shape:
+    x, _ = numbers()
+    gan = SeededGAN()
+    gan.compile(keras.optimizers.Adam(0.01), keras.optimizers.Adam(0.02))
+    gan(np.zeros((1, 2), "float32"))  # built before fit, as a loader needs it
+    z = np.linspace(-1, 1, 2 * N, dtype="float32").reshape(N, 2)
+    return Shape(gan, (x,), ARRAYS, z, {"custom_objects": {"SeededGAN": SeededGAN}})
+
+
+#: shape -> the backends it runs on
+SHAPES = {
+    "jax_stateless_train_step": (shape_jax_stateless_train_step, ("jax",)),
+    "torch_train_step": (shape_torch_train_step, ("torch",)),
+    "torch_gan_seed_generator": (shape_torch_gan_seed_generator, ("torch",)),
+    "jax_data_parallel": (shape_jax_data_parallel, ("jax",)),
+    "jax_model_parallel": (shape_jax_model_parallel, ("jax",)),
+    "augmentation": (shape_augmentation, ("jax", "torch")),
+    "augmentation_in_tf_data": (shape_augmentation_in_tf_data, ("jax", "torch")),
+    "gradient_accumulation": (shape_gradient_accumulation, ("jax", "torch")),
+}
+
+
+def shapes_here() -> list[str]:
+    return [name for name, (_fn, backends) in SHAPES.items() if BACKEND in backends]
+
+
+class Sigterm(keras.callbacks.Callback):
+    """SIGTERM to this process right after batch ``step`` of this run; records epochs' logs."""
+
+    def __init__(self, step: int | None) -> None:
+        super().__init__()
+        self.step, self.steps_here, self.epoch_logs = step, 0, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps_here += 1
+        if self.step is not None and self.steps_here == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_logs.append({k: float(v) for k, v in (logs or {}).items()})
+
+
+def run_shape(name: str, phase: str, root: str) -> dict[str, Any]:
+    folder = os.path.join(root, name)
+    os.makedirs(folder, exist_ok=True)
+    tag = "-straight" if phase == "straight" else ""
+    storage = os.path.join(folder, "ckpts" + tag)
+    registry = f"sqlite:///{os.path.join(folder, f'registry{tag}.db')}"
+    keras.backend.clear_session()  # the same layer (and RNG state) names in every process
+    keras.utils.set_random_seed(3)
+    shape = SHAPES[name][0]()
+    model = shape.model
+    sigterm = Sigterm(SIGTERM_AT if phase == "part" else None)
+    out: dict[str, Any] = {"shape": name}
+    with shape.scope(), det.core.init(storage=storage, registry=registry, trial_id=1) as core:
+        cb = det.keras.DeterminedCallback(
+            core, core.info.latest_checkpoint, continue_id=1, export_saved_model="never"
+        )
+        model.fit(*shape.data, epochs=EPOCHS, verbose=0, callbacks=[sigterm, cb], **shape.fit)
+        out.update(preempted=bool(core.preempt.acknowledged), resumed=cb.resumed)
+        out.update(steps_here=sigterm.steps_here, logs=sigterm.epoch_logs[-1:])
+        # a GAN steps its own optimizers (its compiled one never steps)
+        optimizers = [
+            getattr(model, k) for k in ("d_optimizer", "g_optimizer") if hasattr(model, k)
+        ]
+        optimizers = optimizers or [model.optimizer]
+        out["iterations"] = [int(keras.ops.convert_to_numpy(o.iterations)) for o in optimizers]
+        out["layout"] = _layout(model.trainable_variables[0])
+        arrays = {f"model/{i:03d}": _numpy(v) for i, v in enumerate(model.variables)}
+        slots = [v for o in optimizers for v in o.variables]
+        arrays.update({f"opt/{i:03d}": _numpy(v) for i, v in enumerate(slots)})
+        np.savez(os.path.join(root, f"{phase}-{name}.npz"), **arrays)
+        if phase == "final":
+            out["load"] = _load(model, shape, cb.last_checkpoint, storage, registry)
+    if phase == "final" and shape.scope is not contextlib.nullcontext:
+        # the same checkpoint on one device (no distribution): the same predictions
+        got = _load(model, shape, cb.last_checkpoint, storage, registry)
+        out["load_on_one_device"] = got
+    return out
+
+
+def _load(model: Any, shape: Shape, uuid: str, storage: str, registry: str) -> dict[str, Any]:
+    """Loads checkpoint ``uuid`` by UUID: its layout, and how its predictions compare."""
+    loaded = det.load_checkpoint_model(
+        checkpoint_uuid=uuid, storage=storage, registry=registry, **shape.load
+    )
+    want, got = (m.predict(shape.sample, batch_size=BATCH, verbose=0) for m in (model, loaded))
+    return {
+        "predict_equal": bool(np.array_equal(want, got)),
+        "max_diff": float(np.max(np.abs(want - got))),
+        "layout": _layout(loaded.trainable_variables[0]),
+    }
+
+
+def _numpy(variable: Any) -> np.ndarray:
+    return np.asarray(keras.ops.convert_to_numpy(variable.value))
+
+
+def _layout(variable: Any) -> str:
+    """Where ``variable``'s value lives: on one device, replicated or sharded on N (JAX)."""
+    sharding = getattr(variable.value, "sharding", None)
+    if sharding is None or len(sharding.device_set) == 1:
+        return "one device"
+    how = "replicated" if sharding.is_fully_replicated else "sharded"
+    return f"{how} on {len(sharding.device_set)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True)
+    p.add_argument("--phase", choices=("first", "final"), required=True)
+    p.add_argument("--shapes", default=None, help="comma-separated (default: this backend's)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    names = args.shapes.split(",") if args.shapes else shapes_here()
+    for phase in ("straight", "part") if args.phase == "first" else ("final",):
+        results = {}
+        for name in names:
+            try:
+                results[name] = run_shape(name, phase, args.dir)
+            except Exception as exc:  # noqa: BLE001 - recorded per shape; the test reports it
+                traceback.print_exc()
+                results[name] = {"shape": name, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        with open(os.path.join(args.dir, f"{phase}.json"), "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
