@@ -14,7 +14,10 @@ shuffled arrays, a ``keras.utils.PyDataset``, a ``tf.data.Dataset`` and a Python
 ``ckptstore job run`` batch inference from a JAX checkpoint (``test_jobs.py``), and
 ``core.init`` + ``CheckpointContext`` alone with the loaders, the registry and the web UI over a
 trial trained on JAX, and the in-process SavedModel of a model with a class of the training
-script (``test_backend_coverage.py``).
+script (``test_backend_coverage.py``), and scripts written for JAX in keras-io's shapes
+(``test_backend_shapes.py``: a stateless ``train_step``, ``DataParallel`` and ``ModelParallel``
+on two host CPU devices, augmentation layers, gradient accumulation; SIGTERM, bit-equal resume
+and load in two worker processes, ~45 CPU-s).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ MODULES = [
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[tfdata]",
     f"{EXACT}test_generator_with_steps_per_epoch_resumes_bit_exactly_on_jax",
     "tests/keras_io/test_backend_coverage.py",
+    "tests/keras_io/test_backend_shapes.py",
     "tests/determined_compat/test_jobs.py::test_job_predicts_as_the_checkpoint[jax]",
 ]
 

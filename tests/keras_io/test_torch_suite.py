@@ -13,7 +13,10 @@ global generator), a checkpoint moving between PyTorch and TensorFlow both ways,
 included (``test_backends.py``), ``core.init`` + ``CheckpointContext`` alone with the loaders,
 the registry and the web UI over a trial trained on torch, the SavedModel warning of a model
 with a class of the training script (``test_backend_coverage.py``), and ``ckptstore job run``
-batch inference from a torch checkpoint (``test_jobs.py``).
+batch inference from a torch checkpoint (``test_jobs.py``), and scripts written for PyTorch in
+keras-io's shapes (``test_backend_shapes.py``: a ``train_step`` with ``zero_grad()``/
+``backward()``, a GAN drawing from its own ``SeedGenerator``, augmentation layers, gradient
+accumulation; SIGTERM, bit-equal resume and load in two worker processes, ~30 CPU-s).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ MODULES = [
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[tfdata]",
     f"{EXACT}test_generator_with_steps_per_epoch_resumes_bit_exactly_on_torch",
     "tests/keras_io/test_backend_coverage.py",
+    "tests/keras_io/test_backend_shapes.py",
     "tests/determined_compat/test_jobs.py::test_job_predicts_as_the_checkpoint[torch]",
 ]
 
