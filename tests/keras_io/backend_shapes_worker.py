@@ -79,11 +79,22 @@ class TrackedModel(keras.Model):
 
 class StatelessStep(TrackedModel):
     """JAX: a pure train_step over the state fit() hands it (stateless_call, stateless_apply,
-    the trackers' stateless updates); returns (logs, state)."""
+    the trackers' stateless updates); returns (logs, state). The same for test_step."""
 
     def _loss(self, trainable, non_trainable, x, y):
         y_pred, non_trainable = self.stateless_call(trainable, non_trainable, x, training=True)
         return self.loss_fn(y, y_pred), (y_pred, non_trainable)
+
+    def _tracked(self, metrics_vars, loss, y, y_pred):
+        """The trackers' updated variables and their results (stateless)."""
+        cut = len(self.loss_tracker.variables)
+        loss_vars = self.loss_tracker.stateless_update_state(metrics_vars[:cut], loss)
+        acc_vars = self.accuracy.stateless_update_state(metrics_vars[cut:], y, y_pred)
+        logs = {
+            "loss": self.loss_tracker.stateless_result(loss_vars),
+            "acc": self.accuracy.stateless_result(acc_vars),
+        }
+        return logs, loss_vars + acc_vars
 
     def train_step(self, state, data):
         import jax
@@ -93,14 +104,15 @@ class StatelessStep(TrackedModel):
         grad_fn = jax.value_and_grad(self._loss, has_aux=True)
         (loss, (y_pred, non_trainable)), grads = grad_fn(trainable, non_trainable, x, y)
         trainable, optimizer_vars = self.optimizer.stateless_apply(optimizer_vars, grads, trainable)
-        cut = len(self.loss_tracker.variables)
-        loss_vars = self.loss_tracker.stateless_update_state(metrics_vars[:cut], loss)
-        acc_vars = self.accuracy.stateless_update_state(metrics_vars[cut:], y, y_pred)
-        logs = {
-            "loss": self.loss_tracker.stateless_result(loss_vars),
-            "acc": self.accuracy.stateless_result(acc_vars),
-        }
-        return logs, (trainable, non_trainable, optimizer_vars, loss_vars + acc_vars)
+        logs, metrics_vars = self._tracked(metrics_vars, loss, y, y_pred)
+        return logs, (trainable, non_trainable, optimizer_vars, metrics_vars)
+
+    def test_step(self, state, data):
+        trainable, non_trainable, metrics_vars = state
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred, non_trainable = self.stateless_call(trainable, non_trainable, x, training=False)
+        logs, metrics_vars = self._tracked(metrics_vars, self.loss_fn(y, y_pred), y, y_pred)
+        return logs, (trainable, non_trainable, metrics_vars)
 
 
 class TorchStep(TrackedModel):
@@ -147,7 +159,9 @@ def _own_step(cls: type) -> Shape:
 
 
 def shape_jax_stateless_train_step() -> Shape:
-    return _own_step(StatelessStep)
+    shape = _own_step(StatelessStep)  # with its own test_step on validation data
+    shape.fit = {**shape.fit, "validation_data": numbers()}
+    return shape
 
 
 def shape_torch_train_step() -> Shape:
@@ -172,14 +186,36 @@ def _two_devices() -> list[Any]:
     return devices
 
 
+#: The sharding of the input batch of every train step JAX compiled in this run.
+BATCH_SPECS: list[str] = []
+
+
+class ShardingProbe(keras.Model):
+    """Records the sharding of the batch the compiled train step receives (DataParallel splits
+    it along the batch dimension: ``PartitionSpec('batch',)``, recorded as ``"batch"``)."""
+
+    def train_step(self, state, data):
+        import jax
+
+        x = keras.utils.unpack_x_y_sample_weight(data)[0]
+        jax.debug.inspect_array_sharding(x, callback=lambda s: BATCH_SPECS.append(_split(s.spec)))
+        return super().train_step(state, data)
+
+
+def _split(spec: Any) -> str:
+    """How a PartitionSpec splits an array: its mesh axes by dimension, or ``"replicated"``."""
+    return " ".join(str(axis) for axis in spec) or "replicated"
+
+
 def _distributed(distribution: Any) -> Shape:
     with distribution.scope():
         x, y = numbers()
         inputs = keras.Input((4,))
         h = keras.layers.Dense(8, activation="relu", name="hidden")(inputs)
         outputs = keras.layers.Dense(3)(keras.layers.Dropout(0.25)(h))
-        model = _compiled(keras.Model(inputs, outputs))
-    return Shape(model, (x, y), ARRAYS, x, scope=distribution.scope)
+        model = _compiled(ShardingProbe(inputs, outputs))
+    load = {"custom_objects": {"ShardingProbe": ShardingProbe}}
+    return Shape(model, (x, y), ARRAYS, x, load, scope=distribution.scope)
 
 
 def shape_jax_data_parallel() -> Shape:
@@ -329,11 +365,21 @@ def shapes_here() -> list[str]:
 
 
 class Sigterm(keras.callbacks.Callback):
-    """SIGTERM to this process right after batch ``step`` of this run; records epochs' logs."""
+    """SIGTERM to this process right after batch ``step`` of this run; records the epochs'
+    logs, and where the first kernel lives when epoch 2 begins (after the epoch-1 checkpoint
+    gave the variables copies, or after a resume loaded them)."""
 
     def __init__(self, step: int | None) -> None:
         super().__init__()
         self.step, self.steps_here, self.epoch_logs = step, 0, []
+        self.epoch, self.epoch2_layout = 0, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.epoch == 1 and self.epoch2_layout is None:
+            self.epoch2_layout = _layout(self.model.trainable_variables[0])
 
     def on_train_batch_end(self, batch, logs=None):
         self.steps_here += 1
@@ -370,6 +416,9 @@ def run_shape(name: str, phase: str, root: str) -> dict[str, Any]:
         optimizers = optimizers or [model.optimizer]
         out["iterations"] = [int(keras.ops.convert_to_numpy(o.iterations)) for o in optimizers]
         out["layout"] = _layout(model.trainable_variables[0])
+        out["epoch2_layout"] = sigterm.epoch2_layout
+        out["batch_specs"] = sorted(set(BATCH_SPECS))
+        BATCH_SPECS.clear()
         arrays = {f"model/{i:03d}": _numpy(v) for i, v in enumerate(model.variables)}
         slots = [v for o in optimizers for v in o.variables]
         arrays.update({f"opt/{i:03d}": _numpy(v) for i, v in enumerate(slots)})

@@ -41,6 +41,8 @@ WORKER = os.path.join(REPO, "tests", "keras_io", "backend_shapes_worker.py")
 RESTARTS = {"augmentation_in_tf_data"}
 #: Where the first kernel of each distributed shape lives, trained and loaded in its scope.
 DISTRIBUTED = {"jax_data_parallel": "replicated on 2", "jax_model_parallel": "sharded on 2"}
+#: How the train step's input batch is split (ModelParallel's batch axis has one device).
+BATCH_SPLIT = {"jax_data_parallel": "batch", "jax_model_parallel": "replicated"}
 WARNED = "TensorFlow cannot checkpoint this fit()'s tf.data pipeline"
 
 
@@ -95,12 +97,20 @@ def _backend_shapes_resume_bit_exactly_and_load(tmp_path):
         assert_bit_equal(tmp_path, shape)
         assert final[shape]["logs"] == straight[shape]["logs"], shape  # trackers' epoch state
         assert final[shape]["iterations"] == straight[shape]["iterations"], shape
+    if HERE == "jax":  # its own test_step on validation data, bit-equal too
+        assert "val_loss" in final["jax_stateless_train_step"]["logs"][0]
     # gradient accumulation: one update per 4 steps; SIGTERM came with 2 steps accumulated
     assert [
         part["gradient_accumulation"]["iterations"],
         final["gradient_accumulation"]["iterations"],
     ] == [[1], [2]]
     for shape, layout in DISTRIBUTED.items() if HERE == "jax" else ():
+        # kept by the snapshot's copies (epoch-1 checkpoint) and by the resume's load
+        layouts = [phase[shape]["epoch2_layout"] for phase in (straight, part, final)]
+        assert layouts == [layout] * 3, (shape, layouts)
+        # each batch split between the devices as Keras's own loop splits it
+        specs = [phase[shape]["batch_specs"] for phase in (straight, part, final)]
+        assert specs == [[BATCH_SPLIT[shape]]] * 3, (shape, specs)
         assert final[shape]["layout"] == final[shape]["load"]["layout"] == layout, shape
         on_one = final[shape]["load_on_one_device"]
         assert on_one["layout"] == "one device" and on_one["max_diff"] < 1e-5, (shape, on_one)

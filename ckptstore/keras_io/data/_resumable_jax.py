@@ -43,13 +43,52 @@ class _JaxHook:
         self._keras_iterator = epoch_iterator
         original = epoch_iterator._get_iterator
         # An instance attribute shadows the method: Keras's loop calls ours from now on.
-        epoch_iterator._get_iterator = self._epoch_iterator
+        epoch_iterator._get_iterator = _placed(self._epoch_iterator)
         epoch_iterator._current_iterator = None
         return original
 
     @property
     def element_spec(self) -> Any:
         return None  # fit() on JAX builds the metrics before on_train_begin
+
+
+def _placed(epoch_batches: Callable[[], Iterator[Any]]) -> Callable[[], Iterator[Any]]:
+    """``epoch_batches`` with every batch placed on the devices as Keras's JAX loop places it
+    under a ``keras.distribution`` (``DataParallel``, ``ModelParallel``: split along the batch
+    dimension; ``JAXEpochIterator._get_distributed_iterator``), which replacing
+    ``_get_iterator`` bypasses: without it each device would train on the whole batch. Batches
+    already placed (Keras's own iterator, for inputs read unchanged) pass through."""
+    import keras
+
+    if keras.backend.backend() != "jax":
+        return epoch_batches
+    from keras.src.distribution import distribution_lib
+
+    distribution = distribution_lib.distribution()
+    if distribution is None:
+        return epoch_batches
+    import jax
+    from keras.src import tree
+    from keras.src.backend.jax.distribution_lib import distribute_data_input
+
+    def place(value: Any, layout: Any) -> Any:
+        if value is None or (isinstance(value, jax.Array) and value.sharding == layout):
+            return value
+        return distribute_data_input(value, layout, distribution.batch_dim_name)
+
+    def placed() -> Iterator[Any]:
+        layouts = None
+        for batch in epoch_batches():
+            if layouts is None:  # the first batch's shapes, as Keras computes them
+                layouts = tree.map_structure(
+                    lambda v: (
+                        None if v is None else distribution.get_data_layout(v.shape).backend_layout
+                    ),
+                    batch,
+                )
+            yield tree.map_structure(place, batch, layouts)
+
+    return placed
 
 
 def _to_compatible(batches: Any) -> Iterator[Any]:
