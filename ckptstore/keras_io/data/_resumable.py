@@ -21,7 +21,8 @@ PyDataset / Sequence   ``py_dataset[i]`` for ``i`` in the epoch's order (as abov
 tf.data.Dataset        one iterator over ``dataset.repeat()`` for the whole fit (or over the
                        dataset itself when ``steps_per_epoch`` is given), snapshotted with
                        ``tf.train.Checkpoint`` (TF's own iterator checkpointing: shuffle buffers,
-                       shuffle seeds, position) -- exact whenever TF can checkpoint the pipeline.
+                       shuffle seeds, position) -- exact whenever TF can checkpoint the pipeline
+                       (a map with a stateful op: checkpoints without the position, a warning).
 Python generator, ...  cannot be rewound: a warning at fit start, and a preempted epoch restarts
                        from its first batch on resume.
 =====================  =========================================================================
@@ -64,11 +65,14 @@ _ITERATOR_PREFIX = "iterator"
 #: The warning of a fit() whose tf.data pipeline TensorFlow cannot checkpoint (%s: TF's reason).
 _STATEFUL_PIPELINE = (
     "TensorFlow cannot checkpoint this fit()'s tf.data pipeline (%s): a function it maps "
-    "holds state outside the pipeline, such as the seed of a Keras preprocessing layer "
-    "(RandomFlip, RandomTranslation, ...) or a tf.py_function. Its checkpoints commit without "
-    "the input's position: a resumed run reads the pipeline from its start, and a preempted "
-    "epoch restarts from its first batch. For an exact resume apply random augmentation layers in "
-    "the model instead of in dataset.map() (their seed state is checkpointed with it)."
+    "holds state outside the pipeline, such as a stateful random op (tf.random.uniform, "
+    "tf.image.random_*), the seed of a Keras preprocessing layer (RandomFlip, ...) or a "
+    "tf.py_function. Its checkpoints commit without the input's position: a resumed run reads "
+    "the pipeline from its start, and a preempted epoch restarts from its first batch. For an "
+    "exact resume apply random augmentation layers in the model instead of in dataset.map() "
+    "(their seed state is checkpointed with it), or use stateless random ops "
+    "(tf.image.stateless_random_*) seeded from the data, e.g. tf.data.Dataset.random(seed) "
+    "zipped in."
 )
 
 
