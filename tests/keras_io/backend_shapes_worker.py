@@ -274,10 +274,10 @@ def shape_augmentation_in_tf_data() -> Shape:
 
 def shape_gradient_accumulation() -> Shape:
     """An optimizer that applies the mean of every 4 steps' gradients: SIGTERM after step 6
-    leaves 2 steps' gradients accumulated."""
+    leaves 2 steps' gradients accumulated (BatchNormalization's statistics move every step)."""
     x, y = numbers()
     inputs = keras.Input((4,))
-    model = keras.Model(inputs, dense_body(inputs))
+    model = keras.Model(inputs, dense_body(keras.layers.BatchNormalization()(inputs)))
     optimizer = keras.optimizers.Adam(0.01, gradient_accumulation_steps=4)
     return Shape(_compiled(model, optimizer), (x, y), ARRAYS, x)
 
@@ -458,6 +458,16 @@ def _layout(variable: Any) -> str:
     return f"{how} on {len(sharding.device_set)}"
 
 
+def recorded(name: str, phase: str, root: str) -> dict[str, Any]:
+    """:func:`run_shape`'s results with its CPU seconds, or the error it raised."""
+    started = time.process_time()
+    try:
+        return {**run_shape(name, phase, root), "cpu_s": time.process_time() - started}
+    except Exception as exc:  # noqa: BLE001 - recorded per shape; the test reports it
+        traceback.print_exc()
+        return {"shape": name, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
@@ -466,18 +476,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     names = args.shapes.split(",") if args.shapes else shapes_here()
+    # first: each shape straight, then preempted; final (a new process): each one resumed
     for phase in ("straight", "part") if args.phase == "first" else ("final",):
-        results = {}
-        for name in names:
-            started = time.process_time()
-            try:
-                results[name] = run_shape(name, phase, args.dir)
-                results[name]["cpu_s"] = round(time.process_time() - started, 2)
-            except Exception as exc:  # noqa: BLE001 - recorded per shape; the test reports it
-                traceback.print_exc()
-                results[name] = {"shape": name, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        out = {name: recorded(name, phase, args.dir) for name in names}
         with open(os.path.join(args.dir, f"{phase}.json"), "w") as f:
-            json.dump(results, f, indent=1, default=str)
+            json.dump(out, f, indent=1, default=str)
     return 0
 
 

@@ -32,6 +32,7 @@ import pytest
 import ckptstore as det
 from ckptstore.checkpointing import format as fmt
 from tests._helpers.jax_env import REPO, keras_env
+from tests.keras_io.test_shape_corpus import bit_equal, load
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
 
@@ -50,36 +51,16 @@ def run_phase(workdir, phase: str) -> str:
     """Runs the worker's ``phase`` on this backend with two host devices; its stderr."""
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
     env = keras_env(HERE, TF_CPP_MIN_LOG_LEVEL="2", XLA_FLAGS=flags.strip())
-    proc = subprocess.run(
-        [sys.executable, WORKER, "--dir", str(workdir), "--phase", phase],
-        cwd=str(workdir),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    argv = [sys.executable, WORKER, "--dir", str(workdir), "--phase", phase]
+    proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc.stderr
-
-
-def results(workdir, phase: str) -> dict:
-    with open(os.path.join(workdir, f"{phase}.json")) as f:
-        return json.load(f)
-
-
-def assert_bit_equal(workdir, shape: str) -> None:
-    with np.load(os.path.join(workdir, f"straight-{shape}.npz")) as a:
-        with np.load(os.path.join(workdir, f"final-{shape}.npz")) as b:
-            assert sorted(a.files) == sorted(b.files), shape
-            assert any(k.startswith("opt/") for k in a.files), shape
-            for key in a.files:
-                np.testing.assert_array_equal(a[key], b[key], err_msg=f"{shape}: {key}")
 
 
 def _backend_shapes_resume_bit_exactly_and_load(tmp_path):
     first = run_phase(tmp_path, "first")
     last = run_phase(tmp_path, "final")
-    straight, part, final = (results(tmp_path, p) for p in ("straight", "part", "final"))
+    straight, part, final = (load(tmp_path, p) for p in ("straight", "part", "final"))
     want = {
         "jax": {"jax_stateless_train_step", "jax_data_parallel", "jax_model_parallel"},
         "torch": {"torch_train_step", "torch_gan_seed_generator"},
@@ -94,7 +75,7 @@ def _backend_shapes_resume_bit_exactly_and_load(tmp_path):
             assert final[shape]["steps_here"] == 4, shape
             continue
         assert final[shape]["steps_here"] == 2, shape  # the two batches the first run left
-        assert_bit_equal(tmp_path, shape)
+        assert bit_equal(tmp_path, shape), f"{shape}: resumed run differs from the straight one"
         assert final[shape]["logs"] == straight[shape]["logs"], shape  # trackers' epoch state
         assert final[shape]["iterations"] == straight[shape]["iterations"], shape
     if HERE == "jax":  # its own test_step on validation data, bit-equal too
