@@ -1,6 +1,6 @@
 """Training scripts in the shapes keras-io writes for JAX and PyTorch (a ``train_step`` of the
-backend's own style, ``keras.distribution.DataParallel``, augmentation layers, gradient
-accumulation), run as a user runs them (``python tests/keras_io/backend_shapes_worker.py``:
+backend's own style, ``keras.distribution``'s ``DataParallel`` and ``ModelParallel``, a GAN
+with its own ``SeedGenerator``, augmentation layers, gradient accumulation), run as a user runs them (``python tests/keras_io/backend_shapes_worker.py``:
 their classes live in ``__main__``). No tests in here; ``tests/keras_io/test_backend_shapes.py``
 runs it in the JAX and PyTorch child runs.
 
@@ -15,7 +15,7 @@ last checkpoint by UUID and compares its predictions with the trained model's. W
 ``D/<phase>.json`` (per shape: steps, resumed, last epoch's logs, load result, errors) and
 ``D/<phase>-<shape>.npz`` (model and optimizer variables, by position).
 
-The DataParallel shape needs two JAX devices: the test starts this script with
+The distributed shapes need two JAX devices: the test starts this script with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` (two host CPU devices).
 """
 
