@@ -17,7 +17,7 @@ trial trained on JAX, and the in-process SavedModel of a model with a class of t
 script (``test_backend_coverage.py``), and scripts written for JAX in keras-io's shapes
 (``test_backend_shapes.py``: a stateless ``train_step``, ``DataParallel`` and ``ModelParallel``
 on two host CPU devices, augmentation layers, gradient accumulation; SIGTERM, bit-equal resume
-and load in two worker processes, ~45 CPU-s).
+and load in two worker processes, ~43 CPU-s).
 """
 
 from __future__ import annotations
