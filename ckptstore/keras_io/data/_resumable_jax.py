@@ -277,7 +277,8 @@ def _adapt(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
         if data is not None:
             return data, None
         return None, "a tf.data.Dataset of unknown length without steps_per_epoch"
-    return None, f"a {type(adapter).__name__} input cannot be rewound"
+    # e.g. a torch DataLoader: its sampler's order comes from torch's generator at iter() time
+    return None, f"a {type(adapter).__name__} input (it cannot be rewound)"
 
 
 __all__ = ["attach", "restore_metrics"]
