@@ -716,7 +716,9 @@ class TrialController:
                     status = "stopped_early"
                     break
                 if self.ckpt_period and self.batches_trained % self.ckpt_period == 0:
-                    if self.batches_trained < self.max_batches:
+                    # not again when the validation at this batch checkpointed already
+                    due = self.last_checkpoint_at != self.batches_trained
+                    if due and self.batches_trained < self.max_batches:
                         self._checkpoint()
                 if self.core.preempt.should_preempt():
                     status = "preempted"

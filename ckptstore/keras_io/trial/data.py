@@ -145,12 +145,12 @@ class ArrayData(TrainingData):
         super().__init__()
         self.rank, self.size = rank, size
         self.x, self.sw = x, (None if sw is None else np.asarray(sw))
-        self.y = None if y is None else np.asarray(y)
+        self.y = None if y is None else _targets(y)
         self.n = _num_records(x)
-        if self.y is not None and self.n != len(self.y):
+        if self.y is not None and self.n != _num_records(self.y):
             raise errors.InvalidConfig(
-                f"Training data has {self.n} inputs but {len(self.y)} targets; pass x and y with "
-                "the same number of rows."
+                f"Training data has {self.n} inputs but {_num_records(self.y)} targets; pass x "
+                "and y with the same number of rows."
             )
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -168,7 +168,7 @@ class ArrayData(TrainingData):
             if self.size > 1:
                 idx = np.array_split(idx, self.size)[self.rank]
             sw = None if self.sw is None else self.sw[idx]
-            yield (_slice(self.x, idx), None if self.y is None else self.y[idx], sw)
+            yield (_slice(self.x, idx), None if self.y is None else _slice(self.y, idx), sw)
 
 
 class SequenceData(TrainingData):
@@ -292,6 +292,16 @@ class DatasetData(TrainingData):
         ds = self.dataset.skip(start) if start else self.dataset
         for batch in ds:
             yield tuple(batch) if isinstance(batch, (tuple, list)) else batch
+
+
+def _targets(y: Any) -> Any:
+    """The targets as arrays: one array, or a list or dict of arrays for a model with several
+    outputs (Determined's ``(x, y)`` data takes all three); a list of numbers is one array."""
+    if isinstance(y, dict):
+        return {name: np.asarray(v) for name, v in y.items()}
+    if isinstance(y, (list, tuple)) and y and all(hasattr(v, "shape") for v in y):
+        return [np.asarray(v) for v in y]
+    return np.asarray(y)
 
 
 def _arrays(data: Any) -> tuple[Any, Any, Any] | None:
