@@ -156,6 +156,23 @@ def test_period_checkpoint_at_a_validation_that_checkpointed_is_not_repeated(tri
     assert steps == [2, 4, 6, 8]
 
 
+def test_epochs_and_records_count_whole_batches_as_determined(trial_env):
+    """``records_per_epoch: 60`` with ``global_batch_size: 8``: Determined's harness makes an
+    epoch ``60 // 8 = 7`` batches and ``max_length: {epochs: 2}`` ``120 // 8 = 15``, so the
+    trial validates at 7, 14 and 15 and its checkpoints say which epoch they end. ckptstore
+    rounded up (8 batches an epoch: validations at 8 and 15)."""
+    _, registry = trial_env
+    cfg = _config(1, checkpoint_policy="none", records_per_epoch=60)
+    cfg["searcher"]["max_length"] = {"epochs": 2}
+    cfg["min_validation_period"] = {"epochs": 1}
+    cfg["min_checkpoint_period"] = {"records": 100}  # 100 // 8 = 12 batches
+    controller, result = _run(trial_env, cfg, 1)
+    assert result.batches_trained == 15 and controller.batches_per_epoch == 7
+    assert [m.steps_completed for m in registry.get_metrics(1, "validation")] == [7, 14, 15]
+    checkpoints = sorted(registry.list_checkpoints(1), key=lambda c: c.steps_completed)
+    assert [(c.steps_completed, c.metadata["epoch"]) for c in checkpoints] == [(12, 1), (15, 2)]
+
+
 YAML_038 = """
 name: pix2pix_shape
 data:

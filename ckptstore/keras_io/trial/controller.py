@@ -272,7 +272,8 @@ class TrialController:
             for length in cfg.searcher.rung_lengths()[:-1]:
                 self.rungs[Length(unit, length).to_batches(self.gbs, rpe)] = length
         if cfg.records_per_epoch:
-            self.batches_per_epoch: int | None = max(1, math.ceil(cfg.records_per_epoch / self.gbs))
+            # whole batches, as Determined's harness counts an epoch for the callbacks
+            self.batches_per_epoch: int | None = max(1, cfg.records_per_epoch // self.gbs)
         else:
             self.batches_per_epoch = self.train_data.batches_per_pass
         logger.info(
