@@ -2,8 +2,10 @@
 ``(x, y)`` data for a model with several outputs (``y`` a dict or a list of arrays, which
 Determined's data adapter takes), configs written as Determined's examples write them (learning
 rates as ``2e-4``, which Determined's YAML 1.2 reader reads as floats; every top-level key of its
-0.38.1 schema, ``preemption_timeout`` included), and a ``min_checkpoint_period`` that falls on a
-validation that already checkpointed. The last test runs the corpus's ``multi_output_trial``
+0.38.1 schema, ``preemption_timeout`` included), lengths in records and epochs counted in whole
+batches as Determined's harness counts them, Keras 2's ``compile(optimizer, loss, [metrics])``
+on Keras 3, and a ``min_checkpoint_period`` that falls on a validation that already
+checkpointed. The last test runs the corpus's ``multi_output_trial``
 through ``ckptstore experiment create``, SIGTERM and ``experiment resume``.
 """
 
@@ -14,12 +16,13 @@ import pytest
 
 import ckptstore
 import ckptstore as det
+from ckptstore import errors
 from ckptstore.experiment.config import load_config, parse_config
 from ckptstore.keras_io.trial.controller import TrialController
 from ckptstore.registry import Registry
 from tests.determined_compat.conftest import ckptstore as run_cli
 from tests.determined_compat.conftest import copy_corpus, create_then_sigterm
-from tests.keras_io.keras_under_test import keras
+from tests.keras_io.keras_under_test import KERAS_MAJOR, keras
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
 
@@ -171,6 +174,44 @@ def test_epochs_and_records_count_whole_batches_as_determined(trial_env):
     assert [m.steps_completed for m in registry.get_metrics(1, "validation")] == [7, 14, 15]
     checkpoints = sorted(registry.list_checkpoints(1), key=lambda c: c.steps_completed)
     assert [(c.steps_completed, c.metadata["epoch"]) for c in checkpoints] == [(12, 1), (15, 2)]
+
+
+class PositionalMetricsTrial(TwoOutputTrial):
+    """Iris's compile: ``model.compile(optimizer, loss, [metrics])``, Keras 2's order."""
+
+    def build_model(self):
+        inputs = keras.Input((4,), name="a")
+        model = self.context.wrap_model(keras.Model(inputs, keras.layers.Dense(2)(inputs)))
+        optimizer = self.context.wrap_optimizer(keras.optimizers.SGD(0.1))
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        model.compile(optimizer, loss, [keras.metrics.sparse_categorical_accuracy])
+        return model
+
+    def build_training_data_loader(self):
+        x, y = _records(16, 0, "dict")
+        return x["a"], y["label"]
+
+    build_validation_data_loader = build_training_data_loader
+
+
+def test_keras2_positional_metrics_in_compile(trial_env):
+    """On Keras 3 the third positional argument of ``compile`` is ``loss_weights``: Keras
+    accepts the metrics list there and fails at the first batch with ``TypeError: Failed to
+    convert elements of <function ...> to Tensor``. The trial now stops before training with
+    ``InvalidConfig`` naming both fixes; on Keras 2 the same trial trains with its metric."""
+    storage, registry = trial_env
+    cfg = _config(2, checkpoint_policy="none")
+    with ckptstore.core.init(
+        storage=storage, registry=registry, trial_id=1, hparams=cfg["hyperparameters"]
+    ) as core_context:
+        controller = TrialController(PositionalMetricsTrial, core_context, cfg)
+        if KERAS_MAJOR == 2:
+            result = controller.run()
+            assert "val_sparse_categorical_accuracy" in result.last_validation
+            return
+        with pytest.raises(errors.InvalidConfig, match="loss_weights.*TF_USE_LEGACY_KERAS=1"):
+            controller.run()
+    assert registry.get_metrics(1, "training") == []  # nothing trained
 
 
 YAML_038 = """

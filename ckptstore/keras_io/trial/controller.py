@@ -64,7 +64,6 @@ from ckptstore.checkpointing.metrics import reported_value
 from ckptstore.experiment.config import ExperimentConfig, Length, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value
 from ckptstore.keras_io import backend
-from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.backend import keras
 from ckptstore.keras_io.fit import _callback_state as callback_state
 from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
@@ -78,6 +77,7 @@ from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME
 from ckptstore.keras_io.trial import callback_events as events
 from ckptstore.keras_io.trial import data as data_mod
 from ckptstore.keras_io.trial import model_part, resume_source
+from ckptstore.keras_io.trial.built_model import check_built_model
 from ckptstore.keras_io.trial.context import TFKerasTrialContext
 from ckptstore.keras_io.trial.trial import TFKerasTrial
 
@@ -98,11 +98,6 @@ class TrialResult:
     last_validation: dict[str, float] = dataclasses.field(default_factory=dict)
     searcher_metric: float | None = None
     latest_checkpoint: str | None = None
-
-
-def _is_compiled(model: KerasModel) -> bool:
-    """``model.compiled`` (Keras 3) / ``model._is_compiled`` (Keras 2)."""
-    return bool(getattr(model, "compiled", False) or getattr(model, "_is_compiled", False))
 
 
 _optimizer_variables = optimizers_mod.variables_of
@@ -205,17 +200,7 @@ class TrialController:
             )
         with self._scope():  # variables (model, optimizer, metrics) mirrored across workers
             self.model = self.trial.build_model()
-        backend.check_model(self.model, what="TFKerasTrial")
-        if not isinstance(self.model, keras.Model):
-            raise errors.InvalidConfig(
-                f"build_model() must return a compiled keras.Model; it returned a "
-                f"{type(self.model).__name__}."
-            )
-        if not _is_compiled(self.model) or getattr(self.model, "optimizer", None) is None:
-            raise errors.InvalidConfig(
-                "build_model() returned a model that is not compiled. Call "
-                "model.compile(optimizer=..., loss=...) before returning it."
-            )
+        check_built_model(self.model)
         # model.optimizer and every wrapped one (a GAN's two), saved and restored by name
         self.optimizers = optimizers_mod.named_optimizers(self.model, self.context.optimizers)
         self.model_writer = model_part.ModelPartWriter()
