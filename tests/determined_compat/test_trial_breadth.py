@@ -214,6 +214,72 @@ def test_keras2_positional_metrics_in_compile(trial_env):
     assert registry.get_metrics(1, "training") == []  # nothing trained
 
 
+class MixedPrecisionTrial(TwoOutputTrial):
+    """``mixed_float16`` layers: Keras 3's ``compile`` wraps the optimizer in a
+    ``LossScaleOptimizer``; on Keras 2 the trial wraps it itself, as TensorFlow's guide says."""
+
+    def build_model(self):
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        try:
+            inputs = keras.Input((4,), name="a")
+            hidden = keras.layers.Dense(8, activation="relu")(inputs)
+            model = keras.Model(inputs, keras.layers.Dense(2, dtype="float32")(hidden))
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        model = self.context.wrap_model(model)
+        optimizer = self.context.wrap_optimizer(keras.optimizers.Adam(0.01))
+        if KERAS_MAJOR == 2:
+            optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
+        model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    def build_training_data_loader(self):
+        x, y = _records(40, 0, "dict")
+        return x["a"], y["label"]
+
+    build_validation_data_loader = build_training_data_loader
+
+
+def _optimizer_values(model):
+    found = model.optimizer.variables
+    return [np.asarray(v) for v in (found() if callable(found) else found)]
+
+
+def test_mixed_precision_trial_resumes_exactly(trial_env):
+    """A ``mixed_float16`` trial's ``LossScaleOptimizer`` records the variables it was built
+    for as a tuple on Keras 3; the checkpoint said "never built", so the resume left it unbuilt
+    and refused the checkpoint (``ResumeError: ... it has 4 variables whereas the saved
+    optimizer has 14``). Preempted at batch 3 and resumed, the trial ends with an uninterrupted
+    run's weights, loss scale and Adam slots."""
+    storage, registry = trial_env
+
+    def run(trial_id, preempt_at=None):
+        with ckptstore.core.init(
+            storage=storage,
+            registry=registry,
+            trial_id=trial_id,
+            hparams=cfg["hyperparameters"],
+            preempt_signals=False,
+        ) as core_context:
+            PREEMPTION.update(preempt=core_context.preempt, at=preempt_at)
+            controller = TrialController(MixedPrecisionTrial, core_context, cfg, trial_seed=5)
+            return controller, controller.run()
+
+    cfg = _config(6, checkpoint_policy="none")
+    straight, _ = run(1)
+    _, result = run(2, preempt_at=3)
+    assert result.status == "preempted"
+    resumed, result = run(2)
+    assert result.status == "completed" and resumed.context.get_initial_batch() == 3
+    assert type(resumed.model.optimizer).__name__.startswith("LossScaleOptimizer")
+    want, got = _optimizer_values(straight.model), _optimizer_values(resumed.model)
+    assert len(want) == len(got) > 4  # the loss scale's own variables and Adam's
+    for a, b in zip(
+        want + straight.model.get_weights(), got + resumed.model.get_weights(), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+
+
 YAML_038 = """
 name: pix2pix_shape
 data:
