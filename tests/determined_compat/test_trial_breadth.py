@@ -4,8 +4,8 @@ Determined's data adapter takes), configs written as Determined's examples write
 rates as ``2e-4``, which Determined's YAML 1.2 reader reads as floats; every top-level key of its
 0.38.1 schema, ``preemption_timeout`` included), lengths in records and epochs counted in whole
 batches as Determined's harness counts them, Keras 2's ``compile(optimizer, loss, [metrics])``
-on Keras 3, and a ``min_checkpoint_period`` that falls on a validation that already
-checkpointed. The last test runs the corpus's ``multi_output_trial``
+on Keras 3, a ``mixed_float16`` trial's resume, and a ``min_checkpoint_period`` that falls on
+a validation that already checkpointed. The last test runs the corpus's ``multi_output_trial``
 through ``ckptstore experiment create``, SIGTERM and ``experiment resume``.
 """
 
