@@ -4,8 +4,9 @@ Determined's data adapter takes), configs written as Determined's examples write
 rates as ``2e-4``, which Determined's YAML 1.2 reader reads as floats; every top-level key of its
 0.38.1 schema, ``preemption_timeout`` included), lengths in records and epochs counted in whole
 batches as Determined's harness counts them, Keras 2's ``compile(optimizer, loss, [metrics])``
-on Keras 3, a ``mixed_float16`` trial's resume, and a ``min_checkpoint_period`` that falls on
-a validation that already checkpointed. The last test runs the corpus's ``multi_output_trial``
+on Keras 3, a ``mixed_float16`` trial's resume, cifar10's shape (``Dropout``, Keras augmentation
+layers in ``tf.data``'s ``.map()``), and a ``min_checkpoint_period`` that falls on a validation
+that already checkpointed. The last test runs the corpus's ``multi_output_trial``
 through ``ckptstore experiment create``, SIGTERM and ``experiment resume``.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import ckptstore
 import ckptstore as det
@@ -22,7 +24,7 @@ from ckptstore.keras_io.trial.controller import TrialController
 from ckptstore.registry import Registry
 from tests.determined_compat.conftest import ckptstore as run_cli
 from tests.determined_compat.conftest import copy_corpus, create_then_sigterm
-from tests.keras_io.keras_under_test import KERAS_MAJOR, keras
+from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, keras3_only
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
 
@@ -278,6 +280,93 @@ def test_mixed_precision_trial_resumes_exactly(trial_env):
         want + straight.model.get_weights(), got + resumed.model.get_weights(), strict=True
     ):
         np.testing.assert_array_equal(a, b)
+
+
+class CifarShapeTrial(TwoOutputTrial):
+    """cifar10_tf_keras's shape, small: Conv2D and Dropout, a ``tf.data`` pipeline of known
+    length wrapped with ``context.wrap_dataset``, batched, then Keras augmentation layers in
+    ``.map()`` (the ``augment`` hyperparameter)."""
+
+    def build_model(self):
+        model = keras.Sequential(
+            [
+                keras.Input((6, 6, 3)),
+                keras.layers.Conv2D(4, 3, activation="relu"),
+                keras.layers.Dropout(0.5),
+                keras.layers.Flatten(),
+                keras.layers.Dense(3),
+            ]
+        )
+        model = self.context.wrap_model(model)
+        optimizer = self.context.wrap_optimizer(keras.optimizers.Adam(0.01))
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        model.compile(optimizer=optimizer, loss=loss)
+        return model
+
+    def _images(self, n, seed):
+        rng = np.random.default_rng(seed)
+        images = rng.random((n, 6, 6, 3), dtype=np.float32)
+        return images, rng.integers(0, 3, n)
+
+    def build_training_data_loader(self):
+        ds = tf.data.Dataset.from_tensor_slices(self._images(40, 0))
+        ds = self.context.wrap_dataset(ds).batch(self.context.get_per_slot_batch_size())
+        if self.context.get_hparam("augment"):
+            flip = keras.Sequential([keras.layers.RandomFlip("horizontal")])
+            ds = ds.map(lambda x, y: (flip(x), y))
+        return ds
+
+    def build_validation_data_loader(self):
+        ds = tf.data.Dataset.from_tensor_slices(self._images(16, 1))
+        return self.context.wrap_dataset(ds).batch(8)
+
+
+def _run_class(trial_env, trial_class, cfg, trial_id, preempt_at=None):
+    storage, registry = trial_env
+    with ckptstore.core.init(
+        storage=storage,
+        registry=registry,
+        trial_id=trial_id,
+        hparams=cfg["hyperparameters"],
+        preempt_signals=False,
+    ) as core_context:
+        PREEMPTION.update(preempt=core_context.preempt, at=preempt_at)
+        controller = TrialController(trial_class, core_context, cfg, trial_seed=5)
+        return controller, controller.run()
+
+
+@keras3_only("Keras 2's default Dropout draws from TensorFlow's legacy stateful RNG (no state)")
+def test_dropout_trial_resumes_exactly(trial_env):
+    """Keras 3 keeps a ``Dropout``'s RNG in a ``SeedGenerator`` variable that ``model.keras``
+    leaves out; the trial's checkpoints did not hold it, so a resumed trial drew other dropout
+    masks from its first batch on and ended with other weights than an uninterrupted one."""
+    cfg = _config(10, checkpoint_policy="none")
+    cfg["hyperparameters"]["augment"] = False
+    straight, _ = _run_class(trial_env, CifarShapeTrial, cfg, 1)
+    _, result = _run_class(trial_env, CifarShapeTrial, cfg, 2, preempt_at=3)
+    assert result.status == "preempted"
+    resumed, result = _run_class(trial_env, CifarShapeTrial, cfg, 2)
+    assert result.status == "completed" and resumed.context.get_initial_batch() == 3
+    for want, got in zip(straight.model.get_weights(), resumed.model.get_weights(), strict=True):
+        np.testing.assert_array_equal(want, got)
+
+
+def test_augmentation_in_tf_data_map_checkpoints_with_one_warning(trial_env, caplog):
+    """A Keras random augmentation layer in ``.map()`` of a ``tf.data`` pipeline of known
+    length holds state TensorFlow will not put in an iterator checkpoint: the trial's first
+    checkpoint failed (``FailedPreconditionError: ReadVariableOp is stateful``) and the trial
+    with it. It now checkpoints the position and buffers, says once what a resume cannot
+    repeat, and resumes at the next batch."""
+    cfg = _config(10, checkpoint_policy="none", min_checkpoint_period={"batches": 2})
+    cfg["hyperparameters"]["augment"] = True
+    with caplog.at_level("WARNING", logger="ckptstore.keras_io.trial.data"):
+        _, result = _run_class(trial_env, CifarShapeTrial, cfg, 1, preempt_at=5)
+    assert result.status == "preempted" and result.batches_trained == 5
+    warned = [r.getMessage() for r in caplog.records if "holds state outside it" in r.message]
+    assert len(warned) == 1 and "is stateful" in warned[0], warned  # which op: per Keras
+    resumed, result = _run_class(trial_env, CifarShapeTrial, cfg, 1)
+    assert result.status == "completed" and resumed.context.get_initial_batch() == 5
+    assert resumed.train_data.position() == {"pass": 2, "batch": 0}  # 10 batches of 5 a pass
 
 
 YAML_038 = """

@@ -76,7 +76,7 @@ from ckptstore.keras_io.saving import _weights_view as weights_view
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME
 from ckptstore.keras_io.trial import callback_events as events
 from ckptstore.keras_io.trial import data as data_mod
-from ckptstore.keras_io.trial import model_part, resume_source
+from ckptstore.keras_io.trial import model_part, resume_source, seed_states
 from ckptstore.keras_io.trial.built_model import check_built_model
 from ckptstore.keras_io.trial.context import TFKerasTrialContext
 from ckptstore.keras_io.trial.trial import TFKerasTrial
@@ -386,8 +386,7 @@ class TrialController:
         self.last_validation_at = sequencer.get("last_validation_at")
         self.last_checkpoint_at = self.batches_trained
         self.last_validation = dict(sequencer.get("last_validation") or {})
-        if state.extra_variables:
-            callback_state.restore_extra_variables(self.model, state.extra_variables)
+        seed_states.restore(self.model, state.extra_variables, uuid)
         layer_states.restore(self.model, state.layer_states, uuid)
         self._resumed_state = state
         self.latest_checkpoint = uuid
@@ -449,6 +448,7 @@ class TrialController:
             and self.batches_trained % self.batches_per_epoch == 0,
             callbacks=states,
             rng={**callback_state.capture_rng(), **keras2_format.capture_layer_rng(self.model)},
+            extra_variables=seed_states.capture(self.model),
         )
         state.layer_states, arrays = cb_arrays.split_arrays(
             layer_states.capture(self.model) or None
