@@ -24,7 +24,7 @@ from ckptstore.keras_io.trial.controller import TrialController
 from ckptstore.registry import Registry
 from tests.determined_compat.conftest import ckptstore as run_cli
 from tests.determined_compat.conftest import copy_corpus, create_then_sigterm
-from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, keras3_only
+from tests.keras_io.keras_under_test import KERAS_MAJOR, keras
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
 
@@ -335,13 +335,19 @@ def _run_class(trial_env, trial_class, cfg, trial_id, preempt_at=None):
         return controller, controller.run()
 
 
-@keras3_only("Keras 2's default Dropout draws from TensorFlow's legacy stateful RNG (no state)")
-def test_dropout_trial_resumes_exactly(trial_env):
+def test_dropout_trial_resumes_exactly(trial_env, caplog):
     """Keras 3 keeps a ``Dropout``'s RNG in a ``SeedGenerator`` variable that ``model.keras``
     leaves out; the trial's checkpoints did not hold it, so a resumed trial drew other dropout
-    masks from its first batch on and ended with other weights than an uninterrupted one."""
+    masks from its first batch on and ended with other weights than an uninterrupted one.
+    Keras 2's default ``Dropout`` RNG has no state at all: the trial says so, once."""
     cfg = _config(10, checkpoint_policy="none")
     cfg["hyperparameters"]["augment"] = False
+    if KERAS_MAJOR == 2:
+        with caplog.at_level("WARNING", logger="ckptstore.keras_io.trial.seed_states"):
+            _run_class(trial_env, CifarShapeTrial, cfg, 1)
+        (warned,) = [r.getMessage() for r in caplog.records if "default RNG" in r.message]
+        assert "dropout" in warned and "enable_tf_random_generator()" in warned
+        return
     straight, _ = _run_class(trial_env, CifarShapeTrial, cfg, 1)
     _, result = _run_class(trial_env, CifarShapeTrial, cfg, 2, preempt_at=3)
     assert result.status == "preempted"

@@ -201,6 +201,7 @@ class TrialController:
         with self._scope():  # variables (model, optimizer, metrics) mirrored across workers
             self.model = self.trial.build_model()
         check_built_model(self.model)
+        seed_states.warn_unsaved(self.model)
         # model.optimizer and every wrapped one (a GAN's two), saved and restored by name
         self.optimizers = optimizers_mod.named_optimizers(self.model, self.context.optimizers)
         self.model_writer = model_part.ModelPartWriter()

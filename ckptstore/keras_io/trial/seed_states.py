@@ -8,7 +8,8 @@ They are captured with :func:`~ckptstore.keras_io.fit._callback_state.capture_ex
 rebuilt model: a variable's path holds its layer's name, which differs when the process built
 another model first (``dropout_3`` against ``dropout``). Keras 2 keeps its layers' generators
 elsewhere (:func:`~ckptstore.keras_io.saving._keras2_format.capture_layer_rng`), so both are
-empty there.
+empty there; its default ``Dropout`` RNG (TensorFlow's legacy stateful ops) has no state at all,
+which :func:`warn_unsaved` says once per trial.
 
 Example::
 
@@ -18,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,9 @@ from ckptstore import errors
 from ckptstore.keras_io import backend
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.fit import _callback_state as callback_state
+from ckptstore.keras_io.saving import _keras2_format as keras2_format
+
+logger = logging.getLogger(__name__)
 
 
 def _left_out(model: KerasModel) -> list[Any]:
@@ -60,4 +65,17 @@ def restore(model: KerasModel, extra: dict[str, Any], uuid: str) -> None:
         variable.assign(value)
 
 
-__all__ = ["capture", "restore"]
+def warn_unsaved(model: KerasModel) -> None:
+    """Keras 2: one warning naming the layers whose draws no checkpoint can hold."""
+    legacy = keras2_format.legacy_rng_layers(model) if backend.IS_KERAS2 else []
+    if legacy:
+        logger.warning(
+            "Layers %s of this trial use Keras 2's default RNG, which has no state to save: "
+            "after a resume they draw other values than an uninterrupted trial would. Call "
+            "tf.keras.backend.experimental.enable_tf_random_generator() at the top of "
+            "model_def.py for checkpoints that hold their RNG state.",
+            legacy,
+        )
+
+
+__all__ = ["capture", "restore", "warn_unsaved"]
