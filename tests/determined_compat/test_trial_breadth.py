@@ -22,19 +22,24 @@ from ckptstore import errors
 from ckptstore.experiment.config import load_config, parse_config
 from ckptstore.keras_io.trial.controller import TrialController
 from ckptstore.registry import Registry
-from tests.determined_compat.conftest import ckptstore as run_cli
-from tests.determined_compat.conftest import copy_corpus, create_then_sigterm
+from tests.determined_compat import tf_keras_port_trials as port_trials
+from tests.determined_compat.conftest import (
+    copy_corpus,
+    create_then_sigterm,
+    paused_at,
+    resume_ok,
+)
+from tests.determined_compat.test_tf_keras_trial_port import run as run_trial
 from tests.keras_io.keras_under_test import KERAS_MAJOR, keras
 
 pytestmark = pytest.mark.e2e  # trains Keras models end to end
 
-#: Set by a test: ``{"preempt": core_context.preempt, "at": batch}``.
-PREEMPTION: dict = {"preempt": None, "at": None}
-
 
 class _PreemptAt(keras.callbacks.Callback):
+    """Asks for preemption after batch ``at`` (set by ``run_trial``), whatever the workloads."""
+
     def on_train_batch_end(self, batch, logs=None):
-        at, preempt = PREEMPTION["at"], PREEMPTION["preempt"]
+        at, preempt = port_trials.PREEMPTION["at"], port_trials.PREEMPTION["preempt"]
         if at is not None and int(self.model.optimizer.iterations.numpy()) == at:
             preempt.request_preemption()
 
@@ -97,49 +102,26 @@ def _config(max_batches, **extra):
     }
 
 
-@pytest.fixture
-def breadth_env(tmp_path):
-    registry = Registry(f"sqlite:///{tmp_path / 'reg.db'}")
-    yield str(tmp_path / "ckpts"), registry
-    PREEMPTION.update(preempt=None, at=None)
-    registry.close()
-
-
-def _run_class(breadth_env, trial_class, cfg, trial_id, preempt_at=None):
-    """``trial_class`` trained as trial ``trial_id`` (preempted after batch ``preempt_at``)."""
-    storage, registry = breadth_env
-    with ckptstore.core.init(
-        storage=storage,
-        registry=registry,
-        trial_id=trial_id,
-        hparams=cfg["hyperparameters"],
-        preempt_signals=False,
-    ) as core_context:
-        PREEMPTION.update(preempt=core_context.preempt, at=preempt_at)
-        controller = TrialController(trial_class, core_context, cfg, trial_seed=5)
-        return controller, controller.run()
-
-
-def _run(breadth_env, cfg, trial_id, preempt_at=None):
-    return _run_class(breadth_env, TwoOutputTrial, cfg, trial_id, preempt_at)
+def _run(trial_env, cfg, trial_id, preempt_at=None):
+    return run_trial(trial_env, TwoOutputTrial, cfg, trial_id=trial_id, preempt_at=preempt_at)
 
 
 @pytest.mark.parametrize("targets", ["dict", "list"])
-def test_numpy_targets_of_a_two_output_model_train_and_resume_exactly(breadth_env, targets):
+def test_numpy_targets_of_a_two_output_model_train_and_resume_exactly(trial_env, targets):
     """Determined's first data type, ``(x, y)`` of NumPy arrays, takes a list or a dict of
     arrays for ``y`` (a model with several outputs); ckptstore turned ``y`` into one array and
     failed (``TypeError: len() of unsized object`` for a dict, ``ValueError: ... inhomogeneous
     shape`` for a list). Trained straight and preempted at batch 3 then resumed, the two runs
     end with the same weights, optimizer state and validation metrics."""
-    _, registry = breadth_env
+    _, registry = trial_env
     cfg = _config(8, checkpoint_policy="none", min_validation_period={"batches": 4})
     cfg["hyperparameters"]["targets"] = targets
-    straight, result = _run(breadth_env, cfg, 1)
+    straight, result = _run(trial_env, cfg, 1)
     assert result.status == "completed" and result.batches_trained == 8
     assert {"val_loss", "val_label_loss", "val_value_loss"} <= set(result.last_validation)
-    _, result = _run(breadth_env, cfg, 2, preempt_at=3)
+    _, result = _run(trial_env, cfg, 2, preempt_at=3)
     assert result.status == "preempted" and result.batches_trained == 3
-    resumed, result = _run(breadth_env, cfg, 2)
+    resumed, result = _run(trial_env, cfg, 2)
     assert result.status == "completed" and resumed.context.get_initial_batch() == 3
     for model in (straight.model, resumed.model):
         assert int(model.optimizer.iterations.numpy()) == 8
@@ -154,36 +136,46 @@ def test_numpy_targets_of_a_two_output_model_train_and_resume_exactly(breadth_en
         assert a == pytest.approx(b, rel=1e-6)
 
 
-def test_period_checkpoint_at_a_validation_that_checkpointed_is_not_repeated(breadth_env):
+def test_period_checkpoint_at_a_validation_that_checkpointed_is_not_repeated(trial_env):
     """``min_checkpoint_period`` every 2 batches and a validation every 4 under the default
     ``checkpoint_policy: best``: the validation at batch 4 checkpoints (the first is always the
     best) and the period checkpoint at the same batch is not taken again (it was: two
     checkpoints at step 4)."""
-    _, registry = breadth_env
+    _, registry = trial_env
     cfg = _config(8, min_validation_period={"batches": 4}, min_checkpoint_period={"batches": 2})
-    _run(breadth_env, cfg, 1)
+    _run(trial_env, cfg, 1)
     steps = sorted(c.steps_completed for c in registry.list_checkpoints(1))
     assert steps == [2, 4, 6, 8]
 
 
-def test_epochs_and_records_count_whole_batches_as_determined(breadth_env):
+def test_epochs_and_records_count_whole_batches_as_determined(trial_env):
     """``records_per_epoch: 60`` with ``global_batch_size: 8``: Determined's harness makes an
     epoch ``60 // 8 = 7`` batches and ``max_length: {epochs: 2}`` ``120 // 8 = 15``, so the
     trial validates at 7, 14 and 15 and its checkpoints say which epoch they end. ckptstore
     rounded up (8 batches an epoch: validations at 8 and 15)."""
-    _, registry = breadth_env
+    _, registry = trial_env
     cfg = _config(1, checkpoint_policy="none", records_per_epoch=60)
     cfg["searcher"]["max_length"] = {"epochs": 2}
     cfg["min_validation_period"] = {"epochs": 1}
     cfg["min_checkpoint_period"] = {"records": 100}  # 100 // 8 = 12 batches
-    controller, result = _run(breadth_env, cfg, 1)
+    controller, result = _run(trial_env, cfg, 1)
     assert result.batches_trained == 15 and controller.batches_per_epoch == 7
     assert [m.steps_completed for m in registry.get_metrics(1, "validation")] == [7, 14, 15]
     checkpoints = sorted(registry.list_checkpoints(1), key=lambda c: c.steps_completed)
     assert [(c.steps_completed, c.metadata["epoch"]) for c in checkpoints] == [(12, 1), (15, 2)]
 
 
-class PositionalMetricsTrial(TwoOutputTrial):
+class OneInputTrial(TwoOutputTrial):
+    """Input ``a`` and target ``label`` of :func:`_records` only."""
+
+    def build_training_data_loader(self):
+        x, y = _records(40, 0, "dict")
+        return x["a"], y["label"]
+
+    build_validation_data_loader = build_training_data_loader
+
+
+class PositionalMetricsTrial(OneInputTrial):
     """Iris's compile: ``model.compile(optimizer, loss, [metrics])``, Keras 2's order."""
 
     def build_model(self):
@@ -194,19 +186,13 @@ class PositionalMetricsTrial(TwoOutputTrial):
         model.compile(optimizer, loss, [keras.metrics.sparse_categorical_accuracy])
         return model
 
-    def build_training_data_loader(self):
-        x, y = _records(16, 0, "dict")
-        return x["a"], y["label"]
 
-    build_validation_data_loader = build_training_data_loader
-
-
-def test_keras2_positional_metrics_in_compile(breadth_env):
+def test_keras2_positional_metrics_in_compile(trial_env):
     """On Keras 3 the third positional argument of ``compile`` is ``loss_weights``: Keras
     accepts the metrics list there and fails at the first batch with ``TypeError: Failed to
     convert elements of <function ...> to Tensor``. The trial now stops before training with
     ``InvalidConfig`` naming both fixes; on Keras 2 the same trial trains with its metric."""
-    storage, registry = breadth_env
+    storage, registry = trial_env
     cfg = _config(2, checkpoint_policy="none")
     with ckptstore.core.init(
         storage=storage, registry=registry, trial_id=1, hparams=cfg["hyperparameters"]
@@ -221,7 +207,7 @@ def test_keras2_positional_metrics_in_compile(breadth_env):
     assert registry.get_metrics(1, "training") == []  # nothing trained
 
 
-class MixedPrecisionTrial(TwoOutputTrial):
+class MixedPrecisionTrial(OneInputTrial):
     """``mixed_float16`` layers: Keras 3's ``compile`` wraps the optimizer in a
     ``LossScaleOptimizer``; on Keras 2 the trial wraps it itself, as TensorFlow's guide says."""
 
@@ -240,29 +226,23 @@ class MixedPrecisionTrial(TwoOutputTrial):
         model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         return model
 
-    def build_training_data_loader(self):
-        x, y = _records(40, 0, "dict")
-        return x["a"], y["label"]
-
-    build_validation_data_loader = build_training_data_loader
-
 
 def _optimizer_values(model):
     found = model.optimizer.variables
     return [np.asarray(v) for v in (found() if callable(found) else found)]
 
 
-def test_mixed_precision_trial_resumes_exactly(breadth_env):
+def test_mixed_precision_trial_resumes_exactly(trial_env):
     """A ``mixed_float16`` trial's ``LossScaleOptimizer`` records the variables it was built
     for as a tuple on Keras 3; the checkpoint said "never built", so the resume left it unbuilt
     and refused the checkpoint (``ResumeError: ... it has 4 variables whereas the saved
     optimizer has 14``). Preempted at batch 3 and resumed, the trial ends with an uninterrupted
     run's weights, loss scale and Adam slots."""
     cfg = _config(6, checkpoint_policy="none")
-    straight, _ = _run_class(breadth_env, MixedPrecisionTrial, cfg, 1)
-    _, result = _run_class(breadth_env, MixedPrecisionTrial, cfg, 2, preempt_at=3)
+    straight, _ = run_trial(trial_env, MixedPrecisionTrial, cfg, trial_id=1)
+    _, result = run_trial(trial_env, MixedPrecisionTrial, cfg, trial_id=2, preempt_at=3)
     assert result.status == "preempted"
-    resumed, result = _run_class(breadth_env, MixedPrecisionTrial, cfg, 2)
+    resumed, result = run_trial(trial_env, MixedPrecisionTrial, cfg, trial_id=2)
     assert result.status == "completed" and resumed.context.get_initial_batch() == 3
     assert type(resumed.model.optimizer).__name__.startswith("LossScaleOptimizer")
     want, got = _optimizer_values(straight.model), _optimizer_values(resumed.model)
@@ -312,7 +292,7 @@ class CifarShapeTrial(TwoOutputTrial):
         return self.context.wrap_dataset(ds).batch(8)
 
 
-def test_dropout_trial_resumes_exactly(breadth_env, caplog):
+def test_dropout_trial_resumes_exactly(trial_env, caplog):
     """Keras 3 keeps a ``Dropout``'s RNG in a ``SeedGenerator`` variable that ``model.keras``
     leaves out; the trial's checkpoints did not hold it, so a resumed trial drew other dropout
     masks from its first batch on and ended with other weights than an uninterrupted one.
@@ -321,20 +301,20 @@ def test_dropout_trial_resumes_exactly(breadth_env, caplog):
     cfg["hyperparameters"]["augment"] = False
     if KERAS_MAJOR == 2:
         with caplog.at_level("WARNING", logger="ckptstore.keras_io.trial.seed_states"):
-            _run_class(breadth_env, CifarShapeTrial, cfg, 1)
+            run_trial(trial_env, CifarShapeTrial, cfg, trial_id=1)
         (warned,) = [r.getMessage() for r in caplog.records if "default RNG" in r.message]
         assert "dropout" in warned and "enable_tf_random_generator()" in warned
         return
-    straight, _ = _run_class(breadth_env, CifarShapeTrial, cfg, 1)
-    _, result = _run_class(breadth_env, CifarShapeTrial, cfg, 2, preempt_at=3)
+    straight, _ = run_trial(trial_env, CifarShapeTrial, cfg, trial_id=1)
+    _, result = run_trial(trial_env, CifarShapeTrial, cfg, trial_id=2, preempt_at=3)
     assert result.status == "preempted"
-    resumed, result = _run_class(breadth_env, CifarShapeTrial, cfg, 2)
+    resumed, result = run_trial(trial_env, CifarShapeTrial, cfg, trial_id=2)
     assert result.status == "completed" and resumed.context.get_initial_batch() == 3
     for want, got in zip(straight.model.get_weights(), resumed.model.get_weights(), strict=True):
         np.testing.assert_array_equal(want, got)
 
 
-def test_augmentation_in_tf_data_map_checkpoints_with_one_warning(breadth_env, caplog):
+def test_augmentation_in_tf_data_map_checkpoints_with_one_warning(trial_env, caplog):
     """A Keras random augmentation layer in ``.map()`` of a ``tf.data`` pipeline of known
     length holds state TensorFlow will not put in an iterator checkpoint: the trial's first
     checkpoint failed (``FailedPreconditionError: ReadVariableOp is stateful``) and the trial
@@ -343,11 +323,11 @@ def test_augmentation_in_tf_data_map_checkpoints_with_one_warning(breadth_env, c
     cfg = _config(10, checkpoint_policy="none", min_checkpoint_period={"batches": 2})
     cfg["hyperparameters"]["augment"] = True
     with caplog.at_level("WARNING", logger="ckptstore.keras_io.trial.data"):
-        _, result = _run_class(breadth_env, CifarShapeTrial, cfg, 1, preempt_at=5)
+        _, result = run_trial(trial_env, CifarShapeTrial, cfg, trial_id=1, preempt_at=5)
     assert result.status == "preempted" and result.batches_trained == 5
     warned = [r.getMessage() for r in caplog.records if "holds state outside it" in r.message]
     assert len(warned) == 1 and "is stateful" in warned[0], warned  # which op: per Keras
-    resumed, result = _run_class(breadth_env, CifarShapeTrial, cfg, 1)
+    resumed, result = run_trial(trial_env, CifarShapeTrial, cfg, trial_id=1)
     assert result.status == "completed" and resumed.context.get_initial_batch() == 5
     assert resumed.train_data.position() == {"pass": 2, "batch": 0}  # 10 batches of 5 a pass
 
@@ -464,14 +444,8 @@ def test_multi_output_trial_yaml_pauses_and_resumes(tmp_path):
     )
     ignored = "preemption_timeout, bind_mounts, resources.shm_size, environment.image"
     assert err.count(ignored) == 1, err[-3000:]
-    with Registry(registry) as reg:
-        assert reg.get_trial(1).state == "PAUSED"
-        paused_at = reg.latest_checkpoint(1).steps_completed
-    assert 12 <= paused_at < 36
-    resumed = run_cli(
-        "experiment", "resume", "1", storage=storage, registry=registry, cwd=model_dir
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert 12 <= paused_at(registry) < 36
+    resume_ok(model_dir, storage, registry)
     with Registry(registry) as reg:
         trial = reg.get_trial(1)
         assert trial.state == "COMPLETED"
