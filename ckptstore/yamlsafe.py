@@ -13,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +73,33 @@ def _depth_ok(text: str) -> bool:
     return True
 
 
+#: Floats YAML 1.2 writes that YAML 1.1 (PyYAML) reads as strings: an exponent without a dot
+#: (``2e-4``, ``1e5``) or without a sign (``1.0e5``). Determined read configs with ruamel.yaml
+#: (YAML 1.2), so ``lr: 2e-4`` in its example configs is a float there and here.
+_YAML12_FLOAT = re.compile(
+    r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+|\.[0-9_]+[eE][-+]?[0-9]+)$"
+)
+
+
+@functools.cache
+def _config_loader() -> Any:
+    """PyYAML's safe loader (libyaml's when installed) that also reads YAML 1.2's floats."""
+    import yaml
+
+    class ConfigLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+        pass
+
+    ConfigLoader.add_implicit_resolver(
+        "tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789.")
+    )
+    return ConfigLoader
+
+
 def load_yaml(path: str | Path, what: str, example: str) -> Any:
     """The YAML file at ``path`` (a ``what``, like ``example``) safely loaded and checked by
     :func:`check_size`; :class:`~ckptstore.errors.InvalidConfig` when it is missing, too large,
-    too deep or not YAML."""
+    too deep or not YAML. Floats YAML 1.2 writes without a dot (``2e-4``) are floats, as in
+    Determined's reader; everything else is YAML 1.1 as PyYAML reads it."""
     import yaml
 
     path = Path(path)
@@ -98,7 +123,7 @@ def load_yaml(path: str | Path, what: str, example: str) -> Any:
                 f"Invalid {what} at `<config>`: collections are nested deeper than {MAX_DEPTH} "
                 f"levels, received {str(path)!r}. Flatten it."
             )
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_config_loader())  # noqa: S506 - a safe loader
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise errors.InvalidConfig(
             f"The {what} {str(path)!r} is not valid YAML: {exc}. Fix the syntax."

@@ -124,7 +124,7 @@ class ExperimentConfig(keys.Section):
     __annotations__.update(
         keys.ignored("bind_mounts optimizations profiling workspace project debug pbs slurm")
         | keys.ignored("tensorboard_storage log_policies retention_policy max_slots security")
-        | keys.ignored("integrations internal")
+        | keys.ignored("integrations internal preemption_timeout")
         | keys.ignored("data_layer batches_per_step")  # the removed ones
     )
 

@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any
 
 from pydantic import Discriminator, Tag, TypeAdapter, model_validator
@@ -65,18 +64,20 @@ class LengthSpec(Section):
         return getattr(self, self.unit)
 
     def to_batches(self, global_batch_size: int, records_per_epoch: int | None) -> int:
-        """The length in batches (records and epochs round up to whole batches)."""
+        """The length in batches as Determined's trial harness counts it: records and epochs
+        round down to whole batches, at least 1 (``records_per_epoch: 50000`` and
+        ``global_batch_size: 48`` make an epoch of 1041 batches)."""
         if self.unit == "batches":
             return self.value
         if self.unit == "records":
-            return max(1, math.ceil(self.value / global_batch_size))
+            return max(1, self.value // global_batch_size)
         if not records_per_epoch:
             raise errors.InvalidConfig(
                 f"A length of {{epochs: {self.value}}} needs the number of records per epoch. "
                 "Set `records_per_epoch` in the experiment config, or use a training data loader "
                 "whose length is known (NumPy arrays or a Sequence)."
             )
-        return max(1, math.ceil(self.value * records_per_epoch / global_batch_size))
+        return max(1, self.value * records_per_epoch // global_batch_size)
 
     def to_dict(self) -> dict[str, int]:
         return {self.unit: self.value}

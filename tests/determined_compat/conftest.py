@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from ckptstore.registry import Registry
 from tests._helpers.jax_env import repo_pythonpath
 
@@ -59,6 +61,36 @@ def create_ok(
     """``ckptstore experiment create CONFIG .`` in ``model_dir``; fails the test unless it exits 0."""
     done = ckptstore(
         "experiment", "create", config, ".", storage=storage, registry=registry, cwd=model_dir
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def paused_at(registry: str, trial_id: int = 1) -> int:
+    """The step of trial ``trial_id``'s latest checkpoint; fails the test unless it is PAUSED."""
+    with Registry(registry) as reg:
+        assert reg.get_trial(trial_id).state == "PAUSED"
+        return reg.latest_checkpoint(trial_id).steps_completed
+
+
+@pytest.fixture
+def trial_env(tmp_path):
+    """``(storage folder, Registry)`` for trials run in this process; afterwards no trial of
+    ``tf_keras_port_trials`` is asked to preempt."""
+    registry = Registry(f"sqlite:///{tmp_path / 'reg.db'}")
+    yield str(tmp_path / "ckpts"), registry
+    from tests.determined_compat import tf_keras_port_trials
+
+    tf_keras_port_trials.PREEMPTION.update(preempt=None, at=None)
+    registry.close()
+
+
+def resume_ok(
+    model_dir: Path | None, storage: str, registry: str, experiment_id: str = "1"
+) -> subprocess.CompletedProcess:
+    """``ckptstore experiment resume ID`` in ``model_dir``; fails the test unless it exits 0."""
+    done = ckptstore(
+        "experiment", "resume", experiment_id, storage=storage, registry=registry, cwd=model_dir
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done

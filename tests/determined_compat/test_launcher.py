@@ -13,6 +13,8 @@ from tests.determined_compat.conftest import (
     copy_corpus,
     create_ok,
     create_then_sigterm,
+    paused_at,
+    resume_ok,
 )
 
 pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
@@ -55,15 +57,9 @@ def test_iris_resumes_after_sigterm(tmp_path, where_local_and_s3):
         lambda reg: reg.latest_checkpoint(1),
         IRIS_EPOCH_PAUSE_S="0.5",
     )
-    with Registry(registry) as reg:
-        assert reg.get_trial(1).state == "PAUSED"
-        paused_at = reg.latest_checkpoint(1).steps_completed
-    assert 0 < paused_at < 12 * 15
+    assert 0 < paused_at(registry) < 12 * 15
 
-    resumed = ckptstore(
-        "experiment", "resume", "1", storage=storage, registry=registry, cwd=model_dir
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resume_ok(model_dir, storage, registry)
     with Registry(registry) as reg:
         assert reg.get_trial(1).state == "COMPLETED"
         # Exact resume: a run preempted mid-epoch goes on from its next batch.

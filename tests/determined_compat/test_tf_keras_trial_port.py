@@ -24,7 +24,6 @@ import ckptstore
 import ckptstore as det
 from ckptstore import errors
 from ckptstore.keras_io.trial.controller import TrialController
-from ckptstore.registry import Registry
 from tests.determined_compat import tf_keras_port_trials as trials
 from tests.keras_io.keras_under_test import keras, optimizer_variables
 
@@ -48,14 +47,6 @@ def xor_config(max_batches, val, unit, **extra):
     }
     raw.update(extra)
     return raw
-
-
-@pytest.fixture
-def trial_env(tmp_path):
-    registry = Registry(f"sqlite:///{tmp_path / 'reg.db'}")
-    yield str(tmp_path / "ckpts"), registry
-    trials.PREEMPTION.update(preempt=None, at=None)
-    registry.close()
 
 
 def run(trial_env, trial_class, cfg, *, trial_id=1, preempt_at=None, seed=SEED):

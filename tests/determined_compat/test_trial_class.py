@@ -9,10 +9,11 @@ from ckptstore.checkpointing import format as fmt
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
 from tests.determined_compat.conftest import (
-    ckptstore,
     copy_corpus,
     create_ok,
     create_then_sigterm,
+    paused_at,
+    resume_ok,
 )
 
 pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
@@ -57,15 +58,9 @@ def test_mnist_trial_resumes_after_sigterm(tmp_path, storage_url_factory):
         lambda reg: reg.get_metrics(1, "validation"),
         MNIST_BATCH_PAUSE_S="0.1",
     )
-    with Registry(registry) as reg:
-        assert reg.get_trial(1).state == "PAUSED"
-        paused_at = reg.latest_checkpoint(1).steps_completed
-    assert 16 <= paused_at < 64
+    assert 16 <= paused_at(registry) < 64
 
-    resumed = ckptstore(
-        "experiment", "resume", "1", storage=storage, registry=registry, cwd=model_dir
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resume_ok(model_dir, storage, registry)
     with Registry(registry) as reg:
         assert reg.get_trial(1).state == "COMPLETED"
         latest = reg.latest_checkpoint(1)

@@ -58,8 +58,11 @@ def test_tutorial_const_yaml_uses_steps():
 
 
 def test_lengths_in_records_and_epochs():
-    assert Length("records", 100).to_batches(32, None) == 4
+    # Determined's harness rounds down to whole batches (at least 1)
+    assert Length("records", 100).to_batches(32, None) == 3
+    assert Length("records", 10).to_batches(32, None) == 1
     assert Length("epochs", 2).to_batches(32, 320) == 20
+    assert Length("epochs", 3).to_batches(48, 50000) == 3125  # 150000 // 48
     with pytest.raises(errors.InvalidConfig, match="records_per_epoch"):
         Length("epochs", 2).to_batches(32, None)
 

@@ -89,7 +89,7 @@ def attribute_optimizers(model: KerasModel) -> dict[str, Any]:
 def _built_for(optimizer: Any, weights: list[Any]) -> list[int] | None:
     """Positions in ``weights`` of the variables ``optimizer`` was built for (None: unbuilt)."""
     trainable = getattr(optimizer, "_trainable_variables", None)  # Keras 3
-    if isinstance(trainable, list) and getattr(optimizer, "built", False):
+    if isinstance(trainable, (list, tuple)) and getattr(optimizer, "built", False):
         ids = {id(w): i for i, w in enumerate(weights)}
         return [ids[id(v)] for v in trainable if id(v) in ids]
     key = getattr(optimizer, "_var_key", None)

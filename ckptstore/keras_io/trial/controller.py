@@ -64,7 +64,6 @@ from ckptstore.checkpointing.metrics import reported_value
 from ckptstore.experiment.config import ExperimentConfig, Length, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value
 from ckptstore.keras_io import backend
-from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.backend import keras
 from ckptstore.keras_io.fit import _callback_state as callback_state
 from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
@@ -77,7 +76,8 @@ from ckptstore.keras_io.saving import _weights_view as weights_view
 from ckptstore.keras_io.saving._snapshot import MODEL_FILENAME
 from ckptstore.keras_io.trial import callback_events as events
 from ckptstore.keras_io.trial import data as data_mod
-from ckptstore.keras_io.trial import model_part, resume_source
+from ckptstore.keras_io.trial import model_part, resume_source, seed_states
+from ckptstore.keras_io.trial.built_model import check_built_model
 from ckptstore.keras_io.trial.context import TFKerasTrialContext
 from ckptstore.keras_io.trial.trial import TFKerasTrial
 
@@ -98,11 +98,6 @@ class TrialResult:
     last_validation: dict[str, float] = dataclasses.field(default_factory=dict)
     searcher_metric: float | None = None
     latest_checkpoint: str | None = None
-
-
-def _is_compiled(model: KerasModel) -> bool:
-    """``model.compiled`` (Keras 3) / ``model._is_compiled`` (Keras 2)."""
-    return bool(getattr(model, "compiled", False) or getattr(model, "_is_compiled", False))
 
 
 _optimizer_variables = optimizers_mod.variables_of
@@ -205,17 +200,8 @@ class TrialController:
             )
         with self._scope():  # variables (model, optimizer, metrics) mirrored across workers
             self.model = self.trial.build_model()
-        backend.check_model(self.model, what="TFKerasTrial")
-        if not isinstance(self.model, keras.Model):
-            raise errors.InvalidConfig(
-                f"build_model() must return a compiled keras.Model; it returned a "
-                f"{type(self.model).__name__}."
-            )
-        if not _is_compiled(self.model) or getattr(self.model, "optimizer", None) is None:
-            raise errors.InvalidConfig(
-                "build_model() returned a model that is not compiled. Call "
-                "model.compile(optimizer=..., loss=...) before returning it."
-            )
+        check_built_model(self.model)
+        seed_states.warn_unsaved(self.model)
         # model.optimizer and every wrapped one (a GAN's two), saved and restored by name
         self.optimizers = optimizers_mod.named_optimizers(self.model, self.context.optimizers)
         self.model_writer = model_part.ModelPartWriter()
@@ -272,7 +258,8 @@ class TrialController:
             for length in cfg.searcher.rung_lengths()[:-1]:
                 self.rungs[Length(unit, length).to_batches(self.gbs, rpe)] = length
         if cfg.records_per_epoch:
-            self.batches_per_epoch: int | None = max(1, math.ceil(cfg.records_per_epoch / self.gbs))
+            # whole batches, as Determined's harness counts an epoch for the callbacks
+            self.batches_per_epoch: int | None = max(1, cfg.records_per_epoch // self.gbs)
         else:
             self.batches_per_epoch = self.train_data.batches_per_pass
         logger.info(
@@ -400,8 +387,7 @@ class TrialController:
         self.last_validation_at = sequencer.get("last_validation_at")
         self.last_checkpoint_at = self.batches_trained
         self.last_validation = dict(sequencer.get("last_validation") or {})
-        if state.extra_variables:
-            callback_state.restore_extra_variables(self.model, state.extra_variables)
+        seed_states.restore(self.model, state.extra_variables, uuid)
         layer_states.restore(self.model, state.layer_states, uuid)
         self._resumed_state = state
         self.latest_checkpoint = uuid
@@ -463,6 +449,7 @@ class TrialController:
             and self.batches_trained % self.batches_per_epoch == 0,
             callbacks=states,
             rng={**callback_state.capture_rng(), **keras2_format.capture_layer_rng(self.model)},
+            extra_variables=seed_states.capture(self.model),
         )
         state.layer_states, arrays = cb_arrays.split_arrays(
             layer_states.capture(self.model) or None
@@ -716,7 +703,9 @@ class TrialController:
                     status = "stopped_early"
                     break
                 if self.ckpt_period and self.batches_trained % self.ckpt_period == 0:
-                    if self.batches_trained < self.max_batches:
+                    # not again when the validation at this batch checkpointed already
+                    due = self.last_checkpoint_at != self.batches_trained
+                    if due and self.batches_trained < self.max_batches:
                         self._checkpoint()
                 if self.core.preempt.should_preempt():
                     status = "preempted"

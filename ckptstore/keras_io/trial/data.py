@@ -145,12 +145,12 @@ class ArrayData(TrainingData):
         super().__init__()
         self.rank, self.size = rank, size
         self.x, self.sw = x, (None if sw is None else np.asarray(sw))
-        self.y = None if y is None else np.asarray(y)
+        self.y = None if y is None else _targets(y)
         self.n = _num_records(x)
-        if self.y is not None and self.n != len(self.y):
+        if self.y is not None and self.n != _num_records(self.y):
             raise errors.InvalidConfig(
-                f"Training data has {self.n} inputs but {len(self.y)} targets; pass x and y with "
-                "the same number of rows."
+                f"Training data has {self.n} inputs but {_num_records(self.y)} targets; pass x "
+                "and y with the same number of rows."
             )
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -168,7 +168,7 @@ class ArrayData(TrainingData):
             if self.size > 1:
                 idx = np.array_split(idx, self.size)[self.rank]
             sw = None if self.sw is None else self.sw[idx]
-            yield (_slice(self.x, idx), None if self.y is None else self.y[idx], sw)
+            yield (_slice(self.x, idx), None if self.y is None else _slice(self.y, idx), sw)
 
 
 class SequenceData(TrainingData):
@@ -236,6 +236,7 @@ class DatasetData(TrainingData):
         cardinality = int(dataset.cardinality())
         self.batches_per_pass = cardinality if cardinality > 0 else None
         self._stream: Any = None
+        self._external_checked = False
 
     def next_batch(self) -> tuple[Any, Any, Any]:
         if self.batches_per_pass is None:
@@ -249,7 +250,15 @@ class DatasetData(TrainingData):
 
     def _open_stream(self, skip: int = 0) -> Any:
         if self._stream is None:
-            repeated = self.dataset.repeat()
+            import tensorflow as tf
+
+            # the iterator's position and buffers save even when an op in the pipeline holds
+            # state of its own (see _warn_external_state), which TensorFlow refuses by default
+            options = tf.data.Options()
+            options.experimental_external_state_policy = (
+                tf.data.experimental.ExternalStatePolicy.IGNORE
+            )
+            repeated = self.dataset.repeat().with_options(options)
             self._stream = iter(repeated.skip(skip) if skip else repeated)
         return self._stream
 
@@ -260,7 +269,32 @@ class DatasetData(TrainingData):
         import tensorflow as tf
 
         path = os.path.join(folder, self.ITERATOR_DIRNAME, "iterator")
+        self._warn_external_state()
         tf.train.Checkpoint(iterator=self._open_stream(self.batch_index)).write(path)
+
+    def _warn_external_state(self) -> None:
+        """Once: warn when an op of the pipeline keeps state outside it (a Keras random
+        augmentation layer or a ``tf.py_function`` in ``.map()``), which no iterator checkpoint
+        holds: the position and shuffle buffers resume exactly, those ops' draws do not."""
+        if self._external_checked:
+            return
+        self._external_checked = True
+        import tempfile
+
+        import tensorflow as tf
+
+        with tempfile.TemporaryDirectory(prefix="ckptstore-tfdata-") as tmp:
+            try:  # TensorFlow's default policy refuses such a pipeline: ask it on none of it
+                tf.train.Checkpoint(iterator=iter(self.dataset.take(1))).write(f"{tmp}/it")
+            except tf.errors.FailedPreconditionError as exc:
+                logger.warning(
+                    "The training tf.data pipeline holds state outside it (%s), e.g. a Keras "
+                    "random augmentation layer or tf.py_function in .map(): checkpoints save "
+                    "the data position and shuffle buffers but not that state, so a resumed "
+                    "trial draws other augmentations than an uninterrupted one. For an exact "
+                    "resume, apply random augmentation layers inside the model instead.",
+                    exc.message.split("}} ")[-1].split(" [Op:")[0],
+                )
 
     def read_files(self, folder: str) -> None:
         """Restore the iterator saved by :meth:`write_files`; a checkpoint without one (older
@@ -292,6 +326,16 @@ class DatasetData(TrainingData):
         ds = self.dataset.skip(start) if start else self.dataset
         for batch in ds:
             yield tuple(batch) if isinstance(batch, (tuple, list)) else batch
+
+
+def _targets(y: Any) -> Any:
+    """The targets as arrays: one array, or a list or dict of arrays for a model with several
+    outputs (Determined's ``(x, y)`` data takes all three); a list of numbers is one array."""
+    if isinstance(y, dict):
+        return {name: np.asarray(v) for name, v in y.items()}
+    if isinstance(y, (list, tuple)) and y and all(hasattr(v, "shape") for v in y):
+        return [np.asarray(v) for v in y]
+    return np.asarray(y)
 
 
 def _arrays(data: Any) -> tuple[Any, Any, Any] | None:
