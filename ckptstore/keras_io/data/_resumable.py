@@ -116,8 +116,8 @@ def attach(
     checkpoint, so a resumed run gets the same orders). ``on_boundary`` is called first thing
     at every epoch end, validation begin and train end -- once every callback has finished
     the last batch and before any of them reacts to the end of the epoch -- and at every
-    train batch begin. ``adapt`` (the JAX
-    loop's) makes the handle for the fit's epoch iterator instead of this module's classes.
+    train batch begin. ``adapt`` (the JAX loop's) makes the handle for the fit's epoch
+    iterator instead of this module's classes.
     """
     on_backend = keras.backend.backend() in ("tensorflow", "jax", "torch")
     frame = find_fit_frame(model) if on_backend else None
@@ -192,12 +192,12 @@ class _BatchBoundary(keras.callbacks.Callback):
     """First in the fit()'s callback list: calls back before any epoch-end reaction (and before
     any batch begins, once every callback's ``on_epoch_begin`` has run)."""
 
-    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
-        self._fn()
-
     def __init__(self, fn: Callable[[], None]) -> None:
         super().__init__()
         self._fn = fn
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self._fn()
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         self._fn()
