@@ -5,6 +5,8 @@ loads by UUID and predicts what the trained model predicts.
 Two processes per Keras version: the first runs each shape straight and preempted (SIGTERM
 after step 6 of 8, inside epoch 2), the second resumes each one and loads it. Runs on the Keras
 ``tf.keras`` is; ``test_keras2_suite.py`` runs it again on Keras 2.
+A shape Keras 2 cannot express (``KERAS3_ONLY`` in the worker) is not run there; its Keras 2
+cell says why.
 
 The table of shapes x what works in ``docs/reference/model-shapes.md`` is generated from these
 results: each run renders its Keras version's column from what it measured and compares it with
