@@ -129,8 +129,9 @@ def attach(
     resumed mid-epoch exactly. ``seed`` orders shuffled arrays/PyDatasets (saved in every
     checkpoint, so a resumed run gets the same orders). ``on_boundary`` is called first thing
     at every epoch end, validation begin and train end -- once every callback has finished
-    the last batch and before any of them reacts to the end of the epoch. ``adapt`` (the JAX
-    loop's) makes the handle for the fit's epoch iterator instead of this module's classes.
+    the last batch and before any of them reacts to the end of the epoch -- and at every
+    train batch begin. ``adapt`` (the JAX loop's) makes the handle for the fit's epoch
+    iterator instead of this module's classes.
     """
     on_backend = keras.backend.backend() in ("tensorflow", "jax", "torch")
     frame = find_fit_frame(model) if on_backend else None
@@ -160,9 +161,7 @@ def attach(
     from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
     reason = None
-    if getattr(epoch_iterator, "steps_per_execution", 1) != 1:
-        reason = "steps_per_execution > 1"
-    elif isinstance(adapter, ArrayDataAdapter):
+    if isinstance(adapter, ArrayDataAdapter):
         if epoch_iterator.steps_per_epoch:
             reason = "arrays with steps_per_epoch (an epoch is not one pass over the data)"
         elif _has_sparse(adapter._inputs):
@@ -176,9 +175,12 @@ def attach(
             return _PyDatasetData(epoch_iterator, adapter, seed)
     elif isinstance(adapter, TFDatasetAdapter):
         data = _TFDatasetData.make(epoch_iterator, adapter)
-        if data is not None:
+        if data is None:
+            reason = "a tf.data.Dataset of unknown length without steps_per_epoch"
+        elif data.overruns_epochs(getattr(epoch_iterator, "steps_per_execution", 1)):
+            reason = "steps_per_execution not dividing the batches of a tf.data epoch"
+        else:
             return data
-        reason = "a tf.data.Dataset of unknown length without steps_per_epoch"
     else:
         reason = f"a {type(adapter).__name__} input (e.g. a Python generator) cannot be rewound"
     return _restarts(reason)
@@ -201,11 +203,15 @@ def add_boundary_callback(fit_frame: Any, on_boundary: Callable[[], None]) -> No
 
 
 class _BatchBoundary(keras.callbacks.Callback):
-    """First in the fit()'s callback list: calls back before any epoch-end reaction."""
+    """First in the fit()'s callback list: calls back before any epoch-end reaction (and before
+    any batch begins, once every callback's ``on_epoch_begin`` has run)."""
 
     def __init__(self, fn: Callable[[], None]) -> None:
         super().__init__()
         self._fn = fn
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self._fn()
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         self._fn()
@@ -540,6 +546,13 @@ class _TFDatasetData(_Base):
             # seeds in the iterator's own (checkpointable) state.
             return cls(epoch_iterator, dataset.repeat(), cardinality, False)
         return None
+
+    def overruns_epochs(self, steps_per_execution: int) -> bool:
+        """Whether one iterator over the repeated dataset would run an execution of
+        ``steps_per_execution`` steps past the end of an epoch (Keras, with a fresh iterator
+        per pass, cuts that execution short). With ``steps_per_epoch`` Keras keeps one
+        iterator too, so the executions are the same as without ckptstore."""
+        return not self._steps_given and self.num_batches % steps_per_execution != 0
 
     def _set_epoch_steps(self, steps: int) -> None:
         if self._steps_given:

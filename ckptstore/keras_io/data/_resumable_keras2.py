@@ -24,8 +24,8 @@ tf.data.Dataset            one iterator over ``dataset.repeat()`` (or the datase
                            ``steps_per_epoch`` that is not its length), saved with
                            ``tf.train.Checkpoint``, as on Keras 3.
 anything else              a warning at fit start; a preempted epoch restarts from its first
-                           batch on resume: Python generators, ``steps_per_execution > 1``,
-                           arrays or a Sequence with ``steps_per_epoch``, lists of scalars,
+                           batch on resume: Python generators, arrays or a Sequence with
+                           ``steps_per_epoch``, lists of scalars,
                            array-likes (``GenericArrayLikeDataAdapter``, e.g. h5py), sparse or
                            ragged inputs, ``DatasetCreator``, distributed datasets, datasets of
                            unknown length without ``steps_per_epoch``, several workers.
@@ -79,8 +79,6 @@ def attach(
     reason = None
     if type(handler) is not da.DataHandler:
         reason = f"a {type(handler).__name__} (parameter-server training)"
-    elif handler._steps_per_execution.numpy().item() != 1:
-        reason = "steps_per_execution > 1"
     elif type(adapter) is da.TensorLikeDataAdapter:
         if steps_given:
             reason = "arrays with steps_per_epoch (an epoch is not one pass over the data)"

@@ -196,6 +196,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         self._data_seed = 0
         self._resume_batch = 0
         self._resume_metrics: list[Any] | None = None
+        self._resumed_rate: tuple[Any, Any] | None = None  # see _reassert_resumed_rate
         self._boundary_pending = False
         self._saved_mid_epoch = False
 
@@ -295,6 +296,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._batch_begin = batch
+        self._reassert_resumed_rate()  # done already when the data hooks' boundary ran first
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         done = max(1, batch - self._batch_begin + 1)
@@ -470,6 +472,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         """Runs before any other callback's epoch end once a batch after a preemption request
         is done: saves the middle of the epoch (an epoch that is complete anyway takes the
         usual epoch-end path)."""
+        self._reassert_resumed_rate()
         if not self._boundary_pending:
             return
         self._boundary_pending = False

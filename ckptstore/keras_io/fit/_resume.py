@@ -111,6 +111,8 @@ class CheckpointRestore:
         state_lib.restore_extra_variables(self.model, state.extra_variables)
         layer_states.restore(self.model, state.layer_states, uuid)
         self._pending_callback_states = dict(state.callbacks)
+        if not state.epoch_complete:
+            self._resumed_rate = _learning_rate_of(self.model)
         if not state.epoch_complete and self._resume_batch:
             self._resume_metrics = state.metrics_variables
             self._batches_this_epoch = self._resume_batch
@@ -123,6 +125,17 @@ class CheckpointRestore:
                 state.epoch + 1,
             )
         _fit_log.log_resumed(uuid, state, self._resume_batch, self._core)
+
+    def _reassert_resumed_rate(self) -> None:
+        """Before the first batch of a resumed cut epoch (after every callback's
+        ``on_epoch_begin``): give the optimizer back the learning rate the interrupted epoch
+        ran with. fit() calls ``on_epoch_begin`` for that epoch a second time, and a schedule
+        that works from the current rate (``LearningRateScheduler(lambda epoch, lr: lr * f)``)
+        would apply its change again."""
+        pending, self._resumed_rate = self._resumed_rate, None
+        if pending is not None:
+            variable, value = pending
+            variable.assign(value)
 
     def _load_model_file(
         self, uuid: str, model_path: str, *, with_optimizer: bool, view: Any = None
@@ -169,3 +182,12 @@ class CheckpointRestore:
         missing = sorted(set(targets) - set(states))
         if missing:
             logger.warning("No saved state for callbacks %s; they start fresh.", missing)
+
+
+def _learning_rate_of(model: Any) -> tuple[Any, Any] | None:
+    """``(variable, value)`` of the learning rate of ``model.optimizer``, or None when it has
+    none to assign (no optimizer, a ``LearningRateSchedule`` computed from the step)."""
+    rate = getattr(getattr(model, "optimizer", None), "learning_rate", None)
+    if not (hasattr(rate, "assign") and hasattr(rate, "numpy")):
+        return None
+    return rate, rate.numpy()
