@@ -41,6 +41,8 @@ from typing import Any
 
 #: Pooled buffer sets: the writer's two snapshots in flight (one written, one queued) + one.
 SETS = 3
+#: Variables of this many bytes or more are copied in the background (``_torch_guard.py``).
+OVERLAP_BYTES = 1 << 16
 #: Byte alignment of each variable's view in a set's flat buffer.
 _ALIGN = 64
 #: ``CKPTSTORE_TORCH_POOL=0`` turns the pool off (a ``clone()`` per variable: A/B benchmarks).
@@ -95,6 +97,10 @@ class TorchBuffers:
         self._closed = False
         self._last: _Set | None = None  # the last copies(), until release_with() takes it
         self.enabled = os.environ.get(_ENV, "1") != "0"
+        #: The last snapshot's guarded background copy, until :meth:`settle` ends it.
+        self.in_flight: Any = None
+        #: Seconds the training thread waited for each background copy (guard and settle).
+        self.waits: list[float] = []
 
     def prepare(self, values: list[Any]) -> None:
         """Open the pool (again) and have a set for ``values`` touched in the background."""
@@ -103,10 +109,15 @@ class TorchBuffers:
         if self.enabled and signature is not None:
             self._start_spare(signature)
 
-    def copies(self, values: list[Any]) -> list[Any]:
-        """A detached copy of each torch tensor of ``values``, in a free set when there is one."""
+    def copies(self, values: list[Any], overlap: bool = True) -> list[Any]:
+        """A detached copy of each torch tensor of ``values``, in a free set when there is one.
+
+        With ``overlap``, the copies of the variables of :data:`OVERLAP_BYTES` or more are made
+        by a guarded background copy (``_torch_guard.py``) that is :attr:`in_flight` until
+        :meth:`settle`; the others are copied here."""
         import torch
 
+        self.settle()  # an earlier snapshot's copy, if any, ends first
         sources = [value.detach() for value in values]
         signature = _signature(sources) if self.enabled else None
         if signature is None:  # not all on the CPU, or the pool is off
@@ -114,12 +125,32 @@ class TorchBuffers:
             with torch.no_grad():
                 return [source.clone() for source in sources]
         chosen = self._take(signature)
+        large = [overlap and s.numel() * s.element_size() >= OVERLAP_BYTES for s in sources]
+        now = [(v, s) for v, s, big in zip(chosen.views, sources, large, strict=True) if not big]
         with torch.no_grad(), _one_thread(torch):
-            torch._foreach_copy_(chosen.views, sources)
+            if now:
+                torch._foreach_copy_([v for v, _s in now], [s for _v, s in now])
+        if any(large):
+            from ckptstore.keras_io.saving._torch_guard import BackgroundCopy
+
+            pairs = [(v, s) for v, s, big in zip(chosen.views, sources, large, strict=True) if big]
+            self.in_flight = BackgroundCopy([v for v, _s in pairs], [s for _v, s in pairs])
         self._last = chosen
         if not self._free:
             self._start_spare(signature)
         return list(chosen.views)
+
+    def settle(self) -> None:
+        """On the training thread: wait for the background copy in flight, if any, and take
+        its guard off (:meth:`~ckptstore.keras_io.saving._torch_guard.BackgroundCopy.settle`);
+        the seconds waited go to :attr:`waits`."""
+        copy = self.in_flight
+        if copy is None:
+            return
+        copy.settle()
+        if copy.settled:
+            self.in_flight = None
+            self.waits.append(copy.waited)
 
     def release_with(self, owner: Any) -> None:
         """Give the last :meth:`copies`' set back to the pool once ``owner`` (their snapshot)
@@ -129,7 +160,9 @@ class TorchBuffers:
             weakref.finalize(owner, self._give_back, chosen)
 
     def close(self) -> None:
-        """Let the free sets go; sets still held are dropped when given back."""
+        """End the copy in flight (:meth:`settle`; on the training thread) and let the free
+        sets go; sets still held are dropped when given back."""
+        self.settle()
         with self._lock:
             self._closed = True
             self._pooled -= len(self._free)
@@ -211,4 +244,4 @@ def _storage_uses(tensor: Any) -> int:
     return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
 
 
-__all__ = ["SETS", "TorchBuffers"]
+__all__ = ["OVERLAP_BYTES", "SETS", "TorchBuffers"]
