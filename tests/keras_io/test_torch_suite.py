@@ -12,8 +12,10 @@ arrays, a ``keras.utils.PyDataset``, a ``tf.data.Dataset`` and a Python generato
 global generator), a checkpoint moving between PyTorch and TensorFlow both ways, optimizer state
 included (``test_backends.py``), ``core.init`` + ``CheckpointContext`` alone with the loaders,
 the registry and the web UI over a trial trained on torch, the SavedModel warning of a model
-with a class of the training script (``test_backend_coverage.py``), and ``ckptstore job run``
-batch inference from a torch checkpoint (``test_jobs.py``).
+with a class of the training script (``test_backend_coverage.py``), ``ckptstore job run``
+batch inference from a torch checkpoint (``test_jobs.py``), and checkpoints left whole by writes
+in place right after them while the snapshot's copy runs beside training
+(``test_torch_snapshot.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ MODULES = [
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[tfdata]",
     f"{EXACT}test_generator_with_steps_per_epoch_resumes_bit_exactly_on_torch",
     "tests/keras_io/test_backend_coverage.py",
+    "tests/keras_io/test_torch_snapshot.py",
     "tests/determined_compat/test_jobs.py::test_job_predicts_as_the_checkpoint[torch]",
 ]
 

@@ -13,7 +13,10 @@ ckptstore splits the save in two:
    variables copies of them, which the next step donates instead. On PyTorch the optimizer
    updates the parameters in place: the snapshot holds detached copies (one memory copy, into
    memory mapped in beforehand by a background thread or left by an earlier snapshot the
-   writer is done with: ``_torch_buffers.py``).
+   writer is done with: ``_torch_buffers.py``); the large variables' copy runs on a thread of
+   its own beside the next step, and any in-place write to them on ``fit()``'s thread waits for
+   it (``_torch_guard.py``; :func:`settle_buffers` ends it; a snapshot taken outside ``fit()``
+   is ended by the next one or by :func:`release_buffers`).
 2. :func:`write_model_archive` (background thread): writes a standard ``model.keras`` zip
    (``metadata.json``, ``config.json``, ``model.weights.h5``) from the snapshot with the same
    HDF5 layout Keras's ``saving_lib`` uses, so ``keras.models.load_model`` reads it back with

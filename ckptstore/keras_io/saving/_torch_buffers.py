@@ -8,9 +8,12 @@ pages already mapped.
 
 :class:`TorchBuffers` is a bounded pool of *buffer sets*: one flat allocation per set, holding a
 view per variable, its pages touched once. The training thread copies a snapshot's values into
-a free set in one call (``torch._foreach_copy_``: one release of the GIL, not one per tensor,
-which matters while the writer thread holds it), on one intra-op thread (see :func:`_one_thread`). A set goes back to the pool when its snapshot
-is collected (the writer drops it once its values are on disk) and nothing else still refers to
+a free set: the variables smaller than :data:`OVERLAP_BYTES` in one call
+(``torch._foreach_copy_``: one release of the GIL, not one per tensor, which matters while the
+writer thread holds it) on one intra-op thread (see :func:`_one_thread`); the large ones
+(weights, optimizer slots: nearly all the bytes) on a guarded background thread beside the next
+training step (``_torch_guard.py`` says what is guaranteed), ended by
+:meth:`TorchBuffers.settle`. A set goes back to the pool when its snapshot is collected (the writer drops it once its values are on disk) and nothing else still refers to
 its memory (a NumPy array of a view, for instance: the storage's use count is checked). Spare
 sets are allocated and touched by a background thread, ahead of the checkpoint that needs them:
 one at :meth:`TorchBuffers.prepare` (``fit()``'s start), another whenever the pool runs out.
@@ -23,8 +26,9 @@ Example::
 
     pool = TorchBuffers()
     pool.prepare([v.value for v in variables])  # a spare set, touched in the background
-    values = pool.copies([v.value for v in variables])  # training thread
+    values = pool.copies([v.value for v in variables])  # training thread; copy in flight
     pool.release_with(snapshot)  # the set is reused once the snapshot is gone
+    pool.settle()  # training thread, later: the copy is done, its guard off
     pool.close()
 """
 

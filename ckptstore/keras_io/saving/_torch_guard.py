@@ -45,6 +45,7 @@ from typing import Any
 from torch.overrides import TorchFunctionMode
 
 from ckptstore import errors
+from ckptstore.keras_io.saving._torch_buffers import _one_thread
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,16 @@ def _tensors(value: Any) -> list[Any]:
     return [inner] if isinstance(inner, torch.Tensor) else []
 
 
+def _shares(targets: list[Any], storages: set[int]) -> bool:
+    for tensor in targets:
+        try:
+            if tensor.untyped_storage().data_ptr() in storages:
+                return True
+        except Exception:  # noqa: BLE001, S112 - no storage (sparse, meta): no variable's memory
+            continue
+    return False
+
+
 class CopyGuard(TorchFunctionMode):
     """Makes an in-place torch call on memory of ``copy``'s sources wait for ``copy``."""
 
@@ -91,7 +102,7 @@ class CopyGuard(TorchFunctionMode):
             targets = _tensors(args[0]) if args else []
             if kwargs and kwargs.get("out") is not None:
                 targets += _tensors(kwargs["out"])
-            if any(t.untyped_storage().data_ptr() in copy.storages for t in targets):
+            if _shares(targets, copy.storages):
                 copy.wait()
         return func(*args, **(kwargs or {}))
 
@@ -120,7 +131,7 @@ class BackgroundCopy:
                 time.sleep(START_DELAY)
             pending = list(range(len(self.sources)))
             for _attempt in range(_ATTEMPTS):
-                with torch.no_grad():
+                with torch.no_grad(), _one_thread(torch):  # one core: the other trains
                     torch._foreach_copy_(
                         [self.views[i] for i in pending], [self.sources[i] for i in pending]
                     )
