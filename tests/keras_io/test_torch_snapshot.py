@@ -196,7 +196,52 @@ def _gan_two_optimizers(run):
     run(model, data=X)
 
 
+def _guard_waits_only_for_the_copied_memory():
+    import torch
+
+    from ckptstore.keras_io.saving._torch_guard import BackgroundCopy
+
+    source, other = torch.zeros(20_000), torch.zeros(4)
+    view = torch.empty_like(source)
+    depth = torch._C._len_torch_function_stack()
+    copy = BackgroundCopy([view], [source])
+    other.add_(1.0)  # another tensor's memory: no wait
+    assert not copy.done.is_set()
+    source[:3] = 7.0  # the copied memory: waits for the copy first
+    assert copy.done.is_set() and copy.waited > 0.1
+    assert float(view.abs().max()) == 0.0 and float(source[0]) == 7.0
+    copy.settle()
+    copy.result()
+    assert torch._C._len_torch_function_stack() == depth  # the guard is off
+
+
+def _write_from_another_thread_is_copied_again(caplog):
+    import threading
+
+    import torch
+
+    from ckptstore.keras_io.saving._torch_guard import BackgroundCopy
+
+    source = torch.zeros(20_000)
+    view = torch.empty_like(source)
+    with caplog.at_level("WARNING"):
+        copy = BackgroundCopy([view], [source])
+        writer = threading.Thread(target=source.add_, args=(1.0,))  # outside the guard's thread
+        writer.start()
+        writer.join()
+        copy.settle()
+        copy.result()
+    assert float(view.min()) == 1.0  # whole, at the newer value, and said so
+    assert "written in place while the checkpoint copied it" in caplog.text
+
+
 if ON_TORCH:
+
+    def test_guard_waits_only_for_writes_to_the_copied_memory(slow_copy):
+        _guard_waits_only_for_the_copied_memory()
+
+    def test_a_write_from_another_thread_is_copied_again_with_a_warning(slow_copy, caplog):
+        _write_from_another_thread_is_copied_again(caplog)
 
     def test_set_weights_right_after_a_checkpoint_leaves_it_whole(run):
         _set_weights_in_a_callback(run)

@@ -15,7 +15,8 @@ writer thread holds it) on one intra-op thread (see :func:`_one_thread`); the la
 training step (``_torch_guard.py`` says what is guaranteed), ended by
 :meth:`TorchBuffers.settle`. A set goes back to the pool when its snapshot is collected (the writer drops it once its values are on disk) and nothing else still refers to
 its memory (a NumPy array of a view, for instance: the storage's use count is checked). Spare
-sets are allocated and touched by a background thread, ahead of the checkpoint that needs them:
+sets are allocated and touched on that background thread (one, kept from ``fit()``'s start: a
+thread started per checkpoint cost 10 ms at load 5), ahead of the checkpoint that needs them:
 one at :meth:`TorchBuffers.prepare` (``fit()``'s start), another whenever the pool runs out.
 There are at most :data:`SETS` pooled sets: the writer holds at most two snapshots (one written,
 one queued: ``_writer.py``), so with three the training thread finds a mapped set; a snapshot
@@ -41,6 +42,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 #: Pooled buffer sets: the writer's two snapshots in flight (one written, one queued) + one.
@@ -97,21 +99,33 @@ class TorchBuffers:
         self._free: list[_Set] = []
         self._pooled = 0  # pooled sets alive: free, held by snapshots or being touched
         self._lock = threading.Lock()
-        self._spare: threading.Thread | None = None
+        self._spare: Future[None] | None = None
         self._closed = False
         self._last: _Set | None = None  # the last copies(), until release_with() takes it
         self.enabled = os.environ.get(_ENV, "1") != "0"
+        self._copier: ThreadPoolExecutor | None = None
         #: The last snapshot's guarded background copy, until :meth:`settle` ends it.
         self.in_flight: Any = None
         #: Seconds the training thread waited for each background copy (guard and settle).
         self.waits: list[float] = []
 
     def prepare(self, values: list[Any]) -> None:
-        """Open the pool (again) and have a set for ``values`` touched in the background."""
+        """Open the pool (again) and have a set for ``values`` touched in the background, and
+        the thread of the background copies started."""
         self._closed = False
         signature = _signature(values)
         if self.enabled and signature is not None:
             self._start_spare(signature)
+            self._runner()
+
+    def _runner(self) -> ThreadPoolExecutor:
+        """The one thread the background copies run on, started once (a thread started per
+        checkpoint cost ``fit()`` 10 ms at load 5: ``Thread.start`` waits for it to run)."""
+        with self._lock:
+            if self._copier is None:
+                self._copier = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-torch-copy")
+                self._copier.submit(int)  # its thread starts now, not at the first checkpoint
+            return self._copier
 
     def copies(self, values: list[Any], overlap: bool = True) -> list[Any]:
         """A detached copy of each torch tensor of ``values``, in a free set when there is one.
@@ -138,7 +152,9 @@ class TorchBuffers:
             from ckptstore.keras_io.saving._torch_guard import BackgroundCopy
 
             pairs = [(v, s) for v, s, big in zip(chosen.views, sources, large, strict=True) if big]
-            self.in_flight = BackgroundCopy([v for v, _s in pairs], [s for _v, s in pairs])
+            self.in_flight = BackgroundCopy(
+                [v for v, _s in pairs], [s for _v, s in pairs], self._runner()
+            )
         self._last = chosen
         if not self._free:
             self._start_spare(signature)
@@ -168,6 +184,9 @@ class TorchBuffers:
         sets go; sets still held are dropped when given back."""
         self.settle()
         with self._lock:
+            if self._copier is not None:
+                self._copier.shutdown(wait=False)  # after a spare being touched, if any
+                self._copier = None
             self._closed = True
             self._pooled -= len(self._free)
             self._free.clear()
@@ -189,17 +208,12 @@ class TorchBuffers:
 
     def _start_spare(self, signature: tuple[Any, ...]) -> None:
         with self._lock:
-            busy = self._spare is not None and self._spare.is_alive()
+            busy = self._spare is not None and not self._spare.done()
             if busy or self._closed or self._pooled >= self._limit:
                 return
             self._pooled += 1
-            self._spare = threading.Thread(
-                target=self._make_spare,
-                args=(signature,),
-                name="ckptstore-torch-spare",
-                daemon=True,
-            )
-        self._spare.start()
+        # on the copies' thread, after any copy queued there
+        self._spare = self._runner().submit(self._make_spare, signature)
 
     def _make_spare(self, signature: tuple[Any, ...]) -> None:
         try:

@@ -18,8 +18,10 @@ covers every optimizer's ``apply`` (a GAN's two included), ``Variable.assign`` a
 ``ReduceLROnPlateau``), a custom ``train_step``'s assigns and raw ``param.data.add_()`` alike,
 without a list of Keras methods to patch. A write that does not go through torch on that thread
 (another thread, a NumPy view of a parameter) is outside the guard; torch's in-place version
-counters, read when the snapshot is taken and again after the copy, catch one from torch on
-another thread: the copy is then made again (a warning names the variable) until it is whole.
+counters, read when the snapshot is taken and again after the copy, catch one made through torch
+before the copy ended: that variable is copied again until no write lands during its copy, so it
+is not torn, but it holds the newer value, and a warning names it (after three attempts the
+checkpoint fails with a ``CheckpointError`` instead).
 The writer thread waits for the copy (:meth:`BackgroundCopy.result`) before it reads the values.
 
 The guard leaves the mode stack at the next :meth:`BackgroundCopy.settle` on the training thread
@@ -62,7 +64,7 @@ START_DELAY = 0.0
 
 
 def _in_place(func: Any, kwargs: dict[str, Any] | None) -> bool:
-    name = getattr(func, "__name__", "")
+    name = getattr(func, "__name__", "").split(".")[0]  # torch.ops: "add_.Tensor"
     if kwargs and (kwargs.get("out") is not None or kwargs.get("inplace")):
         return True
     return (name.endswith("_") and not name.startswith("__")) or name in _INPLACE_DUNDERS
@@ -108,11 +110,12 @@ class CopyGuard(TorchFunctionMode):
 
 
 class BackgroundCopy:
-    """``torch._foreach_copy_(views, sources)`` on a thread of its own, guarded (module doc).
+    """``torch._foreach_copy_(views, sources)`` on another thread, guarded (module doc): on
+    ``runner``'s (an executor with one thread) if given, else on a new one.
 
     Created on the training thread, which it pushes :class:`CopyGuard` on."""
 
-    def __init__(self, views: list[Any], sources: list[Any]) -> None:
+    def __init__(self, views: list[Any], sources: list[Any], runner: Any = None) -> None:
         self.views, self.sources = views, sources
         self.storages = {s.untyped_storage().data_ptr() for s in sources}
         self._versions = [s._version for s in sources]
@@ -121,7 +124,10 @@ class BackgroundCopy:
         self._error: BaseException | None = None
         self._guard: CopyGuard | None = CopyGuard(self)
         self._guard.__enter__()
-        threading.Thread(target=self._run, name="ckptstore-torch-copy", daemon=True).start()
+        if runner is not None:  # a thread kept for the copies: none to start (10 ms loaded)
+            runner.submit(self._run)
+        else:
+            threading.Thread(target=self._run, name="ckptstore-torch-copy", daemon=True).start()
 
     def _run(self) -> None:
         import torch
