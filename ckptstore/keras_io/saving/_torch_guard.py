@@ -77,7 +77,10 @@ def _tensors(value: Any) -> list[Any]:
         return [value]
     if isinstance(value, (list, tuple)):
         return [v for item in value for v in _tensors(item)]
-    inner = getattr(value, "value", None)  # a Keras variable
+    try:
+        inner = getattr(value, "value", None)  # a Keras variable
+    except Exception:  # noqa: BLE001 - some object's property: not a variable
+        return []
     return [inner] if isinstance(inner, torch.Tensor) else []
 
 
