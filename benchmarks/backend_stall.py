@@ -177,7 +177,10 @@ def _child(
     backend: str, args: argparse.Namespace, code: str | None = None, rounds: int | None = None
 ) -> dict[str, list[float]]:
     env = keras_env(backend)  # JAX (PyTorch) from .venv-jax/ (.venv-torch/) for its child
-    if code:
+    if code and "=" in code and not os.path.isdir(code):  # --ab NAME=VALUE: this checkout so
+        name, _, value = code.partition("=")
+        env[name] = value
+    elif code:
         env[_CODE_ENV] = code
     extra = [] if rounds is None else ["--rounds", str(rounds)]
     proc = subprocess.run(
@@ -216,7 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sections", action="store_true", help="time the epoch-end path's parts")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated")
     parser.add_argument(
-        "--ab", metavar="DIR", help="also run a peer checkout's ckptstore (e.g. a worktree of main)"
+        "--ab",
+        metavar="DIR|NAME=VALUE",
+        help="also run a peer: a checkout's ckptstore (e.g. a worktree of main), or this one "
+        "with an environment variable set (CKPTSTORE_TORCH_OVERLAP=0)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -53,6 +53,8 @@ OVERLAP_BYTES = 1 << 16
 _ALIGN = 64
 #: ``CKPTSTORE_TORCH_POOL=0`` turns the pool off (a ``clone()`` per variable: A/B benchmarks).
 _ENV = "CKPTSTORE_TORCH_POOL"
+#: ``CKPTSTORE_TORCH_OVERLAP=0``: every copy on the training thread (no background copy: A/B).
+_OVERLAP_ENV = "CKPTSTORE_TORCH_OVERLAP"
 
 
 class _Set:
@@ -103,6 +105,7 @@ class TorchBuffers:
         self._closed = False
         self._last: _Set | None = None  # the last copies(), until release_with() takes it
         self.enabled = os.environ.get(_ENV, "1") != "0"
+        self.overlap = os.environ.get(_OVERLAP_ENV, "1") != "0"
         self._copier: ThreadPoolExecutor | None = None
         #: The last snapshot's guarded background copy, until :meth:`settle` ends it.
         self.in_flight: Any = None
@@ -143,6 +146,7 @@ class TorchBuffers:
             with torch.no_grad():
                 return [source.clone() for source in sources]
         chosen = self._take(signature)
+        overlap = overlap and self.overlap
         large = [overlap and s.numel() * s.element_size() >= OVERLAP_BYTES for s in sources]
         now = [(v, s) for v, s, big in zip(chosen.views, sources, large, strict=True) if not big]
         with torch.no_grad(), _one_thread(torch):
