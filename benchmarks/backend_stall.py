@@ -11,8 +11,16 @@ before Keras is imported), in one run, and prints them side by side:
   the optimizer updates the parameters in place, into a pooled buffer set mapped in beforehand;
   ``CKPTSTORE_TORCH_POOL=0`` turns the pool off for an A/B);
 - ``blocked``: what ``fit()`` waits for at a checkpoint with ``DeterminedCallback``'s defaults
-  (``on_epoch_end`` + the next ``on_epoch_begin``), and ``final blocked`` (the last epoch's
-  ``on_epoch_end`` + ``on_train_end``, which hands the SavedModel export to the worker).
+  (``on_epoch_end`` + the next ``on_epoch_begin``; on PyTorch plus what the training thread
+  waited for the background copy in the next step), and ``final blocked`` (the last epoch's
+  ``on_epoch_end`` + ``on_train_end``, which hands the SavedModel export to the worker);
+- ``fit wall`` and ``fit CPU`` (this process's threads) of each round's 3-checkpoint ``fit()``:
+  what the checkpoints cost training, wherever it ran.
+
+``--ab DIR`` runs a peer checkout's ``ckptstore`` (a ``git worktree`` of main) in turn with this
+one, one round each, as ``<backend>@peer``; ``--ab NAME=VALUE`` runs this checkout with that
+environment variable as the peer (``CKPTSTORE_TORCH_OVERLAP=0``: every copy on the training
+thread).
 
 ``--sections`` also prints, per backend, the median milliseconds of each part of the callback's
 epoch-end path on the training thread (``section:`` rows; ``--epochs 12`` gives more repeats).
@@ -21,6 +29,7 @@ Target: blocked <= 0.05x ``model.save`` on JAX and PyTorch as on TensorFlow.
 
     .venv/bin/python benchmarks/backend_stall.py --sizes-mb 25 --rounds 3
     .venv/bin/python benchmarks/backend_stall.py --backends tensorflow,torch
+    .venv/bin/python benchmarks/backend_stall.py --backends torch --rounds 5 --ab /tmp/main-wt
 
 JAX and PyTorch come from ``.venv-jax/`` and ``.venv-torch/`` (``scripts/setup.sh --test``) or
 from the venv if installed there.
