@@ -1,4 +1,4 @@
-"""PyTorch's snapshot copy runs beside the next training step; writes in place wait for it (issue 42).
+"""PyTorch's snapshot copy runs beside the next training step; in-place writes wait (issue 42).
 
 On ``KERAS_BACKEND=torch`` a checkpoint's copy of the large variables runs on a background thread
 while ``fit()`` goes on (``ckptstore/keras_io/saving/_torch_guard.py``). Each test here writes

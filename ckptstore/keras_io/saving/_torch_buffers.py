@@ -10,12 +10,13 @@ pages already mapped.
 view per variable, its pages touched once. The training thread copies a snapshot's values into
 a free set: the variables smaller than :data:`OVERLAP_BYTES` in one call
 (``torch._foreach_copy_``: one release of the GIL, not one per tensor, which matters while the
-writer thread holds it) on one intra-op thread (see :func:`_one_thread`); the large ones
+writer thread holds it) on one intra-op thread (``_torch_guard.one_thread``); the large ones
 (weights, optimizer slots: nearly all the bytes) on a guarded background thread beside the next
 training step (``_torch_guard.py`` says what is guaranteed), ended by
-:meth:`TorchBuffers.settle`. A set goes back to the pool when its snapshot is collected (the writer drops it once its values are on disk) and nothing else still refers to
-its memory (a NumPy array of a view, for instance: the storage's use count is checked). Spare
-sets are allocated and touched on that background thread (one, kept from ``fit()``'s start: a
+:meth:`TorchBuffers.settle`. A set goes back to the pool when its snapshot is collected (the
+writer drops it once its values are on disk) and nothing else still refers to its memory (a
+NumPy array of a view, for instance: the storage's use count is checked). Spare sets are
+allocated and touched on that background thread (one, kept from ``fit()``'s start: a
 thread started per checkpoint cost 10 ms at load 5), ahead of the checkpoint that needs them:
 one at :meth:`TorchBuffers.prepare` (``fit()``'s start), another whenever the pool runs out.
 There are at most :data:`SETS` pooled sets: the writer holds at most two snapshots (one written,
@@ -35,13 +36,11 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import sys
 import threading
 import weakref
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -149,12 +148,12 @@ class TorchBuffers:
         overlap = overlap and self.overlap
         large = [overlap and s.numel() * s.element_size() >= OVERLAP_BYTES for s in sources]
         now = [(v, s) for v, s, big in zip(chosen.views, sources, large, strict=True) if not big]
-        with torch.no_grad(), _one_thread(torch):
+        from ckptstore.keras_io.saving._torch_guard import BackgroundCopy, one_thread
+
+        with torch.no_grad(), one_thread(torch):
             if now:
                 torch._foreach_copy_([v for v, _s in now], [s for _v, s in now])
         if any(large):
-            from ckptstore.keras_io.saving._torch_guard import BackgroundCopy
-
             pairs = [(v, s) for v, s, big in zip(chosen.views, sources, large, strict=True) if big]
             self.in_flight = BackgroundCopy(
                 [v for v, _s in pairs], [s for _v, s in pairs], self._runner()
@@ -236,21 +235,6 @@ class TorchBuffers:
                 self._pooled -= 1
             else:
                 self._free.append(chosen)
-
-
-@contextlib.contextmanager
-def _one_thread(torch: Any) -> Iterator[None]:
-    """Run torch's ops on this thread alone: a memory copy gains nothing from a second thread
-    (memory bandwidth), and when the other core is busy (the writer thread, other processes)
-    the copy waits for its share (measured: 25-30 ms with two threads, 6 ms with one, load 3.5)."""
-    threads = torch.get_num_threads()
-    if threads > 1:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if threads > 1:
-            torch.set_num_threads(threads)
 
 
 def _signature(values: list[Any]) -> tuple[Any, ...] | None:
