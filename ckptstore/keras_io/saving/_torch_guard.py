@@ -2,32 +2,35 @@
 
 PyTorch's optimizer writes the parameters in place, so a snapshot owns a copy of each variable
 (``_torch_buffers.py``). The copy of the large variables (the weights and the optimizer's slots:
-nearly all the bytes) runs on a thread of its own, :class:`BackgroundCopy`, while ``fit()`` goes
-on with the next step's forward and backward pass; the small ones (BatchNorm statistics,
-``SeedGenerator`` states, metrics, ``iterations``, the learning rate: the forward pass and the
-callbacks write those) are copied on the training thread before it returns.
+nearly all the bytes) runs on another thread (:class:`BackgroundCopy`; the pool keeps one from
+``fit()``'s start) while ``fit()`` goes on with the next step's forward and backward pass; the
+small ones (BatchNorm statistics, ``SeedGenerator`` states, metrics, ``iterations``, the learning
+rate: the forward pass and the callbacks write those) are copied on the training thread first.
 
 What is guaranteed: the snapshot holds every variable's value at the checkpoint, never a torn or
-later one, whatever writes the variables in place afterwards on the thread that runs ``fit()``.
-Until the copy is done, :class:`CopyGuard` (a ``TorchFunctionMode``, pushed on that thread) sees
-every torch call made from Python there, and any in-place one (a name ending in ``_`` such as
-``add_``, ``copy_``, ``_foreach_mul_``; ``x[...] = y``; ``+=``; an ``out=`` or ``inplace=True``
-argument) whose target shares memory with a variable being copied waits for the copy first. That
-covers every optimizer's ``apply`` (a GAN's two included), ``Variable.assign`` and
-``_direct_assign`` (``set_weights``, ``load_weights``, ``EarlyStopping``'s restore, metrics,
-``ReduceLROnPlateau``), a custom ``train_step``'s assigns and raw ``param.data.add_()`` alike,
-without a list of Keras methods to patch. A write that does not go through torch on that thread
-(another thread, a NumPy view of a parameter) is outside the guard; torch's in-place version
-counters, read when the snapshot is taken and again after the copy, catch one made through torch
-before the copy ended: that variable is copied again until no write lands during its copy, so it
-is not torn, but it holds the newer value, and a warning names it (after three attempts the
-checkpoint fails with a ``CheckpointError`` instead).
-The writer thread waits for the copy (:meth:`BackgroundCopy.result`) before it reads the values.
+later one, whatever writes the variables in place afterwards through torch, from Python, on the
+thread that runs ``fit()``. Until the copy is done, :class:`CopyGuard` (a ``TorchFunctionMode``
+pushed on that thread) sees every such torch call, and an in-place one (a name ending in ``_``
+such as ``add_``, ``copy_``, ``_foreach_mul_``, ``torch.ops.aten.add_``; ``x[...] = y``; ``+=``;
+an ``out=`` or ``inplace=True`` argument) whose target shares memory with a variable being copied
+waits for the copy first. That covers every optimizer's ``apply`` (a GAN's two included),
+``Variable.assign`` and ``_direct_assign`` (``set_weights``, ``load_weights``, ``EarlyStopping``'s
+restore, metrics, ``ReduceLROnPlateau``), a custom ``train_step``'s assigns and raw
+``param.data.add_()`` alike, with no Keras method patched. A write that does not go through torch
+on that thread (another thread, a NumPy view of a parameter) is outside the guard; torch's
+in-place version counters, read when the snapshot is taken and again after the copy, catch one
+made through torch before the copy ended: that variable is copied again until no write lands
+during its copy, so it is not torn, but it holds the newer value, and a warning names it (after
+three attempts the checkpoint fails with a ``CheckpointError`` instead). The writer thread waits
+for the copy (:meth:`BackgroundCopy.result`) before it reads the values. With ``jit_compile=True``
+(``torch.compile`` would trace the guard) the snapshot copies everything on the training thread.
 
 The guard leaves the mode stack at the next :meth:`BackgroundCopy.settle` on the training thread
-(``DeterminedCallback``'s next ``on_train_batch_end``, the next snapshot, ``fit()``'s end); the
-time the training thread waited there or in the guard is :attr:`BackgroundCopy.waited` (it is
-part of what a checkpoint costs ``fit()``: ``benchmarks/backend_stall.py`` counts it).
+(``DeterminedCallback``'s next ``on_train_batch_end``, the next snapshot, ``fit()``'s end; after an
+error inside ``fit()``, or while a mode pushed after it is still on the stack, it stays there,
+inert once the copy is done, until one of those comes). The time the training thread waited
+there or in the guard is :attr:`BackgroundCopy.waited` (part of what a checkpoint costs
+``fit()``: ``benchmarks/backend_stall.py`` counts it).
 
 Example::
 
