@@ -11,8 +11,16 @@ before Keras is imported), in one run, and prints them side by side:
   the optimizer updates the parameters in place, into a pooled buffer set mapped in beforehand;
   ``CKPTSTORE_TORCH_POOL=0`` turns the pool off for an A/B);
 - ``blocked``: what ``fit()`` waits for at a checkpoint with ``DeterminedCallback``'s defaults
-  (``on_epoch_end`` + the next ``on_epoch_begin``), and ``final blocked`` (the last epoch's
-  ``on_epoch_end`` + ``on_train_end``, which hands the SavedModel export to the worker).
+  (``on_epoch_end`` + the next ``on_epoch_begin``; on PyTorch plus what the training thread
+  waited for the background copy in the next step), and ``final blocked`` (the last epoch's
+  ``on_epoch_end`` + ``on_train_end``, which hands the SavedModel export to the worker);
+- ``fit wall`` and ``fit CPU`` (this process's threads) of each round's 3-checkpoint ``fit()``:
+  what the checkpoints cost training, wherever it ran.
+
+``--ab DIR`` runs a peer checkout's ``ckptstore`` (a ``git worktree`` of main) in turn with this
+one, one round each, as ``<backend>@peer``; ``--ab NAME=VALUE`` runs this checkout with that
+environment variable as the peer (``CKPTSTORE_TORCH_OVERLAP=0``: every copy on the training
+thread).
 
 ``--sections`` also prints, per backend, the median milliseconds of each part of the callback's
 epoch-end path on the training thread (``section:`` rows; ``--epochs 12`` gives more repeats).
@@ -21,6 +29,7 @@ Target: blocked <= 0.05x ``model.save`` on JAX and PyTorch as on TensorFlow.
 
     .venv/bin/python benchmarks/backend_stall.py --sizes-mb 25 --rounds 3
     .venv/bin/python benchmarks/backend_stall.py --backends tensorflow,torch
+    .venv/bin/python benchmarks/backend_stall.py --backends torch --rounds 5 --ab /tmp/main-wt
 
 JAX and PyTorch come from ``.venv-jax/`` and ``.venv-torch/`` (``scripts/setup.sh --test``) or
 from the venv if installed there.
@@ -46,7 +55,9 @@ sys.path.insert(0, REPO)
 from tests._helpers.jax_env import backend_missing, keras_env  # noqa: E402 - after the path
 
 BACKENDS = ("tensorflow", "jax", "torch")
-KEYS = ("model.save", "snapshot", "blocked", "final blocked")
+KEYS = ("model.save", "snapshot", "blocked", "final blocked", "fit wall", "fit CPU")
+#: ``--ab``: the folder of the peer's checkout whose ``ckptstore`` a child imports instead.
+_CODE_ENV = "CKPTSTORE_BENCH_CODE"
 
 
 #: What ``--sections`` times: (owner, attribute) pairs on the callback, its context and the
@@ -128,6 +139,9 @@ def measure(
         os.remove(os.path.join(work, f"save{i}.keras"))
         started = time.perf_counter()
         snapshot_lib.take_snapshot(layout)
+        settle = getattr(snapshot_lib, "settle_buffers", None)
+        if settle is not None:  # PyTorch: the background copy ends, its guard comes off
+            settle(layout)
         out["snapshot"].append(time.perf_counter() - started)
         blocked: list[float] = []
         final: list[float] = []
@@ -153,17 +167,33 @@ def measure(
 
                 cb.on_train_begin = on_train_begin
             timed_callback(cb, blocked, final)
-            run_fit(model, (x, x), epochs, [cb])
+            cpu = time.process_time()  # this process's threads (not the export worker)
+            wall, _with_children = run_fit(model, (x, x), epochs, [cb])
+            cpu = time.process_time() - cpu
             cb.wait()
+        # PyTorch: what the training thread waited for each checkpoint's background copy, in
+        # the next step's guard or at the next batch end, is part of what it cost fit()
+        waits = getattr(getattr(cb._layout, "__dict__", {}).get("_torch_buffers"), "waits", [])
+        blocked = [b + w for b, w in zip(blocked, [*waits, *[0.0] * len(blocked)], strict=False)]
+        out["fit wall"].append(wall)
+        out["fit CPU"].append(cpu)
         out["blocked"].append(statistics.median(blocked))
         out["final blocked"].append(statistics.median(final))
     return out
 
 
-def _child(backend: str, args: argparse.Namespace) -> dict[str, list[float]]:
+def _child(
+    backend: str, args: argparse.Namespace, code: str | None = None, rounds: int | None = None
+) -> dict[str, list[float]]:
     env = keras_env(backend)  # JAX (PyTorch) from .venv-jax/ (.venv-torch/) for its child
+    if code and "=" in code and not os.path.isdir(code):  # --ab NAME=VALUE: this checkout so
+        name, _, value = code.partition("=")
+        env[name] = value
+    elif code:
+        env[_CODE_ENV] = code
+    extra = [] if rounds is None else ["--rounds", str(rounds)]
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", *sys.argv[1:]],
+        [sys.executable, os.path.abspath(__file__), "--child", *sys.argv[1:], *extra],
         env=env,
         capture_output=True,
         text=True,
@@ -174,6 +204,21 @@ def _child(backend: str, args: argparse.Namespace) -> dict[str, list[float]]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _ab_runs(backends: list[str], args: argparse.Namespace) -> dict[str, dict]:
+    """``--ab``: per backend, this checkout and the peer's (``<backend>@peer``), one round each
+    in turn (interleaved: the machine's load falls on both alike)."""
+    runs: dict[str, dict] = {}
+    for _round in range(args.rounds):
+        for backend in backends:
+            for name, code in ((backend, None), (f"{backend}@peer", args.ab)):
+                got = _child(backend, args, code=code, rounds=1)
+                for size, values in got.items():
+                    merged = runs.setdefault(name, {}).setdefault(size, {})
+                    for key, seconds in values.items():
+                        merged.setdefault(key, []).extend(seconds)
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", default="25", help="comma-separated state sizes")
@@ -182,10 +227,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sections", action="store_true", help="time the epoch-end path's parts")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated")
+    parser.add_argument(
+        "--ab",
+        metavar="DIR|NAME=VALUE",
+        help="also run a peer: a checkout's ckptstore (e.g. a worktree of main), or this one "
+        "with an environment variable set (CKPTSTORE_TORCH_OVERLAP=0)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = [float(s) for s in args.sizes_mb.split(",") if s]
     if args.child:
+        import benchmarks.keras_stall  # noqa: F401 - puts this checkout first on the path
+
+        if os.environ.get(_CODE_ENV):  # --ab: the peer's ckptstore instead of this one
+            sys.path.insert(0, os.environ[_CODE_ENV])
         results = {
             str(s): measure(s, args.rounds, args.epochs, args.steps, args.sections) for s in sizes
         }
@@ -195,21 +250,24 @@ def main(argv: list[str] | None = None) -> int:
     for backend in backends:
         if backend != "tensorflow" and backend_missing(backend):
             raise SystemExit(backend_missing(backend))
-    runs = {backend: _child(backend, args) for backend in backends}
+    if args.ab:
+        runs = _ab_runs(backends, args)
+    else:
+        runs = {backend: _child(backend, args) for backend in backends}
     for size in sizes:
         print(
             f"\n=== state {size:.0f} MB (weights + Adam), {args.epochs} epochs x {args.steps} "
             f"steps, median of {args.rounds} rounds, load average {os.getloadavg()[0]:.1f} ==="
         )
-        print(f"{'seconds':16s}" + "".join(f"{b:>16s}{'x save':>9s}" for b in backends))
+        print(f"{'seconds':16s}" + "".join(f"{b:>16s}{'x save':>9s}" for b in runs))
         for key in KEYS:
             row = f"{key:16s}"
-            for backend in backends:
-                values = runs[backend][str(size)]
+            for name in runs:
+                values = runs[name][str(size)]
                 ratios = [a / b for a, b in zip(values[key], values["model.save"], strict=True)]
                 row += f"{statistics.median(values[key]):16.4f}{statistics.median(ratios):9.3f}"
             print(row)
-        _print_sections([runs[backend][str(size)] for backend in backends])
+        _print_sections([runs[name][str(size)] for name in runs])
     return 0
 
 

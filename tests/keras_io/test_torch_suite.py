@@ -5,7 +5,9 @@ Kept smaller than the JAX run (its budget is ~5 minutes of CI, on the second cor
 plain-Keras tutorial's shape through ``DeterminedCallback`` (checkpoint contents and schedule,
 with the SavedModel exported on TensorFlow; warm start, a failed S3 upload, stateful callbacks, as
 on JAX), the loaders on local storage and S3 (``test_loaders.py``), the point-in-time snapshot (PyTorch's optimizer
-writes into the parameters in place: a snapshot that held them would record the next steps), a
+writes into the parameters in place: a snapshot that held them would record the next steps; its
+copy runs beside the next step, and writes in place right after a checkpoint leave it whole:
+``test_torch_snapshot.py``), a
 bit-equal SIGTERM/resume in fresh processes, validation data included, for shuffled NumPy
 arrays, a ``keras.utils.PyDataset``, a ``tf.data.Dataset`` and a Python generator with
 ``steps_per_epoch`` (fed through Keras's torch ``DataLoader``, whose iterators draw from torch's
@@ -33,6 +35,7 @@ MODULES = [
     f"{CALLBACK}test_warm_start_loads_weights_only_and_protects",
     f"{CALLBACK}test_failed_background_save_raises_from_fit",
     f"{CALLBACK}test_callback_state_applied_after_on_train_begin",
+    "tests/keras_io/test_torch_snapshot.py",
     "tests/keras_io/test_loaders.py::test_latest_best_and_uuid",
     "tests/keras_io/test_backends.py::test_checkpoints_resume_and_load_across_backends",
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[arrays_shuffle]",

@@ -299,6 +299,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         self._reassert_resumed_rate()  # done already when the data hooks' boundary ran first
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        snapshot_lib.settle_buffers(self._layout)  # PyTorch: the last snapshot's copy ends
         done = max(1, batch - self._batch_begin + 1)
         self._steps_completed += done
         self._batches_this_epoch += done

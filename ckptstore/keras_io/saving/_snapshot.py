@@ -13,7 +13,10 @@ ckptstore splits the save in two:
    variables copies of them, which the next step donates instead. On PyTorch the optimizer
    updates the parameters in place: the snapshot holds detached copies (one memory copy, into
    memory mapped in beforehand by a background thread or left by an earlier snapshot the
-   writer is done with: ``_torch_buffers.py``).
+   writer is done with: ``_torch_buffers.py``); the large variables' copy runs on a thread of
+   its own beside the next step, and any in-place write to them on ``fit()``'s thread waits for
+   it (``_torch_guard.py``; :func:`settle_buffers` ends it; a snapshot taken outside ``fit()``
+   is ended by the next one or by :func:`release_buffers`).
 2. :func:`write_model_archive` (background thread): writes a standard ``model.keras`` zip
    (``metadata.json``, ``config.json``, ``model.weights.h5``) from the snapshot with the same
    HDF5 layout Keras's ``saving_lib`` uses, so ``keras.models.load_model`` reads it back with
@@ -145,6 +148,14 @@ class Snapshot:
 
     layout: StateLayout
     values: list[Any]
+    #: PyTorch: the background copy that fills ``values`` (``_torch_guard.py``); None when
+    #: they are final already. Readers call :meth:`wait` first.
+    pending: Any = None
+
+    def wait(self) -> None:
+        """Wait until :attr:`values` hold the snapshot (PyTorch's background copy is done)."""
+        if self.pending is not None:
+            self.pending.result()
 
     @property
     def nbytes(self) -> int:
@@ -322,7 +333,9 @@ def _read_values(layout: StateLayout) -> list[Any]:
 
     if keras.backend.backend() == "torch":
         variables = [e.variable.value for e in layout.entries if e.variable is not None]
-        copies = iter(_torch_buffers(layout).copies(variables))
+        # torch.compile'd steps (jit_compile=True) would trace the guard: copied here then
+        overlap = getattr(layout.model, "jit_compile", False) is not True
+        copies = iter(_torch_buffers(layout).copies(variables, overlap=overlap))
         return [next(copies) if e.variable is not None else e.constant for e in layout.entries]
     if keras.backend.backend() != "jax":
         return [
@@ -351,6 +364,7 @@ def take_snapshot(layout: StateLayout) -> Snapshot:
     snapshot = Snapshot(layout=dataclasses.replace(layout), values=_read_values(layout))
     pool = layout.__dict__.get(_TORCH_BUFFERS)
     if pool is not None:  # torch: the copies go back to the pool once the writer let go
+        snapshot.pending = pool.in_flight
         pool.release_with(snapshot)
     return snapshot
 
@@ -374,6 +388,15 @@ def prepare_buffers(layout: Any) -> None:
     if isinstance(layout, StateLayout) and keras.backend.backend() == "torch":
         variables = [e.variable.value for e in layout.entries if e.variable is not None]
         _torch_buffers(layout).prepare(variables)
+
+
+def settle_buffers(layout: Any) -> None:
+    """On PyTorch, on the training thread: end the last snapshot's background copy (waiting
+    for it if it is still running) and take its guard off (``_torch_guard.py``). Cheap when
+    there is none: ``DeterminedCallback`` calls it after every batch."""
+    pool = getattr(layout, "__dict__", {}).get(_TORCH_BUFFERS)
+    if pool is not None and pool.in_flight is not None:
+        pool.settle()
 
 
 def release_buffers(layout: Any) -> None:
@@ -401,6 +424,7 @@ def _weight_groups(
     ``hold`` (a set, if given) receives the ``id()`` of the arrays of frozen model variables
     a :class:`~ckptstore.keras_io.saving._keras_archive.WriteMemo` may keep (TensorFlow only:
     its reads share the variable's buffer; other backends' snapshots are copies)."""
+    snapshot.wait()
     layout = snapshot.layout
     frozen = _frozen_variables(layout) if hold is not None else set()
     by_group: dict[str, list[tuple[str, Any]]] = {}
