@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
 import zlib
 from collections.abc import Callable, Iterator
@@ -56,24 +55,13 @@ import numpy as np
 from ckptstore.keras_io import backend
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.backend import keras
+from ckptstore.keras_io.data import _tfdata_state as tfdata_state
 
 logger = logging.getLogger(__name__)
 
 #: Folder of the tf.data iterator checkpoint inside a checkpoint.
 ITERATOR_DIRNAME = "data_iterator"
 _ITERATOR_PREFIX = "iterator"
-#: The warning of a fit() whose tf.data pipeline TensorFlow cannot checkpoint (%s: TF's reason).
-_STATEFUL_PIPELINE = (
-    "TensorFlow cannot checkpoint this fit()'s tf.data pipeline (%s): a function it maps "
-    "holds state outside the pipeline, such as a stateful random op (tf.random.uniform, "
-    "tf.image.random_*), the seed of a Keras preprocessing layer (RandomFlip, ...) or a "
-    "tf.py_function. Its checkpoints commit without the input's position: a resumed run reads "
-    "the pipeline from its start, and a preempted epoch restarts from its first batch. For an "
-    "exact resume apply random augmentation layers in the model instead of in dataset.map() "
-    "(their seed state is checkpointed with it), or use stateless random ops "
-    "(tf.image.stateless_random_*) seeded from the data, e.g. tf.data.Dataset.random(seed) "
-    "zipped in."
-)
 
 
 class ResumableData(Protocol):
@@ -523,14 +511,16 @@ class _TFDatasetData(_Base):
     """A ``tf.data.Dataset``: one iterator for the whole ``fit()``, checkpointed by TF."""
 
     kind = "tf.data"
-    #: True once TensorFlow refused to checkpoint the pipeline (see :meth:`snapshot`).
+    #: True once the pipeline turned out to hold Python state (see :meth:`snapshot`).
     _unsaveable = False
+    _state_checked = False
 
     def __init__(
         self, epoch_iterator: Any, dataset: Any, num_batches: int, steps_given: bool
     ) -> None:
         super().__init__(epoch_iterator, num_batches)
-        self._dataset = dataset
+        self._raw_dataset = dataset
+        self._dataset = tfdata_state.saving_positions(dataset)
         self._iterator: Any = None
         self._steps_given = steps_given
 
@@ -571,17 +561,12 @@ class _TFDatasetData(_Base):
     def snapshot(self, epoch: int, batches_done: int, checkpoint_dir: str) -> dict[str, Any] | None:
         import tensorflow as tf
 
+        self._check_outside_state()
         if self._unsaveable:
             return None
         folder = os.path.join(checkpoint_dir, ITERATOR_DIRNAME)
         os.makedirs(folder, exist_ok=True)
-        try:
-            tf.train.Checkpoint(iterator=self._iter()).write(os.path.join(folder, _ITERATOR_PREFIX))
-        except tf.errors.FailedPreconditionError as exc:  # a stateful op in the pipeline
-            shutil.rmtree(folder, ignore_errors=True)
-            self._unsaveable = True
-            logger.warning(_STATEFUL_PIPELINE, str(exc).split("}}")[-1].split(" [Op:")[0].strip())
-            return None
+        tf.train.Checkpoint(iterator=self._iter()).write(os.path.join(folder, _ITERATOR_PREFIX))
         return {
             "kind": self.kind,
             "epoch": epoch,
@@ -589,6 +574,20 @@ class _TFDatasetData(_Base):
             "num_batches": self.num_batches,
             "iterator": f"{ITERATOR_DIRNAME}/{_ITERATOR_PREFIX}",
         }
+
+    def _check_outside_state(self) -> None:
+        """Once, at the first checkpoint: what of the pipeline an iterator checkpoint leaves
+        out (the rule and the warnings: ``_tfdata_state.py``)."""
+        if self._state_checked:
+            return
+        self._state_checked = True
+        kind, reason = tfdata_state.outside_state(self._raw_dataset)
+        if kind == "draws":
+            logger.warning(tfdata_state.DRAWS, "this fit()", reason)
+        elif kind == "python":
+            self._unsaveable = True
+            then = "a resumed run reads the pipeline from its start (a cut epoch restarts)"
+            logger.warning(tfdata_state.PYTHON, "this fit()", reason, then)
 
     def _restore_extra(self, state: dict[str, Any], checkpoint_dir: str) -> None:
         import tensorflow as tf

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ckptstore import errors
+from ckptstore.keras_io.data import _tfdata_state as tfdata_state
 from ckptstore.keras_io.trial.sequences import (
     SEQUENCE_BASE,
     SequenceAdapter,
@@ -236,7 +237,7 @@ class DatasetData(TrainingData):
         cardinality = int(dataset.cardinality())
         self.batches_per_pass = cardinality if cardinality > 0 else None
         self._stream: Any = None
-        self._external_checked = False
+        self._iterator_saveable: bool | None = None  # see _saveable
 
     def next_batch(self) -> tuple[Any, Any, Any]:
         if self.batches_per_pass is None:
@@ -250,51 +251,33 @@ class DatasetData(TrainingData):
 
     def _open_stream(self, skip: int = 0) -> Any:
         if self._stream is None:
-            import tensorflow as tf
-
-            # the iterator's position and buffers save even when an op in the pipeline holds
-            # state of its own (see _warn_external_state), which TensorFlow refuses by default
-            options = tf.data.Options()
-            options.experimental_external_state_policy = (
-                tf.data.experimental.ExternalStatePolicy.IGNORE
-            )
-            repeated = self.dataset.repeat().with_options(options)
+            # the position and buffers save even when random draws in the pipeline keep state
+            # outside it (see _check_outside_state)
+            repeated = tfdata_state.saving_positions(self.dataset.repeat())
             self._stream = iter(repeated.skip(skip) if skip else repeated)
         return self._stream
 
     def write_files(self, folder: str) -> None:
         """Save the iterator's state into ``folder`` (part of the checkpoint)."""
-        if self.batches_per_pass is None or not self.exact_state:
+        if self.batches_per_pass is None or not self.exact_state or not self._saveable():
             return
         import tensorflow as tf
 
         path = os.path.join(folder, self.ITERATOR_DIRNAME, "iterator")
-        self._warn_external_state()
         tf.train.Checkpoint(iterator=self._open_stream(self.batch_index)).write(path)
 
-    def _warn_external_state(self) -> None:
-        """Once: warn when an op of the pipeline keeps state outside it (a Keras random
-        augmentation layer or a ``tf.py_function`` in ``.map()``), which no iterator checkpoint
-        holds: the position and shuffle buffers resume exactly, those ops' draws do not."""
-        if self._external_checked:
-            return
-        self._external_checked = True
-        import tempfile
-
-        import tensorflow as tf
-
-        with tempfile.TemporaryDirectory(prefix="ckptstore-tfdata-") as tmp:
-            try:  # TensorFlow's default policy refuses such a pipeline: ask it on none of it
-                tf.train.Checkpoint(iterator=iter(self.dataset.take(1))).write(f"{tmp}/it")
-            except tf.errors.FailedPreconditionError as exc:
-                logger.warning(
-                    "The training tf.data pipeline holds state outside it (%s), e.g. a Keras "
-                    "random augmentation layer or tf.py_function in .map(): checkpoints save "
-                    "the data position and shuffle buffers but not that state, so a resumed "
-                    "trial draws other augmentations than an uninterrupted one. For an exact "
-                    "resume, apply random augmentation layers inside the model instead.",
-                    exc.message.split("}} ")[-1].split(" [Op:")[0],
-                )
+    def _saveable(self) -> bool:
+        """Whether the iterator may be saved, decided (with one warning when something is
+        left out) at the first checkpoint; the rule is ``keras_io/data/_tfdata_state.py``'s."""
+        if self._iterator_saveable is None:
+            kind, reason = tfdata_state.outside_state(self.dataset)
+            self._iterator_saveable = kind != "python"
+            if kind == "draws":
+                logger.warning(tfdata_state.DRAWS, "this trial", reason)
+            elif kind == "python":
+                then = "a resumed trial skips to the saved batch of the pass"
+                logger.warning(tfdata_state.PYTHON, "this trial", reason, then)
+        return self._iterator_saveable
 
     def read_files(self, folder: str) -> None:
         """Restore the iterator saved by :meth:`write_files`; a checkpoint without one (older

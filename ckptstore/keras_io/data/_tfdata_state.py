@@ -1,0 +1,97 @@
+"""What a ``tf.data`` iterator checkpoint can hold when the pipeline keeps state outside it: one
+rule for ``fit()``'s resumable input (``_resumable.py``) and ``TFKerasTrial``'s
+(``keras_io/trial/data.py``).
+
+TensorFlow refuses to checkpoint an iterator whose pipeline holds state of its own
+(``FailedPreconditionError: <Op> is stateful``). That state is one of two kinds:
+
+``draws``
+    random draws: the seed variable of a Keras augmentation layer mapped over the data
+    (``ReadVariableOp``), ``tf.random.*``, ``tf.image.random_*``. The iterator's position
+    and its shuffle/prefetch buffers still say exactly where the data is, so iterators are
+    made with ``ExternalStatePolicy.IGNORE`` (:func:`saving_positions`) and checkpoints keep
+    them: a resumed run continues at the next batch, and only the draws after it differ from
+    an uninterrupted run's. One warning (:data:`DRAWS`).
+``python``
+    a Python function (``tf.py_function``, ``tf.numpy_function``,
+    ``Dataset.from_generator``): its state may be the data itself (a generator's position),
+    which no checkpoint holds, so ignoring it would resume at a wrong place. The iterator is
+    not saved; each caller says what its resume does instead (:data:`PYTHON`).
+
+Lookup tables (``TextVectorization``, ``StringLookup``) and ``Normalization`` are not
+stateful to TensorFlow here: their pipelines checkpoint exactly.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any, Literal
+
+Kind = Literal["none", "draws", "python"]
+
+#: Ops whose state is a Python object's (tf.py_function, tf.numpy_function, from_generator).
+_PYTHON_OPS = frozenset({"PyFunc", "EagerPyFunc", "PyFuncStateless"})
+
+#: Warning for ``draws`` (%s: what runs, e.g. "this fit()"; TensorFlow's reason).
+DRAWS = (
+    "The tf.data pipeline of %s draws random numbers outside it (%s), e.g. a Keras random "
+    "augmentation layer or tf.random/tf.image.random_* in dataset.map(): checkpoints save "
+    "the data position and shuffle buffers but not those draws, so a resumed run continues "
+    "at the next batch with other augmentations than an uninterrupted one. For an exact "
+    "resume apply random augmentation layers in the model instead of in dataset.map() "
+    "(their seed state is checkpointed with it), or use stateless random ops "
+    "(tf.image.stateless_random_*) seeded from the data."
+)
+#: Warning for ``python`` (%s: what runs; TensorFlow's reason; what a resume does instead).
+PYTHON = (
+    "TensorFlow cannot checkpoint the tf.data pipeline of %s (%s): a Python function in it "
+    "(tf.py_function, tf.numpy_function, Dataset.from_generator) holds state no checkpoint "
+    "can, so its checkpoints commit without the input's position and %s. For an exact "
+    "resume build the pipeline from tensors or files (from_tensor_slices, TFRecordDataset, "
+    "tf.io ops in map())."
+)
+
+
+def saving_positions(dataset: Any) -> Any:
+    """``dataset`` whose iterators checkpoint their position and buffers even when an op
+    keeps ``draws`` state outside the pipeline (nothing else changes)."""
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    return dataset.with_options(options)
+
+
+def outside_state(dataset: Any) -> tuple[Kind, str]:
+    """Which state of ``dataset``'s pipeline an iterator checkpoint would leave out, and
+    TensorFlow's words for it (``("none", "")`` when it holds everything). Asks TensorFlow by
+    writing the checkpoint of a fresh, unstarted iterator to a temporary folder: no element is
+    read. TensorFlow names only the first stateful op it meets, so a stateful pipeline's ops
+    are then all looked at: any Python function makes it ``python``."""
+    import tensorflow as tf
+
+    with tempfile.TemporaryDirectory(prefix="ckptstore-tfdata-") as tmp:
+        try:
+            tf.train.Checkpoint(iterator=iter(dataset.take(1))).write(f"{tmp}/it")
+        except tf.errors.FailedPreconditionError as exc:
+            reason = exc.message.split("}}")[-1].split(" [Op:")[0].strip().rstrip(".")
+            return ("python" if _PYTHON_OPS & _ops_of(dataset) else "draws"), reason
+    return "none", ""
+
+
+def _ops_of(dataset: Any) -> set[str]:
+    """The op types of ``dataset``'s graph and its functions (``{"PyFunc"}`` when TensorFlow
+    cannot say, which keeps the iterator unsaved: the safe side)."""
+    import tensorflow as tf
+
+    try:
+        policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+        graph = tf.compat.v1.GraphDef.FromString(
+            dataset._as_serialized_graph(external_state_policy=policy).numpy()
+        )
+    except Exception:  # noqa: BLE001 -- a private TensorFlow API: assume the worst
+        return {"PyFunc"}
+    return {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
+
+
+__all__ = ["DRAWS", "PYTHON", "Kind", "outside_state", "saving_positions"]
