@@ -282,7 +282,10 @@ class CifarShapeTrial(TwoOutputTrial):
     def build_training_data_loader(self):
         ds = tf.data.Dataset.from_tensor_slices(self._images(40, 0))
         ds = self.context.wrap_dataset(ds).batch(self.context.get_per_slot_batch_size())
-        if self.context.get_hparam("augment"):
+        if self.context.get_hparam("augment") == "py_function":  # Python state: not saved
+            ds = ds.map(lambda x, y: (tf.py_function(lambda v: v, [x], tf.float32), y))
+            ds = ds.map(lambda x, y: (tf.ensure_shape(x, [None, 6, 6, 3]), y))
+        elif self.context.get_hparam("augment"):
             flip = keras.Sequential([keras.layers.RandomFlip("horizontal")])
             ds = ds.map(lambda x, y: (flip(x), y))
         return ds
@@ -457,3 +460,21 @@ def test_multi_output_trial_yaml_pauses_and_resumes(tmp_path):
         steps = [c.steps_completed for c in reg.list_checkpoints(1)]
         assert len(steps) == len(set(steps)) and max(steps) == 36
         assert {6, 18, 30} <= set(steps)  # min_checkpoint_period: 6 batches
+
+
+def test_a_python_function_in_tf_data_keeps_no_iterator_and_resumes_at_its_batch(trial_env, caplog):
+    """A ``tf.py_function`` in ``.map()`` may hold the data's own position (a generator's):
+    its iterator is not saved (one warning), and a resumed trial skips to the saved batch of
+    the pass instead of restoring an iterator that would resume elsewhere."""
+    cfg = _config(10, checkpoint_policy="none", min_checkpoint_period={"batches": 2})
+    cfg["hyperparameters"]["augment"] = "py_function"
+    with caplog.at_level("WARNING", logger="ckptstore.keras_io.trial.data"):
+        _, result = run_trial(trial_env, CifarShapeTrial, cfg, trial_id=1, preempt_at=5)
+    assert result.status == "preempted" and result.batches_trained == 5
+    warned = [r.getMessage() for r in caplog.records if "a Python function in it" in r.message]
+    assert len(warned) == 1 and "EagerPyFunc is stateful" in warned[0], warned
+    with caplog.at_level("WARNING", logger="ckptstore.keras_io.trial.data"):
+        resumed, result = run_trial(trial_env, CifarShapeTrial, cfg, trial_id=1)
+    assert any("holds no tf.data iterator state" in r.getMessage() for r in caplog.records)
+    assert result.status == "completed" and resumed.context.get_initial_batch() == 5
+    assert resumed.train_data.position() == {"pass": 2, "batch": 0}
