@@ -83,11 +83,27 @@ _YAML12_FLOAT = re.compile(
 
 @functools.cache
 def _config_loader() -> Any:
-    """PyYAML's safe loader (libyaml's when installed) that also reads YAML 1.2's floats."""
+    """PyYAML's safe loader (libyaml's when installed) that also reads YAML 1.2's floats and
+    refuses a key written twice in one mapping (PyYAML keeps the last silently; Determined's
+    reader, ruamel.yaml, refuses it too). Keys merged in with ``<<`` may be overridden."""
     import yaml
 
     class ConfigLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-        pass
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found the key {key!r} twice (keep one)",
+                        key_node.start_mark,
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
 
     ConfigLoader.add_implicit_resolver(
         "tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+0123456789.")

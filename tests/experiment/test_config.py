@@ -207,3 +207,27 @@ def test_bad_yaml_and_missing_file(tmp_path):
     bad.write_text("searcher: [\n")
     with pytest.raises(errors.InvalidConfig, match="not valid YAML"):
         load_config(bad)
+
+
+def test_a_key_written_twice_is_refused_and_merge_keys_still_override(tmp_path):
+    """PyYAML keeps the last of two equal keys silently (a second ``lr:`` under
+    ``hyperparameters`` would train with a value the reader never sees first); Determined's
+    reader refused it, and so does this one, naming the key and its line. Keys merged in with
+    ``<<`` may still be overridden."""
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(
+        "name: t\nhyperparameters:\n  lr: 2e-4\n  global_batch_size: 8\n  lr: 1e-3\n"
+        "entrypoint: model_def:T\nsearcher:\n  name: single\n  metric: val_loss\n"
+        "  max_length:\n    batches: 4\n"
+    )
+    with pytest.raises(errors.InvalidConfig, match=r"(?s)key 'lr' twice.*line 5"):
+        load_config(twice)
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(
+        "base: &b {lr: 0.1, global_batch_size: 8}\nname: m\nhyperparameters:\n  <<: *b\n"
+        "  lr: 0.01\nentrypoint: model_def:T\nsearcher:\n  name: single\n  metric: val_loss\n"
+        "  max_length:\n    batches: 4\n"
+    )
+    from ckptstore.yamlsafe import load_yaml
+
+    assert load_yaml(merged, "experiment config", "x")["hyperparameters"]["lr"] == 0.01
