@@ -169,6 +169,24 @@ def test_batch_metric_reporting(init):
         assert steps == [3, 6]
 
 
+def test_steps_completed_counts_a_short_last_execution_as_it_is(init):
+    """``compile(steps_per_execution=3)`` over 4 batches an epoch: executions of 3 and 1. Keras 3
+    reports the short one as 3 batches; ``steps_completed`` counts the batches trained."""
+    with init() as ctx:
+        model = classifier()
+        model.compile(
+            model.optimizer, model.loss, metrics=["acc"], steps_per_execution=3
+        )  # the optimizer and loss classifier() compiled, in executions of 3
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        fit(model, [cb], epochs=2)
+        assert int(model.optimizer.iterations.numpy()) == 8  # 2 epochs of 4 batches
+        assert cb.steps_completed == 8
+        assert [r.steps_completed for r in committed(ctx)] == [4, 8]
+        with ctx.checkpoint.restore_path(cb.last_checkpoint) as path:
+            meta = json.loads((Path(path) / "metadata.json").read_text())
+        assert meta["steps_completed"] == 8
+
+
 @keras3_only(
     "the .keras archive internals (model.weights.h5); Keras 2 checkpoints are TF checkpoints"
 )

@@ -301,6 +301,11 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         snapshot_lib.settle_buffers(self._layout)  # PyTorch: the last snapshot's copy ends
         done = max(1, batch - self._batch_begin + 1)
+        # compile(steps_per_execution=k): Keras 3 reports an epoch's last execution as k
+        # batches even when fewer were left in the epoch
+        total = (self.params or {}).get("steps") or getattr(self._data, "num_batches", None)
+        if total:
+            done = max(1, min(done, total - self._batches_this_epoch))
         self._steps_completed += done
         self._batches_this_epoch += done
         period = self._report_period
