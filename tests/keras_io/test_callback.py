@@ -171,7 +171,8 @@ def test_batch_metric_reporting(init):
 
 def test_steps_completed_counts_a_short_last_execution_as_it_is(init):
     """``compile(steps_per_execution=3)`` over 4 batches an epoch: executions of 3 and 1. Keras 3
-    reports the short one as 3 batches; ``steps_completed`` counts the batches trained."""
+    reports the short one as 3 batches; ``steps_completed`` counts the batches trained (also
+    with ``steps_per_epoch``, where Keras 3 trains the last execution whole)."""
     with init() as ctx:
         model = classifier()
         model.compile(
@@ -185,6 +186,17 @@ def test_steps_completed_counts_a_short_last_execution_as_it_is(init):
         with ctx.checkpoint.restore_path(cb.last_checkpoint) as path:
             meta = json.loads((Path(path) / "metadata.json").read_text())
         assert meta["steps_completed"] == 8
+        # with steps_per_epoch one iterator runs on: Keras 3 trains the last execution whole
+        # (4 batches an epoch of 3 steps), Keras 2 shortens it (3); counted as trained
+        import tensorflow as tf
+
+        endless = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8).repeat()
+        model.compile(model.optimizer, model.loss, metrics=["acc"], steps_per_execution=2)
+        before = cb.steps_completed, int(model.optimizer.iterations.numpy())
+        model.fit(endless, epochs=2, steps_per_epoch=3, shuffle=False, verbose=0, callbacks=[cb])
+        trained = int(model.optimizer.iterations.numpy()) - before[1]
+        assert trained == (8 if KERAS_MAJOR == 3 else 6)
+        assert cb.steps_completed - before[0] == trained
 
 
 @keras3_only(
