@@ -1,17 +1,20 @@
 """Training scripts in the shapes keras-io writes for JAX and PyTorch (a ``train_step`` of the
 backend's own style, ``keras.distribution``'s ``DataParallel`` and ``ModelParallel``, a GAN
-with its own ``SeedGenerator``, augmentation layers, gradient accumulation), run as a user runs them (``python tests/keras_io/backend_shapes_worker.py``:
-their classes live in ``__main__``). No tests in here; ``tests/keras_io/test_backend_shapes.py``
-runs it in the JAX and PyTorch child runs.
+with its own ``SeedGenerator``, augmentation layers, gradient accumulation,
+``steps_per_execution``), run as a user runs them
+(``python tests/keras_io/backend_shapes_worker.py``: their classes live in ``__main__``). No
+tests in here; ``tests/keras_io/test_backend_shapes.py`` runs it in the JAX and PyTorch child
+runs.
 
     KERAS_BACKEND=jax python tests/keras_io/backend_shapes_worker.py --dir D --phase first|final
 
 Each phase runs every shape of this process's backend in turn (each with its own storage,
 registry and seed, built in the same order in every phase, so layer names agree): ``first``
 trains each shape 2 epochs of 4 steps with ``DeterminedCallback`` (``straight``), then again
-sending itself a real SIGTERM after step ``SIGTERM_AT`` (inside epoch 2, ``part``); ``final``
-(a new process, as after a preemption) resumes from the latest checkpoint, finishes, loads the
-last checkpoint by UUID and compares its predictions with the trained model's. Writes
+sending itself a real SIGTERM after step ``SIGTERM_AT`` (a shape's own ``sigterm_at``: batch-end
+calls) inside epoch 2 (``part``); ``final`` (a new process, as after a preemption) resumes from
+the latest checkpoint, finishes, loads the last checkpoint by UUID and compares its predictions
+with the trained model's. Writes
 ``D/<phase>.json`` (per shape: steps, resumed, last epoch's logs, load result, errors) and
 ``D/<phase>-<shape>.npz`` (model and optimizer variables, by position).
 
@@ -145,6 +148,8 @@ class Shape:
     load: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: entered around building, training and loading (a keras.distribution scope)
     scope: Any = contextlib.nullcontext
+    #: SIGTERM after this many batch-end calls of the run (one per execution)
+    sigterm_at: int = SIGTERM_AT
 
 
 ARRAYS = {"batch_size": BATCH, "shuffle": True}
@@ -282,6 +287,24 @@ def shape_gradient_accumulation() -> Shape:
     return Shape(_compiled(model, optimizer), (x, y), ARRAYS, x)
 
 
+def shape_jax_steps_per_execution() -> Shape:
+    """``compile(steps_per_execution=2)`` over a shuffled tf.data epoch of 3 batches (executions
+    of 2 and 1; PyTorch's Keras refuses k > 1): SIGTERM after epoch 2's first execution."""
+    import tensorflow as tf
+
+    x, y = numbers()
+    ds = tf.data.Dataset.from_tensor_slices((x[:12], y[:12])).shuffle(12, seed=4).batch(BATCH)
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, dense_body(inputs))
+    model.compile(
+        keras.optimizers.Adam(0.01),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        steps_per_execution=2,
+    )
+    return Shape(model, (ds,), {"shuffle": False}, x, sigterm_at=3)
+
+
 class SeededGAN(keras.Model):
     """keras-io's PyTorch GAN, tiny: two optimizers, latent points and label noise drawn from
     the model's own SeedGenerator (a variable no layer saves), trackers for both losses."""
@@ -357,6 +380,7 @@ SHAPES = {
     "augmentation": (shape_augmentation, ("jax", "torch")),
     "augmentation_in_tf_data": (shape_augmentation_in_tf_data, ("jax", "torch")),
     "gradient_accumulation": (shape_gradient_accumulation, ("jax", "torch")),
+    "jax_steps_per_execution": (shape_jax_steps_per_execution, ("jax",)),
 }
 
 
@@ -400,7 +424,7 @@ def run_shape(name: str, phase: str, root: str) -> dict[str, Any]:
     keras.utils.set_random_seed(3)
     shape = SHAPES[name][0]()
     model = shape.model
-    sigterm = Sigterm(SIGTERM_AT if phase == "part" else None)
+    sigterm = Sigterm(shape.sigterm_at if phase == "part" else None)
     out: dict[str, Any] = {"shape": name}
     with shape.scope(), det.core.init(storage=storage, registry=registry, trial_id=1) as core:
         cb = det.keras.DeterminedCallback(

@@ -169,6 +169,36 @@ def test_batch_metric_reporting(init):
         assert steps == [3, 6]
 
 
+def test_steps_completed_counts_a_short_last_execution_as_it_is(init):
+    """``compile(steps_per_execution=3)`` over 4 batches an epoch: executions of 3 and 1. Keras 3
+    reports the short one as 3 batches; ``steps_completed`` counts the batches trained (also
+    with ``steps_per_epoch``, where Keras 3 trains the last execution whole)."""
+    with init() as ctx:
+        model = classifier()
+        model.compile(
+            model.optimizer, model.loss, metrics=["acc"], steps_per_execution=3
+        )  # the optimizer and loss classifier() compiled, in executions of 3
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        fit(model, [cb], epochs=2)
+        assert int(model.optimizer.iterations.numpy()) == 8  # 2 epochs of 4 batches
+        assert cb.steps_completed == 8
+        assert [r.steps_completed for r in committed(ctx)] == [4, 8]
+        with ctx.checkpoint.restore_path(cb.last_checkpoint) as path:
+            meta = json.loads((Path(path) / "metadata.json").read_text())
+        assert meta["steps_completed"] == 8
+        # with steps_per_epoch one iterator runs on: Keras 3 trains the last execution whole
+        # (4 batches an epoch of 3 steps), Keras 2 shortens it (3); counted as trained
+        import tensorflow as tf
+
+        endless = tf.data.Dataset.from_tensor_slices((X, Y)).batch(8).repeat()
+        model.compile(model.optimizer, model.loss, metrics=["acc"], steps_per_execution=2)
+        before = cb.steps_completed, int(model.optimizer.iterations.numpy())
+        model.fit(endless, epochs=2, steps_per_epoch=3, shuffle=False, verbose=0, callbacks=[cb])
+        trained = int(model.optimizer.iterations.numpy()) - before[1]
+        assert trained == (8 if KERAS_MAJOR == 3 else 6)
+        assert cb.steps_completed - before[0] == trained
+
+
 @keras3_only(
     "the .keras archive internals (model.weights.h5); Keras 2 checkpoints are TF checkpoints"
 )

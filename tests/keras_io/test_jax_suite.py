@@ -34,6 +34,7 @@ MODULES = [
     f"{CALLBACK}test_failed_background_save_raises_from_fit",
     f"{CALLBACK}test_callback_state_applied_after_on_train_begin",
     f"{CALLBACK}test_snapshot_archive_matches_keras_layout_and_is_point_in_time",
+    f"{CALLBACK}test_steps_completed_counts_a_short_last_execution_as_it_is",
     "tests/keras_io/test_loaders.py::test_latest_best_and_uuid",
     "tests/keras_io/test_backends.py::test_checkpoints_resume_and_load_across_backends",
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[arrays_shuffle]",

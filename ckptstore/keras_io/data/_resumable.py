@@ -96,6 +96,17 @@ def find_fit_frame(model: KerasModel, loop_name: str = "epoch_iterator") -> Any:
     return None
 
 
+def epoch_ends_with_data(model: KerasModel) -> bool:
+    """Whether the running Keras 3 ``fit()`` of ``model`` ends each epoch with its data (no
+    ``steps_per_epoch``): an epoch's last execution of ``steps_per_execution`` batches is then
+    cut short by the data's end, which Keras still reports as a full one. With
+    ``steps_per_epoch`` (and on Keras 2, which shortens the execution itself) the batches
+    reported are the batches trained. Call it from a callback's ``on_train_begin``."""
+    frame = find_fit_frame(model)
+    epoch_iterator = frame.f_locals["epoch_iterator"] if frame is not None else None
+    return epoch_iterator is not None and not epoch_iterator.steps_per_epoch
+
+
 def default_seed() -> int:
     """A seed for the data order that follows the user's seeding (``keras.utils.set_random_seed``
     / ``np.random.seed``) without drawing from any generator."""

@@ -194,13 +194,19 @@ class _TFDatasetData(_JaxHook, base._TFDatasetData):
     def _epoch_iterator(self) -> Iterator[Any]:
         from keras.src import tree
 
+        # Without steps_per_epoch an epoch is one pass: the iterator over the repeated data
+        # ends with it, or an execution of steps_per_execution batches cut short by the
+        # pass's end (Keras's fresh iterator per pass) would run on into the next pass.
+        left = None if self._steps_given else self.num_batches - self._start
+
         def batches() -> Iterator[Any]:
-            iterator = self._iter()
-            while True:
+            iterator, drawn = self._iter(), 0
+            while left is None or drawn < left:
                 try:
                     batch = next(iterator)
                 except StopIteration:
                     return
+                drawn += 1
                 yield tree.map_structure(lambda x: x.numpy(), batch, none_is_leaf=False)
 
         return _to_compatible(batches())
@@ -258,8 +264,6 @@ def _adapt(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
 
     adapter = epoch_iterator.data_adapter
     steps = epoch_iterator.steps_per_epoch
-    if getattr(epoch_iterator, "steps_per_execution", 1) != 1:
-        return None, "steps_per_execution > 1"
     if isinstance(adapter, ArrayDataAdapter):
         if steps:
             return None, "arrays with steps_per_epoch (an epoch is not one pass over the data)"

@@ -186,6 +186,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         self._last_reported_steps = 0
         self._batch_begin = 0
         self._batches_this_epoch = 0
+        self._short_last_execution = False  # see on_train_batch_end
         self._epochs_completed = 0
         self._saved_steps = 0
         self._saved_in_fit = False
@@ -240,6 +241,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         self._resume_batch = 0
         self._resume_metrics = None
         self._data_seed = resumable_data.default_seed()
+        self._short_last_execution = resumable_data.epoch_ends_with_data(self.model)
         # Mid-epoch resume hooks into the fit loop (Keras 3's epoch iterator, Keras 2's
         # DataHandler); None, after a warning, for inputs a cut epoch restarts with.
         self._data = data_pkg.for_running_keras().attach(
@@ -301,6 +303,11 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         snapshot_lib.settle_buffers(self._layout)  # PyTorch: the last snapshot's copy ends
         done = max(1, batch - self._batch_begin + 1)
+        # compile(steps_per_execution=k): Keras 3 reports an epoch's last execution as k
+        # batches even when the epoch's data had fewer left
+        total = (self.params or {}).get("steps") or getattr(self._data, "num_batches", None)
+        if total and self._short_last_execution:
+            done = max(1, min(done, total - self._batches_this_epoch))
         self._steps_completed += done
         self._batches_this_epoch += done
         period = self._report_period
