@@ -25,7 +25,9 @@ import time
 import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if os.path.isdir(os.path.join(_REPO, "ckptstore")):  # the test runs a copy, with PYTHONPATH
+    sys.path.insert(0, _REPO)
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
