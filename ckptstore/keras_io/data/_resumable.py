@@ -592,7 +592,7 @@ class _TFDatasetData(_Base):
         if self._state_checked:
             return
         self._state_checked = True
-        kind, reason = tfdata_state.outside_state(self._raw_dataset)
+        kind, reason = tfdata_state.outside_state(self._raw_dataset, self._iter())
         if kind == "draws":
             logger.warning(tfdata_state.DRAWS, "this fit()", reason)
         elif kind == "python":

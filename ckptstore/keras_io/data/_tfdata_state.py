@@ -24,7 +24,6 @@ stateful to TensorFlow here: their pipelines checkpoint exactly.
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any, Literal
 
 Kind = Literal["none", "draws", "python"]
@@ -62,20 +61,28 @@ def saving_positions(dataset: Any) -> Any:
     return dataset.with_options(options)
 
 
-def outside_state(dataset: Any) -> tuple[Kind, str]:
-    """Which state of ``dataset``'s pipeline an iterator checkpoint would leave out, and
-    TensorFlow's words for it (``("none", "")`` when it holds everything). Asks TensorFlow by
-    writing the checkpoint of a fresh, unstarted iterator to a temporary folder: no element is
-    read. TensorFlow names only the first stateful op it meets, so a stateful pipeline's ops
-    are then all looked at: any Python function makes it ``python``."""
+def outside_state(dataset: Any, iterator: Any) -> tuple[Kind, str]:
+    """Which state of ``dataset``'s pipeline a checkpoint of ``iterator`` (the one training
+    reads) would leave out, and TensorFlow's words for it (``("none", "")`` when it holds
+    everything). Asks TensorFlow to serialize that iterator under its default policy, which
+    neither moves it nor draws a seed; a fresh iterator would (a ``shuffle(seed=...)`` hands
+    each new iterator its next order, so a probe iterator changes the epochs after it).
+    TensorFlow names only the first stateful op it meets, so a stateful pipeline's ops are then
+    all looked at: any Python function makes it ``python``. An iterator TensorFlow cannot be
+    asked about (a ``tf.distribute`` one) counts as ``python`` if it has a Python function."""
     import tensorflow as tf
+    from tensorflow.python.ops import gen_dataset_ops
 
-    with tempfile.TemporaryDirectory(prefix="ckptstore-tfdata-") as tmp:
-        try:
-            tf.train.Checkpoint(iterator=iter(dataset.take(1))).write(f"{tmp}/it")
-        except tf.errors.FailedPreconditionError as exc:
-            reason = exc.message.split("}}")[-1].split(" [Op:")[0].strip().rstrip(".")
-            return ("python" if _PYTHON_OPS & _ops_of(dataset) else "draws"), reason
+    resource = getattr(iterator, "_iterator_resource", None)
+    if resource is None:
+        python = bool(_PYTHON_OPS & _ops_of(dataset))
+        return ("python", "a Python function in the pipeline") if python else ("none", "")
+    try:
+        policy = tf.data.experimental.ExternalStatePolicy.FAIL.value
+        gen_dataset_ops.serialize_iterator(resource, external_state_policy=policy)
+    except tf.errors.FailedPreconditionError as exc:
+        reason = exc.message.split("}}")[-1].split(" [Op:")[0].strip().rstrip(".")
+        return ("python" if _PYTHON_OPS & _ops_of(dataset) else "draws"), reason
     return "none", ""
 
 

@@ -270,7 +270,9 @@ class DatasetData(TrainingData):
         """Whether the iterator may be saved, decided (with one warning when something is
         left out) at the first checkpoint; the rule is ``keras_io/data/_tfdata_state.py``'s."""
         if self._iterator_saveable is None:
-            kind, reason = tfdata_state.outside_state(self.dataset)
+            kind, reason = tfdata_state.outside_state(
+                self.dataset, self._open_stream(self.batch_index)
+            )
             self._iterator_saveable = kind != "python"
             if kind == "draws":
                 logger.warning(tfdata_state.DRAWS, "this trial", reason)
