@@ -175,6 +175,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         self._handoff: FinalHandoff | None = None
         self._handed_over = False
         self._layout: snapshot_lib.StateLayout | keras2_format.Keras2Layout | None = None
+        self._layout_optimizer: Any = None  # model.optimizer when _layout was built
         #: Why the export worker cannot rebuild the model (exported in-process); None: it can.
         self._export_blocker: str | None = None
         self._callbacks: list[Any] = []
@@ -192,6 +193,10 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         self._last_epoch_complete = True
         self._last_save_final = False
         self._preempted = False
+        #: Index of the running fit() call of this callback (a script may call fit() again).
+        self._fit_call = -1
+        #: This fit() trains nothing (see _skip_reason).
+        self._skipping = False
         self._data: resumable_data.ResumableData | None = None
         self._data_seed = 0
         self._resume_batch = 0
@@ -232,9 +237,15 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
 
     # ---- keras hooks --------------------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._fit_call += 1
+        skip = self._skip_reason()
+        self._skipping = skip is not None
+        if skip is not None:  # zero epochs: fit() returns at once, nothing is saved
+            keras2_format.set_initial_epoch(self.model, int(self.params.get("epochs") or 0))
+            logger.info("fit() call %d trains nothing: %s.", self._fit_call + 1, skip)
+            return
         self._fitlog = _fit_log.FitLog(self.params, self._core, self._checkpoint, self._is_chief)
         self._callbacks = _fit_callbacks(self)
-        self._preempted = False
         self._boundary_pending = False
         self._saved_mid_epoch = False
         self._resume_batch = 0
@@ -260,8 +271,14 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             self._loaded = True
         self._saved_steps = self._steps_completed  # nothing new to save yet
         if self._is_chief:
-            if self._layout is None or self._layout.model is not self.model:
+            # a new model, or one recompiled since the last fit() (fine-tuning: a new optimizer)
+            optimizer = getattr(self.model, "optimizer", None)
+            if self._layout is None or (self._layout.model, self._layout_optimizer) != (
+                self.model,
+                optimizer,
+            ):
                 self._layout = keras2_format.layout_of(self.model)
+                self._layout_optimizer = optimizer
                 self._export_blocker = best_effort.export_blocker(self._layout)
             snapshot_lib.prepare_buffers(self._layout)  # PyTorch: the snapshot's memory
             if self._writer is None or self._writer.closed:
@@ -280,6 +297,8 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         if self._pending_save is not None:
             pending, self._pending_save = self._pending_save, None
             self._save(**pending)
+        # in this fit()'s numbering (an earlier fit() call of the script counted its own)
+        self._epochs_completed = epoch
         self._set_status("training")
         if self._pending_callback_states is not None:
             self._apply_callback_states(self._pending_callback_states)
@@ -380,6 +399,9 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             self._report("validation", self._epoch + 1, val)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._skipping:
+            keras2_format.set_initial_epoch(self.model, None)
+            return
         try:
             if self._pending_save is not None:
                 pending, self._pending_save = self._pending_save, None
@@ -618,6 +640,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             rng={**state_lib.capture_rng(), **keras2_format.capture_layer_rng(self.model)},
             extra_variables=state_lib.capture_extra_variables(self.model, saved_ids),
             layer_states=parts["layer_states"],
+            fit_call=self._fit_call,
             metrics_variables=(
                 None
                 if complete or self._data is None
