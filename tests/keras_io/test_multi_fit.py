@@ -10,6 +10,9 @@ one that was cut, at its next batch.
 
 from __future__ import annotations
 
+import logging
+
+import numpy as np
 import pytest
 
 from tests.keras_io.test_exact_resume import assert_same_arrays, results
@@ -60,3 +63,23 @@ def test_preempted_in_any_fit_call_resumes_bit_exactly(tmp_path, straight_runs, 
     assert [len(epochs) > 0 for epochs in rest["fits"]] == [
         i >= len([f for f in fits if f]) - 1 for i in range(len(fits))
     ]
+
+
+def test_backup_and_restore_beside_it_is_named_at_fit_start(tmp_path, caplog):
+    # both restore at fit() start (after a crash): one warning says so and which to remove
+    import ckptstore as det
+    from ckptstore.keras_io.backend import keras
+
+    x = np.zeros((4, 2), "float32")
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with det.core.init(
+        storage=str(tmp_path / "ckpts"), registry=f"sqlite:///{tmp_path / 'r.db'}"
+    ) as ctx:
+        cb = det.keras.DeterminedCallback(
+            ctx, checkpoint=None, continue_id=1, export_saved_model="never"
+        )
+        backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+        with caplog.at_level(logging.WARNING, logger="ckptstore"):
+            model.fit(x, x[:, :1], epochs=1, verbose=0, callbacks=[cb, backup])
+    assert [r for r in caplog.records if "BackupAndRestore" in r.getMessage()]

@@ -246,6 +246,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             return
         self._fitlog = _fit_log.FitLog(self.params, self._core, self._checkpoint, self._is_chief)
         self._callbacks = _fit_callbacks(self)
+        _fit_log.warn_second_restorer(self._callbacks, backend.keras)
         self._boundary_pending = False
         self._saved_mid_epoch = False
         self._resume_batch = 0
