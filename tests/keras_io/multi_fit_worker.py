@@ -4,7 +4,8 @@
 
 ``finetune``: a head trained on a frozen base, then the base unfrozen, the model recompiled
 with a new optimizer at a lower learning rate and ``fit()`` again (keras-io's transfer learning
-guide's shape). ``loop``: ``fit(epochs=1)`` called in a Python loop. Like a real script, it runs
+guide's shape). ``loop``: ``fit(epochs=1)`` called in a Python loop; ``loop_initial``:
+``fit(initial_epoch=e, epochs=e + 1)``. Like a real script, it runs
 on to its next ``fit()`` after a preemption. Writes ``<dir>/<tag>.npz`` (every model and
 optimizer variable) and ``<dir>/<tag>.json``.
 """
@@ -47,7 +48,7 @@ class SigtermAt(keras.callbacks.Callback):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
-    p.add_argument("--shape", choices=["finetune", "loop"], required=True)
+    p.add_argument("--shape", choices=["finetune", "loop", "loop_initial"], required=True)
     p.add_argument("--sigterm-at-step", type=int, default=None)
     p.add_argument("--tag", default="result")
     args = p.parse_args(argv)
@@ -77,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             fits.append(model.fit(x, y, epochs=2, **kw).epoch)
         else:
             model.compile(keras.optimizers.SGD(0.05, momentum=0.9), loss=loss)
-            for _ in range(3):
-                fits.append(model.fit(x, y, epochs=1, **kw).epoch)
+            for epoch in range(3):  # loop_initial: as a continuation of the epochs before
+                start = {"initial_epoch": epoch} if args.shape == "loop_initial" else {}
+                fits.append(model.fit(x, y, epochs=len(start) * epoch + 1, **start, **kw).epoch)
         det_cb.wait()
         summary = {
             "steps_completed": det_cb.steps_completed,

@@ -84,7 +84,10 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
     :func:`~ckptstore.keras_io.fit._mwms_compat.apply_mwms_compat` (Keras 3's ``fit()`` fails under
     a multi-worker strategy without it), so create it before calling ``fit()``.
 
-    Do not combine with ``BackupAndRestore`` or ``ModelCheckpoint``.
+    Do not combine with ``BackupAndRestore`` (both would restore; ``fit()`` warns). A script
+    may call ``fit()`` several times with one callback (fine-tuning after transfer learning):
+    each checkpoint records which call wrote it, and a re-run passes the calls that finished
+    before it without training (see ``_skip_reason``).
 
     Args:
         core_context: the context from ``ckptstore.core.init()``.
