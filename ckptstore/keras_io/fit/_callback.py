@@ -149,16 +149,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         int_at_least(
             "preempt_check_period", preempt_check_period, 0, hint=" (0 = epoch ends only)."
         )
-        try:
-            self._continue_id_json = json.loads(json.dumps(continue_id))
-        except (TypeError, ValueError) as exc:
-            raise errors.InvalidConfig(
-                f"continue_id must be JSON-able (an int or str). Received: {continue_id!r}"
-            ) from exc
-        if checkpoint is not None and not isinstance(checkpoint, str):
-            raise errors.InvalidConfig(
-                f"checkpoint must be a checkpoint UUID string or None. Received: {checkpoint!r}"
-            )
+        self._continue_id_json = _checked_ids(checkpoint, continue_id)
 
         self._core = core_context
         self._checkpoint = checkpoint
@@ -677,6 +668,21 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
     def _on_committed(self, uuid: str) -> None:
         self._last_checkpoint = uuid
         self._fitlog.committed.append(uuid)
+
+
+def _checked_ids(checkpoint: Any, continue_id: Any) -> Any:
+    """``continue_id`` as JSON gives it back; InvalidConfig for a bad one or ``checkpoint``."""
+    try:
+        continue_id_json = json.loads(json.dumps(continue_id))
+    except (TypeError, ValueError) as exc:
+        raise errors.InvalidConfig(
+            f"continue_id must be JSON-able (an int or str). Received: {continue_id!r}"
+        ) from exc
+    if checkpoint is not None and not isinstance(checkpoint, str):
+        raise errors.InvalidConfig(
+            f"checkpoint must be a checkpoint UUID string or None. Received: {checkpoint!r}"
+        )
+    return continue_id_json
 
 
 def _weights_file(path: str) -> str:
