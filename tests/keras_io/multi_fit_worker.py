@@ -3,7 +3,8 @@
     python -m tests.keras_io.multi_fit_worker --dir D --shape finetune|loop [--sigterm-at-step N]
 
 ``finetune``: a head trained on a frozen base, then the base unfrozen, the model recompiled
-with a new optimizer at a lower learning rate and ``fit()`` again (keras-io's transfer learning
+with a new optimizer at a lower learning rate and ``fit()`` again, its epochs numbered on
+from the first call's ``History`` (keras-io's transfer learning
 guide's shape). ``loop``: ``fit(epochs=1)`` called in a Python loop; ``loop_initial``:
 ``fit(initial_epoch=e, epochs=e + 1)``. Like a real script, it runs
 on to its next ``fit()`` after a preemption. Writes ``<dir>/<tag>.npz`` (every model and
@@ -72,10 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.shape == "finetune":
             base.trainable = False
             model.compile(keras.optimizers.Adam(0.01), loss=loss)
-            fits.append(model.fit(x, y, epochs=2, **kw).epoch)
+            history = model.fit(x, y, epochs=2, **kw)
+            fits.append(history.epoch)
             base.trainable = True
             model.compile(keras.optimizers.Adam(0.001), loss=loss)
-            fits.append(model.fit(x, y, epochs=2, **kw).epoch)
+            # the epochs go on from the first phase's (TensorFlow's transfer learning tutorial)
+            start = history.epoch[-1] + 1
+            fits.append(model.fit(x, y, epochs=start + 2, initial_epoch=start, **kw).epoch)
         else:
             model.compile(keras.optimizers.SGD(0.05, momentum=0.9), loss=loss)
             for epoch in range(3):  # loop_initial: as a continuation of the epochs before

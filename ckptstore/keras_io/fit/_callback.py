@@ -191,6 +191,9 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         self._fit_call = -1
         #: This fit() trains nothing (see _skip_reason).
         self._skipping = False
+        #: History of each finished fit() call (saved), and those a checkpoint read holds.
+        self._fit_histories: list[Any] = []
+        self._saved_histories: list[Any] = []
         self._data: resumable_data.ResumableData | None = None
         self._data_seed = 0
         self._resume_batch = 0
@@ -237,6 +240,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         if skip is not None:  # zero epochs: fit() returns at once, nothing is saved
             keras2_format.set_initial_epoch(self.model, int(self.params.get("epochs") or 0))
             logger.info("fit() call %d trains nothing: %s.", self._fit_call + 1, skip)
+            self._callbacks = _fit_callbacks(self)
             return
         self._fitlog = _fit_log.FitLog(self.params, self._core, self._checkpoint, self._is_chief)
         self._callbacks = _fit_callbacks(self)
@@ -396,6 +400,8 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self._skipping:
             keras2_format.set_initial_epoch(self.model, None)
+            if not self._preempted:
+                self._history_of_finished_call()
             return
         try:
             if self._pending_save is not None:
@@ -421,6 +427,8 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             elif self._writer is not None:
                 self._writer.wait()
             self._set_status("finishing")
+            if not self._preempted:
+                self._record_history()
         finally:
             handoff, self._handoff = self._handoff, None
             if handoff is not None and not self._handed_over:
@@ -636,6 +644,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             extra_variables=state_lib.capture_extra_variables(self.model, saved_ids),
             layer_states=parts["layer_states"],
             fit_call=self._fit_call,
+            fit_histories=list(self._fit_histories) or None,
             metrics_variables=(
                 None
                 if complete or self._data is None

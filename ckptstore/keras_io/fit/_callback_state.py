@@ -66,6 +66,9 @@ class TrainingState:
     #: Which ``fit()`` call of the script wrote it (0: the first; a script may call ``fit()``
     #: several times with one callback, e.g. fine-tuning after transfer learning).
     fit_call: int = 0
+    #: ``History`` of each earlier ``fit()`` call that finished (epoch and history lists): a
+    #: re-run that passes such a call gives it back its ``History``.
+    fit_histories: list[Any] | None = None
     version: int = STATE_VERSION
 
     def to_json(self) -> str:
@@ -112,6 +115,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "data": (dict, type(None)),
     "metrics_variables": (list, type(None)),
     "layer_states": (list, type(None)),
+    "fit_histories": (list, type(None)),
 }  # continue_id: any JSON (DeterminedCallback takes any JSON-able value; only compared with ==)
 
 

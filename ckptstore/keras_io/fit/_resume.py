@@ -67,7 +67,26 @@ class CheckpointRestore:
             state = state_lib.read_state(os.fspath(path))
         if state is None or state.continue_id != self._continue_id_json:
             return 0
+        self._saved_histories = list(state.fit_histories or [])
         return int(state.fit_call)
+
+    def _history_of_finished_call(self) -> None:
+        """Give a ``fit()`` call passed on a re-run (see :meth:`_skip_reason`) the ``History``
+        it had (``initial_epoch=history.epoch[-1]`` and ``history.history[...]`` read it)."""
+        saved = self._saved_histories
+        if self._fit_call >= len(saved):
+            return
+        for cb in self._callbacks:
+            if isinstance(cb, backend.keras.callbacks.History):
+                cb_arrays.with_state(cb).load_state(saved[self._fit_call])
+
+    def _record_history(self) -> None:
+        """Keep this finished ``fit()`` call's ``History`` for the checkpoints after it."""
+        for cb in self._callbacks:
+            if isinstance(cb, backend.keras.callbacks.History):
+                self._fit_histories.append(cb_arrays.with_state(cb).get_state())
+                return
+        self._fit_histories.append({"epoch": [], "history": {}})
 
     def _ensure_optimizer_built(self) -> None:
         keras2_format.build_optimizer(self.model)
@@ -144,6 +163,7 @@ class CheckpointRestore:
         state_lib.restore_extra_variables(self.model, state.extra_variables)
         layer_states.restore(self.model, state.layer_states, uuid)
         self._pending_callback_states = dict(state.callbacks)
+        self._fit_histories = list(state.fit_histories or [])
         if not state.epoch_complete:
             self._resumed_rate = _learning_rate_of(self.model)
         if not state.epoch_complete and self._resume_batch:
