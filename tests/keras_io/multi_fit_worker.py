@@ -25,6 +25,7 @@ import numpy as np  # noqa: E402
 
 import ckptstore as det  # noqa: E402
 from tests.keras_io.keras_under_test import (  # noqa: E402
+    KERAS_MAJOR,
     keras,
     optimizer_variables,
     variable_path,
@@ -55,11 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     keras.utils.set_random_seed(3)
+    if KERAS_MAJOR == 2:  # Dropout's RNG state a checkpointed variable (see resume_worker)
+        keras.backend.experimental.enable_tf_random_generator()
     rng = np.random.RandomState(0)
     x = rng.normal(size=(BATCH * STEPS_PER_EPOCH, 5)).astype("float32")
     y = (x.sum(axis=1) > 0).astype("float32")
     base = keras.Sequential([keras.Input((5,)), keras.layers.Dense(6, activation="tanh")])
-    model = keras.Sequential([base, keras.layers.Dropout(0.2), keras.layers.Dense(1)])
+    layers = [keras.Input((5,)), base, keras.layers.Dropout(0.2), keras.layers.Dense(1)]
+    model = keras.Sequential(layers)  # built now on Keras 2 too
     loss = keras.losses.BinaryCrossentropy(from_logits=True)
     registry = f"sqlite:///{os.path.join(args.dir, 'registry.db')}"
     storage = os.path.join(args.dir, "ckpts")
