@@ -24,12 +24,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 import ckptstore as det  # noqa: E402
-from tests.keras_io.keras_under_test import (  # noqa: E402
-    KERAS_MAJOR,
-    keras,
-    optimizer_variables,
-    variable_path,
-)
+from tests.keras_io import keras_under_test as under_test  # noqa: E402
+
+keras = under_test.keras
 
 BATCH = 8
 STEPS_PER_EPOCH = 3
@@ -56,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     keras.utils.set_random_seed(3)
-    if KERAS_MAJOR == 2:  # Dropout's RNG state a checkpointed variable (see resume_worker)
+    if (
+        under_test.KERAS_MAJOR == 2
+    ):  # Dropout's RNG state a checkpointed variable (see resume_worker)
         keras.backend.experimental.enable_tf_random_generator()
     rng = np.random.RandomState(0)
     x = rng.normal(size=(BATCH * STEPS_PER_EPOCH, 5)).astype("float32")
@@ -96,8 +95,13 @@ def main(argv: list[str] | None = None) -> int:
             "preempted": ctx.preempt.acknowledged,
             "iterations": int(model.optimizer.iterations.numpy()),
         }
-    arrays = {f"model/{variable_path(v)}": v.numpy() for v in model.variables}
-    arrays.update({f"optimizer/{variable_path(v)}": v.numpy() for v in optimizer_variables(model)})
+    arrays = {f"model/{under_test.variable_path(v)}": v.numpy() for v in model.variables}
+    arrays.update(
+        {
+            f"optimizer/{under_test.variable_path(v)}": v.numpy()
+            for v in under_test.optimizer_variables(model)
+        }
+    )
     np.savez(os.path.join(args.dir, f"{args.tag}.npz"), **arrays)
     with open(os.path.join(args.dir, f"{args.tag}.json"), "w") as f:
         json.dump(summary, f)
