@@ -42,11 +42,11 @@ def run(
     return results(workdir, tag, worker(args))
 
 
-def worker(args: list[str]) -> str:
-    """Runs the worker with ``args``; its stderr."""
+def worker(args: list[str], module: str = "tests.keras_io.exact_resume_worker") -> str:
+    """Runs the worker (``module``) with ``args``; its stderr."""
     env = keras_env(TF_CPP_MIN_LOG_LEVEL="2")  # on this process's backend (JAX in the JAX run)
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.keras_io.exact_resume_worker", *args],
+        [sys.executable, "-m", module, *args],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -84,7 +84,10 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
     :func:`~ckptstore.keras_io.fit._mwms_compat.apply_mwms_compat` (Keras 3's ``fit()`` fails under
     a multi-worker strategy without it), so create it before calling ``fit()``.
 
-    Do not combine with ``BackupAndRestore`` or ``ModelCheckpoint``.
+    Do not combine with ``BackupAndRestore`` (both would restore; ``fit()`` warns). A script
+    may call ``fit()`` several times with one callback (fine-tuning after transfer learning):
+    each checkpoint records which call wrote it, and a re-run passes the calls that finished
+    before it without training (see ``_skip_reason``).
 
     Args:
         core_context: the context from ``ckptstore.core.init()``.
@@ -146,16 +149,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         int_at_least(
             "preempt_check_period", preempt_check_period, 0, hint=" (0 = epoch ends only)."
         )
-        try:
-            self._continue_id_json = json.loads(json.dumps(continue_id))
-        except (TypeError, ValueError) as exc:
-            raise errors.InvalidConfig(
-                f"continue_id must be JSON-able (an int or str). Received: {continue_id!r}"
-            ) from exc
-        if checkpoint is not None and not isinstance(checkpoint, str):
-            raise errors.InvalidConfig(
-                f"checkpoint must be a checkpoint UUID string or None. Received: {checkpoint!r}"
-            )
+        self._continue_id_json = _checked_ids(checkpoint, continue_id)
 
         self._core = core_context
         self._checkpoint = checkpoint
@@ -175,6 +169,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         self._handoff: FinalHandoff | None = None
         self._handed_over = False
         self._layout: snapshot_lib.StateLayout | keras2_format.Keras2Layout | None = None
+        self._layout_optimizer: Any = None  # model.optimizer when _layout was built
         #: Why the export worker cannot rebuild the model (exported in-process); None: it can.
         self._export_blocker: str | None = None
         self._callbacks: list[Any] = []
@@ -193,6 +188,13 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         self._last_epoch_complete = True
         self._last_save_final = False
         self._preempted = False
+        #: Index of the running fit() call of this callback (a script may call fit() again).
+        self._fit_call = -1
+        #: This fit() trains nothing (see _skip_reason).
+        self._skipping = False
+        #: History of each finished fit() call (saved), and those a checkpoint read holds.
+        self._fit_histories: list[Any] = []
+        self._saved_histories: list[Any] = []
         self._data: resumable_data.ResumableData | None = None
         self._data_seed = 0
         self._resume_batch = 0
@@ -233,9 +235,17 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
 
     # ---- keras hooks --------------------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._fit_call += 1
+        skip = self._skip_reason()
+        self._skipping = skip is not None
+        if skip is not None:  # zero epochs: fit() returns at once, nothing is saved
+            keras2_format.set_initial_epoch(self.model, int(self.params.get("epochs") or 0))
+            logger.info("fit() call %d trains nothing: %s.", self._fit_call + 1, skip)
+            self._callbacks = _fit_callbacks(self)
+            return
         self._fitlog = _fit_log.FitLog(self.params, self._core, self._checkpoint, self._is_chief)
         self._callbacks = _fit_callbacks(self)
-        self._preempted = False
+        _fit_log.warn_second_restorer(self._callbacks, backend.keras)
         self._boundary_pending = False
         self._saved_mid_epoch = False
         self._resume_batch = 0
@@ -262,8 +272,14 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             self._loaded = True
         self._saved_steps = self._steps_completed  # nothing new to save yet
         if self._is_chief:
-            if self._layout is None or self._layout.model is not self.model:
+            # a new model, or one recompiled since the last fit() (fine-tuning: a new optimizer)
+            optimizer = getattr(self.model, "optimizer", None)
+            if self._layout is None or (self._layout.model, self._layout_optimizer) != (
+                self.model,
+                optimizer,
+            ):
                 self._layout = keras2_format.layout_of(self.model)
+                self._layout_optimizer = optimizer
                 self._export_blocker = best_effort.export_blocker(self._layout)
             snapshot_lib.prepare_buffers(self._layout)  # PyTorch: the snapshot's memory
             if self._writer is None or self._writer.closed:
@@ -282,6 +298,8 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         if self._pending_save is not None:
             pending, self._pending_save = self._pending_save, None
             self._save(**pending)
+        # in this fit()'s numbering (an earlier fit() call of the script counted its own)
+        self._epochs_completed = epoch
         self._set_status("training")
         if self._pending_callback_states is not None:
             self._apply_callback_states(self._pending_callback_states)
@@ -387,6 +405,11 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             self._report("validation", self._epoch + 1, val)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._skipping:
+            keras2_format.set_initial_epoch(self.model, None)
+            if not self._preempted:
+                self._history_of_finished_call()
+            return
         try:
             if self._pending_save is not None:
                 pending, self._pending_save = self._pending_save, None
@@ -411,6 +434,8 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             elif self._writer is not None:
                 self._writer.wait()
             self._set_status("finishing")
+            if not self._preempted:
+                self._record_history()
         finally:
             handoff, self._handoff = self._handoff, None
             if handoff is not None and not self._handed_over:
@@ -625,6 +650,8 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             rng={**state_lib.capture_rng(), **keras2_format.capture_layer_rng(self.model)},
             extra_variables=state_lib.capture_extra_variables(self.model, saved_ids),
             layer_states=parts["layer_states"],
+            fit_call=self._fit_call,
+            fit_histories=list(self._fit_histories) or None,
             metrics_variables=(
                 None
                 if complete or self._data is None
@@ -657,6 +684,21 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
     def _on_committed(self, uuid: str) -> None:
         self._last_checkpoint = uuid
         self._fitlog.committed.append(uuid)
+
+
+def _checked_ids(checkpoint: Any, continue_id: Any) -> Any:
+    """``continue_id`` as JSON gives it back; InvalidConfig for a bad one or ``checkpoint``."""
+    try:
+        continue_id_json = json.loads(json.dumps(continue_id))
+    except (TypeError, ValueError) as exc:
+        raise errors.InvalidConfig(
+            f"continue_id must be JSON-able (an int or str). Received: {continue_id!r}"
+        ) from exc
+    if checkpoint is not None and not isinstance(checkpoint, str):
+        raise errors.InvalidConfig(
+            f"checkpoint must be a checkpoint UUID string or None. Received: {checkpoint!r}"
+        )
+    return continue_id_json
 
 
 def _weights_file(path: str) -> str:

@@ -63,6 +63,12 @@ class TrainingState:
     #: Carried states of stateful RNN layers (:mod:`~ckptstore.keras_io.saving._layer_states`;
     #: arrays in ``callback_arrays.npz``), or None for a model without any.
     layer_states: list[Any] | None = None
+    #: Which ``fit()`` call of the script wrote it (0: the first; a script may call ``fit()``
+    #: several times with one callback, e.g. fine-tuning after transfer learning).
+    fit_call: int = 0
+    #: ``History`` of each earlier ``fit()`` call that finished (epoch and history lists): a
+    #: re-run that passes such a call gives it back its ``History``.
+    fit_histories: list[Any] | None = None
     version: int = STATE_VERSION
 
     def to_json(self) -> str:
@@ -109,6 +115,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "data": (dict, type(None)),
     "metrics_variables": (list, type(None)),
     "layer_states": (list, type(None)),
+    "fit_histories": (list, type(None)),
 }  # continue_id: any JSON (DeterminedCallback takes any JSON-able value; only compared with ==)
 
 
@@ -140,6 +147,9 @@ def _checked(raw: Any) -> dict[str, Any]:
         if name in raw and not isinstance(raw[name], types):
             wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
             raise _bad_state(f"{name} must be {wanted}", raw[name])
+    fit_call = raw.get("fit_call", 0)
+    if not is_int(fit_call) or not 0 <= fit_call <= _MAX_COUNT:
+        raise _bad_state(f"fit_call must be an integer from 0 to {_MAX_COUNT}", fit_call)
     _check_rng(raw.get("rng") or {})
     return raw
 

@@ -29,7 +29,15 @@ from ckptstore.checkpointing import jsonfiles
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
 from ckptstore.keras_io.saving import _weights_view as weights_view
 
-__all__ = ["FitLog", "log_resumed", "log_summary", "other_model", "show_during_fit", "stop_showing"]
+__all__ = [
+    "FitLog",
+    "log_resumed",
+    "warn_second_restorer",
+    "log_summary",
+    "other_model",
+    "show_during_fit",
+    "stop_showing",
+]
 
 logger = logging.getLogger("ckptstore.keras_io.fit")
 _ROOT = logging.getLogger("ckptstore")
@@ -105,6 +113,23 @@ class FitLog:
         finally:
             stop_showing(self.handler)
             self.handler = None
+
+
+def warn_second_restorer(callbacks: list[Any], keras: Any) -> None:
+    """One warning when ``keras.callbacks.BackupAndRestore`` is in ``fit()``'s list too: both
+    restore at ``fit()`` start, and whichever runs second overwrites the other's weights and
+    first epoch while the run's other state (steps, RNGs, callbacks, the place in the data)
+    comes from DeterminedCallback."""
+    found = [cb for cb in callbacks if isinstance(cb, keras.callbacks.BackupAndRestore)]
+    if found:
+        logger.warning(
+            "fit() has BackupAndRestore beside DeterminedCallback: after a crash both would "
+            "restore, each its own state, and the run would continue from a mix of the two when "
+            "they differ. "
+            "Remove BackupAndRestore: DeterminedCallback resumes preempted and crashed runs "
+            "(a preemption leaves BackupAndRestore nothing to restore: it deletes its backup "
+            "when fit() stops)."
+        )
 
 
 def log_resumed(uuid: str, state: Any, batch: int, core: Any) -> None:

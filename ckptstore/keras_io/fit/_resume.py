@@ -36,6 +36,58 @@ class CheckpointRestore:
     """The restoring half of ``DeterminedCallback`` (a mixin: it reads and sets the callback's
     counters, its data hooks, exports policy and pending callback states)."""
 
+    def _skip_reason(self) -> str | None:
+        """Why the ``fit()`` call starting now must train nothing, or None.
+
+        A script may call ``fit()`` several times with one callback (train a head on a frozen
+        base, unfreeze, recompile, ``fit()`` again; or ``fit(epochs=1)`` in a loop). Each
+        checkpoint records which call wrote it (``fit_call``). After a preemption the script
+        usually runs on to its next ``fit()``: that call trains nothing (it would train a batch
+        and save it as the run's latest checkpoint). A re-run of the script passes every call
+        that had finished before the checkpoint without training, and the call that wrote it
+        restores it and continues.
+        """
+        if self._preempted:
+            return "training was preempted in an earlier fit() call of this process"
+        if self._checkpoint is None or self._loaded:
+            return None
+        saved = self._saved_fit_call(self._checkpoint)
+        if saved > self._fit_call:
+            return (
+                f"checkpoint {self._checkpoint} was written by fit() call {saved + 1}; this "
+                "call finished before it"
+            )
+        return None
+
+    def _saved_fit_call(self, uuid: str) -> int:
+        """``fit_call`` of checkpoint ``uuid`` when it continues this run (else 0); reads only
+        its ``callback_state.json``."""
+        select = lambda relpath: relpath == state_lib.STATE_FILENAME  # noqa: E731
+        with self._core.checkpoint.read_in_place(uuid, selector=select) as path:
+            state = state_lib.read_state(os.fspath(path))
+        if state is None or state.continue_id != self._continue_id_json:
+            return 0
+        self._saved_histories = list(state.fit_histories or [])
+        return int(state.fit_call)
+
+    def _history_of_finished_call(self) -> None:
+        """Give a ``fit()`` call passed on a re-run (see :meth:`_skip_reason`) the ``History``
+        it had (``initial_epoch=history.epoch[-1]`` and ``history.history[...]`` read it)."""
+        saved = self._saved_histories
+        if self._fit_call >= len(saved):
+            return
+        for cb in self._callbacks:
+            if isinstance(cb, backend.keras.callbacks.History):
+                cb_arrays.with_state(cb).load_state(saved[self._fit_call])
+
+    def _record_history(self) -> None:
+        """Keep this finished ``fit()`` call's ``History`` for the checkpoints after it."""
+        for cb in self._callbacks:
+            if isinstance(cb, backend.keras.callbacks.History):
+                self._fit_histories.append(cb_arrays.with_state(cb).get_state())
+                return
+        self._fit_histories.append({"epoch": [], "history": {}})
+
     def _ensure_optimizer_built(self) -> None:
         keras2_format.build_optimizer(self.model)
 
@@ -111,6 +163,7 @@ class CheckpointRestore:
         state_lib.restore_extra_variables(self.model, state.extra_variables)
         layer_states.restore(self.model, state.layer_states, uuid)
         self._pending_callback_states = dict(state.callbacks)
+        self._fit_histories = list(state.fit_histories or [])
         if not state.epoch_complete:
             self._resumed_rate = _learning_rate_of(self.model)
         if not state.epoch_complete and self._resume_batch:

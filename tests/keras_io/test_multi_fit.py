@@ -1,0 +1,83 @@
+"""A script calling ``fit()`` several times with one DeterminedCallback, preempted (real SIGTERM)
+in any of its ``fit()`` calls and run again, ends bit-equal to an uninterrupted run.
+
+Shapes (tests/keras_io/multi_fit_worker.py, every run a fresh process): transfer learning then
+fine-tuning (frozen base, unfreeze, recompile with a new optimizer, ``fit()`` again) and
+``fit(epochs=1)`` in a loop. Like a real script the preempted run goes on to its next ``fit()``
+calls, which must train nothing; the re-run passes the calls that had finished and resumes the
+one that was cut, at its next batch.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from tests.keras_io.test_exact_resume import assert_same_arrays, results
+from tests.keras_io.test_exact_resume import worker as run_worker
+
+
+def run(workdir, shape: str, tag: str, sigterm_at: int | None = None) -> dict:
+    args = ["--dir", str(workdir), "--shape", shape, "--tag", tag]
+    if sigterm_at is not None:
+        args += ["--sigterm-at-step", str(sigterm_at)]
+    return results(workdir, tag, run_worker(args, module="tests.keras_io.multi_fit_worker"))
+
+
+@pytest.fixture(scope="module")
+def straight_runs(tmp_path_factory):
+    """The uninterrupted run of each shape, made once."""
+    cache: dict[str, dict] = {}
+
+    def get(shape: str) -> dict:
+        if shape not in cache:
+            cache[shape] = run(tmp_path_factory.mktemp(shape), shape, "straight")
+        return cache[shape]
+
+    return get
+
+
+# (shape, step the SIGTERM follows, the fit() calls the preempted run trained in; 3 steps/epoch)
+CASES = [
+    ("finetune", 1, [[0], []]),  # phase 1 (frozen base), inside its first epoch
+    ("finetune", 7, [[0, 1], [2]]),  # phase 2 (fine-tuning), inside its first epoch
+    ("loop", 4, [[0], [0], []]),  # inside the second fit(epochs=1) of the loop
+]
+
+
+@pytest.mark.parametrize("shape, step, fits", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_preempted_in_any_fit_call_resumes_bit_exactly(tmp_path, straight_runs, shape, step, fits):
+    straight = straight_runs(shape)
+    part = run(tmp_path / "cut", shape, "part", sigterm_at=step)
+    assert part["preempted"] and part["fits"] == fits
+    # the SIGTERM comes after DeterminedCallback's check of that step: it stops after the next
+    assert part["steps_completed"] == step + 1
+    rest = run(tmp_path / "cut", shape, "rest")
+    assert not rest["preempted"]
+    assert rest["steps_completed"] == straight["steps_completed"]
+    assert rest["iterations"] == straight["iterations"]
+    assert_same_arrays(straight, rest)
+    # the calls that had finished train nothing the second time, and return their History
+    assert rest["fits"] == straight["fits"]
+
+
+def test_backup_and_restore_beside_it_is_named_at_fit_start(tmp_path, caplog):
+    # both restore at fit() start (after a crash): one warning says so and which to remove
+    import ckptstore as det
+    from ckptstore.keras_io.backend import keras
+
+    x = np.zeros((4, 2), "float32")
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with det.core.init(
+        storage=str(tmp_path / "ckpts"), registry=f"sqlite:///{tmp_path / 'r.db'}"
+    ) as ctx:
+        cb = det.keras.DeterminedCallback(
+            ctx, checkpoint=None, continue_id=1, export_saved_model="never"
+        )
+        backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+        with caplog.at_level(logging.WARNING, logger="ckptstore"):
+            model.fit(x, x[:, :1], epochs=1, verbose=0, callbacks=[cb, backup])
+    assert [r for r in caplog.records if "BackupAndRestore" in r.getMessage()]
