@@ -13,9 +13,7 @@ from ckptstore import errors
 from ckptstore.core import init
 
 
-def _held_uploads(
-    storage, release: threading.Event, threads: list[str]
-) -> threading.Event:
+def _held_uploads(storage, release: threading.Event, threads: list[str]) -> threading.Event:
     """The context's real storage, whose uploads wait for ``release`` and record the thread
     they ran on (and ``"timed out"`` when a report waited for them: release never came).
     Returns an event set when the first upload has begun."""
