@@ -334,3 +334,31 @@ def test_callback_state_applied_after_on_train_begin(init):
         cb = det.keras.DeterminedCallback(ctx, uuid, 1, export_saved_model="never")
         fit(classifier(), [cb, stop2, Probe()], epochs=3)
         assert seen["state"] == saved
+
+
+def test_a_model_keras_builds_in_its_first_step_checkpoints_and_resumes(where):
+    """A ``Sequential`` of layers without an ``Input`` (keras-io's transfer-learning scripts
+    nest one such base): Keras 2 builds it in its first train step, after ``on_train_begin``,
+    and ``DeterminedCallback`` failed the run there (``ValueError: Weights for model ... have
+    not yet been created``). It is built from the fit()'s data first now; Keras 3 builds it
+    before the callbacks start anyway. Resumed, the optimizer goes on from its 8 updates."""
+    rng = np.random.default_rng(0)
+    x, y = rng.random((32, 4), dtype=np.float32), rng.random((32, 1), dtype=np.float32)
+
+    def fit(checkpoint, epochs):
+        keras.utils.set_random_seed(1)
+        base = keras.Sequential([keras.layers.Dense(8, activation="relu")])
+        model = keras.Sequential([base, keras.layers.Dense(1)])
+        model.compile(keras.optimizers.Adam(0.01), "mse")
+        with det.core.init(**where.core_kwargs(), trial_id=1) as core:
+            cb = det.keras.DeterminedCallback(core, checkpoint, 1, export_saved_model="never")
+            model.fit(x, y, epochs=epochs, batch_size=8, verbose=0, callbacks=[cb])
+            cb.wait()
+        return model, cb
+
+    first, cb = fit(None, 2)
+    assert cb.steps_completed == 8 and cb.last_checkpoint
+    second, cb = fit(cb.last_checkpoint, 3)
+    assert cb.resumed and cb.steps_completed == 12
+    assert int(second.optimizer.iterations.numpy()) == 12
+    assert [w.shape for w in second.get_weights()] == [w.shape for w in first.get_weights()]

@@ -107,6 +107,26 @@ def epoch_ends_with_data(model: KerasModel) -> bool:
     return epoch_iterator is not None and not epoch_iterator.steps_per_epoch
 
 
+def build_from_fit_data(model: KerasModel) -> None:
+    """Build ``model`` from the element spec of its running ``fit()``'s data when a layer of
+    it is not built yet (a ``Sequential`` without an ``Input``, a subclassed model). Keras 3's
+    TensorFlow loop builds such a model when it traces the first train step, after
+    ``on_train_begin``, where ``DeterminedCallback`` needs its variables (an optimizer built
+    before them knows none of them: ``Unknown variable`` at the first step). Keras's own
+    symbolic build (what its JAX and PyTorch loops run before the callbacks start) makes the
+    same variables from the spec, reading no data. Only for Keras's own ``train_step``, which
+    calls the model on ``x``: a custom one may call it on anything else (a GAN's latent
+    vectors) or never. Call it from ``on_train_begin``."""
+    if type(model).train_step is not keras.Model.train_step:
+        return
+    if all(layer.built for layer in model._flatten_layers()):
+        return
+    frame = find_fit_frame(model)
+    dataset = getattr(frame and frame.f_locals["epoch_iterator"], "_distributed_dataset", None)
+    if dataset is not None:
+        model._symbolic_build(data_batch=dataset.element_spec)
+
+
 def default_seed() -> int:
     """A seed for the data order that follows the user's seeding (``keras.utils.set_random_seed``
     / ``np.random.seed``) without drawing from any generator."""
@@ -611,6 +631,7 @@ __all__ = [
     "ITERATOR_DIRNAME",
     "ResumableData",
     "attach",
+    "build_from_fit_data",
     "capture_metrics",
     "default_seed",
     "find_fit_frame",

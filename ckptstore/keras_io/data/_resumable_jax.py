@@ -256,6 +256,11 @@ def attach(
 restore_metrics = base.restore_metrics
 
 
+def build_from_fit_data(model: Any) -> None:
+    """Nothing to do: Keras's JAX and PyTorch loops build the model from a batch before the
+    callbacks start (``Trainer._symbolic_build``)."""
+
+
 def _adapt(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
     """``(handle, None)`` for an input this module resumes, else ``(None, reason)``."""
     from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
@@ -285,4 +290,4 @@ def _adapt(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
     return None, f"a {type(adapter).__name__} input (it cannot be rewound)"
 
 
-__all__ = ["attach", "restore_metrics"]
+__all__ = ["attach", "build_from_fit_data", "restore_metrics"]

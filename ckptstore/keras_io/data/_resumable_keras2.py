@@ -309,4 +309,24 @@ class _TFDatasetData(_Keras2Loop, rd._TFDatasetData):
         return self._iter()
 
 
-__all__ = ["attach", "build_metrics"]
+def build_from_fit_data(model: Any) -> None:
+    """Build ``model`` from the shapes of its running ``fit()``'s data when it is not built
+    yet (a ``Sequential`` without an ``Input``, a subclassed model): Keras 2 builds such a
+    model in its first train step, after ``on_train_begin``, where ``DeterminedCallback``
+    needs its variables (the optimizer's slots, a resume, the save layout). The same layers
+    and variables that first step would make, made a step earlier. Only for Keras's own
+    ``train_step``, which calls the model on ``x`` (a custom one may call it on anything
+    else). Call it from a callback's ``on_train_begin``."""
+    import tensorflow as tf
+    from tf_keras.src.engine import data_adapter as da
+
+    if model.built or type(model).train_step is not rd.keras.Model.train_step:
+        return
+    frame = rd.find_fit_frame(model, "data_handler")
+    if frame is None:
+        return
+    x, _, _ = da.unpack_x_y_sample_weight(frame.f_locals["data_handler"]._dataset.element_spec)
+    model.build(tf.nest.map_structure(lambda spec: spec.shape, x))
+
+
+__all__ = ["attach", "build_from_fit_data", "build_metrics"]

@@ -266,6 +266,8 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         self._pending_save = None
         self._save_begun = False
         self.resumed = False
+        # a model Keras's TensorFlow loop builds in its first step: its variables now
+        data_pkg.for_running_keras().build_from_fit_data(self.model)
         self._ensure_optimizer_built()
         if self._checkpoint is not None and not self._loaded:
             self._load(self._checkpoint)
