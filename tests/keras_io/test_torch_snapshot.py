@@ -83,19 +83,14 @@ def slow_copy(monkeypatch):
 
 
 @pytest.fixture
-def run(tmp_path, slow_copy):
+def run(tmp_path, where, slow_copy):
     """``run(model, *after)``: fit() with [Expect, DeterminedCallback, *after]; checks every
     checkpoint but the last holds the state when it was taken; returns the callback."""
     import keras
 
     def go(model, *after, data=None):
         expect = Expect(keras, model)
-        with det.core.init(
-            storage=str(tmp_path / "ckpts"),
-            registry=f"sqlite:///{tmp_path / 'reg.db'}",
-            trial_id=1,
-            preempt_signals=False,
-        ) as ctx:
+        with det.core.init(**where.core_kwargs(), trial_id=1) as ctx:
             cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
             x = X if data is None else data
             y = None if data is not None else X[:, :1]
