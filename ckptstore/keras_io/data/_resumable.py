@@ -542,9 +542,9 @@ class _TFDatasetData(_Base):
     """A ``tf.data.Dataset``: one iterator for the whole ``fit()``, checkpointed by TF."""
 
     kind = "tf.data"
-    #: True once the pipeline turned out to hold Python state (see :meth:`snapshot`).
-    _unsaveable = False
-    _state_checked = False
+    #: Whether the iterator may be saved; None until the first checkpoint asks
+    #: (:meth:`_saveable`).
+    _iterator_saveable: bool | None = None
 
     def __init__(
         self, epoch_iterator: Any, dataset: Any, num_batches: int, steps_given: bool
@@ -592,8 +592,7 @@ class _TFDatasetData(_Base):
     def snapshot(self, epoch: int, batches_done: int, checkpoint_dir: str) -> dict[str, Any] | None:
         import tensorflow as tf
 
-        self._check_outside_state()
-        if self._unsaveable:
+        if not self._saveable():
             return None
         folder = os.path.join(checkpoint_dir, ITERATOR_DIRNAME)
         os.makedirs(folder, exist_ok=True)
@@ -606,19 +605,19 @@ class _TFDatasetData(_Base):
             "iterator": f"{ITERATOR_DIRNAME}/{_ITERATOR_PREFIX}",
         }
 
-    def _check_outside_state(self) -> None:
-        """Once, at the first checkpoint: what of the pipeline an iterator checkpoint leaves
-        out (the rule and the warnings: ``_tfdata_state.py``)."""
-        if self._state_checked:
-            return
-        self._state_checked = True
-        kind, reason = tfdata_state.outside_state(self._raw_dataset, self._iter())
-        if kind == "draws":
-            logger.warning(tfdata_state.DRAWS, "this fit()", reason)
-        elif kind == "python":
-            self._unsaveable = True
-            then = "a resumed run reads the pipeline from its start (a cut epoch restarts)"
-            logger.warning(tfdata_state.PYTHON, "this fit()", reason, then)
+    def _saveable(self) -> bool:
+        """Whether the iterator may be saved, decided once at the first checkpoint from what
+        of the pipeline its checkpoint leaves out (the rule and the warnings:
+        ``_tfdata_state.py``)."""
+        if self._iterator_saveable is None:
+            kind, reason = tfdata_state.outside_state(self._raw_dataset, self._iter())
+            self._iterator_saveable = kind != "python"
+            if kind == "draws":
+                logger.warning(tfdata_state.DRAWS, "this fit()", reason)
+            elif kind == "python":
+                then = "a resumed run reads the pipeline from its start (a cut epoch restarts)"
+                logger.warning(tfdata_state.PYTHON, "this fit()", reason, then)
+        return self._iterator_saveable
 
     def _restore_extra(self, state: dict[str, Any], checkpoint_dir: str) -> None:
         import tensorflow as tf

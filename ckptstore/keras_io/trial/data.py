@@ -252,7 +252,7 @@ class DatasetData(TrainingData):
     def _open_stream(self, skip: int = 0) -> Any:
         if self._stream is None:
             # the position and buffers save even when random draws in the pipeline keep state
-            # outside it (see _check_outside_state)
+            # outside it (see _saveable)
             repeated = tfdata_state.saving_positions(self.dataset.repeat())
             self._stream = iter(repeated.skip(skip) if skip else repeated)
         return self._stream
