@@ -7,7 +7,8 @@ with a new optimizer at a lower learning rate and ``fit()`` again, its epochs nu
 from the first call's ``History`` (keras-io's transfer learning
 guide's shape). ``loop``: ``fit(epochs=1)`` called in a Python loop; ``loop_initial``:
 ``fit(initial_epoch=e, epochs=e + 1)``. Like a real script, it runs
-on to its next ``fit()`` after a preemption. Writes ``<dir>/<tag>.npz`` (every model and
+on to its next ``fit()`` after a preemption. ``--fresh-callbacks``: each ``fit()`` call gets
+a new ``DeterminedCallback`` built the same way (instead of one reused). Writes ``<dir>/<tag>.npz`` (every model and
 optimizer variable) and ``<dir>/<tag>.json``.
 """
 
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=["finetune", "loop", "loop_initial"], required=True)
     p.add_argument("--sigterm-at-step", type=int, default=None)
     p.add_argument("--tag", default="result")
+    p.add_argument("--fresh-callbacks", action="store_true")
     args = p.parse_args(argv)
 
     keras.utils.set_random_seed(3)
@@ -68,26 +70,43 @@ def main(argv: list[str] | None = None) -> int:
     storage = os.path.join(args.dir, "ckpts")
     fits = []
     with det.core.init(storage=storage, registry=registry, trial_id=1) as ctx:
-        det_cb = det.keras.DeterminedCallback(
-            ctx, checkpoint=ctx.info.latest_checkpoint, continue_id=1, export_saved_model="never"
-        )
-        callbacks = [det_cb, SigtermAt(det_cb, args.sigterm_at_step)]
-        kw = dict(batch_size=BATCH, shuffle=False, verbose=0, callbacks=callbacks)
+        made: list = []
+
+        def callbacks() -> list:
+            """This fit() call's callbacks: the one DeterminedCallback, or a new one."""
+            if args.fresh_callbacks or not made:
+                made.append(
+                    det.keras.DeterminedCallback(
+                        ctx,
+                        checkpoint=ctx.info.latest_checkpoint,
+                        continue_id=1,
+                        export_saved_model="never",
+                    )
+                )
+            return [made[-1], SigtermAt(made[-1], args.sigterm_at_step)]
+
+        kw = dict(batch_size=BATCH, shuffle=False, verbose=0)
         if args.shape == "finetune":
             base.trainable = False
             model.compile(keras.optimizers.Adam(0.01), loss=loss)
-            history = model.fit(x, y, epochs=2, **kw)
+            history = model.fit(x, y, epochs=2, callbacks=callbacks(), **kw)
             fits.append(history.epoch)
             base.trainable = True
             model.compile(keras.optimizers.Adam(0.001), loss=loss)
             # the epochs go on from the first phase's (TensorFlow's transfer learning tutorial)
             start = history.epoch[-1] + 1
-            fits.append(model.fit(x, y, epochs=start + 2, initial_epoch=start, **kw).epoch)
+            fits.append(
+                model.fit(
+                    x, y, epochs=start + 2, initial_epoch=start, callbacks=callbacks(), **kw
+                ).epoch
+            )
         else:
             model.compile(keras.optimizers.SGD(0.05, momentum=0.9), loss=loss)
             for epoch in range(3):  # loop_initial: as a continuation of the epochs before
                 start = {"initial_epoch": epoch} if args.shape == "loop_initial" else {}
-                fits.append(model.fit(x, y, epochs=len(start) * epoch + 1, **start, **kw).epoch)
+                end = len(start) * epoch + 1
+                fits.append(model.fit(x, y, epochs=end, callbacks=callbacks(), **start, **kw).epoch)
+        det_cb = made[-1]
         det_cb.wait()
         summary = {
             "steps_completed": det_cb.steps_completed,

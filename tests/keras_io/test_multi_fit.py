@@ -5,7 +5,9 @@ Shapes (tests/keras_io/multi_fit_worker.py, every run a fresh process): transfer
 fine-tuning (frozen base, unfreeze, recompile with a new optimizer, ``fit()`` again) and
 ``fit(epochs=1)`` in a loop. Like a real script the preempted run goes on to its next ``fit()``
 calls, which must train nothing; the re-run passes the calls that had finished and resumes the
-one that was cut, at its next batch.
+one that was cut, at its next batch. The same holds when each ``fit()`` call is given a new
+``DeterminedCallback`` built the same way (``fresh``): its runs end bit-equal to the uninterrupted
+run that reuses one callback.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from tests.keras_io.test_exact_resume import assert_same_arrays, results
 from tests.keras_io.test_exact_resume import worker as run_worker
 
 
-def run(workdir, shape: str, tag: str, sigterm_at: int | None = None) -> dict:
+def run(workdir, shape: str, tag: str, sigterm_at: int | None = None, fresh: bool = False) -> dict:
     args = ["--dir", str(workdir), "--shape", shape, "--tag", tag]
     if sigterm_at is not None:
         args += ["--sigterm-at-step", str(sigterm_at)]
+    if fresh:
+        args.append("--fresh-callbacks")
     return results(workdir, tag, run_worker(args, module="tests.keras_io.multi_fit_worker"))
 
 
@@ -39,22 +43,32 @@ def straight_runs(tmp_path_factory):
     return get
 
 
-# (shape, step the SIGTERM follows, the fit() calls the preempted run trained in; 3 steps/epoch)
+# (shape, step the SIGTERM follows, the fit() calls the preempted run trained in, a new
+# DeterminedCallback per fit() call; 3 steps/epoch)
 CASES = [
-    ("finetune", 1, [[0], []]),  # phase 1 (frozen base), inside its first epoch
-    ("finetune", 7, [[0, 1], [2]]),  # phase 2 (fine-tuning), inside its first epoch
-    ("loop", 4, [[0], [0], []]),  # inside the second fit(epochs=1) of the loop
+    ("finetune", 1, [[0], []], False),  # phase 1 (frozen base), inside its first epoch
+    ("finetune", 7, [[0, 1], [2]], False),  # phase 2 (fine-tuning), inside its first epoch
+    ("loop", 4, [[0], [0], []], False),  # inside the second fit(epochs=1) of the loop
+    # the same scripts creating DeterminedCallback(ctx, ctx.info.latest_checkpoint, 1) per call
+    ("finetune", 7, [[0, 1], [2]], True),
+    ("loop", 4, [[0], [0], []], True),
 ]
 
 
-@pytest.mark.parametrize("shape, step, fits", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
-def test_preempted_in_any_fit_call_resumes_bit_exactly(tmp_path, straight_runs, shape, step, fits):
-    straight = straight_runs(shape)
-    part = run(tmp_path / "cut", shape, "part", sigterm_at=step)
+@pytest.mark.parametrize(
+    "shape, step, fits, fresh",
+    CASES,
+    ids=[f"{c[0]}-{c[1]}" + ("-fresh" if c[3] else "") for c in CASES],
+)
+def test_preempted_in_any_fit_call_resumes_bit_exactly(
+    tmp_path, straight_runs, shape, step, fits, fresh
+):
+    straight = straight_runs(shape)  # one reused callback
+    part = run(tmp_path / "cut", shape, "part", sigterm_at=step, fresh=fresh)
     assert part["preempted"] and part["fits"] == fits
     # the SIGTERM comes after DeterminedCallback's check of that step: it stops after the next
     assert part["steps_completed"] == step + 1
-    rest = run(tmp_path / "cut", shape, "rest")
+    rest = run(tmp_path / "cut", shape, "rest", fresh=fresh)
     assert not rest["preempted"]
     assert rest["steps_completed"] == straight["steps_completed"]
     assert rest["iterations"] == straight["iterations"]

@@ -20,7 +20,7 @@ from ckptstore.keras_io.exporting import _best_effort as best_effort
 from ckptstore.keras_io.exporting._checkpoint_exports import CheckpointExports
 from ckptstore.keras_io.exporting._policy import ExportPolicy
 from ckptstore.keras_io.fit import _callback_state as state_lib
-from ckptstore.keras_io.fit import _fit_log
+from ckptstore.keras_io.fit import _fit_log, _fit_runs
 from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
 from ckptstore.keras_io.fit._final_handoff import FinalHandoff
 from ckptstore.keras_io.fit._mwms_compat import apply_mwms_compat
@@ -150,6 +150,9 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             "preempt_check_period", preempt_check_period, 0, hint=" (0 = epoch ends only)."
         )
         self._continue_id_json = _checked_ids(checkpoint, continue_id)
+        #: This run's fit() calls in this process, whichever callback each was given.
+        self._run = _fit_runs.run_of(core_context, self._continue_id_json)
+        self._token = _fit_runs.new_token()
 
         self._core = core_context
         self._checkpoint = checkpoint
@@ -235,6 +238,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
 
     # ---- keras hooks --------------------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._take_over_run()
         self._fit_call += 1
         skip = self._skip_reason()
         self._skipping = skip is not None
@@ -242,6 +246,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             keras2_format.set_initial_epoch(self.model, int(self.params.get("epochs") or 0))
             logger.info("fit() call %d trains nothing: %s.", self._fit_call + 1, skip)
             self._callbacks = _fit_callbacks(self)
+            self._hand_over_run()
             return
         self._fitlog = _fit_log.FitLog(self.params, self._core, self._checkpoint, self._is_chief)
         self._callbacks = _fit_callbacks(self)
@@ -272,6 +277,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         if self._checkpoint is not None and not self._loaded:
             self._load(self._checkpoint)
             self._loaded = True
+        self._hand_over_run()
         self._saved_steps = self._steps_completed  # nothing new to save yet
         if self._is_chief:
             # a new model, or one recompiled since the last fit() (fine-tuning: a new optimizer)
@@ -411,6 +417,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             keras2_format.set_initial_epoch(self.model, None)
             if not self._preempted:
                 self._history_of_finished_call()
+            self._hand_over_run()
             return
         try:
             if self._pending_save is not None:
@@ -438,6 +445,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             self._set_status("finishing")
             if not self._preempted:
                 self._record_history()
+            self._hand_over_run()
         finally:
             handoff, self._handoff = self._handoff, None
             if handoff is not None and not self._handed_over:
@@ -685,6 +693,8 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
 
     def _on_committed(self, uuid: str) -> None:
         self._last_checkpoint = uuid
+        if self._run is not None and self._run.owner == self._token:
+            self._run.last_committed = uuid
         self._fitlog.committed.append(uuid)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from ckptstore import errors
 from ckptstore.keras_io import backend
 from ckptstore.keras_io.fit import _callback_state as state_lib
-from ckptstore.keras_io.fit import _fit_log
+from ckptstore.keras_io.fit import _fit_log, _fit_runs
 from ckptstore.keras_io.fit import _keras_callback_state as cb_arrays
 from ckptstore.keras_io.loading._into_model import raise_partial_load
 from ckptstore.keras_io.saving import _keras2_format as keras2_format
@@ -58,6 +58,41 @@ class CheckpointRestore:
                 "call finished before it"
             )
         return None
+
+    def _take_over_run(self) -> None:
+        """At a ``fit()`` start: continue this run's calls from where the previous callback of
+        the run in this process left them (a script may give each ``fit()`` a new
+        ``DeterminedCallback``; see :mod:`~ckptstore.keras_io.fit._fit_runs`)."""
+        run = self._run
+        if run is None or run.owner in (0, self._token):
+            return
+        self._fit_call = run.fit_call
+        self._preempted = self._preempted or run.preempted
+        if not _fit_runs.follows_run(run, self._checkpoint, self.model):
+            return  # an explicit restore of another checkpoint: read at this call
+        self._checkpoint, self._loaded = run.checkpoint, run.loaded
+        self._steps_completed = run.steps_completed
+        self._last_reported_steps = run.last_reported_steps
+        self._fit_histories = list(run.fit_histories)
+        self._saved_histories = list(run.saved_histories)
+        self._exports.policy.resume_from(run.export_state)
+
+    def _hand_over_run(self) -> None:
+        """Record this callback's place in the run for a later ``fit()`` call's callback."""
+        run = self._run
+        if run is None:
+            return
+        run.owner = self._token
+        run.fit_call, run.preempted = self._fit_call, self._preempted
+        run.checkpoint, run.loaded = self._checkpoint, self._loaded
+        run.steps_completed = self._steps_completed
+        run.last_reported_steps = self._last_reported_steps
+        run.fit_histories = list(self._fit_histories)
+        run.saved_histories = list(self._saved_histories)
+        run.export_state = self._exports.policy.metadata()
+        run.model = _fit_runs.model_ref(self.model)
+        if self._last_checkpoint is not None:
+            run.last_committed = self._last_checkpoint
 
     def _saved_fit_call(self, uuid: str) -> int:
         """``fit_call`` of checkpoint ``uuid`` when it continues this run (else 0); reads only
