@@ -85,9 +85,11 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
     a multi-worker strategy without it), so create it before calling ``fit()``.
 
     Do not combine with ``BackupAndRestore`` (both would restore; ``fit()`` warns). A script
-    may call ``fit()`` several times with one callback (fine-tuning after transfer learning):
-    each checkpoint records which call wrote it, and a re-run passes the calls that finished
-    before it without training (see ``_skip_reason``).
+    may call ``fit()`` several times (fine-tuning after transfer learning), with one callback
+    or a new one per call built the same way: the calls of a run (core context and
+    ``continue_id``) are counted per process (:mod:`~ckptstore.keras_io.fit._fit_runs`), each
+    checkpoint records which call wrote it, and a re-run passes the calls that finished before
+    it without training (see ``_skip_reason``).
 
     Args:
         core_context: the context from ``ckptstore.core.init()``.
