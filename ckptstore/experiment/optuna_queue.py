@@ -52,7 +52,7 @@ from ckptstore.experiment.searcher import (
     TRIAL_ATTR,
     Searcher,
     open_optuna_storage,
-    study_name,
+    resolve_study_name,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -197,14 +197,17 @@ class TrialQueue:
         self.registry = registry
         requeues = max(config.max_restarts, MIN_REQUEUES)
         self.storage = queue_storage(registry_url, registry, requeues)
+        name = resolve_study_name(registry, experiment_id, self.storage)
         self.searcher: Searcher | None = None
         if config.searcher.name != "single":
-            self.searcher = Searcher(config, experiment_id, registry_url, storage=self.storage)
+            self.searcher = Searcher(
+                config, experiment_id, registry_url, storage=self.storage, study=name
+            )
             self.study = self.searcher.study
         else:
             self.study = optuna.create_study(
                 storage=self.storage,
-                study_name=study_name(experiment_id),
+                study_name=name,
                 direction="minimize" if config.searcher.smaller_is_better else "maximize",
                 load_if_exists=True,
             )
@@ -352,15 +355,26 @@ class TrialQueue:
         return bool(self.study.get_trials(deepcopy=False, states=(state.WAITING, state.RUNNING)))
 
 
-def runners(registry_url: str, experiment_id: int) -> dict[int, tuple[str | None, bool]]:
+def runners(
+    registry_url: str, experiment_id: int, registry: Registry | None = None
+) -> dict[int, tuple[str | None, bool]]:
     """``{registry trial id: (runner host:pid, running now)}`` from the experiment's study (the
-    latest Optuna trial of each registry trial); empty when the study does not exist."""
+    latest Optuna trial of each registry trial); empty when the experiment or its study does
+    not exist. ``registry``: the registry at ``registry_url`` when it is open already."""
     import optuna
 
+    from ckptstore.registry import Registry
+
     storage = open_optuna_storage(registry_url)
+    owned = registry is None
+    reg = Registry(registry_url) if registry is None else registry
     try:
         try:
-            study = optuna.load_study(study_name=study_name(experiment_id), storage=storage)
+            name = resolve_study_name(reg, experiment_id, storage)
+        except errors.ExperimentNotFound:
+            return {}
+        try:
+            study = optuna.load_study(study_name=name, storage=storage)
         except KeyError:
             return {}
         out: dict[int, tuple[str | None, bool]] = {}
@@ -373,6 +387,8 @@ def runners(registry_url: str, experiment_id: int) -> dict[int, tuple[str | None
         # Callers poll this (describe, tests): an engine left to the garbage collector keeps
         # its pooled connection open, and PostgreSQL's connection slots run out.
         storage.engine.dispose()
+        if owned:
+            reg.close()
 
 
 __all__ = [

@@ -650,7 +650,7 @@ def describe_experiment(
         config = parse_config(experiment_config(reg, experiment_id))
         metric, smaller = config.searcher.metric, config.searcher.smaller_is_better
         trials = []
-        ran_by = runners(_registry_url(registry), experiment_id)
+        ran_by = runners(_registry_url(registry), experiment_id, reg)
         for t in reg.list_trials(experiment_id):
             runner, active = ran_by.get(t.id, (None, False))
             latest = reg.latest_checkpoint(t.id)

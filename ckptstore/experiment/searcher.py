@@ -22,8 +22,12 @@ Where the study is stored (:func:`optuna_storage_url`):
 
 Random and TPE samplers are seeded with ``experiment seed + experiment id + trial number``
 for each new trial, so a search is reproducible and runners sharing a study (same seed) still
-propose different values. The study of experiment N is named ``ckptstore-experiment-N``. Optuna's trial has the user
-attribute ``ckptstore_trial_id`` linking it to the registry trial.
+propose different values. The study of experiment N is named
+``ckptstore-experiment-N-<its creation time in the registry>`` (:func:`resolve_study_name`):
+experiment ids start again at 1 in a new registry, and a study left in ``reg.optuna.db`` by a
+deleted ``reg.db`` must not be taken for the new experiment's. An experiment an older ckptstore
+started keeps its study ``ckptstore-experiment-N``. Optuna's trial has the user attribute
+``ckptstore_trial_id`` linking it to the registry trial.
 
 Example::
 
@@ -33,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
 import math
 import os
@@ -45,6 +50,7 @@ from ckptstore import defaults, errors
 from ckptstore.experiment.config import ExperimentConfig, Hyperparameter, nest_hparams
 
 if TYPE_CHECKING:
+    from ckptstore.registry import Registry
     from ckptstore.storage_backends import StorageSpec
 
 logger = logging.getLogger(__name__)
@@ -54,8 +60,45 @@ OPTUNA_SCHEMA = "optuna"
 _PRIMITIVE = (str, int, float, bool, type(None))
 
 
-def study_name(experiment_id: int) -> str:
-    return f"ckptstore-experiment-{experiment_id}"
+def study_name(experiment_id: int, created_at: _dt.datetime | None = None) -> str:
+    """The study of experiment ``experiment_id`` created at ``created_at`` (the registry's
+    ``Experiment.created_at``); without it, the name an older ckptstore gave every study."""
+    if created_at is None:
+        return f"ckptstore-experiment-{experiment_id}"
+    return f"ckptstore-experiment-{experiment_id}-{created_at:%Y%m%dT%H%M%S%f}"
+
+
+def resolve_study_name(registry: Registry, experiment_id: int, storage: Any) -> str:
+    """The name of experiment ``experiment_id``'s study in the Optuna ``storage``.
+
+    New experiments get a name with their creation time, so a new registry's experiment 1
+    never opens the study a deleted registry's experiment 1 left in the same Optuna database.
+    The name an older ckptstore used (``ckptstore-experiment-N``) is kept only for a study
+    whose trials are all this experiment's in the registry (an experiment started before the
+    upgrade); any other is a stale study from an earlier registry, left alone."""
+    import optuna
+
+    created = registry.get_experiment(experiment_id).created_at
+    name = study_name(experiment_id, created)
+    names = set(optuna.get_all_study_names(storage=storage))
+    legacy = study_name(experiment_id)
+    if name in names or legacy not in names:
+        return name
+    study = optuna.load_study(study_name=legacy, storage=storage)
+    linked = {int(t.user_attrs[TRIAL_ATTR]) for t in study.trials if TRIAL_ATTR in t.user_attrs}
+    ours = {t.id for t in registry.list_trials(experiment_id)}
+    if linked and linked <= ours:
+        return legacy
+    logger.info(
+        "Optuna study %r belongs to an earlier registry's experiment %d (its trials %s are "
+        "not this experiment's); experiment %d uses study %r.",
+        legacy,
+        experiment_id,
+        sorted(linked),
+        experiment_id,
+        name,
+    )
+    return name
 
 
 def optuna_storage_url(registry_url: str) -> tuple[str, dict[str, Any]]:
@@ -157,6 +200,9 @@ class Searcher:
         storage: the Optuna storage to open the study on; default: a plain ``RDBStorage`` at
             :func:`optuna_storage_url` (the runner passes one with heartbeats, see
             :mod:`ckptstore.experiment.optuna_queue`).
+        study: the study's name; default: :func:`resolve_study_name` in the registry at
+            ``registry_url`` (:func:`study_name` of the id alone when the registry has no such
+            experiment).
     """
 
     def __init__(
@@ -165,8 +211,12 @@ class Searcher:
         experiment_id: int,
         registry_url: str,
         storage: StorageSpec | None = None,
+        *,
+        study: str | None = None,
     ) -> None:
         import optuna
+
+        from ckptstore.registry import Registry
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.config = config
@@ -185,11 +235,19 @@ class Searcher:
             sampler = optuna.samplers.TPESampler(seed=seed)
         else:
             sampler = optuna.samplers.RandomSampler(seed=seed)
+        if storage is None:
+            storage = open_optuna_storage(registry_url)
+        if study is None:
+            with Registry(registry_url) as registry:
+                try:
+                    study = resolve_study_name(registry, experiment_id, storage)
+                except errors.ExperimentNotFound:  # a search outside any registry experiment
+                    study = study_name(experiment_id)
         for attempt in range(3):
             try:
                 self.study = optuna.create_study(
-                    storage=storage if storage is not None else open_optuna_storage(registry_url),
-                    study_name=study_name(experiment_id),
+                    storage=storage,
+                    study_name=study,
                     sampler=sampler,
                     pruner=self._pruner(),
                     direction="minimize" if s.smaller_is_better else "maximize",
@@ -327,4 +385,10 @@ def oracle_from_env() -> Callable[[int, float], bool]:
     return oracle
 
 
-__all__ = ["Searcher", "optuna_storage_url", "oracle_from_env", "study_name"]
+__all__ = [
+    "Searcher",
+    "optuna_storage_url",
+    "oracle_from_env",
+    "resolve_study_name",
+    "study_name",
+]

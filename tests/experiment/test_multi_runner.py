@@ -109,7 +109,7 @@ def test_survivor_continues_the_trial_of_a_killed_runner(
 
         url, kwargs = optuna_storage_url(registry_url)
         study = optuna.load_study(
-            study_name=study_name(exp_id),
+            study_name=study_name(exp_id, reg.get_experiment(exp_id).created_at),
             storage=optuna.storages.RDBStorage(url, engine_kwargs=kwargs),
         )
         state = optuna.trial.TrialState

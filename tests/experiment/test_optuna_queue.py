@@ -180,3 +180,51 @@ def test_processes_opening_a_new_study_database_together_all_get_it(postgres_url
     for p in procs:
         p.stderr.close()
     assert [rc for rc, _ in results] == [0] * 4, [err[-1500:] for rc, err in results if rc]
+
+
+def test_a_new_registry_never_takes_a_deleted_registrys_study(tmp_path, fast_heartbeat):
+    """``reg.optuna.db`` outlives a deleted ``reg.db``: the new registry's experiment 1 gets
+    its own study (the old one's slots were all taken and told, so it had nothing to run)."""
+    url = f"sqlite:///{tmp_path / 'reg.db'}"
+    with Registry(url) as reg:
+        exp = reg.create_experiment("first life", config={})
+        queue = TrialQueue(_config(max_trials=1), exp, reg, url)
+        queue.ensure_slots()
+        queue.tell(queue.pop(), 1.0)
+        assert not queue.busy()
+        queue.storage.engine.dispose()
+    (tmp_path / "reg.db").unlink()
+    assert (tmp_path / "reg.optuna.db").exists()
+    with Registry(url) as reg:
+        exp2 = reg.create_experiment("second life", config={})
+        assert exp2 == exp
+        queue = TrialQueue(_config(max_trials=2), exp2, reg, url)
+        queue.ensure_slots()
+        claims = [queue.pop(), queue.pop()]
+        assert None not in claims and queue.pop() is None
+        assert sorted(c.trial_id for c in claims) == [t.id for t in reg.list_trials(exp2)]
+        for claim in claims:
+            queue.tell(claim, 0.5)
+        assert runners(url, exp2, reg).keys() == {c.trial_id for c in claims}
+
+
+def test_an_experiment_an_older_ckptstore_started_keeps_its_study(tmp_path):
+    """A study named ``ckptstore-experiment-N`` whose trials are this experiment's registry
+    trials (made before the study names carried the creation time) is still the one used."""
+    from ckptstore.experiment.searcher import open_optuna_storage, resolve_study_name, study_name
+
+    url = f"sqlite:///{tmp_path / 'reg.db'}"
+    with Registry(url) as reg:
+        exp = reg.create_experiment("old", config={})
+        trial = reg.create_trial(experiment_id=exp, hparams={"lr": 0.01})
+        storage = open_optuna_storage(url)
+        old = optuna.create_study(storage=storage, study_name=study_name(exp))
+        old.add_trial(
+            optuna.trial.create_trial(value=1.0, user_attrs={"ckptstore_trial_id": trial})
+        )
+        assert resolve_study_name(reg, exp, storage) == study_name(exp)
+        other = reg.create_experiment("new", config={})
+        assert resolve_study_name(reg, other, storage) == study_name(
+            other, reg.get_experiment(other).created_at
+        )
+        storage.engine.dispose()

@@ -247,6 +247,12 @@ def test_cifar_trial_on_two_slots_trains_on_both_nodes(ray_cluster, tmp_path):
         assert {m.steps_completed for m in reg.get_metrics(trial.id, "validation")} == {8, 16, 24}
 
 
+def _study_name(registry: str) -> str:
+    """Experiment 1's Optuna study (named with its creation time in the registry)."""
+    with Registry(registry) as reg:
+        return study_name(1, reg.get_experiment(1).created_at)
+
+
 def test_iris_adaptive_asha_prunes_at_the_rung_on_ray(ray_cluster, tmp_path):
     """Determined's iris ``adaptive.yaml`` (``adaptive_asha``, 4 trials, max_length 60 batches,
     divisor 2: one rung at 30) on the Ray engine, two trials at a time (one per node): the
@@ -271,7 +277,8 @@ def test_iris_adaptive_asha_prunes_at_the_rung_on_ray(ray_cluster, tmp_path):
     assert all(trained[t] == 60 for t in set(trained) - stopped), trained  # the rest ran on
     url, kwargs = optuna_storage_url(registry)
     study = optuna.load_study(
-        study_name=study_name(1), storage=optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        study_name=_study_name(registry),
+        storage=optuna.storages.RDBStorage(url, engine_kwargs=kwargs),
     )
     states = {t.user_attrs[TRIAL_ATTR]: t.state.name for t in study.trials}
     assert states == {t: "PRUNED" if t in stopped else "COMPLETE" for t in trained}, states
@@ -312,7 +319,8 @@ def test_search_on_two_nodes_survives_a_lost_node(ray_cluster, tmp_path):
 
         url, kwargs = optuna_storage_url(registry)
         study = optuna.load_study(
-            study_name=study_name(1), storage=optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            study_name=_study_name(registry),
+            storage=optuna.storages.RDBStorage(url, engine_kwargs=kwargs),
         )
         complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
         assert sorted(t.user_attrs[TRIAL_ATTR] for t in complete) == [t.id for t in trials]
