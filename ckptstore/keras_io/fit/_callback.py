@@ -152,9 +152,8 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
             "preempt_check_period", preempt_check_period, 0, hint=" (0 = epoch ends only)."
         )
         self._continue_id_json = _checked_ids(checkpoint, continue_id)
-        #: This run's fit() calls in this process, whichever callback each was given.
-        self._run = _fit_runs.run_of(core_context, self._continue_id_json)
-        self._token = _fit_runs.new_token()
+        # this run's fit() calls in this process, whichever callback each was given (_fit_runs)
+        self._run, self._token = _fit_runs.run_of(core_context, continue_id), _fit_runs.new_token()
 
         self._core = core_context
         self._checkpoint = checkpoint
@@ -247,11 +246,11 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
         if skip is not None:  # zero epochs: fit() returns at once, nothing is saved
             keras2_format.set_initial_epoch(self.model, int(self.params.get("epochs") or 0))
             logger.info("fit() call %d trains nothing: %s.", self._fit_call + 1, skip)
-            self._callbacks = _fit_callbacks(self)
+            self._callbacks = _fit_runs.fit_callbacks(self)
             self._hand_over_run()
             return
         self._fitlog = _fit_log.FitLog(self.params, self._core, self._checkpoint, self._is_chief)
-        self._callbacks = _fit_callbacks(self)
+        self._callbacks = _fit_runs.fit_callbacks(self)
         _fit_log.warn_second_restorer(self._callbacks, backend.keras)
         self._boundary_pending = False
         self._saved_mid_epoch = False
@@ -728,25 +727,3 @@ def _floats(logs: dict[str, Any]) -> dict[str, Any]:
         except (TypeError, ValueError):
             continue
     return out
-
-
-def _fit_callbacks(me: Any) -> list[Any]:
-    """The callbacks of the running ``fit()``: found on the ``CallbackList`` calling ``me``.
-
-    Keras gives a callback no handle on its siblings; ``CallbackList.on_train_begin`` is the
-    caller, so its ``self`` is looked up a few frames up the stack.
-    """
-    CallbackList = backend.keras.callbacks.CallbackList  # noqa: N806 - a class
-
-    frame = sys._getframe(1)
-    for _ in range(8):
-        if frame is None:
-            break
-        candidate = frame.f_locals.get("self")
-        if isinstance(candidate, CallbackList) and me in candidate.callbacks:
-            return list(candidate.callbacks)
-        frame = frame.f_back
-    logger.warning(
-        "Could not find the fit() callback list; other callbacks' state will not be saved."
-    )
-    return [me]

@@ -13,6 +13,8 @@ the callback object: a callback taking over a run starts from what the previous 
 A callback given a checkpoint other than ``None``, the one the run resumed from in this process,
 or the newest one this run committed for the same model object is an explicit restore: it
 reads that checkpoint, and the run's ``fit()`` calls are still counted on.
+
+:func:`fit_callbacks` finds the callbacks of the ``fit()`` call running now.
 """
 
 from __future__ import annotations
@@ -20,10 +22,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
+import sys
 import weakref
 from typing import Any
 
-__all__ = ["FitRun", "run_of"]
+from ckptstore.keras_io import backend
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FitRun", "fit_callbacks", "run_of"]
 
 _tokens = itertools.count(1)
 
@@ -86,3 +94,25 @@ def model_ref(model: Any) -> Any:
         return weakref.ref(model)
     except TypeError:
         return None
+
+
+def fit_callbacks(me: Any) -> list[Any]:
+    """The callbacks of the running ``fit()``: found on the ``CallbackList`` calling ``me``.
+
+    Keras gives a callback no handle on its siblings; ``CallbackList.on_train_begin`` is the
+    caller, so its ``self`` is looked up a few frames up the stack.
+    """
+    CallbackList = backend.keras.callbacks.CallbackList  # noqa: N806 - a class
+
+    frame = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            break
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, CallbackList) and me in candidate.callbacks:
+            return list(candidate.callbacks)
+        frame = frame.f_back
+    logger.warning(
+        "Could not find the fit() callback list; other callbacks' state will not be saved."
+    )
+    return [me]
