@@ -7,13 +7,7 @@ preempted in its second call resumes in it."""
 import pytest
 
 from ckptstore.registry import Registry
-from tests.determined_compat.conftest import (
-    copy_corpus,
-    create_ok,
-    create_then_sigterm,
-    paused_at,
-    resume_ok,
-)
+from tests.determined_compat import conftest as corpus
 
 pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
 
@@ -36,8 +30,8 @@ def _steps(registry):
 
 def test_a_fit_call_per_operation_counts_on(tmp_path, where):
     storage, registry = where
-    model_dir = copy_corpus("keras_search", tmp_path)
-    done = create_ok("adaptive.yaml", model_dir, storage, registry)
+    model_dir = corpus.copy_corpus("keras_search", tmp_path)
+    done = corpus.create_ok("adaptive.yaml", model_dir, storage, registry)
     assert "bind_mounts" in done.stderr and "resources.resource_pool" in done.stderr
     trials = _steps(registry)
     assert len(trials) == 2
@@ -50,18 +44,18 @@ def test_a_fit_call_per_operation_counts_on(tmp_path, where):
 
 def test_preempted_in_the_second_fit_call_resumes_in_it(tmp_path, where):
     storage, registry = where
-    model_dir = copy_corpus("keras_search", tmp_path)
+    model_dir = corpus.copy_corpus("keras_search", tmp_path)
 
     def in_second_call(reg):
         latest = reg.latest_checkpoint(1)
         return latest is not None and latest.steps_completed > 2 * BATCHES_PER_EPOCH
 
-    create_then_sigterm(
+    corpus.create_then_sigterm(
         "adaptive.yaml", model_dir, storage, registry, in_second_call, KERAS_SEARCH_SLEEP="0.3"
     )
-    cut = paused_at(registry)
+    cut = corpus.paused_at(registry)
     assert 2 * BATCHES_PER_EPOCH < cut < LENGTH
-    resume_ok(model_dir, storage, registry)
+    corpus.resume_ok(model_dir, storage, registry)
     train, ckpts = _steps(registry)[1]
     # the re-run passed the first call (trained nothing) and went on in the second
     assert max(train) == LENGTH and ckpts[-1] == LENGTH
