@@ -95,3 +95,40 @@ def test_backup_and_restore_beside_it_is_named_at_fit_start(tmp_path, caplog):
         with caplog.at_level(logging.WARNING, logger="ckptstore"):
             model.fit(x, x[:, :1], epochs=1, verbose=0, callbacks=[cb, backup])
     assert [r for r in caplog.records if "BackupAndRestore" in r.getMessage()]
+
+
+def _fit_in(ctx, model, checkpoint):
+    """One fit() of 2 epochs (4 batches each) with a new DeterminedCallback of run 1."""
+    import ckptstore as det
+
+    cb = det.keras.DeterminedCallback(ctx, checkpoint, 1, export_saved_model="never")
+    x = np.random.RandomState(0).rand(32, 2).astype("float32")
+    model.fit(x, x[:, :1], batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[cb])
+    cb.wait()
+    return cb
+
+
+def test_a_new_callback_given_a_checkpoint_of_the_run_restores_it_into_another_model(tmp_path):
+    """Per-run counting keeps explicit restores: the newest checkpoint of the run goes into a
+    new model object (read), and for the same model object it is what the model holds (not
+    read again: the second call trains on, its steps counted on)."""
+    import ckptstore as det
+    from ckptstore.keras_io.backend import keras
+
+    def model():
+        m = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        m.compile(keras.optimizers.Adam(0.01), "mse")
+        return m
+
+    where = dict(storage=str(tmp_path / "ckpts"), registry=f"sqlite:///{tmp_path / 'r.db'}")
+    with det.core.init(**where, trial_id=1, preempt_signals=False) as ctx:
+        a = model()
+        first = _fit_in(ctx, a, None)
+        assert first.steps_completed == 8
+        same = _fit_in(ctx, a, first.last_checkpoint)
+        assert same.steps_completed == 16 and not same.resumed
+        b = model()
+        # read: B continues at epoch 2, the end of its fit(epochs=2), so nothing more trains
+        other = _fit_in(ctx, b, same.last_checkpoint)
+        assert other.resumed and other.steps_completed == 16
+        assert int(b.optimizer.iterations.numpy()) == 16
