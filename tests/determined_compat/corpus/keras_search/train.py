@@ -29,7 +29,11 @@ def main(core_context, info):
     hparams = info.trial.hparams
     tf.keras.utils.set_random_seed(1)
     model = tf.keras.Sequential(
-        [tf.keras.Input((4,)), tf.keras.layers.Dense(hparams["units"]), tf.keras.layers.Dense(1)]
+        [
+            tf.keras.Input((4,)),
+            tf.keras.layers.Dense(hparams["arch"]["units"]),
+            tf.keras.layers.Dense(1),
+        ]
     )
     model.compile(tf.keras.optimizers.SGD(hparams["lr"]), "mse")
     x, y = data(0)
