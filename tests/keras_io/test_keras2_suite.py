@@ -25,9 +25,10 @@ modules (``KERAS2_ONLY`` in ``tests/conftest.py``): ``test_export_keras2.py`` an
 starting from Determined's TFKerasTrial files, imported or read in place on local files and S3).
 From ``tests/determined_compat/``: ``test_tf_keras_trial_port.py`` (Determined's own TFKerasTrial
 tests, ported, on Keras 2 with legacy optimizers), ``test_trial_slots.py`` (a TFKerasTrial on
-two workers under MultiWorkerMirroredStrategy: pause, resume on two and on one, same metrics)
-and ``test_gan_trial.py`` (a GAN TFKerasTrial: images-only batches, two wrapped optimizers, a
-subclassed model of sub-models; SIGTERM, exact resume, load). Of ``test_first_hour_fit.py``
+two workers under MultiWorkerMirroredStrategy: pause, resume on two and on one, same metrics),
+``test_gan_trial.py`` (a GAN TFKerasTrial: images-only batches, two wrapped optimizers, a
+subclassed model of sub-models; SIGTERM, exact resume, load) and ``test_trial_shapes.py`` (a
+TFKerasTrial on a weighted Sequence with ``configure_fit()``; SIGTERM, exact resume). Of ``test_first_hour_fit.py``
 (issue 39) the in-process cases: the INFO lines of a commit and a resume, the warning of a fresh
 start in a trial with checkpoints, and the two-line error of a resume or warm start into a model
 of another shape (its stderr case runs a Keras 3 script in a fresh process: Keras 3 only by
@@ -94,6 +95,8 @@ MODULES = [
     "tests/determined_compat/test_trial_slots.py",
     # a GAN TFKerasTrial (Determined's DCGAN shape): weights-only subclassed model, 2 optimizers
     "tests/determined_compat/test_gan_trial.py",
+    # a TFKerasTrial on a weighted Sequence with configure_fit(), preempted mid-epoch
+    "tests/determined_compat/test_trial_shapes.py",
 ]
 
 
@@ -128,8 +131,8 @@ def test_keras_modules_pass_under_keras2():
     # test_export_keras2.py (7), test_tf_bundle_keras2.py (2), test_trial_warm_start.py (2),
     # test_tf_keras_trial_port.py (18), test_trial_slots.py (1), test_gan_trial.py (4),
     # test_export_keras2.py's adapted lookups (1), test_fit_best_effort.py (2),
-    # test_shape_corpus.py (1), test_first_hour_fit.py (4)
-    assert passed and int(passed.group(1)) >= 103, tail
+    # test_shape_corpus.py (1), test_first_hour_fit.py (4), test_trial_shapes.py (1)
+    assert passed and int(passed.group(1)) >= 104, tail
     assert "skipped" not in summary and "xfail" not in summary, tail
     # the keras3_only tests (README, "Keras 2 (tf_keras)"): test_callback.py's snapshot archive
     # layout, test_loaders.py's bare .keras files and test_fit_best_effort.py's layer saving a
