@@ -17,7 +17,9 @@ process's ~350,000 objects costs ~0.2 CPU-s, and CPython runs one once enough ob
 survived since the last. It counts the train function's traces, and with ``--profile DIR``
 writes a ``cProfile`` of each resume (main-thread CPU clock) to
 ``DIR/<method>-<regime>-<round>.prof``. ``--preimport`` adds ``ckptstore-preimported``: the
-imports of ckptstore's resume done before the clock. For diagnosis, ``RESUME_PHASES_OBJECTS=1``
+imports of ckptstore's resume done before the clock; ``--sqlalchemy-first`` adds
+``ckptstore-sqlalchemy-first``: SQLAlchemy imported before TensorFlow (an estimate of a resume
+path without it). For diagnosis, ``RESUME_PHASES_OBJECTS=1``
 prints the objects per GC generation at each point (slow: it disturbs the clocks) and
 ``RESUME_PHASES_COLLECT=1`` runs ``gc.collect()`` just before the clock. Each method's store is
 written once by ``peers.py``'s train phase; ``--cold`` drops it from the page cache before each
@@ -59,6 +61,12 @@ _PREIMPORTS = (
     "ckptstore.core",
     "ckptstore.keras",
 )
+#: ``--sqlalchemy-first``'s method: ckptstore with SQLAlchemy (and its SQLite dialect) imported
+#: before TensorFlow, so that neither its import nor its objects fall in the window: its
+#: objects are then among those the process's last full collection before the clock kept, not
+#: new ones that make the next one due. An estimate of a registry that does not import
+#: SQLAlchemy on a resume's path (a diagnosis: a script importing it first gains the same).
+SQLALCHEMY_FIRST = "ckptstore-sqlalchemy-first"
 
 
 _GC = {"at": 0.0, "cpu": 0.0, "runs": 0.0}
@@ -92,6 +100,9 @@ def _traces(model) -> int:  # type: ignore[no-untyped-def]
 
 def resume(args) -> dict[str, float]:  # type: ignore[no-untyped-def]
     """One resume in this process, split into :data:`PHASES`."""
+    if os.environ.get("RESUME_PHASES_SQLALCHEMY_FIRST"):
+        import sqlalchemy.dialects.sqlite  # noqa: F401
+
     import incremental
     import keras
     import peers
@@ -170,6 +181,9 @@ def _child(method: str, regime: str, work: str, args, profile: str | None) -> di
     if method == PREIMPORTED:
         env["RESUME_PHASES_PREIMPORT"] = "1"
         method = "ckptstore"
+    if method == SQLALCHEMY_FIRST:
+        env["RESUME_PHASES_SQLALCHEMY_FIRST"] = "1"
+        method = "ckptstore"
     if args.cold:
         peers.drop_from_page_cache(work)
     flags = {"--worker": method, "--regime": regime, "--work": work, "--mb": args.mb}
@@ -196,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--baseline", help="another checkout: adds ckptstore@base")
     parser.add_argument("--cold", action="store_true")
     parser.add_argument("--preimport", action="store_true", help=f"adds {PREIMPORTED}")
+    parser.add_argument("--sqlalchemy-first", action="store_true", help=f"adds {SQLALCHEMY_FIRST}")
     parser.add_argument("--profile", help="folder for a cProfile of each resume")
     for hidden in ("--worker", "--regime", "--work"):  # the child's (see _child)
         parser.add_argument(hidden, help=argparse.SUPPRESS)
@@ -207,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
 
     methods = args.methods.split(",") + (["ckptstore@base"] if args.baseline else [])
     methods += [PREIMPORTED] if args.preimport else []
+    methods += [SQLALCHEMY_FIRST] if args.sqlalchemy_first else []
     root = tempfile.mkdtemp(prefix="resume-phases-")
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -218,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
             for method in methods:
                 work = works[regime, method] = os.path.join(root, f"{method}-{regime}")
                 os.makedirs(work)
-                trained = "ckptstore" if method == PREIMPORTED else method
+                trained = "ckptstore" if method in (PREIMPORTED, SQLALCHEMY_FIRST) else method
                 peers._run(trained, regime, "train", work, args, env)
         for round_ in range(args.rounds):
             for regime in args.regimes.split(","):

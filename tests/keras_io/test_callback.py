@@ -277,6 +277,36 @@ def test_warm_start_loads_weights_only_and_protects(init):
         assert uuid in ctx.checkpoint.protected
 
 
+def test_a_resume_pins_its_checkpoint_once(init):
+    """The checkpoint a run resumes from is pinned for the run (checkpoint GC anywhere keeps
+    it) by one registry write: the restore's reads of it add no pin and unpin of their own
+    (there were five pin writes before the first step: issue 41)."""
+    import sqlalchemy as sa
+
+    with init() as ctx:
+        cb = det.keras.DeterminedCallback(ctx, None, 1, export_saved_model="never")
+        fit(classifier(), [cb], epochs=1)
+        uuid = cb.last_checkpoint
+    with init() as ctx:
+        statements: list[str] = []
+        engine = ctx.registry._db.engine
+        sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+        cb = det.keras.DeterminedCallback(ctx, uuid, 1, export_saved_model="never")
+        seen = {}
+
+        class Probe(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                if not seen:
+                    seen["pins"] = [s for s in statements if "checkpoint_pins" in s]
+                    seen["held"] = [p.holder for p in ctx.registry.list_pins(uuid)]
+
+        fit(classifier(), [cb, Probe()], epochs=2)
+        assert cb.resumed
+        assert [s.split(" ")[0] for s in seen["pins"]] == ["DELETE", "INSERT"]  # expired, pin
+        assert seen["held"] == [ctx.checkpoint.pin_holder]
+        assert uuid in ctx.checkpoint.protected
+
+
 # ---- background failures surface --------------------------------------------------------------
 def test_failed_background_save_raises_from_fit(init, s3_server):
     # The bucket is there when core.init checks it (a missing one fails there: issue 39) and

@@ -100,6 +100,9 @@ class CheckpointRestore:
         select = lambda relpath: relpath == state_lib.STATE_FILENAME  # noqa: E731
         with self._core.checkpoint.read_in_place(uuid, selector=select) as path:
             state = state_lib.read_state(os.fspath(path))
+            # Protected for the run while this read still pins it: the restore's reads then
+            # add no pin of their own (one registry write, not a pin and unpin per read).
+            self._protect(uuid)
         if state is None or state.continue_id != self._continue_id_json:
             return 0
         self._saved_histories = list(state.fit_histories or [])
@@ -122,6 +125,12 @@ class CheckpointRestore:
                 self._fit_histories.append(cb_arrays.with_state(cb).get_state())
                 return
         self._fit_histories.append({"epoch": [], "history": {}})
+
+    def _protect(self, uuid: str) -> None:
+        """Keep checkpoint ``uuid`` from checkpoint GC while the run's context is open."""
+        protect = getattr(self._core.checkpoint, "protect", None)
+        if callable(protect):
+            protect(uuid)
 
     def _ensure_optimizer_built(self) -> None:
         keras2_format.build_optimizer(self.model)
@@ -169,9 +178,7 @@ class CheckpointRestore:
                     state.layer_states = cb_arrays.join_arrays(state.layer_states, arrays)
                 if state.data is not None and self._data is not None:
                     self._resume_batch = self._data.restore(state.data, path)
-        protect = getattr(self._core.checkpoint, "protect", None)
-        if callable(protect):
-            protect(uuid)
+        self._protect(uuid)
         if not continuing:
             logger.info(
                 "Warm start from checkpoint %s (its continue_id %r differs from %r): weights "
