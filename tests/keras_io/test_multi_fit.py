@@ -108,7 +108,9 @@ def _fit_in(ctx, model, checkpoint):
     return cb
 
 
-def test_a_new_callback_given_a_checkpoint_of_the_run_restores_it_into_another_model(tmp_path):
+def test_a_new_callback_given_a_checkpoint_of_the_run_restores_it_into_another_model(
+    tmp_path, caplog
+):
     """Per-run counting keeps explicit restores: the newest checkpoint of the run goes into a
     new model object (read), and for the same model object it is what the model holds (not
     read again: the second call trains on, its steps counted on)."""
@@ -125,8 +127,12 @@ def test_a_new_callback_given_a_checkpoint_of_the_run_restores_it_into_another_m
         a = model()
         first = _fit_in(ctx, a, None)
         assert first.steps_completed == 8
-        same = _fit_in(ctx, a, first.last_checkpoint)
+        with caplog.at_level(logging.INFO, logger="ckptstore"):
+            same = _fit_in(ctx, a, first.last_checkpoint)
         assert same.steps_completed == 16 and not same.resumed
+        # its closing line says it went on with the run, not that it started fresh
+        ends = [r.getMessage() for r in caplog.records if "fit() done" in r.getMessage()]
+        assert ends and "fit() call 2, continuing the run" in ends[-1], ends
         b = model()
         # read: B continues at epoch 2, the end of its fit(epochs=2), so nothing more trains
         other = _fit_in(ctx, b, same.last_checkpoint)

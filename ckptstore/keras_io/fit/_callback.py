@@ -458,7 +458,7 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
                 self._exports.close()
             snapshot_lib.release_buffers(self._layout)
             keras2_format.set_initial_epoch(self.model, None)
-            self._fitlog.end(self._checkpoint if self.resumed else None)
+            self._fitlog.end(self._checkpoint if self.resumed else None, self._fit_call)
 
     # ---- Determined's override hooks and reporting -----------------------------------------------
     def save_model(self, model: keras.Model, path: str, distributed: Any) -> None:

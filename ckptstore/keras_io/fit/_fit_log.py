@@ -105,11 +105,12 @@ class FitLog:
         """A log for a callback outside ``fit()`` (says nothing)."""
         return cls(None, None, None, False)
 
-    def end(self, resumed_from: str | None) -> None:
-        """The summary line (chief), then the handler goes."""
+    def end(self, resumed_from: str | None, fit_call: int = 0) -> None:
+        """The summary line (chief), then the handler goes. ``fit_call`` counts the run's
+        ``fit()`` calls from 0: a later call that did not resume continues the run."""
         try:
             if self.chief:
-                log_summary(self.core.trial_id, self.saves, self.committed, resumed_from)
+                log_summary(self.core.trial_id, self.saves, self.committed, resumed_from, fit_call)
         finally:
             stop_showing(self.handler)
             self.handler = None
@@ -152,12 +153,21 @@ def log_resumed(uuid: str, state: Any, batch: int, core: Any) -> None:
 
 
 def log_summary(
-    trial_id: object, saved: int, committed: list[str], resumed_from: str | None
+    trial_id: object,
+    saved: int,
+    committed: list[str],
+    resumed_from: str | None,
+    fit_call: int = 0,
 ) -> None:
     """The line ``fit()`` ends with: what this run saved, what of it is committed (the last
     checkpoint may still be uploading: ``core.init``'s exit waits for it) and where it
     started from."""
-    start = f"resumed from {resumed_from}" if resumed_from else "started fresh"
+    if resumed_from:
+        start = f"resumed from {resumed_from}"
+    elif fit_call > 0:
+        start = f"fit() call {fit_call + 1}, continuing the run"
+    else:
+        start = "started fresh"
     latest = f", the latest committed {committed[-1]}" if committed else ""
     logger.info(
         "fit() done for trial %s (%s): %d checkpoint(s) saved, %d committed%s%s.",
