@@ -37,7 +37,18 @@ from tests.keras_io.keras_under_test import (  # noqa: E402
 
 BATCH = 8
 SAMPLES = 40  # 5 batches per epoch
-KINDS = ("arrays", "arrays_shuffle", "pydataset", "tfdata", "wrap_data", "generator")
+KINDS = (
+    "arrays",
+    "arrays_shuffle",
+    "pydataset",
+    "tfdata",
+    "tfdata_spe2",
+    "wrap_data",
+    "generator",
+)
+#: compile(steps_per_execution=k) of the kinds that set it (5 batches an epoch: executions of
+#: 2, 2 and 1).
+STEPS_PER_EXECUTION = {"tfdata_spe2": 2}
 #: TFKerasTrial data types (tests/keras_io/trial/tiny_trial.py) run by the trial controller.
 TRIAL_KINDS = ("trial_in_memory", "trial_adapter_threads", "trial_dataset")
 TRIAL_BATCHES = 12  # 64 records / 16 = 4 batches per pass, 3 passes
@@ -65,7 +76,7 @@ class Batches(getattr(keras.utils, "PyDataset", keras.utils.Sequence)):
         return self.x[i * BATCH : (i + 1) * BATCH], self.y[i * BATCH : (i + 1) * BATCH]
 
 
-def build_model() -> keras.Model:
+def build_model(steps_per_execution: int = 1) -> keras.Model:
     if KERAS_MAJOR == 2:  # Dropout's RNG state in the checkpoints (see keras2_format)
         keras.backend.experimental.enable_tf_random_generator()
     keras.utils.set_random_seed(1)
@@ -81,6 +92,7 @@ def build_model() -> keras.Model:
         keras.optimizers.Adam(0.02),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
+        **({"steps_per_execution": steps_per_execution} if steps_per_execution > 1 else {}),
     )
     return model
 
@@ -112,9 +124,17 @@ class Sigterm(keras.callbacks.Callback):
         super().__init__()
         self.step = step
         self.steps_here = 0
+        self._before: int | None = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._before = int(self.model.optimizer.iterations.numpy())
 
     def on_train_batch_end(self, batch, logs=None):
-        self.steps_here += 1
+        # the optimizer steps of this call: compile(steps_per_execution=k) trains up to k
+        # batches a call, fewer in an epoch's last one (the trial controller calls no
+        # on_train_batch_begin: one batch a call)
+        now = int(self.model.optimizer.iterations.numpy())
+        self.steps_here += 1 if self._before is None else now - self._before
         if self.step is not None and int(self.model.optimizer.iterations.numpy()) == self.step:
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -126,7 +146,7 @@ def fit_input(kind: str, x: np.ndarray, y: np.ndarray) -> tuple[tuple, dict]:
         return (x, y), {"batch_size": BATCH, "shuffle": True}
     if kind == "pydataset":
         return (Batches(x, y),), {"shuffle": True}
-    if kind == "tfdata":
+    if kind in ("tfdata", "tfdata_spe2"):
         ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(SAMPLES, seed=3).batch(BATCH)
         return (ds,), {}
     if kind == "generator":
@@ -219,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     storage = os.path.join(args.dir, "ckpts")
     registry = f"sqlite:///{os.path.join(args.dir, 'registry.db')}"
     x, y = data()
-    model = build_model()
+    model = build_model(STEPS_PER_EXECUTION.get(args.kind, 1))
     stop = det.keras.EarlyStopping(
         monitor="val_loss", patience=50, min_delta=1e-9, restore_best_weights=True
     )

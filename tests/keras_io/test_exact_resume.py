@@ -146,6 +146,22 @@ def test_sigterm_at_a_random_batch_resumes_bit_exactly(tmp_path, straight, kind)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["tfdata_spe2"])
+def test_tfdata_whose_epoch_steps_per_execution_does_not_divide_resumes_bit_exactly(
+    tmp_path, straight, kind
+):
+    """``compile(steps_per_execution=2)`` over a shuffled tf.data epoch of 5 batches, without
+    ``steps_per_epoch``: executions of 2, 2 and 1 (Keras cuts the last one at the pass's end).
+    Preempted after the first or second execution of an epoch, the resumed run continues
+    there (before 2026-11-29 the cut epoch restarted, with a warning); preempted again at the
+    end of the second epoch, the third draws its shuffle order as an uninterrupted run does."""
+    step = random.randrange(EPOCHS - 1) * STEPS_PER_EPOCH + random.choice([2, 4])
+    final = preempt_and_resume(tmp_path, kind, [step, 2 * STEPS_PER_EPOCH])
+    assert_bit_equal(straight(kind), final)
+    assert "Exact mid-epoch resume is not available" not in final["stderr"]
+
+
+@pytest.mark.slow
 def test_preempted_twice_in_the_same_epoch(tmp_path, straight):
     final = preempt_and_resume(
         tmp_path, "arrays_shuffle", [STEPS_PER_EPOCH + 1, STEPS_PER_EPOCH + 3]
