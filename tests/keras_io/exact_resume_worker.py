@@ -45,6 +45,7 @@ KINDS = (
     "tfdata_spe2",
     "wrap_data",
     "generator",
+    "inmemory_dict",
 )
 #: compile(steps_per_execution=k) of the kinds that set it (5 batches an epoch: executions of
 #: 2, 2 and 1).
@@ -74,6 +75,30 @@ class Batches(getattr(keras.utils, "PyDataset", keras.utils.Sequence)):
 
     def __getitem__(self, i: int):
         return self.x[i * BATCH : (i + 1) * BATCH], self.y[i * BATCH : (i + 1) * BATCH]
+
+
+def two_outputs(y: np.ndarray) -> dict[str, np.ndarray]:
+    """The labels of :func:`build_two_output_model` (outputs ``a`` and ``b``)."""
+    return {"a": y, "b": y % 2}
+
+
+def build_two_output_model() -> keras.Model:
+    """A functional model with outputs ``a`` (3 classes) and ``b`` (2), fed dict labels."""
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dropout(0.25)(keras.layers.Dense(8, activation="relu")(inputs))
+    outputs = {
+        "a": keras.layers.Dense(3, name="a")(hidden),
+        "b": keras.layers.Dense(2, name="b")(hidden),
+    }
+    model = keras.Model(inputs, outputs)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(
+        keras.optimizers.Adam(0.02),
+        loss={"a": loss, "b": loss},
+        metrics={"a": ["accuracy"], "b": ["accuracy"]},
+    )
+    return model
 
 
 def build_model(steps_per_execution: int = 1) -> keras.Model:
@@ -157,6 +182,8 @@ def fit_input(kind: str, x: np.ndarray, y: np.ndarray) -> tuple[tuple, dict]:
                     yield x[i : i + BATCH], y[i : i + BATCH]
 
         return (gen(),), {"steps_per_epoch": SAMPLES // BATCH}
+    if kind == "inmemory_dict":  # Determined's InMemorySequence with a dict of labels
+        return (det.keras.InMemorySequence(x, two_outputs(y), BATCH),), {"shuffle": True}
     raise ValueError(kind)
 
 
@@ -239,7 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     storage = os.path.join(args.dir, "ckpts")
     registry = f"sqlite:///{os.path.join(args.dir, 'registry.db')}"
     x, y = data()
-    model = build_model(STEPS_PER_EXECUTION.get(args.kind, 1))
+    if args.kind == "inmemory_dict":
+        model, validation = build_two_output_model(), (x, two_outputs(y))
+    else:
+        model, validation = build_model(STEPS_PER_EXECUTION.get(args.kind, 1)), (x, y)
     stop = det.keras.EarlyStopping(
         monitor="val_loss", patience=50, min_delta=1e-9, restore_best_weights=True
     )
@@ -272,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                 model,
                 xs,
                 ys,
-                validation_data=(x, y),
+                validation_data=validation,
                 epochs=args.epochs,
                 batch_size=BATCH,
                 shuffle=True,
@@ -297,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             history = model.fit(
                 *inputs,
                 epochs=args.epochs,
-                validation_data=(x, y),
+                validation_data=validation,
                 verbose=0,
                 callbacks=[sigterm, det_cb, *callbacks[1:]],
                 **kwargs,

@@ -134,7 +134,9 @@ def preempt_and_resume(tmp_path, kind: str, steps: list[int], total: int = TOTAL
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["arrays", "arrays_shuffle", "pydataset", "tfdata", "wrap_data"])
+@pytest.mark.parametrize(
+    "kind", ["arrays", "arrays_shuffle", "pydataset", "tfdata", "wrap_data", "inmemory_dict"]
+)
 def test_sigterm_at_a_random_batch_resumes_bit_exactly(tmp_path, straight, kind):
     rng = random.Random()
     epoch = rng.randrange(EPOCHS)
