@@ -46,6 +46,7 @@ KINDS = (
     "wrap_data",
     "generator",
     "inmemory_dict",
+    "torch_loader",
 )
 #: compile(steps_per_execution=k) of the kinds that set it (5 batches an epoch: executions of
 #: 2, 2 and 1).
@@ -182,6 +183,11 @@ def fit_input(kind: str, x: np.ndarray, y: np.ndarray) -> tuple[tuple, dict]:
                     yield x[i : i + BATCH], y[i : i + BATCH]
 
         return (gen(),), {"steps_per_epoch": SAMPLES // BATCH}
+    if kind == "torch_loader":  # PyTorch only: the epoch's order drawn when it begins
+        import torch
+
+        pairs = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+        return (torch.utils.data.DataLoader(pairs, batch_size=BATCH, shuffle=True),), {}
     if kind == "inmemory_dict":  # Determined's InMemorySequence with a dict of labels
         return (det.keras.InMemorySequence(x, two_outputs(y), BATCH),), {"shuffle": True}
     raise ValueError(kind)

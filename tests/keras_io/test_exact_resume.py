@@ -235,6 +235,25 @@ if ON_TORCH:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["torch_loader"])
+def _torch_dataloader_resumes_bit_exactly(tmp_path, straight, kind):
+    """A ``torch.utils.data.DataLoader(shuffle=True)``: each epoch's order is drawn from torch's
+    global generator when its iterator starts; the resumed run draws the interrupted epoch's
+    from the states the checkpoint recorded at its start (before 2026-11-29 the cut epoch
+    restarted), and the epochs after it as an uninterrupted run does."""
+    step = random.randrange(EPOCHS - 1) * STEPS_PER_EPOCH + random.randrange(1, STEPS_PER_EPOCH)
+    final = preempt_and_resume(tmp_path, kind, [step])
+    assert_bit_equal(straight(kind), final)
+    assert "Exact mid-epoch resume is not available" not in final["stderr"]
+
+
+if ON_TORCH:
+    test_torch_dataloader_shuffled_resumes_bit_exactly_on_torch = (
+        _torch_dataloader_resumes_bit_exactly
+    )
+
+
+@pytest.mark.slow
 def test_generator_warns_once_and_restarts_the_epoch(tmp_path):
     first = run(tmp_path, "generator", "part0", sigterm_at=STEPS_PER_EPOCH + 2)
     warning = "Exact mid-epoch resume is not available"
