@@ -31,7 +31,11 @@ from ckptstore.keras_io.data._resumable_jax import _JaxHook
 
 def make(epoch_iterator: Any, adapter: Any) -> tuple[Any, str | None]:
     """``(handle, None)`` for a ``DataLoader`` this module resumes, else ``(None, reason)``."""
+    import keras
+
     loader = adapter.get_torch_dataloader()
+    if keras.backend.backend() != "torch":  # JAX reads it through NumPy: not hooked there
+        return None, f"a torch DataLoader on the {keras.backend.backend()} backend"
     if epoch_iterator.steps_per_epoch:
         return None, "a torch DataLoader with steps_per_epoch (an epoch is not one pass)"
     if adapter.num_batches is None:
