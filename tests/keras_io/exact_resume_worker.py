@@ -47,6 +47,8 @@ KINDS = (
     "generator",
     "inmemory_dict",
     "torch_loader",
+    "pydataset_threads",
+    "pydataset_processes",
 )
 #: compile(steps_per_execution=k) of the kinds that set it (5 batches an epoch: executions of
 #: 2, 2 and 1).
@@ -76,6 +78,32 @@ class Batches(getattr(keras.utils, "PyDataset", keras.utils.Sequence)):
 
     def __getitem__(self, i: int):
         return self.x[i * BATCH : (i + 1) * BATCH], self.y[i * BATCH : (i + 1) * BATCH]
+
+
+class ReorderingBatches(Batches):
+    """A PyDataset read by ``workers`` (threads or processes) that reorders its batches in ``on_epoch_end``
+    (its order saved with ``get_state()``): a batch read ahead for one epoch and served in
+    another is seen."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, **kwargs) -> None:
+        super().__init__(x, y)
+        keras.utils.PyDataset.__init__(self, **kwargs)
+        self.epochs_ended = 0
+        self.order = np.arange(len(self))
+
+    def __getitem__(self, i: int):
+        return super().__getitem__(int(self.order[i]))
+
+    def on_epoch_end(self):
+        self.epochs_ended += 1
+        self.order = np.random.default_rng([7, self.epochs_ended]).permutation(len(self))
+
+    def get_state(self):
+        return {"epochs_ended": self.epochs_ended}
+
+    def load_state(self, state):
+        self.epochs_ended = state["epochs_ended"] - 1
+        self.on_epoch_end()
 
 
 def two_outputs(y: np.ndarray) -> dict[str, np.ndarray]:
@@ -183,6 +211,10 @@ def fit_input(kind: str, x: np.ndarray, y: np.ndarray) -> tuple[tuple, dict]:
                     yield x[i : i + BATCH], y[i : i + BATCH]
 
         return (gen(),), {"steps_per_epoch": SAMPLES // BATCH}
+    if kind in ("pydataset_threads", "pydataset_processes"):
+        processes = kind == "pydataset_processes"
+        batches = ReorderingBatches(x, y, workers=2, use_multiprocessing=processes)
+        return (batches,), {"shuffle": False}
     if kind == "torch_loader":  # PyTorch only: the epoch's order drawn when it begins
         import torch
 

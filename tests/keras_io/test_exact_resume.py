@@ -135,7 +135,15 @@ def preempt_and_resume(tmp_path, kind: str, steps: list[int], total: int = TOTAL
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "kind", ["arrays", "arrays_shuffle", "pydataset", "tfdata", "wrap_data", "inmemory_dict"]
+    "kind",
+    [
+        "arrays",
+        "arrays_shuffle",
+        "pydataset",
+        "tfdata",
+        "wrap_data",
+        "inmemory_dict",
+    ],
 )
 def test_sigterm_at_a_random_batch_resumes_bit_exactly(tmp_path, straight, kind):
     rng = random.Random()
@@ -232,6 +240,18 @@ if ON_TORCH:
     test_generator_with_steps_per_epoch_resumes_bit_exactly_on_torch = (
         _generator_resumes_bit_exactly_on_jax
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["pydataset_threads", "pydataset_processes"])
+def test_pydataset_read_by_workers_resumes_bit_exactly(tmp_path, straight, kind):
+    """A PyDataset with ``workers=2`` threads that reorders itself in ``on_epoch_end``,
+    preempted in the first two epochs: the resumed epoch
+    is read here, and Keras's workers must not read for it (before 2026-11-29 they did, in
+    their own order, and Keras served those batches first in the next epoch)."""
+    step = random.randrange(EPOCHS - 1) * STEPS_PER_EPOCH + random.randrange(1, STEPS_PER_EPOCH)
+    final = preempt_and_resume(tmp_path, kind, [step])
+    assert_bit_equal(straight(kind), final)
 
 
 @pytest.mark.slow

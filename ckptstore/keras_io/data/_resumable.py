@@ -18,6 +18,7 @@ NumPy/tensor arrays    batches of a permutation drawn from ``(seed, epoch)`` wit
 PyDataset / Sequence   ``py_dataset[i]`` for ``i`` in the epoch's order (as above); a PyDataset
                        that reorders itself in ``on_epoch_end`` keeps that order across a resume
                        only if it has ``get_state()``/``load_state()`` (saved with the checkpoint).
+                       Keras's workers read only the epochs Keras reads itself.
 tf.data.Dataset        one iterator over ``dataset.repeat()`` for the whole fit (or over the
                        dataset itself when ``steps_per_epoch`` is given), snapshotted with
                        ``tf.train.Checkpoint`` (TF's own iterator checkpointing: shuffle buffers,
@@ -508,7 +509,20 @@ class _PyDatasetData(_Base):
         self._seed = int(seed)
         self._py_dataset = adapter.py_dataset
         self._stateful = _stateful_dataset(self._py_dataset, keras.utils.PyDataset)
+        self._enqueuer = getattr(adapter, "enqueuer", None)
         super().__init__(epoch_iterator, int(self._py_dataset.num_batches))
+
+    def _keras_reads(self) -> bool:
+        """Whether Keras reads the epoch beginning (its own order: from the first batch,
+        unshuffled), with its workers if any."""
+        return self._start == 0 and not self._adapter.shuffle
+
+    def begin_epoch(self, epoch: int, start_batch: int) -> None:
+        super().begin_epoch(epoch, start_batch)
+        # Keras's enqueuer (workers=...) runs only for the epochs Keras reads: one started for
+        # an epoch read here reads ahead in its own order, and what it read is served first in
+        # the next epoch Keras reads (its stop() keeps it for "the next run").
+        self._adapter.enqueuer = self._enqueuer if self._keras_reads() else None
 
     def _extra(self) -> dict[str, Any]:
         out: dict[str, Any] = {"seed": self._seed, "num_batches": self.num_batches}
@@ -525,7 +539,7 @@ class _PyDatasetData(_Base):
         import tensorflow as tf
 
         adapter = self._adapter
-        if self._start == 0 and not adapter.shuffle:
+        if self._keras_reads():
             return iter(self._original)  # Keras's own reading (workers, multiprocessing)
         order = _epoch_order(self._seed, self._epoch, self.num_batches, bool(adapter.shuffle))
         wanted = [int(i) for i in order[self._start :]]
