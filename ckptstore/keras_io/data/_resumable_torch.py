@@ -11,9 +11,12 @@ iterator, reads the batches the checkpoint trained on (workers, if any, advance 
 generators as they did) without training on them, and puts every global generator (torch, NumPy,
 Python) back where the checkpoint left it, so the rest of the epoch is bit-equal.
 
-Example (what :func:`ckptstore.keras_io.data._resumable_jax.attach` does on PyTorch)::
+:func:`attach` is the PyTorch backend's (``for_running_keras()``): a ``DataLoader`` here, every
+other input as on JAX (:mod:`~ckptstore.keras_io.data._resumable_jax`).
 
-    data, reason = make(epoch_iterator, adapter)
+Example (what DeterminedCallback does, in ``on_train_begin``)::
+
+    data = attach(model, seed=seed)
 """
 
 from __future__ import annotations
@@ -26,16 +29,41 @@ from typing import Any
 import numpy as np
 
 from ckptstore.keras_io.data import _resumable as base
+from ckptstore.keras_io.data import _resumable_jax as jax_loop
 from ckptstore.keras_io.data._resumable_jax import _JaxHook
+
+#: As on JAX: Keras's PyTorch loop builds the model and its metrics before the callbacks start.
+restore_metrics = jax_loop.restore_metrics
+build_from_fit_data = jax_loop.build_from_fit_data
+
+
+def attach(
+    model: Any,
+    *,
+    seed: int,
+    distributed_size: int = 1,
+    on_boundary: Any = None,
+) -> base.ResumableData | None:
+    """:func:`ckptstore.keras_io.data._resumable.attach` for Keras's PyTorch fit loop."""
+    return base.attach(
+        model,
+        seed=seed,
+        distributed_size=distributed_size,
+        on_boundary=on_boundary,
+        adapt=_adapt,
+    )
+
+
+def _adapt(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
+    adapter = epoch_iterator.data_adapter
+    if type(adapter).__name__ == "TorchDataLoaderAdapter":
+        return make(epoch_iterator, adapter)
+    return jax_loop._adapt(epoch_iterator, seed)
 
 
 def make(epoch_iterator: Any, adapter: Any) -> tuple[Any, str | None]:
     """``(handle, None)`` for a ``DataLoader`` this module resumes, else ``(None, reason)``."""
-    import keras
-
     loader = adapter.get_torch_dataloader()
-    if keras.backend.backend() != "torch":  # JAX reads it through NumPy: not hooked there
-        return None, f"a torch DataLoader on the {keras.backend.backend()} backend"
     if epoch_iterator.steps_per_epoch:
         return None, "a torch DataLoader with steps_per_epoch (an epoch is not one pass)"
     if adapter.num_batches is None:
@@ -135,4 +163,12 @@ class LoaderData(_JaxHook, base._Base):
         self._resume_states = state.get("order_states")
 
 
-__all__ = ["LoaderData", "make", "order_states", "set_order_states"]
+__all__ = [
+    "LoaderData",
+    "attach",
+    "build_from_fit_data",
+    "make",
+    "order_states",
+    "restore_metrics",
+    "set_order_states",
+]
