@@ -37,21 +37,10 @@ restore_metrics = jax_loop.restore_metrics
 build_from_fit_data = jax_loop.build_from_fit_data
 
 
-def attach(
-    model: Any,
-    *,
-    seed: int,
-    distributed_size: int = 1,
-    on_boundary: Any = None,
-) -> base.ResumableData | None:
-    """:func:`ckptstore.keras_io.data._resumable.attach` for Keras's PyTorch fit loop."""
-    return base.attach(
-        model,
-        seed=seed,
-        distributed_size=distributed_size,
-        on_boundary=on_boundary,
-        adapt=_adapt,
-    )
+def attach(model: Any, **options: Any) -> base.ResumableData | None:
+    """:func:`ckptstore.keras_io.data._resumable.attach` (``seed``, ``distributed_size``,
+    ``on_boundary``) for Keras's PyTorch fit loop."""
+    return base.attach(model, adapt=_adapt, **options)
 
 
 def _adapt(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
