@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterable
@@ -78,11 +79,15 @@ class PreemptContext:
                 "thread. should_preempt() still works for flags set by request_preemption()."
             )
             return
+        self._pid = os.getpid()
         for sig in signals:
             self._old_handlers[sig] = signal.getsignal(sig)
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:
+            self._in_forked_child(signum, frame)
+            return
         self._signal_count += 1
         name = signal.Signals(signum).name
         if self._signal_count > 1 and signum == signal.SIGINT:
@@ -97,6 +102,19 @@ class PreemptContext:
             "%s received: training will save a checkpoint and stop at the next safe point.", name
         )
         self._event.set()
+
+    def _in_forked_child(self, signum: int, frame: FrameType | None) -> None:
+        """A process forked from the training one (a ``multiprocessing`` pool's worker, e.g.
+        Keras's ``PyDataset(use_multiprocessing=True)``) inherited the handler: the signal is
+        its own (``Pool.terminate()`` sends SIGTERM), and it gets what it had before, so the
+        pool's workers end instead of setting a flag nothing polls (the pool then waited on
+        them forever)."""
+        old = self._old_handlers.get(signum)
+        signal.signal(signum, old if old is not None else signal.SIG_DFL)
+        if callable(old):
+            old(signum, frame)
+        elif old != signal.SIG_IGN:
+            os.kill(os.getpid(), signum)
 
     def start(self) -> PreemptContext:
         """Determined starts its watcher thread here; signal handlers are already installed."""

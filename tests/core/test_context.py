@@ -147,6 +147,22 @@ def test_preemption_by_signal_and_handlers_restored(where):
         assert reg.get_trial(8).state == "PAUSED"
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
+def test_a_forked_child_ends_on_sigterm(where):
+    """A process forked from the training one (Keras's ``use_multiprocessing`` pool workers)
+    inherits the handler; ``Pool.terminate()`` sends them SIGTERM, which must end them (a
+    handler that only set the flag left the pool waiting on them forever)."""
+    storage, registry = where
+    with init(storage=storage, registry=registry, trial_id=9) as ctx:
+        pid = os.fork()
+        if pid == 0:  # the child: SIGTERM ends it before it can exit with 3
+            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+        assert ctx.preempt.should_preempt() is False  # the training process was not asked
+
+
 def test_trial_state_on_error_and_completion(where, monkeypatch):
     """Script runs set their own state by default (ACTIVE on entry, then COMPLETED, PAUSED or
     ERROR); a process started by the experiment runner leaves it to the runner."""

@@ -37,7 +37,22 @@ from tests.keras_io.keras_under_test import (  # noqa: E402
 
 BATCH = 8
 SAMPLES = 40  # 5 batches per epoch
-KINDS = ("arrays", "arrays_shuffle", "pydataset", "tfdata", "wrap_data", "generator")
+KINDS = (
+    "arrays",
+    "arrays_shuffle",
+    "pydataset",
+    "tfdata",
+    "tfdata_spe2",
+    "wrap_data",
+    "generator",
+    "inmemory_dict",
+    "torch_loader",
+    "pydataset_threads",
+    "pydataset_processes",
+)
+#: compile(steps_per_execution=k) of the kinds that set it (5 batches an epoch: executions of
+#: 2, 2 and 1).
+STEPS_PER_EXECUTION = {"tfdata_spe2": 2}
 #: TFKerasTrial data types (tests/keras_io/trial/tiny_trial.py) run by the trial controller.
 TRIAL_KINDS = ("trial_in_memory", "trial_adapter_threads", "trial_dataset")
 TRIAL_BATCHES = 12  # 64 records / 16 = 4 batches per pass, 3 passes
@@ -65,7 +80,57 @@ class Batches(getattr(keras.utils, "PyDataset", keras.utils.Sequence)):
         return self.x[i * BATCH : (i + 1) * BATCH], self.y[i * BATCH : (i + 1) * BATCH]
 
 
-def build_model() -> keras.Model:
+class ReorderingBatches(Batches):
+    """A PyDataset read by ``workers`` (threads or processes) that reorders its batches in ``on_epoch_end``
+    (its order saved with ``get_state()``): a batch read ahead for one epoch and served in
+    another is seen."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, **kwargs) -> None:
+        super().__init__(x, y)
+        keras.utils.PyDataset.__init__(self, **kwargs)
+        self.epochs_ended = 0
+        self.order = np.arange(len(self))
+
+    def __getitem__(self, i: int):
+        return super().__getitem__(int(self.order[i]))
+
+    def on_epoch_end(self):
+        self.epochs_ended += 1
+        self.order = np.random.default_rng([7, self.epochs_ended]).permutation(len(self))
+
+    def get_state(self):
+        return {"epochs_ended": self.epochs_ended}
+
+    def load_state(self, state):
+        self.epochs_ended = state["epochs_ended"] - 1
+        self.on_epoch_end()
+
+
+def two_outputs(y: np.ndarray) -> dict[str, np.ndarray]:
+    """The labels of :func:`build_two_output_model` (outputs ``a`` and ``b``)."""
+    return {"a": y, "b": y % 2}
+
+
+def build_two_output_model() -> keras.Model:
+    """A functional model with outputs ``a`` (3 classes) and ``b`` (2), fed dict labels."""
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dropout(0.25)(keras.layers.Dense(8, activation="relu")(inputs))
+    outputs = {
+        "a": keras.layers.Dense(3, name="a")(hidden),
+        "b": keras.layers.Dense(2, name="b")(hidden),
+    }
+    model = keras.Model(inputs, outputs)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(
+        keras.optimizers.Adam(0.02),
+        loss={"a": loss, "b": loss},
+        metrics={"a": ["accuracy"], "b": ["accuracy"]},
+    )
+    return model
+
+
+def build_model(steps_per_execution: int = 1) -> keras.Model:
     if KERAS_MAJOR == 2:  # Dropout's RNG state in the checkpoints (see keras2_format)
         keras.backend.experimental.enable_tf_random_generator()
     keras.utils.set_random_seed(1)
@@ -81,6 +146,7 @@ def build_model() -> keras.Model:
         keras.optimizers.Adam(0.02),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
+        **({"steps_per_execution": steps_per_execution} if steps_per_execution > 1 else {}),
     )
     return model
 
@@ -112,9 +178,17 @@ class Sigterm(keras.callbacks.Callback):
         super().__init__()
         self.step = step
         self.steps_here = 0
+        self._before: int | None = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._before = int(self.model.optimizer.iterations.numpy())
 
     def on_train_batch_end(self, batch, logs=None):
-        self.steps_here += 1
+        # the optimizer steps of this call: compile(steps_per_execution=k) trains up to k
+        # batches a call, fewer in an epoch's last one (the trial controller calls no
+        # on_train_batch_begin: one batch a call)
+        now = int(self.model.optimizer.iterations.numpy())
+        self.steps_here += 1 if self._before is None else now - self._before
         if self.step is not None and int(self.model.optimizer.iterations.numpy()) == self.step:
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -126,7 +200,7 @@ def fit_input(kind: str, x: np.ndarray, y: np.ndarray) -> tuple[tuple, dict]:
         return (x, y), {"batch_size": BATCH, "shuffle": True}
     if kind == "pydataset":
         return (Batches(x, y),), {"shuffle": True}
-    if kind == "tfdata":
+    if kind in ("tfdata", "tfdata_spe2"):
         ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(SAMPLES, seed=3).batch(BATCH)
         return (ds,), {}
     if kind == "generator":
@@ -137,6 +211,17 @@ def fit_input(kind: str, x: np.ndarray, y: np.ndarray) -> tuple[tuple, dict]:
                     yield x[i : i + BATCH], y[i : i + BATCH]
 
         return (gen(),), {"steps_per_epoch": SAMPLES // BATCH}
+    if kind in ("pydataset_threads", "pydataset_processes"):
+        processes = kind == "pydataset_processes"
+        batches = ReorderingBatches(x, y, workers=2, use_multiprocessing=processes)
+        return (batches,), {"shuffle": False}
+    if kind == "torch_loader":  # PyTorch only: the epoch's order drawn when it begins
+        import torch
+
+        pairs = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+        return (torch.utils.data.DataLoader(pairs, batch_size=BATCH, shuffle=True),), {}
+    if kind == "inmemory_dict":  # Determined's InMemorySequence with a dict of labels
+        return (det.keras.InMemorySequence(x, two_outputs(y), BATCH),), {"shuffle": True}
     raise ValueError(kind)
 
 
@@ -219,7 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     storage = os.path.join(args.dir, "ckpts")
     registry = f"sqlite:///{os.path.join(args.dir, 'registry.db')}"
     x, y = data()
-    model = build_model()
+    if args.kind == "inmemory_dict":
+        model, validation = build_two_output_model(), (x, two_outputs(y))
+    else:
+        model, validation = build_model(STEPS_PER_EXECUTION.get(args.kind, 1)), (x, y)
     stop = det.keras.EarlyStopping(
         monitor="val_loss", patience=50, min_delta=1e-9, restore_best_weights=True
     )
@@ -252,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                 model,
                 xs,
                 ys,
-                validation_data=(x, y),
+                validation_data=validation,
                 epochs=args.epochs,
                 batch_size=BATCH,
                 shuffle=True,
@@ -277,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             history = model.fit(
                 *inputs,
                 epochs=args.epochs,
-                validation_data=(x, y),
+                validation_data=validation,
                 verbose=0,
                 callbacks=[sigterm, det_cb, *callbacks[1:]],
                 **kwargs,

@@ -134,7 +134,17 @@ def preempt_and_resume(tmp_path, kind: str, steps: list[int], total: int = TOTAL
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["arrays", "arrays_shuffle", "pydataset", "tfdata", "wrap_data"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "arrays",
+        "arrays_shuffle",
+        "pydataset",
+        "tfdata",
+        "wrap_data",
+        "inmemory_dict",
+    ],
+)
 def test_sigterm_at_a_random_batch_resumes_bit_exactly(tmp_path, straight, kind):
     rng = random.Random()
     epoch = rng.randrange(EPOCHS)
@@ -143,6 +153,22 @@ def test_sigterm_at_a_random_batch_resumes_bit_exactly(tmp_path, straight, kind)
     assert_bit_equal(straight(kind), final)
     with open(tmp_path / "part0.json") as f:
         assert json.load(f)["preempted"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["tfdata_spe2"])
+def test_tfdata_whose_epoch_steps_per_execution_does_not_divide_resumes_bit_exactly(
+    tmp_path, straight, kind
+):
+    """``compile(steps_per_execution=2)`` over a shuffled tf.data epoch of 5 batches, without
+    ``steps_per_epoch``: executions of 2, 2 and 1 (Keras cuts the last one at the pass's end).
+    Preempted after the first or second execution of an epoch, the resumed run continues
+    there (before 2026-11-29 the cut epoch restarted, with a warning); preempted again at the
+    end of the second epoch, the third draws its shuffle order as an uninterrupted run does."""
+    step = random.randrange(EPOCHS - 1) * STEPS_PER_EPOCH + random.choice([2, 4])
+    final = preempt_and_resume(tmp_path, kind, [step, 2 * STEPS_PER_EPOCH])
+    assert_bit_equal(straight(kind), final)
+    assert "Exact mid-epoch resume is not available" not in final["stderr"]
 
 
 @pytest.mark.slow
@@ -213,6 +239,37 @@ if ON_JAX:
 if ON_TORCH:
     test_generator_with_steps_per_epoch_resumes_bit_exactly_on_torch = (
         _generator_resumes_bit_exactly_on_jax
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["pydataset_threads", "pydataset_processes"])
+def test_pydataset_read_by_workers_resumes_bit_exactly(tmp_path, straight, kind):
+    """A PyDataset with ``workers=2`` threads that reorders itself in ``on_epoch_end``,
+    preempted in the first two epochs: the resumed epoch
+    is read here, and Keras's workers must not read for it (before 2026-11-29 they did, in
+    their own order, and Keras served those batches first in the next epoch)."""
+    step = random.randrange(EPOCHS - 1) * STEPS_PER_EPOCH + random.randrange(1, STEPS_PER_EPOCH)
+    final = preempt_and_resume(tmp_path, kind, [step])
+    assert_bit_equal(straight(kind), final)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["torch_loader"])
+def _torch_dataloader_resumes_bit_exactly(tmp_path, straight, kind):
+    """A ``torch.utils.data.DataLoader(shuffle=True)``: each epoch's order is drawn from torch's
+    global generator when its iterator starts; the resumed run draws the interrupted epoch's
+    from the states the checkpoint recorded at its start (before 2026-11-29 the cut epoch
+    restarted), and the epochs after it as an uninterrupted run does."""
+    step = random.randrange(EPOCHS - 1) * STEPS_PER_EPOCH + random.randrange(1, STEPS_PER_EPOCH)
+    final = preempt_and_resume(tmp_path, kind, [step])
+    assert_bit_equal(straight(kind), final)
+    assert "Exact mid-epoch resume is not available" not in final["stderr"]
+
+
+if ON_TORCH:
+    test_torch_dataloader_shuffled_resumes_bit_exactly_on_torch = (
+        _torch_dataloader_resumes_bit_exactly
     )
 
 

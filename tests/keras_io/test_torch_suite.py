@@ -9,9 +9,10 @@ writes into the parameters in place: a snapshot that held them would record the 
 copy runs beside the next step, and writes in place right after a checkpoint leave it whole:
 ``test_torch_snapshot.py``), a
 bit-equal SIGTERM/resume in fresh processes, validation data included, for shuffled NumPy
-arrays, a ``keras.utils.PyDataset``, a ``tf.data.Dataset`` and a Python generator with
+arrays, a ``keras.utils.PyDataset``, a ``tf.data.Dataset``, a Python generator with
 ``steps_per_epoch`` (fed through Keras's torch ``DataLoader``, whose iterators draw from torch's
-global generator), a checkpoint moving between PyTorch and TensorFlow both ways, optimizer state
+global generator) and a user's ``torch.utils.data.DataLoader(shuffle=True)`` (its epoch's order
+drawn from that generator), a checkpoint moving between PyTorch and TensorFlow both ways, optimizer state
 included (``test_backends.py``), ``core.init`` + ``CheckpointContext`` alone with the loaders,
 the registry and the web UI over a trial trained on torch, the SavedModel warning of a model
 with a class of the training script (``test_backend_coverage.py``), and ``ckptstore job run``
@@ -42,6 +43,7 @@ MODULES = [
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[pydataset]",
     f"{EXACT}test_sigterm_at_a_random_batch_resumes_bit_exactly[tfdata]",
     f"{EXACT}test_generator_with_steps_per_epoch_resumes_bit_exactly_on_torch",
+    f"{EXACT}test_torch_dataloader_shuffled_resumes_bit_exactly_on_torch",
     "tests/keras_io/test_backend_coverage.py",
     "tests/keras_io/test_backend_shapes.py",
     "tests/determined_compat/test_jobs.py::test_job_predicts_as_the_checkpoint[torch]",

@@ -18,11 +18,15 @@ NumPy/tensor arrays    batches of a permutation drawn from ``(seed, epoch)`` wit
 PyDataset / Sequence   ``py_dataset[i]`` for ``i`` in the epoch's order (as above); a PyDataset
                        that reorders itself in ``on_epoch_end`` keeps that order across a resume
                        only if it has ``get_state()``/``load_state()`` (saved with the checkpoint).
+                       Keras's workers read only the epochs Keras reads itself.
 tf.data.Dataset        one iterator over ``dataset.repeat()`` for the whole fit (or over the
                        dataset itself when ``steps_per_epoch`` is given), snapshotted with
                        ``tf.train.Checkpoint`` (TF's own iterator checkpointing: shuffle buffers,
                        shuffle seeds, position) -- exact whenever TF can checkpoint the pipeline
                        (a map with a stateful op: checkpoints without the position, a warning).
+                       Without ``steps_per_epoch``, when ``steps_per_execution`` does not divide
+                       a pass: one iterator per pass, as Keras makes, so the pass's last, short
+                       execution ends with it (:class:`_TFPassData`).
 Python generator, ...  cannot be rewound: a warning at fit start, and a preempted epoch restarts
                        from its first batch on resume.
 =====================  =========================================================================
@@ -193,11 +197,11 @@ def attach(
         else:
             return _PyDatasetData(epoch_iterator, adapter, seed)
     elif isinstance(adapter, TFDatasetAdapter):
-        data = _TFDatasetData.make(epoch_iterator, adapter)
+        data = _TFPassData.make(epoch_iterator, adapter) or _TFDatasetData.make(
+            epoch_iterator, adapter
+        )
         if data is None:
             reason = "a tf.data.Dataset of unknown length without steps_per_epoch"
-        elif data.overruns_epochs(getattr(epoch_iterator, "steps_per_execution", 1)):
-            reason = "steps_per_execution not dividing the batches of a tf.data epoch"
         else:
             return data
     else:
@@ -505,7 +509,20 @@ class _PyDatasetData(_Base):
         self._seed = int(seed)
         self._py_dataset = adapter.py_dataset
         self._stateful = _stateful_dataset(self._py_dataset, keras.utils.PyDataset)
+        self._enqueuer = getattr(adapter, "enqueuer", None)
         super().__init__(epoch_iterator, int(self._py_dataset.num_batches))
+
+    def _keras_reads(self) -> bool:
+        """Whether Keras reads the epoch beginning (its own order: from the first batch,
+        unshuffled), with its workers if any."""
+        return self._start == 0 and not self._adapter.shuffle
+
+    def begin_epoch(self, epoch: int, start_batch: int) -> None:
+        super().begin_epoch(epoch, start_batch)
+        # Keras's enqueuer (workers=...) runs only for the epochs Keras reads: one started for
+        # an epoch read here reads ahead in its own order, and what it read is served first in
+        # the next epoch Keras reads (its stop() keeps it for "the next run").
+        self._adapter.enqueuer = self._enqueuer if self._keras_reads() else None
 
     def _extra(self) -> dict[str, Any]:
         out: dict[str, Any] = {"seed": self._seed, "num_batches": self.num_batches}
@@ -522,7 +539,7 @@ class _PyDatasetData(_Base):
         import tensorflow as tf
 
         adapter = self._adapter
-        if self._start == 0 and not adapter.shuffle:
+        if self._keras_reads():
             return iter(self._original)  # Keras's own reading (workers, multiprocessing)
         order = _epoch_order(self._seed, self._epoch, self.num_batches, bool(adapter.shuffle))
         wanted = [int(i) for i in order[self._start :]]
@@ -567,13 +584,6 @@ class _TFDatasetData(_Base):
             # seeds in the iterator's own (checkpointable) state.
             return cls(epoch_iterator, dataset.repeat(), cardinality, False)
         return None
-
-    def overruns_epochs(self, steps_per_execution: int) -> bool:
-        """Whether one iterator over the repeated dataset would run an execution of
-        ``steps_per_execution`` steps past the end of an epoch (Keras, with a fresh iterator
-        per pass, cuts that execution short). With ``steps_per_epoch`` Keras keeps one
-        iterator too, so the executions are the same as without ckptstore."""
-        return not self._steps_given and self.num_batches % steps_per_execution != 0
 
     def _set_epoch_steps(self, steps: int) -> None:
         if self._steps_given:
@@ -624,6 +634,47 @@ class _TFDatasetData(_Base):
 
         path = os.path.join(checkpoint_dir, state["iterator"])
         tf.train.Checkpoint(iterator=self._iter()).read(path).assert_consumed()
+
+
+class _TFPassData(_TFDatasetData):
+    """A ``tf.data.Dataset`` without ``steps_per_epoch`` whose batches ``steps_per_execution``
+    does not divide: one iterator per pass, as Keras makes. An iterator over the repeated data
+    would run a pass's last, shorter execution on into the next pass (Keras's loop takes up to
+    ``k`` batches from the iterator it is given). TF's checkpoint of a pass's iterator holds its
+    position and buffers and the state of the dataset's seed generators (what the next passes'
+    ``shuffle()`` orders are drawn from), so a fresh iterator that reads it continues the pass,
+    and the passes after it draw the orders an uninterrupted run draws."""
+
+    kind = "tf.data/pass"
+
+    @classmethod
+    def make(cls, epoch_iterator: Any, adapter: Any) -> _TFPassData | None:  # type: ignore[override]
+        """The handle when an execution would cross a pass's end, else None (nothing hooked)."""
+        k = int(getattr(epoch_iterator, "steps_per_execution", 1) or 1)
+        cardinality = int(adapter._dataset.cardinality())
+        if epoch_iterator.steps_per_epoch or cardinality <= 0 or cardinality % k == 0:
+            return None
+        return cls(epoch_iterator, adapter._dataset, cardinality, False)
+
+    #: Whether Keras was handed the current iterator or it was read from a checkpoint (a
+    #: fresh pass then needs a new one; an iterator made for a checkpoint before the pass
+    #: began is the pass's own).
+    _used = False
+
+    def begin_epoch(self, epoch: int, start_batch: int) -> None:
+        if start_batch == 0 and self._used:
+            self._iterator, self._used = None, False
+        super().begin_epoch(epoch, start_batch)
+
+    def _epoch_iterator(self) -> Iterator[Any]:
+        # Keras asks again at the pass's end (for the next pass, which asks anew): the same,
+        # spent one, so no seed is drawn for it.
+        self._used = True
+        return self._iter()
+
+    def _restore_extra(self, state: dict[str, Any], checkpoint_dir: str) -> None:
+        super()._restore_extra(state, checkpoint_dir)
+        self._used = True
 
 
 __all__ = [

@@ -20,6 +20,9 @@ Python generator with  one stream for the whole fit; the checkpoint records how 
 ``steps_per_epoch``    were drawn and a resumed run skips that many (without training on them).
                        Exact when the generator yields the same sequence each time the script
                        builds it (seeded), which a resume needs anyway.
+torch DataLoader       PyTorch only: one iterator per epoch, a resumed one made from the
+                       generator states its epoch began with
+                       (:mod:`~ckptstore.keras_io.data._resumable_torch`)
 =====================  =========================================================================
 
 No batch is read ahead of the step that trains on it (the look-ahead Keras adds on accelerators
@@ -150,7 +153,7 @@ class _ArrayData(_JaxHook, base._ArrayData):
 class _PyDatasetData(_JaxHook, base._PyDatasetData):
     def _epoch_iterator(self) -> Iterator[Any]:
         adapter = self._adapter
-        if self._start == 0 and not adapter.shuffle:
+        if self._keras_reads():
             return _iterate(self._original())  # Keras's own reading (workers, multiprocessing)
         order = base._epoch_order(self._seed, self._epoch, self.num_batches, bool(adapter.shuffle))
         wanted = [int(i) for i in order[self._start :]]
@@ -286,7 +289,7 @@ def _adapt(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
         if data is not None:
             return data, None
         return None, "a tf.data.Dataset of unknown length without steps_per_epoch"
-    # e.g. a torch DataLoader: its sampler's order comes from torch's generator at iter() time
+    # e.g. a torch DataLoader on JAX (on PyTorch: _resumable_torch, which comes here first)
     return None, f"a {type(adapter).__name__} input (it cannot be rewound)"
 
 

@@ -34,7 +34,9 @@ class InMemorySequence(SEQUENCE_BASE):  # type: ignore[misc,valid-type]
 
     Args:
         data: an array (or a list/dict of arrays for several inputs) with one row per record.
-        labels: an array with one row per record.
+        labels: an array (or a list/dict of arrays for several outputs, e.g.
+            ``{"a": y_a, "b": y_b}`` for a model whose outputs are named ``a`` and ``b``) with one
+            row per record.
         batch_size: records per batch, a positive integer.
 
     Example::
@@ -49,12 +51,12 @@ class InMemorySequence(SEQUENCE_BASE):  # type: ignore[misc,valid-type]
         super().__init__()
         int_at_least("batch_size", batch_size, 1)
         self._data = data
-        self._labels = np.asarray(labels)
+        self._labels = labels if isinstance(labels, (dict, list, tuple)) else np.asarray(labels)
         self._batch_size = batch_size
-        n = _num_records(data)
-        if n != len(self._labels):
+        n, n_labels = _num_records(data), _num_records(self._labels)
+        if n != n_labels:
             raise errors.InvalidConfig(
-                f"InMemorySequence got {n} records of data but {len(self._labels)} labels; "
+                f"InMemorySequence got {n} records of data but {n_labels} labels; "
                 "pass data and labels with the same number of rows."
             )
         self._n = n
@@ -70,7 +72,7 @@ class InMemorySequence(SEQUENCE_BASE):  # type: ignore[misc,valid-type]
         if index < 0 or index >= len(self):
             raise IndexError(f"InMemorySequence has {len(self)} batches, asked for {index}")
         sl = slice(index * self._batch_size, (index + 1) * self._batch_size)
-        return _slice(self._data, sl), self._labels[sl]
+        return _slice(self._data, sl), _slice(self._labels, sl)
 
 
 class SequenceAdapter:
