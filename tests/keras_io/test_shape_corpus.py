@@ -149,6 +149,10 @@ def test_every_shape_resumes_bit_exactly_loads_and_matches_the_docs_table(tmp_pa
         assert part[shape]["preempted"] and final[shape]["resumed"], shape
         assert bit_equal(tmp_path, shape), f"{shape}: resumed run differs from the straight one"
         assert final[shape]["load"]["predict_equal"], shape
+        # a shape loaded with model=: a load without it raises, naming model= (never a
+        # model missing weights, as an unbuilt subclass from Keras's own reader was)
+        without = final[shape]["load"].get("without_model", "ModelLoadError names model=")
+        assert without == "ModelLoadError names model=", (shape, without)
     # finding 1: classes of the training script (__main__) export in-process, the run finishes
     assert final["custom_layer_main"]["saved_model"] is True
     # a config that cannot be saved: weights-only checkpoints, said in metadata, one warning
