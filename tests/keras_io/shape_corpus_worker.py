@@ -603,8 +603,7 @@ class SimCLR(keras.Model):
         super().compile(**kwargs)
         self.contrastive_optimizer, self.probe_optimizer = contrastive_optimizer, probe_optimizer
         self.probe_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-        self.c_loss = keras.metrics.Mean(name="c_loss")
-        self.p_loss = keras.metrics.Mean(name="p_loss")
+        self.c_loss, self.p_loss = (keras.metrics.Mean(name=n) for n in ("c_loss", "p_loss"))
 
     @property
     def metrics(self):
