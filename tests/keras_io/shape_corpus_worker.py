@@ -2,27 +2,17 @@
 runs them (``python tests/keras_io/shape_corpus_worker.py``: custom classes live in
 ``__main__``). No tests in here; ``tests/keras_io/test_shape_corpus.py`` runs it.
 
-    python tests/keras_io/shape_corpus_worker.py --dir D --phase straight|part|final [--shapes a,b]
+    python tests/keras_io/shape_corpus_worker.py --dir D --phase first|final [--shapes a,b]
 
-Each phase runs every shape in turn in this one process (each with its own storage, registry
-and seed; the shapes are built in the same order in every phase, so layer names agree):
-``straight`` trains 2 epochs of 4 steps with ``DeterminedCallback``; ``part`` does the same
-and sends itself SIGTERM after step ``SIGTERM_AT`` (inside epoch 2); ``final`` resumes from the
-latest checkpoint, finishes, loads the last checkpoint by UUID and compares its predictions.
-Writes ``D/<phase>.json`` (per shape: steps, resumed, missing artifacts, load result, errors)
-and ``D/<phase>-<shape>.npz`` (model and optimizer variables).
+This script holds the shapes (each a function returning its compiled model, fit arguments,
+predict input and load arguments); ``shape_corpus_runner.py`` runs them, all in this process
+(``first``: straight and preempted, ``final``: resumed and loaded by UUID).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
 import os
-import signal
 import sys
-import time
-import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,19 +22,10 @@ if os.path.isdir(os.path.join(_REPO, "ckptstore")):  # the test runs a copy, wit
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import ckptstore as det  # noqa: E402
-from tests.keras_io.keras_under_test import (  # noqa: E402
-    KERAS_MAJOR,
-    keras,
-    optimizer_variables,
-)
-
-BATCH = 4
-STEPS = 4  # per epoch
-EPOCHS = 2
-N = BATCH * STEPS
-SIGTERM_AT = 6  # inside epoch 2
-WORDS = np.array(["red", "green", "blue", "cyan", "grey"])
+from tests.keras_io import shape_corpus_plain as plain  # noqa: E402
+from tests.keras_io.keras_under_test import KERAS_MAJOR, keras  # noqa: E402
+from tests.keras_io.shape_corpus_plain import WORDS, compiled, images, numbers  # noqa: E402
+from tests.keras_io.shape_corpus_runner import BATCH, STEPS, N, main  # noqa: E402
 
 
 # ---- custom classes of the training script (__main__), as keras-io examples define them ----
@@ -90,23 +71,6 @@ class MeanAbsTarget(keras.metrics.Metric):
 
     def result(self):
         return self.total / tf.maximum(self.count, 1.0)
-
-
-# ---- data -------------------------------------------------------------------------------------
-def numbers(features=4, classes=3):
-    rng = np.random.RandomState(0)
-    x = rng.rand(N, features).astype("float32")
-    y = (x.sum(axis=1) * 2.3).astype("int64") % classes
-    return x, y
-
-
-def compiled(model, **kwargs):
-    model.compile(
-        keras.optimizers.Adam(0.01),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        **kwargs,
-    )
-    return model
 
 
 # ---- shapes: each returns (model, fit args, fit kwargs, predict input, load kwargs) -----------
@@ -296,13 +260,6 @@ def shape_gan_two_optimizers():
 
 
 # ---- shapes of keras-io examples the shapes above do not cover --------------------------------
-def images(size=8):
-    rng = np.random.RandomState(2)
-    x = (rng.rand(N, size, size, 3) * 255).astype("float32")
-    y = (x.mean(axis=(1, 2, 3)) / 8).astype("int64") % 3
-    return x, y
-
-
 def shape_augmentation_layers():
     """Image classification from scratch: random augmentation layers inside the model (each
     draws from its own seed state in training, and is the identity in predict)."""
@@ -517,10 +474,275 @@ def shape_vae_metric_trackers():
     return _vae(), (ds,), {}, x, {"model": _vae}
 
 
+# ---- round 3: keras-io shapes with their own training logic, inputs and state -----------------
+class Distiller(keras.Model):
+    """Knowledge distillation (keras-io): a frozen teacher and a student, ``compile()`` taking
+    loss functions, ``alpha`` and ``temperature`` besides the optimizer, its own train and test
+    steps; ``call`` is the student's."""
+
+    def __init__(self, student, teacher, **kwargs):
+        super().__init__(**kwargs)
+        self.student, self.teacher = student, teacher
+
+    def compile(
+        self, optimizer, metrics, student_loss_fn, distillation_loss_fn, alpha, temperature
+    ):
+        super().compile(optimizer=optimizer, metrics=metrics)
+        self.student_loss_fn, self.distillation_loss_fn = student_loss_fn, distillation_loss_fn
+        self.alpha, self.temperature = alpha, temperature
+
+    def call(self, x):
+        return self.student(x)
+
+    def train_step(self, data):
+        x, y = data
+        soft_teacher = tf.nn.softmax(self.teacher(x, training=False) / self.temperature)
+        with tf.GradientTape() as tape:
+            pred = self.student(x, training=True)
+            student_loss = self.student_loss_fn(y, pred)
+            soft = tf.nn.softmax(pred / self.temperature)
+            distill = self.distillation_loss_fn(soft_teacher, soft) * self.temperature**2
+            loss = self.alpha * student_loss + (1 - self.alpha) * distill
+        weights = self.student.trainable_variables
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, weights), weights, strict=True))
+        self.compiled_metrics.update_state(y, pred)
+        return {**{m.name: m.result() for m in self.metrics}, "distillation_loss": distill}
+
+    def test_step(self, data):
+        x, y = data
+        pred = self.student(x, training=False)
+        self.compiled_metrics.update_state(y, pred)
+        return {
+            **{m.name: m.result() for m in self.metrics},
+            "student_loss": self.student_loss_fn(y, pred),
+        }
+
+
+def _distiller():
+    keras.utils.set_random_seed(17)
+    teacher = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(12, activation="relu")] + [keras.layers.Dense(3)],
+        name="teacher",
+    )
+    teacher.trainable = False
+    student = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)], name="student")
+    distiller = Distiller(student, teacher)
+    distiller.compile(
+        optimizer=keras.optimizers.Adam(0.01),
+        metrics=[keras.metrics.SparseCategoricalAccuracy()],
+        student_loss_fn=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        distillation_loss_fn=keras.losses.KLDivergence(),
+        alpha=0.1,
+        temperature=10,
+    )
+    distiller(np.zeros((1, 4), "float32"))  # built before fit, as a loader needs it
+    return distiller
+
+
+def shape_distiller():
+    x, y = numbers()
+    fit = {"shuffle": True, "validation_data": (x[:8], y[:8])}  # test_step at each epoch end
+    return _distiller(), (x, y), fit, x, {"model": _distiller}
+
+
+class ColorJitter(_RandomLayer):
+    """The SimCLR example's random color transform: a brightness scale and a jitter matrix per
+    image, drawn from the layer's own seed state; the identity outside training."""
+
+    def __init__(self, jitter=0.2, **kwargs):
+        if KERAS_MAJOR == 3:
+            super().__init__(**kwargs)
+            self.seed_generator = keras.random.SeedGenerator(1337)
+        else:
+            super().__init__(seed=1337, **kwargs)
+        self.jitter = jitter
+
+    def _uniform(self, shape):
+        if KERAS_MAJOR == 3:
+            return keras.random.uniform(shape, -self.jitter, self.jitter, seed=self.seed_generator)
+        return self._random_generator.random_uniform(shape, -self.jitter, self.jitter)
+
+    def call(self, images, training=True):
+        if not training:
+            return images
+        n = tf.shape(images)[0]
+        scale = 1 + self._uniform((n, 1, 1, 1))
+        matrices = tf.eye(3, batch_shape=[1, 1]) * scale + self._uniform((n, 1, 3, 3))
+        return tf.clip_by_value(tf.matmul(images, matrices), 0.0, 1.0)
+
+    def get_config(self):
+        return {**super().get_config(), "jitter": self.jitter}
+
+
+class SimCLR(keras.Model):
+    """Contrastive pretraining (keras-io's SimCLR): no ``call``; each step augments an unlabeled
+    and a labeled batch twice, trains encoder + projection head on the NT-Xent loss with one
+    optimizer and a linear probe on the frozen features with another. The encoder has no
+    ``Input``: it is built by its first call, inside the first step."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.augment = keras.Sequential(
+            [
+                keras.layers.Rescaling(1 / 255),
+                keras.layers.RandomFlip("horizontal"),
+                ColorJitter(),
+            ]
+        )
+        self.encoder = keras.Sequential(
+            [keras.layers.Conv2D(4, 3, strides=2, activation="relu"), keras.layers.Flatten()]
+            + [keras.layers.Dense(6, activation="relu")],
+            name="encoder",
+        )
+        self.projection_head = keras.Sequential(
+            [keras.Input((6,)), keras.layers.Dense(6, activation="relu"), keras.layers.Dense(6)]
+        )
+        self.linear_probe = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3)])
+
+    def compile(self, contrastive_optimizer, probe_optimizer, **kwargs):
+        super().compile(**kwargs)
+        self.contrastive_optimizer, self.probe_optimizer = contrastive_optimizer, probe_optimizer
+        self.probe_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        self.c_loss, self.p_loss = (keras.metrics.Mean(name=n) for n in ("c_loss", "p_loss"))
+
+    @property
+    def metrics(self):
+        return [self.c_loss, self.p_loss]
+
+    def contrastive_loss(self, a, b):
+        a, b = tf.math.l2_normalize(a, axis=1), tf.math.l2_normalize(b, axis=1)
+        similarities = tf.matmul(a, b, transpose_b=True) / 0.1
+        labels = tf.range(tf.shape(a)[0])
+        ce = keras.losses.sparse_categorical_crossentropy
+        one = ce(labels, similarities, from_logits=True)
+        return tf.reduce_mean(one + ce(labels, tf.transpose(similarities), from_logits=True)) / 2
+
+    def train_step(self, data):
+        (unlabeled, _), (labeled, labels) = data
+        images = tf.concat([unlabeled, labeled], axis=0)
+        views = [self.augment(images, training=True) for _ in range(2)]
+        with tf.GradientTape() as tape:
+            projections = [self.projection_head(self.encoder(v, training=True)) for v in views]
+            c_loss = self.contrastive_loss(*projections)
+        weights = self.encoder.trainable_weights + self.projection_head.trainable_weights
+        grads = tape.gradient(c_loss, weights)
+        self.contrastive_optimizer.apply_gradients(zip(grads, weights, strict=True))
+        with tf.GradientTape() as tape:
+            features = self.encoder(self.augment(labeled, training=True), training=False)
+            p_loss = self.probe_loss(labels, self.linear_probe(features, training=True))
+        weights = self.linear_probe.trainable_weights
+        self.probe_optimizer.apply_gradients(
+            zip(tape.gradient(p_loss, weights), weights, strict=True)
+        )
+        self.c_loss.update_state(c_loss)
+        self.p_loss.update_state(p_loss)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def _simclr(build=False):
+    keras.utils.set_random_seed(19)
+    model = SimCLR()
+    model.compile(keras.optimizers.Adam(0.01), keras.optimizers.Adam(0.02))
+    if build:  # a loader's model: built by calling its parts (the training run builds in fit)
+        images = model.augment(np.zeros((1, 8, 8, 3), "float32"), training=False)
+        model.linear_probe(model.encoder(images))
+    return model
+
+
+def _probe(model, sample):
+    """SimCLR has no ``call``: compare the linear probe's predictions on the encoder's features."""
+    return np.asarray(model.linear_probe(model.encoder(sample / 255.0)))
+
+
+def shape_simclr():
+    x, y = images()
+    unlabeled = tf.data.Dataset.from_tensor_slices((x[::-1], y)).shuffle(N, seed=7).batch(BATCH)
+    labeled = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N, seed=8).batch(BATCH)
+    objects = {"SimCLR": SimCLR, "ColorJitter": ColorJitter}
+    load = {"model": lambda: _simclr(build=True), "custom_objects": objects, "predict": _probe}
+    return _simclr(), (tf.data.Dataset.zip((unlabeled, labeled)),), {}, x, load
+
+
+def euclidean_distance(vectors):
+    a, b = vectors
+    squares = tf.reduce_sum(tf.square(a - b), axis=1, keepdims=True)
+    return tf.sqrt(tf.maximum(squares, keras.backend.epsilon()))
+
+
+def contrastive(margin=1.0):
+    def contrastive_loss(y_true, y_pred):
+        far = tf.square(tf.maximum(margin - y_pred, 0))
+        return tf.reduce_mean((1 - y_true) * tf.square(y_pred) + y_true * far)
+
+    return contrastive_loss
+
+
+def shape_siamese():
+    """keras-io's siamese network: one embedding network applied to both inputs, a ``Lambda``
+    of the script's distance function, a loss closure, an optimizer by name, a list of inputs."""
+    x, y = numbers()
+    pairs = [x, x[::-1] * 0.5]
+    same = (y == y[::-1]).astype("float32")
+    inp = keras.Input((4,))
+    h = keras.layers.Dense(4, activation="tanh")(keras.layers.BatchNormalization()(inp))
+    embedding = keras.Model(inp, h)
+    a, b = keras.Input((4,)), keras.Input((4,))
+    distance = keras.layers.Lambda(euclidean_distance)([embedding(a), embedding(b)])
+    out = keras.layers.Dense(1, activation="sigmoid")(keras.layers.BatchNormalization()(distance))
+    model = keras.Model([a, b], out)
+    model.compile(loss=contrastive(margin=1.0), optimizer="RMSprop", metrics=["accuracy"])
+    load = {
+        "custom_objects": {
+            "euclidean_distance": euclidean_distance,
+            "contrastive_loss": contrastive(),
+        },
+        "safe_mode": False,
+    }
+    return model, (pairs, same), {"shuffle": True}, pairs, load
+
+
+class CountingModel(keras.Model):
+    """A functional model keeping its own non-trainable counter of the examples it trained on,
+    updated in its ``train_step``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        variable = keras.Variable if KERAS_MAJOR == 3 else tf.Variable
+        self.seen = variable(0.0, trainable=False, name="seen")
+
+    def train_step(self, data):
+        self.seen.assign_add(tf.cast(tf.shape(data[0])[0], "float32"))
+        return super().train_step(data)
+
+
+def _counting():
+    inp = keras.Input((4,))
+    out = keras.layers.Dense(3, activation="sigmoid")(keras.layers.Dense(6, activation="relu")(inp))
+    model = CountingModel(inp, out)
+    metrics = [keras.metrics.F1Score(average="micro", threshold=0.5)]
+    model.compile(
+        keras.optimizers.Adam(0.01),
+        loss="binary_crossentropy",
+        metrics=metrics + [keras.metrics.AUC(multi_label=True, num_labels=3)],
+    )
+    return model
+
+
+def shape_multilabel_counter():
+    """Multi-label (sigmoid outputs, multi-hot targets) with ``F1Score`` and ``AUC``, in a
+    functional model subclass counting its examples in a non-trainable variable (Keras 2
+    saves a config its ``__init__(*args, **kwargs)`` cannot be rebuilt from: ``model=``)."""
+    x, _ = numbers()
+    y = (x[:, :3] > 0.5).astype("float32")
+    load = {"custom_objects": {"CountingModel": CountingModel}}
+    if KERAS_MAJOR == 2:
+        load["model"] = _counting
+    return _counting(), (x, y), {"shuffle": True}, x, load
+
+
 SHAPES = {
-    name.removeprefix("shape_"): fn
-    for name, fn in dict(globals()).items()
-    if name.startswith("shape_")
+    **{n.removeprefix("shape_"): fn for n, fn in dict(globals()).items() if n.startswith("shape_")},
+    **plain.SHAPES,  # Keras layers only, from shape_corpus_plain.py
 }
 #: Shapes whose resumed run's final checkpoint gets a SavedModel (the others export "never", to
 #: keep the corpus fast): classes from __main__ (exported in-process), no config, and a
@@ -535,144 +757,5 @@ KERAS3_ONLY = {
 }
 
 
-class Sigterm(keras.callbacks.Callback):
-    """SIGTERM to this process right after batch ``step`` of this run (first in the list)."""
-
-    def __init__(self, step):
-        super().__init__()
-        self.step, self.steps_here, self.begin = step, 0, 0
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.begin = batch
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.steps_here += batch - self.begin + 1  # steps_per_execution=k: k batches a call
-        if self.step is not None and self.steps_here == self.step:  # the part run starts at 0
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
-def run_shape(name: str, phase: str, root: str) -> dict:
-    cpu = time.process_time()
-    folder = os.path.join(root, name)
-    os.makedirs(folder, exist_ok=True)
-    storage = os.path.join(folder, "ckpts")
-    registry = f"sqlite:///{os.path.join(folder, 'registry.db')}"
-    if phase == "straight":
-        storage += "-straight"
-        registry = registry.replace("registry.db", "straight.db")
-    keras.backend.clear_session()  # the same layer (and RNG state) names in every process
-    if KERAS_MAJOR == 2:
-        keras.backend.experimental.enable_tf_random_generator()
-    keras.utils.set_random_seed(3)
-    model, args, kwargs, sample, load = SHAPES[name]()
-    kwargs = dict(kwargs)
-    extra_callbacks = kwargs.pop("callbacks", [])
-    step = None
-    if phase == "part":
-        step = STEPS if name in SIGTERM_AT_EPOCH_END else SIGTERM_AT
-    sigterm = Sigterm(step)
-    out: dict = {"shape": name}
-    with det.core.init(storage=storage, registry=registry, trial_id=1) as core:
-        # the export (worker process or in-process) is part of the resumed run's final save
-        export = "final" if phase == "final" and name in EXPORT_SHAPES else "never"
-        cb = det.keras.DeterminedCallback(
-            core, core.info.latest_checkpoint, continue_id=1, export_saved_model=export
-        )
-        model.fit(
-            *args,
-            epochs=EPOCHS,
-            verbose=0,
-            callbacks=[sigterm, *extra_callbacks, cb],
-            **_batch(args, kwargs),
-        )
-        out.update(preempted=bool(core.preempt.acknowledged), resumed=cb.resumed)
-    last = cb.last_checkpoint
-    stepped = getattr(model, "d_optimizer", model.optimizer)  # a GAN steps its own optimizers
-    out.update(steps_here=sigterm.steps_here, iterations=int(stepped.iterations.numpy()))
-    # by position: the straight and preempted runs share a process, so layer names differ
-    variables = [v for v in model.variables if hasattr(v, "numpy")]  # not Keras 2's handlers
-    arrays = {f"model/{i:03d}": v.numpy() for i, v in enumerate(variables)}
-    opt = optimizer_variables(model)
-    for extra in ("d_optimizer", "g_optimizer"):  # the GAN's own optimizers
-        if hasattr(model, extra):
-            found = getattr(model, extra).variables
-            opt = opt + list(found() if callable(found) else found)
-    arrays.update({f"opt/{i:03d}": v.numpy() for i, v in enumerate(opt)})
-    np.savez(os.path.join(root, f"{phase}-{name}.npz"), **arrays)
-    meta = {}
-    if last:
-        with open(os.path.join(storage, last, "metadata.json")) as f:
-            meta = json.load(f)
-    out.update(missing=meta.get("missing", {}), saved_model=meta.get("saved_model"))
-    if phase == "final":
-        out["load"] = _load_and_compare(model, last, storage, registry, sample, load)
-    out["cpu_seconds"] = round(time.process_time() - cpu, 2)  # what a shape costs CI
-    return out
-
-
-def _batch(args, kwargs):
-    """``batch_size`` for array inputs (a dataset or generator batches itself)."""
-    if isinstance(args[0], (np.ndarray, dict)):
-        return {"batch_size": BATCH, **kwargs}
-    return kwargs
-
-
-def _load_and_compare(model, uuid, storage, registry, sample, load) -> dict:
-    """Load checkpoint ``uuid`` by UUID (as the shape says) and compare predictions."""
-    result: dict = {}
-    if "model" in load:  # weights-only: say so without model=, load with it
-        try:
-            det.load_checkpoint_model(checkpoint_uuid=uuid, storage=storage, registry=registry)
-        except Exception as exc:  # noqa: BLE001 - the cell says what happened
-            result["without_model"] = (
-                "ModelLoadError names model=" if "model=" in str(exc) else str(exc)
-            )
-    loaded = det.load_checkpoint_model(
-        checkpoint_uuid=uuid, storage=storage, registry=registry, **load
-    )
-    if isinstance(sample, dict):  # string arrays go in as a dataset (Keras 3 refuses '<U5')
-        sample = tf.data.Dataset.from_tensor_slices(sample).batch(BATCH)
-    want, got = (_predict(m, sample) for m in (model, loaded))
-    result["predict_equal"] = bool(np.array_equal(want, got))
-    return result
-
-
-def _predict(model, sample):
-    """Predictions from a fresh state: a stateful RNN starts from zero states."""
-    for layer in model.layers:
-        if getattr(layer, "stateful", False):
-            layer.reset_states() if hasattr(layer, "reset_states") else layer.reset_state()
-    batch = None if isinstance(sample, tf.data.Dataset) else BATCH
-    return np.asarray(model.predict(sample, batch_size=batch, verbose=0))
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--dir", required=True)
-    p.add_argument("--phase", choices=("first", "final"), required=True)
-    p.add_argument("--shapes", default=",".join(SHAPES))
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    tf.config.experimental.enable_op_determinism()
-    results = {}
-    # first: the straight run and the preempted one of each shape; final (a new process, as
-    # after a real preemption): the resumed run, the load by UUID
-    phases = ("straight", "part") if args.phase == "first" else ("final",)
-    for phase in phases:
-        results = {}
-        for name in args.shapes.split(","):
-            if KERAS_MAJOR == 2 and name in KERAS3_ONLY:
-                results[name] = {"shape": name, "keras3_only": KERAS3_ONLY[name]}
-                continue
-            try:
-                results[name] = run_shape(name, phase, args.dir)
-            except Exception as exc:  # noqa: BLE001 - recorded per shape; the test reports it
-                traceback.print_exc()
-                results[name] = {"shape": name, "error": f"{type(exc).__name__}: {exc}"[:2000]}
-        with open(os.path.join(args.dir, f"{phase}.json"), "w") as f:
-            json.dump(results, f, indent=1, default=str)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.modules[__name__]))

@@ -133,6 +133,7 @@ class CheckpointRestore:
             protect(uuid)
 
     def _ensure_optimizer_built(self) -> None:
+        _build_by_tracing_train_step(self.model, self._data)  # its variables first
         keras2_format.build_optimizer(self.model)
 
     def _load(self, uuid: str) -> None:
@@ -286,3 +287,46 @@ def _learning_rate_of(model: Any) -> tuple[Any, Any] | None:
     if not (hasattr(rate, "assign") and hasattr(rate, "numpy")):
         return None
     return rate, rate.numpy()
+
+
+def _build_by_tracing_train_step(model: Any, data: Any) -> None:
+    """Create the variables of a model whose own ``train_step`` builds parts of it (keras-io's
+    SimCLR: an encoder without an ``Input``, first called inside the step, and the optimizers
+    of its ``compile()`` built for its weights), at ``on_train_begin``, before the callback
+    builds ``model.optimizer`` and restores a checkpoint.
+
+    Keras's TensorFlow loop builds them when it traces the first step, after
+    ``on_train_begin``: a resume found fewer weights than the checkpoint holds (an IndexError
+    where ``fit()`` without the callback trains on), and ``model.optimizer`` (unused by such a
+    step, built by the callback) was built for part of the weights, which a model built whole
+    to load the checkpoint into does not match. ``train_step`` is traced here once on the fit
+    data's batch spec, as Keras traces it: layers and optimizers build, and nothing the trace
+    records runs (no update, no metric, no seed drawn). A step that cannot be traced on the
+    spec (one reading a static batch size) is left to Keras. Keras's own ``train_step`` is
+    built from the data already (``build_from_fit_data``). TensorFlow only: the JAX and
+    PyTorch loops build the model before the callbacks start."""
+    own_step = type(model).train_step is backend.keras.Model.train_step
+    spec = getattr(data, "element_spec", None)
+    if own_step or spec is None or backend.backend_name() != "tensorflow":
+        return
+    if all(layer.built for layer in model._flatten_layers()):
+        return
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+
+    @tf.function
+    def step(batch: Any) -> Any:
+        return strategy.run(model.train_step, args=(batch,))
+
+    try:
+        with strategy.scope():
+            step.get_concrete_function(spec)
+    except Exception as exc:  # noqa: BLE001 - Keras traces it on the first batch's shapes
+        logger.info(
+            "%s's train_step could not be traced on its data's spec (%s: %s); its layers "
+            "are built by its first step.",
+            type(model).__name__,
+            type(exc).__name__,
+            exc,
+        )

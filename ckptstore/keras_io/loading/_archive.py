@@ -127,7 +127,15 @@ def load_archive(
             model = _from_config_and_weights(source, config, objects, compile, safe_mode)
             if model is not None:
                 return model
-        return _keras_reader(source, objects, compile, safe_mode)
+        model = _keras_reader(source, objects, compile, safe_mode)
+    if not getattr(model, "built", True):
+        raise errors.ModelLoadError(
+            f"{what} holds a model that its config rebuilds unbuilt (a subclassed model whose "
+            "parts are built only when its train_step calls them, such as keras-io's SimCLR), "
+            "so Keras could not put its weights in. Build the model in code (call each part on "
+            "a batch) and pass it: load_checkpoint_model(..., model=build_model)."
+        )
+    return model
 
 
 def _from_config_and_weights(

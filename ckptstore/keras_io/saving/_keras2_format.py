@@ -612,7 +612,9 @@ def load_model(
             return _load_saved_model(saved, compile, objects, safe_mode)
         raise errors.ModelLoadError(
             f"Keras 2 could not rebuild the model of {path}: {exc}. Pass custom_objects= for "
-            "custom layers."
+            "custom layers; or, when its config cannot rebuild it (a model subclass whose "
+            "__init__ its get_config() does not describe), build the model in code and pass "
+            "it: load_checkpoint_model(..., model=build_model)."
         ) from exc
     if not isinstance(model, keras.Model):
         # tf_keras writes {"class_name": "MyModel", "config": {}} for a subclassed model whose
@@ -674,7 +676,9 @@ def _compile_as_saved(
     except (ValueError, TypeError) as exc:
         raise errors.ModelLoadError(
             f"Keras 2 could not compile the model of {path} as it was saved: {exc}. Pass "
-            "custom_objects= for custom losses/metrics/optimizers, or compile=False."
+            "custom_objects= for custom losses/metrics/optimizers, or compile=False; a model "
+            "whose own compile() takes other arguments: build and compile it in code and pass "
+            "it, load_checkpoint_model(..., model=build_model)."
         ) from exc
     build = getattr(model.optimizer, "build", None)
     if callable(build) and not hasattr(model.optimizer, "_create_all_weights"):
