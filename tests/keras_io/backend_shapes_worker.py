@@ -1,7 +1,8 @@
 """Training scripts in the shapes keras-io writes for JAX and PyTorch (a ``train_step`` of the
 backend's own style, ``keras.distribution``'s ``DataParallel`` and ``ModelParallel``, a GAN
 with its own ``SeedGenerator``, augmentation layers, gradient accumulation,
-``steps_per_execution``), run as a user runs them
+``steps_per_execution``), and keras-io's backend-agnostic scripts (tf.data, TextVectorization,
+PyDataset, a generator, objects of the script, Keras's stateful callbacks), run as a user runs them
 (``python tests/keras_io/backend_shapes_worker.py``: their classes live in ``__main__``). No
 tests in here; ``tests/keras_io/test_backend_shapes.py`` runs it in the JAX and PyTorch child
 runs.

@@ -15,6 +15,15 @@ restarts on resume (one warning says so and names the fix). On JAX also
 ``compile(steps_per_execution=2)`` over a tf.data epoch of 3 batches, executions of 2 and 1
 (PyTorch's Keras refuses ``steps_per_execution`` > 1).
 
+On both, keras-io's backend-agnostic scripts as users run them on JAX or PyTorch: tf.data
+pipelines (shuffled with a seed, stateless augmentation in a parallel ``map()``, ``cache()``,
+``prefetch()``; one pass an epoch, and ``repeat()`` with ``steps_per_epoch``), ``TextVectorization``
+mapped over a string dataset into an ``Embedding`` model, a ``PyDataset`` (``workers=1``) that
+reorders itself in ``on_epoch_end`` with ``get_state``/``load_state``, a seeded generator with
+``steps_per_epoch``, a layer, a metric and a loss function of the script with
+``BatchNormalization`` and ``Dropout``, and ``ModelCheckpoint`` + ``ReduceLROnPlateau`` +
+``EarlyStopping(restore_best_weights=True)`` beside ``DeterminedCallback``.
+
 Runs in the JAX and PyTorch child runs (``test_jax_suite.py``, ``test_torch_suite.py``): two
 worker processes each. The last test here runs on every backend, TensorFlow included.
 """
