@@ -440,8 +440,8 @@ def _reviews(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def shape_text_vectorization_tfdata() -> Shape:
     """text_classification_from_scratch: TextVectorization adapted on the raw string dataset and
     mapped over it, then cache() and prefetch(); an Embedding + Conv1D model on the indices.
-    (Its custom ``standardize`` function fails in dataset.map() on JAX with Keras 3.15, with
-    or without ckptstore: the default standardization here.)"""
+    (Its custom ``standardize`` function fails in dataset.map() on JAX and PyTorch with Keras
+    3.15, with or without ckptstore, which hands it NumPy strings there: the default here.)"""
     import tensorflow as tf
 
     vectorize = keras.layers.TextVectorization(max_tokens=16, output_sequence_length=6)
