@@ -19,7 +19,7 @@ script (``test_backend_coverage.py``), and scripts written for JAX in keras-io's
 on two host CPU devices, augmentation layers, gradient accumulation, and keras-io's
 backend-agnostic scripts: tf.data pipelines, TextVectorization, a PyDataset, a generator, a
 layer/metric/loss of the script, Keras's stateful callbacks; SIGTERM, bit-equal resume and load
-in two worker processes, ~108 CPU-s).
+in two worker processes, ~100 CPU-s).
 """
 
 from __future__ import annotations
