@@ -1,7 +1,8 @@
 """Training scripts in the shapes keras-io writes for JAX and PyTorch (a ``train_step`` of the
 backend's own style, ``keras.distribution``'s ``DataParallel`` and ``ModelParallel``, a GAN
 with its own ``SeedGenerator``, augmentation layers, gradient accumulation,
-``steps_per_execution``), run as a user runs them
+``steps_per_execution``), and keras-io's backend-agnostic scripts (tf.data, TextVectorization,
+PyDataset, a generator, objects of the script, Keras's stateful callbacks), run as a user runs them
 (``python tests/keras_io/backend_shapes_worker.py``: their classes live in ``__main__``). No
 tests in here; ``tests/keras_io/test_backend_shapes.py`` runs it in the JAX and PyTorch child
 runs.
@@ -150,6 +151,9 @@ class Shape:
     scope: Any = contextlib.nullcontext
     #: SIGTERM after this many batch-end calls of the run (one per execution)
     sigterm_at: int = SIGTERM_AT
+    epochs: int = EPOCHS
+    #: the script's own callbacks (given the shape's folder), listed before DeterminedCallback
+    callbacks: Any = lambda folder: []
 
 
 ARRAYS = {"batch_size": BATCH, "shuffle": True}
@@ -370,6 +374,226 @@ def shape_torch_gan_seed_generator() -> Shape:
     return Shape(gan, (x,), ARRAYS, z, {"custom_objects": {"SeededGAN": SeededGAN}})
 
 
+# ---- keras-io's backend-agnostic scripts: tf.data input, TextVectorization, PyDataset, a
+# generator, objects of the script, Keras's stateful callbacks --------------------------------
+def _convnet() -> Any:
+    """mnist_convnet's model, tiny: Conv2D, MaxPooling2D, Flatten, Dropout, a softmax Dense."""
+    layers = keras.layers
+    model = keras.Sequential(
+        [keras.Input((6, 6, 1)), layers.Conv2D(4, 3, activation="relu"), layers.MaxPooling2D()]
+    )
+    for layer in (layers.Flatten(), layers.Dropout(0.5), layers.Dense(3, activation="softmax")):
+        model.add(layer)
+    model.compile(
+        keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy", metrics=["accuracy"]
+    )
+    return model
+
+
+def shape_tfdata_stateless_augment() -> Shape:
+    """image_classification_from_scratch's pipeline (shuffle with a seed, batch, map with
+    num_parallel_calls, prefetch; a tf.data validation set), one pass an epoch, its augmentation
+    stateless and seeded from a counter zipped in (TensorFlow's augmentation guide's way)."""
+    import tensorflow as tf
+
+    def augment(batch: Any, count: Any) -> Any:
+        images, labels = batch
+        seed = tf.stack([count, tf.constant(7, tf.int64)])
+        images = tf.image.stateless_random_flip_left_right(images, seed)
+        return tf.image.stateless_random_brightness(images, 0.2, seed), labels
+
+    x, y = _images()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(N, seed=5).batch(BATCH)
+    ds = tf.data.Dataset.zip((ds, tf.data.experimental.Counter()))
+    ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    val = tf.data.Dataset.from_tensor_slices(_images()).batch(BATCH)
+    return Shape(_convnet(), (ds,), {"validation_data": val}, x)
+
+
+def _dense_model(optimizer: Any = None) -> Any:
+    inputs = keras.Input((4,))
+    return _compiled(keras.Model(inputs, dense_body(inputs)), optimizer)
+
+
+def shape_tfdata_cache_repeat_steps() -> Shape:
+    """The tf.data guide's order (map, cache, shuffle with a seed, batch, repeat, prefetch) with
+    steps_per_epoch=5 over passes of 4 batches: SIGTERM in epoch 2 reads from the cache
+    filled in the first pass, a pass ending inside each epoch."""
+    import tensorflow as tf
+
+    x, y = numbers()
+    ds = tf.data.Dataset.from_tensor_slices((x * 255.0, y)).map(lambda a, b: (a / 255.0, b))
+    ds = ds.cache().shuffle(N, seed=6).batch(BATCH).repeat().prefetch(tf.data.AUTOTUNE)
+    return Shape(_dense_model(), (ds,), {"steps_per_epoch": 5}, x)
+
+
+WORDS = "good great fine fun bad awful dull slow plot cast film the a".split()
+
+
+def _reviews(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.RandomState(seed)
+    texts = [" ".join(rng.choice(WORDS, rng.randint(3, 8))).title() + "!<br />" for _ in range(n)]
+    score = [sum((w in WORDS[:4]) - (w in WORDS[4:8]) for w in t.lower().split()) for t in texts]
+    return np.array(texts), (np.array(score) > 0).astype("float32")
+
+
+def shape_text_vectorization_tfdata() -> Shape:
+    """text_classification_from_scratch: TextVectorization adapted on the raw string dataset and
+    mapped over it, then cache() and prefetch(); an Embedding + Conv1D model on the indices.
+    (Its custom ``standardize`` function fails in dataset.map() on JAX and PyTorch with Keras
+    3.15, with or without ckptstore, which hands it NumPy strings there: the default here.)"""
+    import tensorflow as tf
+
+    vectorize = keras.layers.TextVectorization(max_tokens=16, output_sequence_length=6)
+    raw = tf.data.Dataset.from_tensor_slices(_reviews(N, 7)).shuffle(N, seed=8).batch(BATCH)
+    vectorize.adapt(raw.map(lambda text, label: text))
+
+    def indices(text: Any, label: Any) -> Any:
+        return vectorize(tf.expand_dims(text, -1)), label
+
+    train = raw.map(indices).cache().prefetch(10)
+    val = tf.data.Dataset.from_tensor_slices(_reviews(8, 9)).batch(BATCH).map(indices)
+    texts = tf.data.Dataset.from_tensor_slices(_reviews(N, 7)[0]).batch(N)
+    sample = next(iter(texts.map(lambda t: vectorize(tf.expand_dims(t, -1))))).numpy()
+    inputs = keras.Input((None,), dtype="int64")
+    h = keras.layers.Dropout(0.5)(keras.layers.Embedding(16, 8)(inputs))
+    h = keras.layers.Conv1D(4, 3, activation="relu")(h)
+    h = keras.layers.Dense(4, activation="relu")(keras.layers.GlobalMaxPooling1D()(h))
+    outputs = keras.layers.Dense(1, activation="sigmoid")(keras.layers.Dropout(0.5)(h))
+    model = keras.Model(inputs, outputs)
+    model.compile(keras.optimizers.Adam(0.01), loss="binary_crossentropy", metrics=["accuracy"])
+    return Shape(model, (train,), {"validation_data": val.cache()}, sample)
+
+
+class EpochShuffled(keras.utils.PyDataset):
+    """A PyDataset in keras-io's shape (batches indexed from arrays) that reorders its samples
+    in on_epoch_end from its epoch count; get_state/load_state carry the count over a resume."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, **kwargs: Any) -> None:
+        super().__init__(workers=1, use_multiprocessing=False, **kwargs)
+        self.x, self.y, self.epoch = x, y, 0
+        self.order = np.arange(len(x))
+
+    def __len__(self) -> int:
+        return len(self.x) // BATCH
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        rows = self.order[i * BATCH : (i + 1) * BATCH]
+        return self.x[rows], self.y[rows]
+
+    def on_epoch_end(self) -> None:
+        self.load_state({"epoch": self.epoch + 1})
+
+    def get_state(self) -> dict[str, int]:
+        return {"epoch": self.epoch}
+
+    def load_state(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.order = np.random.RandomState(self.epoch).permutation(len(self.x))
+
+
+def shape_pydataset_workers_1() -> Shape:
+    x, y = numbers()
+    return Shape(_dense_model(), (EpochShuffled(x, y),), {}, x)
+
+
+def shape_generator_steps_per_epoch() -> Shape:
+    """An endless seeded generator of shuffled batches with steps_per_epoch=3 (passes of 4)."""
+    x, y = numbers()
+
+    def batches() -> Any:
+        rng = np.random.RandomState(9)
+        while True:
+            order = rng.permutation(N)
+            for i in range(0, N, BATCH):
+                yield x[order[i : i + BATCH]], y[order[i : i + BATCH]]
+
+    return Shape(_dense_model(), (batches(),), {"steps_per_epoch": 3}, x, sigterm_at=4)
+
+
+class ScaledDense(keras.layers.Layer):
+    """A layer of the script: its own weights, an argument get_config() records."""
+
+    def __init__(self, units: int, scale: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.units, self.scale = units, scale
+
+    def build(self, input_shape: Any) -> None:
+        self.kernel = self.add_weight(shape=(input_shape[-1], self.units), name="kernel")
+        self.bias = self.add_weight(shape=(self.units,), initializer="zeros", name="bias")
+
+    def call(self, inputs: Any) -> Any:
+        return keras.ops.relu(keras.ops.matmul(inputs, self.kernel) * self.scale + self.bias)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "units": self.units, "scale": self.scale}
+
+
+class TrueClassProbability(keras.metrics.Metric):
+    """A metric of the script with its own state: the mean probability of the true class."""
+
+    def __init__(self, name: str = "true_p", **kwargs: Any) -> None:
+        super().__init__(name=name, **kwargs)
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+    def update_state(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> None:
+        rows = keras.ops.cast(keras.ops.reshape(y_true, (-1, 1)), "int32")
+        p = keras.ops.take_along_axis(y_pred, rows, axis=1)
+        self.total.assign_add(keras.ops.sum(p))
+        self.count.assign_add(keras.ops.sum(keras.ops.ones_like(p)))
+
+    def result(self) -> Any:
+        return self.total / keras.ops.maximum(self.count, 1.0)
+
+
+def smoothed_crossentropy(y_true: Any, y_pred: Any) -> Any:
+    """A loss function of the script, given to compile() as the object."""
+    rows = keras.ops.cast(keras.ops.reshape(y_true, (-1,)), "int32")
+    return keras.losses.categorical_crossentropy(keras.ops.one_hot(rows, 3) * 0.9 + 0.1 / 3, y_pred)
+
+
+def shape_script_objects() -> Shape:
+    """A layer, a metric and a loss function defined in the script, BatchNormalization and
+    Dropout (its SeedGenerator) in the model; loaded with custom_objects."""
+    x, y = numbers()
+    inputs = keras.Input((4,))
+    h = keras.layers.BatchNormalization()(ScaledDense(8, scale=0.5)(inputs))
+    outputs = keras.layers.Dense(3, activation="softmax")(keras.layers.Dropout(0.3)(h))
+    model = keras.Model(inputs, outputs)
+    metrics = [TrueClassProbability(), "accuracy"]
+    model.compile(keras.optimizers.Adam(0.01), loss=smoothed_crossentropy, metrics=metrics)
+    objects = (ScaledDense, TrueClassProbability, smoothed_crossentropy)
+    load = {"custom_objects": {o.__name__: o for o in objects}}
+    return Shape(model, (x, y), {**ARRAYS, "validation_data": numbers()}, x, load)
+
+
+def keras_io_callbacks(folder: str) -> list[Any]:
+    """timeseries_classification_from_scratch's callbacks (ModelCheckpoint of the best,
+    ReduceLROnPlateau, EarlyStopping), EarlyStopping restoring the best weights. Their
+    ``min_delta`` makes every epoch after the first one count as no better, whatever the
+    backend's numbers: the rate halves after epochs 2 and 3, EarlyStopping stops after epoch 3
+    (``baseline`` keeps epoch 1 from resetting its wait) and puts epoch 1's weights back."""
+    path = os.path.join(folder, "best_model.keras")
+    plateau = {"monitor": "val_loss", "min_delta": 10.0}
+    return [
+        keras.callbacks.ModelCheckpoint(path, save_best_only=True, monitor="val_loss"),
+        keras.callbacks.ReduceLROnPlateau(factor=0.5, patience=1, **plateau),
+        keras.callbacks.EarlyStopping(
+            patience=3, baseline=-1.0, restore_best_weights=True, **plateau
+        ),
+    ]
+
+
+def shape_keras_callbacks() -> Shape:
+    """4 epochs with keras-io's callbacks (listed before DeterminedCallback); SIGTERM in epoch
+    3, between the two learning-rate cuts."""
+    model = _dense_model(keras.optimizers.Adam(0.05))
+    fit = {**ARRAYS, "validation_data": numbers()}
+    x = fit["validation_data"][0]
+    return Shape(model, numbers(), fit, x, epochs=4, sigterm_at=10, callbacks=keras_io_callbacks)
+
+
 #: shape -> the backends it runs on
 SHAPES = {
     "jax_stateless_train_step": (shape_jax_stateless_train_step, ("jax",)),
@@ -381,6 +605,13 @@ SHAPES = {
     "augmentation_in_tf_data": (shape_augmentation_in_tf_data, ("jax", "torch")),
     "gradient_accumulation": (shape_gradient_accumulation, ("jax", "torch")),
     "jax_steps_per_execution": (shape_jax_steps_per_execution, ("jax",)),
+    "tfdata_stateless_augment": (shape_tfdata_stateless_augment, ("jax", "torch")),
+    "tfdata_cache_repeat_steps": (shape_tfdata_cache_repeat_steps, ("jax", "torch")),
+    "text_vectorization_tfdata": (shape_text_vectorization_tfdata, ("jax", "torch")),
+    "pydataset_workers_1": (shape_pydataset_workers_1, ("jax", "torch")),
+    "generator_steps_per_epoch": (shape_generator_steps_per_epoch, ("jax", "torch")),
+    "script_objects": (shape_script_objects, ("jax", "torch")),
+    "keras_callbacks": (shape_keras_callbacks, ("jax", "torch")),
 }
 
 
@@ -430,7 +661,8 @@ def run_shape(name: str, phase: str, root: str) -> dict[str, Any]:
         cb = det.keras.DeterminedCallback(
             core, core.info.latest_checkpoint, continue_id=1, export_saved_model="never"
         )
-        model.fit(*shape.data, epochs=EPOCHS, verbose=0, callbacks=[sigterm, cb], **shape.fit)
+        callbacks = [sigterm, *shape.callbacks(folder), cb]
+        model.fit(*shape.data, epochs=shape.epochs, verbose=0, callbacks=callbacks, **shape.fit)
         out.update(preempted=bool(core.preempt.acknowledged), resumed=cb.resumed)
         out.update(steps_here=sigterm.steps_here, logs=sigterm.epoch_logs[-1:])
         # a GAN steps its own optimizers (its compiled one never steps)
@@ -440,6 +672,7 @@ def run_shape(name: str, phase: str, root: str) -> dict[str, Any]:
         optimizers = optimizers or [model.optimizer]
         out["iterations"] = [int(keras.ops.convert_to_numpy(o.iterations)) for o in optimizers]
         out["layout"] = _layout(model.trainable_variables[0])
+        out["learning_rate"] = float(keras.ops.convert_to_numpy(optimizers[0].learning_rate))
         out["epoch2_layout"] = sigterm.epoch2_layout
         out["batch_specs"] = sorted(set(BATCH_SPECS))
         BATCH_SPECS.clear()

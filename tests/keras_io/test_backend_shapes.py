@@ -15,6 +15,15 @@ restarts on resume (one warning says so and names the fix). On JAX also
 ``compile(steps_per_execution=2)`` over a tf.data epoch of 3 batches, executions of 2 and 1
 (PyTorch's Keras refuses ``steps_per_execution`` > 1).
 
+On both, keras-io's backend-agnostic scripts as users run them on JAX or PyTorch: tf.data
+pipelines (shuffled with a seed, stateless augmentation in a parallel ``map()``, ``cache()``,
+``prefetch()``; one pass an epoch, and ``repeat()`` with ``steps_per_epoch``), ``TextVectorization``
+mapped over a string dataset into an ``Embedding`` model, a ``PyDataset`` (``workers=1``) that
+reorders itself in ``on_epoch_end`` with ``get_state``/``load_state``, a seeded generator with
+``steps_per_epoch``, a layer, a metric and a loss function of the script with
+``BatchNormalization`` and ``Dropout``, and ``ModelCheckpoint`` + ``ReduceLROnPlateau`` +
+``EarlyStopping(restore_best_weights=True)`` beside ``DeterminedCallback``.
+
 Runs in the JAX and PyTorch child runs (``test_jax_suite.py``, ``test_torch_suite.py``): two
 worker processes each. The last test here runs on every backend, TensorFlow included.
 """
@@ -49,7 +58,23 @@ DISTRIBUTED = {"jax_data_parallel": "replicated on 2", "jax_model_parallel": "sh
 BATCH_SPLIT = {"jax_data_parallel": "batch", "jax_model_parallel": "replicated"}
 WARNED = "The tf.data pipeline of this fit() draws random numbers outside it"
 #: Batch-end calls of the preempted run and of the resumed one (default: batches 6, then 2).
-CALLS = {"jax_steps_per_execution": (3, 1)}  # executions of 2 and 1 batches, 3 an epoch
+CALLS = {
+    "jax_steps_per_execution": (3, 1),  # executions of 2 and 1 batches, 3 an epoch
+    "tfdata_cache_repeat_steps": (6, 4),  # steps_per_epoch=5
+    "generator_steps_per_epoch": (4, 2),  # steps_per_epoch=3
+    "keras_callbacks": (10, 2),  # SIGTERM in epoch 3, EarlyStopping stops after it
+}
+#: keras-io's backend-agnostic scripts, on both backends
+KERAS_IO = {
+    "tfdata_stateless_augment",
+    "tfdata_cache_repeat_steps",
+    "text_vectorization_tfdata",
+    "pydataset_workers_1",
+    "generator_steps_per_epoch",
+    "script_objects",
+    "keras_callbacks",
+}
+ON_BOTH = {"augmentation", "gradient_accumulation", "augmentation_in_tf_data"} | KERAS_IO
 
 
 def run_phase(workdir, phase: str) -> str:
@@ -74,7 +99,7 @@ def _backend_shapes_resume_bit_exactly_and_load(tmp_path):
             "jax_steps_per_execution",
         },
         "torch": {"torch_train_step", "torch_gan_seed_generator"},
-    }[HERE] | {"augmentation", "gradient_accumulation", "augmentation_in_tf_data"}
+    }[HERE] | ON_BOTH
     assert set(final) == want
     for shape in sorted(want):
         for phase in (straight, part, final):
@@ -107,6 +132,13 @@ def _backend_shapes_resume_bit_exactly_and_load(tmp_path):
         assert final[shape]["layout"] == final[shape]["load"]["layout"] == layout, shape
         on_one = final[shape]["load_on_one_device"]
         assert on_one["layout"] == "one device" and on_one["max_diff"] < 1e-5, (shape, on_one)
+    # EarlyStopping stopped after epoch 3 of 4 and ReduceLROnPlateau halved the rate twice,
+    # once before the SIGTERM and once in the resumed run (both bit-equal to the straight run)
+    for phase in (straight, final):
+        assert phase["keras_callbacks"]["iterations"] == [12]
+        assert phase["keras_callbacks"]["learning_rate"] == pytest.approx(0.05 / 4)
+    assert "val_true_p" in final["script_objects"]["logs"][0]  # the script's own metric
+    assert "has no get_state()" not in first + last  # the PyDataset carries its order
     # the draws left out were named once per fit() (straight, part, then final)
     assert (first.count(WARNED), last.count(WARNED)) == (2, 1)
     assert "in the model instead of in dataset.map()" in last

@@ -16,8 +16,10 @@ shuffled arrays, a ``keras.utils.PyDataset``, a ``tf.data.Dataset`` and a Python
 trial trained on JAX, and the in-process SavedModel of a model with a class of the training
 script (``test_backend_coverage.py``), and scripts written for JAX in keras-io's shapes
 (``test_backend_shapes.py``: a stateless ``train_step``, ``DataParallel`` and ``ModelParallel``
-on two host CPU devices, augmentation layers, gradient accumulation; SIGTERM, bit-equal resume
-and load in two worker processes, ~43 CPU-s).
+on two host CPU devices, augmentation layers, gradient accumulation, and keras-io's
+backend-agnostic scripts: tf.data pipelines, TextVectorization, a PyDataset, a generator, a
+layer/metric/loss of the script, Keras's stateful callbacks; SIGTERM, bit-equal resume and load
+in two worker processes, ~100 CPU-s).
 """
 
 from __future__ import annotations

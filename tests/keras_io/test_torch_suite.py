@@ -19,7 +19,8 @@ with a class of the training script (``test_backend_coverage.py``), and ``ckptst
 batch inference from a torch checkpoint (``test_jobs.py``), and scripts written for PyTorch in
 keras-io's shapes (``test_backend_shapes.py``: a ``train_step`` with ``zero_grad()``/
 ``backward()``, a GAN drawing from its own ``SeedGenerator``, augmentation layers, gradient
-accumulation; SIGTERM, bit-equal resume and load in two worker processes, ~25 CPU-s).
+accumulation, keras-io's backend-agnostic scripts as on JAX; SIGTERM, bit-equal resume and load
+in two worker processes, ~44 CPU-s).
 """
 
 from __future__ import annotations
