@@ -90,10 +90,10 @@ def list_cmd(
     include_all: bool,
     as_json: bool,
 ) -> None:
-    """List checkpoints, oldest first, with the storage each is in. With --storage (or
-    CKPTSTORE_STORAGE), only the checkpoints in that storage (or below it). With --all, a
-    PENDING checkpoint whose upload was abandoned (older than GC's grace period) says so;
-    `ckptstore gc` cleans it.
+    """List checkpoints by steps completed, then age (each trial's oldest first), with the
+    storage each is in. With --storage (or CKPTSTORE_STORAGE), only the checkpoints in that
+    storage (or below it). With --all, a PENDING checkpoint whose upload was abandoned (older
+    than GC's grace period) says so; `ckptstore gc` cleans it.
 
     \b
     Example:

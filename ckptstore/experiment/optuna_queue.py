@@ -112,11 +112,13 @@ class _Requeue:
     """Optuna's :class:`RetryHeartbeatStaleTrialCallback`, plus a log line, and the registry trial
     marked ERROR once the retries are used up (else it would stay ACTIVE forever)."""
 
-    def __init__(self, registry: Registry, max_retry: int | None) -> None:
+    def __init__(self, registry: Registry, max_retry: int | None, *, handed_back: bool = False):
         import optuna
 
         self.registry = registry
         self.max_retry = max_retry
+        #: the trial's own runner gave it back (it stops): said so, not "no heartbeat"
+        self.handed_back = handed_back
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             self._retry = optuna.storages.RetryHeartbeatStaleTrialCallback(
@@ -137,7 +139,9 @@ class _Requeue:
                 self.registry.set_trial_state(int(trial_id), "ERROR")
             return
         logger.warning(
-            "Trial %s lost its runner (no heartbeat from %s): re-queued for any runner",
+            "Trial %s handed back by its runner %s (it stops): re-queued for any runner"
+            if self.handed_back
+            else "Trial %s lost its runner (no heartbeat from %s): re-queued for any runner",
             trial_id,
             trial.user_attrs.get(RUNNER_ATTR),
         )
@@ -345,7 +349,8 @@ class TrialQueue:
             claim.heartbeat.join()
             return  # another runner judged it stale and re-queued it already
         claim.heartbeat.join()
-        _Requeue(self.registry, None)(self.study, self.storage.get_trial(claim.optuna_id))
+        requeue = _Requeue(self.registry, None, handed_back=True)
+        requeue(self.study, self.storage.get_trial(claim.optuna_id))
 
     def busy(self) -> bool:
         """True while any trial of the search waits or runs (on any runner)."""

@@ -115,14 +115,18 @@ def test_retries_stop_at_max_restarts(tmp_path, fast_heartbeat, monkeypatch):
         assert not queue.busy()
 
 
-def test_requeue_hands_a_trial_back_at_once(tmp_path, fast_heartbeat):
+def test_requeue_hands_a_trial_back_at_once(tmp_path, fast_heartbeat, caplog):
     url = f"sqlite:///{tmp_path / 'reg.db'}"
     with Registry(url) as reg:
         exp = reg.create_experiment("q", config={})
         queue = TrialQueue(_config(max_trials=1), exp, reg, url)
         queue.ensure_slots()
         claim = queue.pop()
-        queue.requeue(claim)  # a runner stopping on SIGTERM
+        with caplog.at_level("WARNING", logger="ckptstore"):
+            queue.requeue(claim)  # a runner stopping on SIGTERM
+        # the log says the runner gave it back, not that it lost its heartbeat
+        assert f"Trial {claim.trial_id} handed back by its runner" in caplog.text
+        assert "no heartbeat" not in caplog.text
         again = queue.pop()
         assert again is not None and again.trial_id == claim.trial_id and again.retried
         queue.tell(again, None)  # failed

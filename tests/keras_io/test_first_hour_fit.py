@@ -51,6 +51,14 @@ def test_each_commit_and_resume_says_so(where, caplog):
         r"fit\(\) done for trial 1 \(resumed from \S+\): 1 checkpoint\(s\) saved", text
     )
 
+    # a re-run of the finished trial says it has nothing left to train
+    caplog.clear()
+    with caplog.at_level("INFO", logger="ckptstore"):
+        _fit(where, 1, tiny_model(), 2)
+    assert re.search(
+        r"epoch 2, steps_completed 4; fit\(epochs=2\) has no epoch left to train", caplog.text
+    )
+
     # Finding 6: a unique UUID prefix of 8+ characters loads like the whole UUID.
     loaded = det.load_checkpoint_model(
         checkpoint_uuid=cb.last_checkpoint[:8], storage=where.storage, registry=where.registry

@@ -123,3 +123,13 @@ def test_fit_checkpoints_resumes_and_loads(places_in_env):
             loaded.predict(X, verbose=0), model.predict(X, verbose=0), rtol=1e-5
         )
         assert not np.allclose(preds, model.predict(X, verbose=0))
+
+    # a re-run of the finished trial trains no epoch and still returns the History it had
+    with ckptstore.keras.init({"lr": 0.01}, trial_id=3) as context:
+        model = build(context)
+        again = context.fit(
+            model, X, Y, validation_data=(X, Y), epochs=4, batch_size=5, verbose=0, shuffle=False
+        )
+        assert int(model.optimizer.iterations.numpy()) == 16
+        assert again.epoch == [0, 1, 2, 3]
+        assert again.history["loss"] == hist.history["loss"]

@@ -420,6 +420,11 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
                 self._history_of_finished_call()
             self._hand_over_run()
             return
+        if self._pending_callback_states is not None:
+            # a resume past the call's last epoch runs no epoch: the callbacks' states (History's
+            # epochs and metrics, what fit() returns) are restored here instead
+            self._apply_callback_states(self._pending_callback_states)
+            self._pending_callback_states = None
         try:
             if self._pending_save is not None:
                 pending, self._pending_save = self._pending_save, None

@@ -133,20 +133,25 @@ def warn_second_restorer(callbacks: list[Any], keras: Any) -> None:
         )
 
 
-def log_resumed(uuid: str, state: Any, batch: int, core: Any) -> None:
+def log_resumed(uuid: str, state: Any, batch: int, core: Any, epochs: int | None = None) -> None:
     """The one line a resume writes: which checkpoint, from where, the epoch and batch it
-    continues at (``batch`` 0: the start of the epoch) and which worker says so."""
+    continues at (``batch`` 0: the start of the epoch; none when ``fit(epochs=...)`` has no
+    epoch left) and which worker says so."""
     epoch = int(state.epoch) + 1
-    at = f"batch {batch + 1} of epoch {epoch}" if batch else f"the start of epoch {epoch}"
+    if batch:
+        then = f"continuing at batch {batch + 1} of epoch {epoch}"
+    elif epochs is not None and epoch > epochs:
+        then = f"fit(epochs={epochs}) has no epoch left to train"
+    else:
+        then = f"continuing at the start of epoch {epoch}"
     distributed = getattr(core, "distributed", None)
     logger.info(
-        "Resumed from checkpoint %s (%s): epoch %d, steps_completed %d; continuing at %s "
-        "(worker %d of %d)",
+        "Resumed from checkpoint %s (%s): epoch %d, steps_completed %d; %s (worker %d of %d)",
         uuid,
         storage_url(getattr(core, "checkpoint", None)) or "storage",
         int(state.epoch),
         int(state.steps_completed),
-        at,
+        then,
         getattr(distributed, "rank", 0),
         getattr(distributed, "size", 1),
     )

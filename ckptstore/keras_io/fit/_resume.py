@@ -220,7 +220,8 @@ class CheckpointRestore:
                 uuid,
                 state.epoch + 1,
             )
-        _fit_log.log_resumed(uuid, state, self._resume_batch, self._core)
+        epochs = (self.params or {}).get("epochs")
+        _fit_log.log_resumed(uuid, state, self._resume_batch, self._core, epochs)
 
     def _reassert_resumed_rate(self) -> None:
         """Before the first batch of a resumed cut epoch (after every callback's
