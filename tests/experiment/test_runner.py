@@ -119,8 +119,10 @@ def test_search_of_four_trials_picks_the_best(tmp_path, where):
         for t in trials:
             assert 1 <= len(reg.list_checkpoints(trial_id=t["id"], states=("COMMITTED",))) <= 2
     url, kwargs = optuna_storage_url(registry)
+    with Registry(registry) as reg:
+        name = study_name(exp_id, reg.get_experiment(exp_id).created_at)
     study = optuna.load_study(
-        study_name=study_name(exp_id), storage=optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        study_name=name, storage=optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
     )
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == 4
@@ -191,7 +193,8 @@ def test_killed_runner_resumes_with_the_same_trial_count(tmp_path, where, monkey
         # Optuna failed the killed runner's trial and re-queued it; resume ran the retry
         url, kwargs = optuna_storage_url(registry)
         study = optuna.load_study(
-            study_name=study_name(1), storage=optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            study_name=study_name(1, reg.get_experiment(1).created_at),
+            storage=optuna.storages.RDBStorage(url, engine_kwargs=kwargs),
         )
         by_state = {
             s: [t.user_attrs["ckptstore_trial_id"] for t in study.trials if t.state == s]
