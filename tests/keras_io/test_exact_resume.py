@@ -156,19 +156,23 @@ def test_sigterm_at_a_random_batch_resumes_bit_exactly(tmp_path, straight, kind)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["tfdata_spe2"])
-def test_tfdata_whose_epoch_steps_per_execution_does_not_divide_resumes_bit_exactly(
-    tmp_path, straight, kind
+def test_tfdata_whose_epoch_steps_per_execution_does_not_divide_restarts_the_cut_epoch(
+    tmp_path,
 ):
     """``compile(steps_per_execution=2)`` over a shuffled tf.data epoch of 5 batches, without
-    ``steps_per_epoch``: executions of 2, 2 and 1 (Keras cuts the last one at the pass's end).
-    Preempted after the first or second execution of an epoch, the resumed run continues
-    there (before 2026-11-29 the cut epoch restarted, with a warning); preempted again at the
-    end of the second epoch, the third draws its shuffle order as an uninterrupted run does."""
-    step = random.randrange(EPOCHS - 1) * STEPS_PER_EPOCH + random.choice([2, 4])
-    final = preempt_and_resume(tmp_path, kind, [step, 2 * STEPS_PER_EPOCH])
-    assert_bit_equal(straight(kind), final)
-    assert "Exact mid-epoch resume is not available" not in final["stderr"]
+    ``steps_per_epoch`` (executions of 2, 2 and 1): the resumed run says in one warning that the
+    cut epoch restarts, and trains it from its first batch to the end of the run. (Reading it
+    through one iterator per pass resumed bit-exactly in most runs but not in every run under
+    load, 2026-11-29: not merged; docs/concepts/exact-resume.md.)"""
+    part = run(tmp_path, "tfdata_spe2", "part0", sigterm_at=2)
+    assert part["preempted"] and part["iterations"] == 2
+    final = run(tmp_path, "tfdata_spe2", "final")
+    assert final["resumed"] and not final["preempted"]
+    assert "Exact mid-epoch resume is not available" in final["stderr"]
+    assert "steps_per_execution" in final["stderr"]
+    # the batches trained before the SIGTERM are trained again
+    assert final["iterations"] >= 2 + TOTAL
+    assert final["history_epochs"][-EPOCHS:] == list(range(EPOCHS))  # epoch 0 again, whole
 
 
 @pytest.mark.slow

@@ -24,9 +24,6 @@ tf.data.Dataset        one iterator over ``dataset.repeat()`` for the whole fit 
                        ``tf.train.Checkpoint`` (TF's own iterator checkpointing: shuffle buffers,
                        shuffle seeds, position) -- exact whenever TF can checkpoint the pipeline
                        (a map with a stateful op: checkpoints without the position, a warning).
-                       Without ``steps_per_epoch``, when ``steps_per_execution`` does not divide
-                       a pass: one iterator per pass, as Keras makes, so the pass's last, short
-                       execution ends with it (:class:`_TFPassData`).
 Python generator, ...  cannot be rewound: a warning at fit start, and a preempted epoch restarts
                        from its first batch on resume.
 =====================  =========================================================================
@@ -197,11 +194,11 @@ def attach(
         else:
             return _PyDatasetData(epoch_iterator, adapter, seed)
     elif isinstance(adapter, TFDatasetAdapter):
-        data = _TFPassData.make(epoch_iterator, adapter) or _TFDatasetData.make(
-            epoch_iterator, adapter
-        )
+        data = _TFDatasetData.make(epoch_iterator, adapter)
         if data is None:
             reason = "a tf.data.Dataset of unknown length without steps_per_epoch"
+        elif data.overruns_epochs(getattr(epoch_iterator, "steps_per_execution", 1)):
+            reason = "steps_per_execution not dividing the batches of a tf.data epoch"
         else:
             return data
     else:
@@ -585,6 +582,13 @@ class _TFDatasetData(_Base):
             return cls(epoch_iterator, dataset.repeat(), cardinality, False)
         return None
 
+    def overruns_epochs(self, steps_per_execution: int) -> bool:
+        """Whether one iterator over the repeated dataset would run an execution of
+        ``steps_per_execution`` steps past the end of an epoch (Keras, with a fresh iterator
+        per pass, cuts that execution short). With ``steps_per_epoch`` Keras keeps one
+        iterator too, so the executions are the same as without ckptstore."""
+        return not self._steps_given and self.num_batches % steps_per_execution != 0
+
     def _set_epoch_steps(self, steps: int) -> None:
         if self._steps_given:
             self._keras_iterator.steps_per_epoch = steps
@@ -634,47 +638,6 @@ class _TFDatasetData(_Base):
 
         path = os.path.join(checkpoint_dir, state["iterator"])
         tf.train.Checkpoint(iterator=self._iter()).read(path).assert_consumed()
-
-
-class _TFPassData(_TFDatasetData):
-    """A ``tf.data.Dataset`` without ``steps_per_epoch`` whose batches ``steps_per_execution``
-    does not divide: one iterator per pass, as Keras makes. An iterator over the repeated data
-    would run a pass's last, shorter execution on into the next pass (Keras's loop takes up to
-    ``k`` batches from the iterator it is given). TF's checkpoint of a pass's iterator holds its
-    position and buffers and the state of the dataset's seed generators (what the next passes'
-    ``shuffle()`` orders are drawn from), so a fresh iterator that reads it continues the pass,
-    and the passes after it draw the orders an uninterrupted run draws."""
-
-    kind = "tf.data/pass"
-
-    @classmethod
-    def make(cls, epoch_iterator: Any, adapter: Any) -> _TFPassData | None:  # type: ignore[override]
-        """The handle when an execution would cross a pass's end, else None (nothing hooked)."""
-        k = int(getattr(epoch_iterator, "steps_per_execution", 1) or 1)
-        cardinality = int(adapter._dataset.cardinality())
-        if epoch_iterator.steps_per_epoch or cardinality <= 0 or cardinality % k == 0:
-            return None
-        return cls(epoch_iterator, adapter._dataset, cardinality, False)
-
-    #: Whether Keras was handed the current iterator or it was read from a checkpoint (a
-    #: fresh pass then needs a new one; an iterator made for a checkpoint before the pass
-    #: began is the pass's own).
-    _used = False
-
-    def begin_epoch(self, epoch: int, start_batch: int) -> None:
-        if start_batch == 0 and self._used:
-            self._iterator, self._used = None, False
-        super().begin_epoch(epoch, start_batch)
-
-    def _epoch_iterator(self) -> Iterator[Any]:
-        # Keras asks again at the pass's end (for the next pass, which asks anew): the same,
-        # spent one, so no seed is drawn for it.
-        self._used = True
-        return self._iter()
-
-    def _restore_extra(self, state: dict[str, Any], checkpoint_dir: str) -> None:
-        super()._restore_extra(state, checkpoint_dir)
-        self._used = True
 
 
 __all__ = [
