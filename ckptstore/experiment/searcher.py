@@ -224,8 +224,9 @@ class Searcher:
         s = config.searcher
         # A seed the config gives repeats the search in every experiment made from it, as
         # Determined's did; without one, each experiment draws its own (0 + its ID).
+        given = config.reproducibility
         seed = config.experiment_seed
-        if not config.experiment_seed_given:
+        if given is None or "experiment_seed" not in given.model_fields_set:
             seed += experiment_id
         self._seed = seed
         if s.name == "grid":
