@@ -224,9 +224,8 @@ class Searcher:
         s = config.searcher
         # A seed the config gives repeats the search in every experiment made from it, as
         # Determined's did; without one, each experiment draws its own (0 + its ID).
-        given = config.reproducibility
         seed = config.experiment_seed
-        if given is None or "experiment_seed" not in given.model_fields_set:
+        if not config.experiment_seed_given:
             seed += experiment_id
         self._seed = seed
         if s.name == "grid":

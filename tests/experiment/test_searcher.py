@@ -53,6 +53,7 @@ def test_a_given_experiment_seed_repeats_the_search_in_a_new_experiment(tmp_path
     set: each experiment draws its own."""
     url = f"sqlite:///{tmp_path / 'reg.db'}"
     seeded = parse_config({**config().raw, "reproducibility": {"experiment_seed": 1}})
+    assert seeded.experiment_seed_given and not config().experiment_seed_given
     assert _draws(Searcher(seeded, 1, url)) == _draws(Searcher(seeded, 2, url))
     assert _draws(Searcher(config(), 3, url)) != _draws(Searcher(config(), 4, url))
 
