@@ -179,13 +179,6 @@ class ExperimentConfig(keys.Section):
         return (self.reproducibility or sections.Reproducibility()).experiment_seed
 
     @property
-    def experiment_seed_given(self) -> bool:
-        """Whether the config sets ``reproducibility.experiment_seed`` (a search seeded by it
-        draws the same hyperparameters in every experiment made from the config)."""
-        given = self.reproducibility
-        return given is not None and "experiment_seed" in given.model_fields_set
-
-    @property
     def slots_per_trial(self) -> int:
         """``resources.slots_per_trial``: workers started per trial on this machine."""
         return (self.resources or sections.Resources()).slots_per_trial

@@ -222,11 +222,7 @@ class Searcher:
         self.config = config
         self.experiment_id = experiment_id
         s = config.searcher
-        # A seed the config gives repeats the search in every experiment made from it, as
-        # Determined's did; without one, each experiment draws its own (0 + its ID).
-        seed = config.experiment_seed
-        if not config.experiment_seed_given:
-            seed += experiment_id
+        seed = config.experiment_seed + experiment_id
         self._seed = seed
         if s.name == "grid":
             space = {

@@ -44,20 +44,6 @@ def test_samples_respect_each_type(tmp_path):
         assert hp["act"] in ("relu", "tanh") and hp["layers"] in ([8], [8, 8])
 
 
-def _draws(searcher, n=3):
-    return [searcher.ask()[0]["lr"] for _ in range(n)]
-
-
-def test_a_given_experiment_seed_repeats_the_search_in_a_new_experiment(tmp_path):
-    """reproducibility.experiment_seed set: experiments 1 and 2 draw the same values; not
-    set: each experiment draws its own."""
-    url = f"sqlite:///{tmp_path / 'reg.db'}"
-    seeded = parse_config({**config().raw, "reproducibility": {"experiment_seed": 1}})
-    assert seeded.experiment_seed_given and not config().experiment_seed_given
-    assert _draws(Searcher(seeded, 1, url)) == _draws(Searcher(seeded, 2, url))
-    assert _draws(Searcher(config(), 3, url)) != _draws(Searcher(config(), 4, url))
-
-
 def test_adaptive_asha_prunes_the_worse_trials(tmp_path):
     searcher = Searcher(
         config("adaptive_asha", max_rungs=3, divisor=2), 1, f"sqlite:///{tmp_path / 'r.db'}"
