@@ -97,6 +97,27 @@ def _check_readers(storage_url, registry_url, tmp_path) -> str | None:
         storage.close()
 
 
+def _describe(storage, registry, names, total) -> str:
+    """What GC left in each of ``names`` (files, commit slot, marker, index row, pins)."""
+    rows = {r.uuid: r.state for r in registry.checkpoint_records(trial_id=1, states=None)}
+    pinned = registry.protected_checkpoint_uuids()
+    lines = [f"{len(names)} of {total} folders GC left are not removed:"]
+    for name in names:
+        try:
+            slot = storage.read_bytes(f"{name}/{fmt.MANIFEST_NAME}")[:80]
+        except Exception as exc:  # noqa: BLE001 - a description, whatever the slot holds
+            slot = type(exc).__name__
+        try:
+            marker = storage.read_bytes(f"{name}/{fmt.PENDING_MARKER_NAME}")[:80]
+        except Exception as exc:  # noqa: BLE001
+            marker = type(exc).__name__
+        lines.append(
+            f"{name}: files {storage.list(name)}, slot {slot!r}, marker {marker!r}, "
+            f"row {rows.get(name)}, pinned {name in pinned}"
+        )
+    return "\n".join(lines)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("kind,kills", [("file", 32), ("s3", 16)])
@@ -135,9 +156,8 @@ def test_sigkill_at_random_points_never_exposes_a_partial_checkpoint(
         # what GC removed keeps only its fenced commit slot (a tombstone manifest), so a
         # killed writer's late manifest write cannot commit into it
         leftovers = set(storage.list_children("")) - committed
-        assert all(fmt.is_removed(storage, u) for u in leftovers), (
-            f"leftovers after GC: {leftovers}"
-        )
+        not_removed = [u for u in sorted(leftovers) if not fmt.is_removed(storage, u)]
+        assert not not_removed, _describe(storage, registry, not_removed, len(leftovers))
         for uuid in committed:  # GC removed stray pending markers; readers never saw them
             assert fmt.PENDING_MARKER_NAME not in fmt.read_manifest(storage, uuid)["files"]
             assert not storage.exists(f"{uuid}/{fmt.PENDING_MARKER_NAME}")
