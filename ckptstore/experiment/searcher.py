@@ -20,9 +20,11 @@ Where the study is stored (:func:`optuna_storage_url`):
 - registry in a SQLite file ``reg.db``: a sibling file ``reg.optuna.db``.
 - anything else (in-memory SQLite): a file under ``<ckptstore home>/optuna/``.
 
-Random and TPE samplers are seeded with ``experiment seed + experiment id + trial number``
-for each new trial, so a search is reproducible and runners sharing a study (same seed) still
-propose different values. The study of experiment N is named
+Random and TPE samplers are seeded with ``experiment seed + trial number`` for each new trial,
+so a search is reproducible and runners sharing a study (same seed) still propose different
+values. The experiment seed is ``reproducibility.experiment_seed`` when the config sets it (every
+experiment made from the config then draws the same hyperparameters, as on Determined), else the
+experiment's id (each experiment draws its own). The study of experiment N is named
 ``ckptstore-experiment-N-<its creation time in the registry>`` (:func:`resolve_study_name`):
 experiment ids start again at 1 in a new registry, and a study left in ``reg.optuna.db`` by a
 deleted ``reg.db`` must not be taken for the new experiment's. An experiment an older ckptstore
@@ -222,7 +224,13 @@ class Searcher:
         self.config = config
         self.experiment_id = experiment_id
         s = config.searcher
-        seed = config.experiment_seed + experiment_id
+        # A seed the config sets repeats the search in every experiment made from it, as
+        # Determined's master seeds its searcher with reproducibility.experiment_seed alone;
+        # without one each experiment draws its own (0 + its ID; Determined: the time).
+        given = config.reproducibility
+        seed = config.experiment_seed
+        if given is None or "experiment_seed" not in given.model_fields_set:
+            seed += experiment_id
         self._seed = seed
         if s.name == "grid":
             space = {
