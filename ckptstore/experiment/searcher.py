@@ -192,6 +192,35 @@ def _AskTellGridSampler(space: dict[str, list[Any]], seed: int) -> Any:  # noqa:
     return _grid_sampler_class()(space, seed=seed)
 
 
+class _EachTrialOnce:
+    """The study as the pruner sees it: a trial handed back (paused) and continued as Optuna's
+    retry copy (which inherits its rung values) counts once among the values at a rung, not
+    twice (the failed original and the copy)."""
+
+    def __init__(self, study: Any) -> None:
+        self._study = study
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[Any]:
+        trials = self._study.get_trials(deepcopy=deepcopy, states=states)
+        retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
+        return [t for t in trials if t.number not in retried]
+
+
+def _successive_halving_class() -> Any:
+    import optuna
+
+    class EachTrialOncePruner(optuna.pruners.SuccessiveHalvingPruner):
+        """Optuna's successive halving over :class:`_EachTrialOnce`."""
+
+        def prune(self, study: Any, trial: Any) -> bool:
+            return super().prune(_EachTrialOnce(study), trial)
+
+    return EachTrialOncePruner
+
+
 class Searcher:
     """Proposes hyperparameters for new trials and judges pruning, on an Optuna study.
 
@@ -276,9 +305,7 @@ class Searcher:
             return optuna.pruners.NopPruner()
         rungs = s.rung_lengths()
         if s.mode == "standard":
-            return optuna.pruners.SuccessiveHalvingPruner(
-                min_resource=rungs[0], reduction_factor=s.divisor
-            )
+            return _successive_halving_class()(min_resource=rungs[0], reduction_factor=s.divisor)
         return optuna.pruners.HyperbandPruner(
             min_resource=rungs[0], max_resource=rungs[-1], reduction_factor=s.divisor
         )

@@ -232,3 +232,72 @@ def test_an_experiment_an_older_ckptstore_started_keeps_its_study(tmp_path):
             other, reg.get_experiment(other).created_at
         )
         storage.engine.dispose()
+
+
+def _asha(max_trials: int):
+    """adaptive_asha one trial at a time, rungs at 30 and 60 batches (smaller is better)."""
+    return parse_config(
+        {
+            "entrypoint": "python3 train.py",
+            "hyperparameters": {"lr": {"type": "double", "minval": 0.001, "maxval": 0.1}},
+            "searcher": {
+                "name": "adaptive_asha",
+                "metric": "val_loss",
+                "max_length": {"batches": 60},
+                "max_trials": max_trials,
+                "divisor": 2,
+                "max_rungs": 2,
+            },
+        }
+    )
+
+
+def test_a_trial_paused_before_its_rung_goes_on_before_the_next_starts(tmp_path):
+    """SIGTERM before the first trial's rung report, then `experiment resume`: the paused trial
+    is continued before the next slot starts, so the worse trial meets the better one's value
+    at the rung and stops there. (The next slot used to be taken first: it met the rung alone,
+    was promoted, then the paused trial too, and both ran full length.)"""
+    url = f"sqlite:///{tmp_path / 'reg.db'}"
+    with Registry(url) as reg:
+        exp = reg.create_experiment("asha", config={})
+        first_run = TrialQueue(_asha(2), exp, reg, url)
+        first_run.ensure_slots()
+        good = first_run.pop()
+        first_run.requeue(good)  # paused at batch 20: checkpointed and handed back
+        resumed = TrialQueue(_asha(2), exp, reg, url)
+        again = resumed.pop()
+        assert again.trial_id == good.trial_id and again.retried
+        assert not resumed.searcher.should_prune(again.optuna_id, 30, 0.1)
+        assert not resumed.searcher.should_prune(again.optuna_id, 60, 0.05)
+        resumed.tell(again, 0.05)
+        worse = resumed.pop()
+        assert worse.trial_id != good.trial_id
+        assert resumed.searcher.should_prune(worse.optuna_id, 30, 0.9)  # stopped at the rung
+        resumed.tell(worse, None)
+        assert not resumed.busy()
+
+
+def test_a_trial_paused_after_its_rung_counts_once_there(tmp_path):
+    """A trial paused after its rung report goes on as Optuna's retry copy, which keeps its
+    rung value; the failed original keeps it too. ASHA must count it once: with 0.9 twice, a
+    third trial's 0.5 would be in the top half of [0.1, 0.5, 0.9, 0.9] and run on; of
+    [0.1, 0.5, 0.9] it is not the best of three, and stops."""
+    url = f"sqlite:///{tmp_path / 'reg.db'}"
+    with Registry(url) as reg:
+        exp = reg.create_experiment("asha", config={})
+        queue = TrialQueue(_asha(3), exp, reg, url)
+        queue.ensure_slots()
+        paused = queue.pop()
+        assert not queue.searcher.should_prune(paused.optuna_id, 30, 0.9)  # alone: promoted
+        queue.requeue(paused)  # paused at batch 45
+        again = queue.pop()
+        assert again.trial_id == paused.trial_id
+        assert not queue.searcher.should_prune(again.optuna_id, 60, 0.8)
+        queue.tell(again, 0.8)
+        best = queue.pop()
+        assert not queue.searcher.should_prune(best.optuna_id, 30, 0.1)
+        queue.tell(best, 0.05)
+        middle = queue.pop()
+        assert queue.searcher.should_prune(middle.optuna_id, 30, 0.5)
+        queue.tell(middle, None)
+        assert not queue.busy()
