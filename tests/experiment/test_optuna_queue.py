@@ -2,6 +2,7 @@
 once, each taken by one runner, a dead runner's trial re-queued by Optuna's heartbeat and
 continued as the same registry trial, retries bounded by max_restarts."""
 
+import contextlib
 import time
 
 import optuna
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.e2e  # starts trial processes
 STATE = optuna.trial.TrialState
 
 
-def _config(max_trials: int = 3, max_restarts: int = 5):
+def _config(max_trials: int = 3, max_restarts: int = 5, **searcher):
     return parse_config(
         {
             "entrypoint": "python3 train.py",
@@ -27,6 +28,7 @@ def _config(max_trials: int = 3, max_restarts: int = 5):
                 "metric": "val_loss",
                 "max_length": {"batches": 10},
                 "max_trials": max_trials,
+                **searcher,
             },
             "max_restarts": max_restarts,
         }
@@ -234,22 +236,19 @@ def test_an_experiment_an_older_ckptstore_started_keeps_its_study(tmp_path):
         storage.engine.dispose()
 
 
-def _asha(max_trials: int):
-    """adaptive_asha one trial at a time, rungs at 30 and 60 batches (smaller is better)."""
-    return parse_config(
-        {
-            "entrypoint": "python3 train.py",
-            "hyperparameters": {"lr": {"type": "double", "minval": 0.001, "maxval": 0.1}},
-            "searcher": {
-                "name": "adaptive_asha",
-                "metric": "val_loss",
-                "max_length": {"batches": 60},
-                "max_trials": max_trials,
-                "divisor": 2,
-                "max_rungs": 2,
-            },
-        }
+@contextlib.contextmanager
+def _asha_queue(tmp_path, max_trials: int):
+    """A new adaptive_asha experiment's queue, slots enqueued (one trial at a time, rungs at 30
+    and 60 batches, smaller is better), and a function opening another runner's queue."""
+    url = f"sqlite:///{tmp_path / 'reg.db'}"
+    config = _config(
+        max_trials, name="adaptive_asha", max_length={"batches": 60}, divisor=2, max_rungs=2
     )
+    with Registry(url) as reg:
+        exp = reg.create_experiment("asha", config={})
+        queue = TrialQueue(config, exp, reg, url)
+        queue.ensure_slots()
+        yield queue, lambda: TrialQueue(config, exp, reg, url)
 
 
 def test_a_trial_paused_before_its_rung_goes_on_before_the_next_starts(tmp_path):
@@ -257,14 +256,10 @@ def test_a_trial_paused_before_its_rung_goes_on_before_the_next_starts(tmp_path)
     is continued before the next slot starts, so the worse trial meets the better one's value
     at the rung and stops there. (The next slot used to be taken first: it met the rung alone,
     was promoted, then the paused trial too, and both ran full length.)"""
-    url = f"sqlite:///{tmp_path / 'reg.db'}"
-    with Registry(url) as reg:
-        exp = reg.create_experiment("asha", config={})
-        first_run = TrialQueue(_asha(2), exp, reg, url)
-        first_run.ensure_slots()
+    with _asha_queue(tmp_path, 2) as (first_run, another_runner):
         good = first_run.pop()
         first_run.requeue(good)  # paused at batch 20: checkpointed and handed back
-        resumed = TrialQueue(_asha(2), exp, reg, url)
+        resumed = another_runner()
         again = resumed.pop()
         assert again.trial_id == good.trial_id and again.retried
         assert not resumed.searcher.should_prune(again.optuna_id, 30, 0.1)
@@ -282,11 +277,7 @@ def test_a_trial_paused_after_its_rung_counts_once_there(tmp_path):
     rung value; the failed original keeps it too. ASHA must count it once: with 0.9 twice, a
     third trial's 0.5 would be in the top half of [0.1, 0.5, 0.9, 0.9] and run on; of
     [0.1, 0.5, 0.9] it is not the best of three, and stops."""
-    url = f"sqlite:///{tmp_path / 'reg.db'}"
-    with Registry(url) as reg:
-        exp = reg.create_experiment("asha", config={})
-        queue = TrialQueue(_asha(3), exp, reg, url)
-        queue.ensure_slots()
+    with _asha_queue(tmp_path, 3) as (queue, _):
         paused = queue.pop()
         assert not queue.searcher.should_prune(paused.optuna_id, 30, 0.9)  # alone: promoted
         queue.requeue(paused)  # paused at batch 45
