@@ -180,6 +180,12 @@ class ExperimentNotCompleted(CkptstoreError):
     """An experiment run ended without completing: a trial failed, or it was interrupted."""
 
 
+class ExperimentInterrupted(ExperimentNotCompleted):
+    """An experiment run stopped by Ctrl-C (SIGINT): its trials checkpointed and it is PAUSED;
+    ``ckptstore experiment resume ID`` continues each trial from its latest checkpoint (stopped
+    before the experiment was recorded, nothing ran)."""
+
+
 class JobFailed(CkptstoreError):
     """A job (``ckptstore job run``) exited non-zero or was stopped."""
 

@@ -20,6 +20,8 @@ EXIT_BAD_INPUT = 2
 EXIT_NOT_FOUND = 3
 EXIT_STORAGE = 4
 EXIT_CORRUPT = 5
+#: 128 + SIGINT, the shell's code for Ctrl-C: the experiment is PAUSED, not failed.
+EXIT_INTERRUPTED = 130
 
 EXIT_CODES_HELP = """\b
 Exit codes:
@@ -29,6 +31,7 @@ Exit codes:
   3  not found (checkpoint, trial, experiment, model, storage object)
   4  storage failure (unreachable, auth, permission, retries exhausted)
   5  checkpoint corrupt or untrusted (checksum mismatch, bad manifest, refused code)
+  130  interrupted by Ctrl-C: the experiment is PAUSED; `experiment resume ID` goes on
 """
 
 # Order matters: the first matching class wins (subclasses before their bases).
@@ -49,6 +52,7 @@ _TABLE: tuple[tuple[type[BaseException], int], ...] = (
     (errors.StorageError, EXIT_STORAGE),
     (errors.ChecksumMismatch, EXIT_CORRUPT),
     (errors.InvalidCheckpoint, EXIT_CORRUPT),
+    (errors.ExperimentInterrupted, EXIT_INTERRUPTED),
     (errors.CkptstoreError, EXIT_ERROR),
 )
 

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from ckptstore import defaults
+from ckptstore import defaults, errors
 from ckptstore.cli.output import json_option
 from ckptstore.masking import mask_value
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ckptstore.experiment.runner import RunOutcome
     from ckptstore.storage_backends.spec import StorageConfig
 
 logger = logging.getLogger(__name__)
@@ -94,9 +96,15 @@ def create_cmd(
 
     _setup_logging()
     storage, registry = _targets(ctx)
-    exp_id = create_experiment(
-        config, model_dir, storage=storage, registry=registry, run=False, engine=engine
-    )
+    try:
+        exp_id = create_experiment(
+            config, model_dir, storage=storage, registry=registry, run=False, engine=engine
+        )
+    except KeyboardInterrupt:
+        raise errors.ExperimentInterrupted(
+            "Interrupted by Ctrl-C (SIGINT) before the experiment was recorded: nothing ran. "
+            "Run the command again."
+        ) from None
     click.echo(
         f"Experiment {exp_id} recorded. Other machines sharing this registry and storage can "
         f"work on it too: ckptstore experiment join {exp_id}",
@@ -116,20 +124,41 @@ def _run_to_end(
     engine: str = "local",
     address: str | None = None,
 ) -> None:
-    """Run the experiment; exit non-zero (naming failed trials) unless it COMPLETED cleanly."""
-    from ckptstore import errors
+    """Run the experiment; exit non-zero (naming failed trials) unless it COMPLETED cleanly,
+    130 (:class:`~ckptstore.errors.ExperimentInterrupted`) when Ctrl-C paused it."""
     from ckptstore.experiment import run_experiment
 
-    outcome = run_experiment(
-        exp_id,
-        storage=storage,
-        registry=registry,
-        model_dir=model_dir,
-        engine=engine,
-        address=address,
-    )
-    if not outcome.ok:
-        raise errors.ExperimentNotCompleted(outcome.message())
+    try:
+        outcome = run_experiment(
+            exp_id,
+            storage=storage,
+            registry=registry,
+            model_dir=model_dir,
+            engine=engine,
+            address=address,
+        )
+    except KeyboardInterrupt:
+        # Ctrl-C before the runner took SIGINT over (while it opens the study), or a second
+        # one while it stops: nothing runs on, and the trials go on from their checkpoints.
+        outcome = _paused(exp_id, registry)
+    if outcome.ok:
+        return
+    if outcome.interrupted_by == signal.SIGINT and not outcome.failed:
+        raise errors.ExperimentInterrupted(outcome.message())
+    raise errors.ExperimentNotCompleted(outcome.message())
+
+
+def _paused(exp_id: int, registry: str | None) -> RunOutcome:
+    """The experiment marked PAUSED (unless it finished) after a Ctrl-C the runner missed."""
+    from ckptstore.experiment.runner import RunOutcome
+    from ckptstore.registry import Registry
+
+    with Registry(registry or defaults.default_registry_url()) as reg:
+        state = reg.get_experiment(exp_id).state
+        if state not in ("COMPLETED", "ERROR"):
+            state = "PAUSED"
+            reg.set_experiment_state(exp_id, state)
+    return RunOutcome(exp_id, state, [], interrupted_by=signal.SIGINT)
 
 
 _RESUME_HELP = """Continue every unfinished trial of EXPERIMENT_ID from its latest checkpoint,

@@ -52,7 +52,6 @@ class Searcher(Section):
     """The ``searcher`` section (cross-key rules are in :mod:`~ckptstore.experiment.config`)."""
 
     # Rules among its own keys are _own_rules below (the docstring is the schema description).
-
     # ``unit`` changes nothing and is not worth a warning; the other ignored keys are 0.38
     # keys that change nothing here, then keys of searchers older releases removed.
     quiet: ClassVar[frozenset[str]] = frozenset({"unit"})
@@ -97,8 +96,7 @@ class Searcher(Section):
 
     @model_validator(mode="after")
     def _own_rules(self) -> Searcher:
-        """The rules between this section's keys (those involving other sections are the
-        config's)."""
+        """The rules between this section's keys (those with other sections are the config's)."""
         if self.time_metric is not None or self.max_time is not None:
             self._check_time_metric()
         if self.source_checkpoint_uuid is not None and self.source_trial_id is not None:
@@ -252,7 +250,9 @@ class Environment(Section):
 
 
 class Reproducibility(Section):
-    """``reproducibility``: the seed trials derive theirs from."""
+    """``reproducibility``: ``experiment_seed`` seeds the search, and each trial with its ID. Set,
+    every experiment made from the config draws the same hyperparameters, as on Determined;
+    unset, each experiment draws its own (its ID seeds its search)."""
 
     experiment_seed: NonNegativeInt = 0
 

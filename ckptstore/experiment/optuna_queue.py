@@ -9,7 +9,8 @@ or a SQLite file beside the registry's). The study is the queue:
   registry's experiment lock (:meth:`Registry.run_exclusive`), so racing runners enqueue them
   once;
 - a runner takes a WAITING trial with Optuna's own atomic WAITING -> RUNNING step
-  (``set_trial_state_values``), and Optuna's heartbeat thread records a heartbeat for it every
+  (``set_trial_state_values``), a trial handed back or retried before any slot not started
+  yet, and Optuna's heartbeat thread records a heartbeat for it every
   ``heartbeat_interval`` seconds while the trial's process runs;
 - every runner calls :func:`optuna.storages.fail_stale_trials` while it works or waits: a
   trial whose heartbeat is older than ``grace_period`` (its runner was killed, its machine
@@ -271,7 +272,13 @@ class TrialQueue:
         from optuna.storages._heartbeat import get_heartbeat_thread
 
         state = optuna.trial.TrialState
-        for frozen in self.study.get_trials(deepcopy=False, states=(state.WAITING,)):
+        waiting = self.study.get_trials(deepcopy=False, states=(state.WAITING,))
+        # A trial handed back or retried (linked to its registry trial) before any slot not
+        # started yet: as Determined continues a paused experiment's trials before its searcher
+        # starts new ones. adaptive_asha then judges trials at a rung in the order they started
+        # (the next slot taken first met the rung alone, was promoted, and both ran on).
+        waiting.sort(key=lambda t: (TRIAL_ATTR not in t.user_attrs, t.number))
+        for frozen in waiting:
             optuna_id = frozen._trial_id
             # A heartbeat before taking it: a runner that dies right after the take leaves a
             # trial Optuna sees as stale (it skips RUNNING trials that never had a heartbeat).

@@ -378,6 +378,7 @@ class _DriverStop:
     def __init__(self, flag: Any) -> None:
         self.flag = flag
         self.stopping = threading.Event()
+        self.signum: int | None = None  # the signal that stopped the driver
         self._wake = threading.Event()
         self._old: dict[int, Any] = {}
         self._thread = threading.Thread(target=self._tell, name="ckptstore-ray-stop", daemon=True)
@@ -401,6 +402,7 @@ class _DriverStop:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         logger.warning("Received signal %d: trials checkpoint and pause", signum)
+        self.signum = self.signum or signum
         self.stopping.set()
         self._wake.set()
         self._restore()
@@ -451,7 +453,9 @@ def run_on_ray(run: ExperimentRun, address: str | None) -> RunOutcome:
             ray.shutdown()
     outcome = run.conclude(stopped=stop.stopping.is_set())
     where = f" --address {address}" if address else ""
-    return dataclasses.replace(outcome, resume_options=f" --engine ray{where}")
+    return dataclasses.replace(
+        outcome, resume_options=f" --engine ray{where}", interrupted_by=stop.signum
+    )
 
 
 def _tuner(run: ExperimentRun, slots: int, searcher: Any, stop_flag: Any) -> Any:

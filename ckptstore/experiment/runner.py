@@ -178,6 +178,8 @@ class RunOutcome:
     failed: list[TrialFailure]
     #: Options the resume command needs to continue on the same engine (``--engine ray``).
     resume_options: str = ""
+    #: The signal that stopped the run (SIGINT for Ctrl-C, SIGTERM), None when none did.
+    interrupted_by: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -188,8 +190,12 @@ class RunOutcome:
         """What went wrong, naming each failed trial with the last lines of its log."""
         exp = self.experiment_id
         if not self.failed:
+            by = ""
+            if self.interrupted_by is not None:
+                name = signal.Signals(self.interrupted_by).name
+                by = " by Ctrl-C (SIGINT)" if name == "SIGINT" else f" by {name}"
             return (
-                f"Experiment {exp} was interrupted and is {self.state}; continue it with "
+                f"Experiment {exp} was interrupted{by} and is {self.state}; continue it with "
                 f"`ckptstore experiment resume {exp}{self.resume_options}`."
             )
         lines = [f"Experiment {exp} ended {self.state} with {len(self.failed)} failed trial(s)."]
@@ -277,6 +283,7 @@ class ExperimentRun:
         self.restarts: dict[int, int] = {}
         self.failures: dict[int, TrialFailure] = {}
         self._stop = False
+        self._signal: int | None = None  # the first signal that stopped this runner
         self._next_scan = 0.0
         self._waiting_logged = False
 
@@ -379,6 +386,7 @@ class ExperimentRun:
     def _on_signal(self, signum: int, frame: Any) -> None:
         logger.warning("Received signal %d: asking trials to checkpoint and stop", signum)
         self._stop = True
+        self._signal = self._signal or signum
         for proc, _ in self.running.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -467,7 +475,7 @@ class ExperimentRun:
         ]
         self.logs.close_all()  # the storage stored_tail may have opened
         state = self.registry.get_experiment(self.experiment_id).state
-        return RunOutcome(self.experiment_id, state, failed)
+        return RunOutcome(self.experiment_id, state, failed, interrupted_by=self._signal)
 
 
 def _check_engine(engine: str) -> None:

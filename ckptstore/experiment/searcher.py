@@ -20,9 +20,11 @@ Where the study is stored (:func:`optuna_storage_url`):
 - registry in a SQLite file ``reg.db``: a sibling file ``reg.optuna.db``.
 - anything else (in-memory SQLite): a file under ``<ckptstore home>/optuna/``.
 
-Random and TPE samplers are seeded with ``experiment seed + experiment id + trial number``
-for each new trial, so a search is reproducible and runners sharing a study (same seed) still
-propose different values. The study of experiment N is named
+Random and TPE samplers are seeded with ``experiment seed + trial number`` for each new trial,
+so a search is reproducible and runners sharing a study (same seed) still propose different
+values. The experiment seed is ``reproducibility.experiment_seed`` when the config sets it (every
+experiment made from the config then draws the same hyperparameters, as on Determined), else the
+experiment's id (each experiment draws its own). The study of experiment N is named
 ``ckptstore-experiment-N-<its creation time in the registry>`` (:func:`resolve_study_name`):
 experiment ids start again at 1 in a new registry, and a study left in ``reg.optuna.db`` by a
 deleted ``reg.db`` must not be taken for the new experiment's. An experiment an older ckptstore
@@ -190,6 +192,35 @@ def _AskTellGridSampler(space: dict[str, list[Any]], seed: int) -> Any:  # noqa:
     return _grid_sampler_class()(space, seed=seed)
 
 
+class _EachTrialOnce:
+    """The study as the pruner sees it: a trial handed back (paused) and continued as Optuna's
+    retry copy (which inherits its rung values) counts once among the values at a rung, not
+    twice (the failed original and the copy)."""
+
+    def __init__(self, study: Any) -> None:
+        self._study = study
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def get_trials(self, deepcopy: bool = True, states: Any = None) -> list[Any]:
+        trials = self._study.get_trials(deepcopy=deepcopy, states=states)
+        retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
+        return [t for t in trials if t.number not in retried]
+
+
+def _successive_halving_class() -> Any:
+    import optuna
+
+    class EachTrialOncePruner(optuna.pruners.SuccessiveHalvingPruner):
+        """Optuna's successive halving over :class:`_EachTrialOnce`."""
+
+        def prune(self, study: Any, trial: Any) -> bool:
+            return super().prune(_EachTrialOnce(study), trial)
+
+    return EachTrialOncePruner
+
+
 class Searcher:
     """Proposes hyperparameters for new trials and judges pruning, on an Optuna study.
 
@@ -222,7 +253,13 @@ class Searcher:
         self.config = config
         self.experiment_id = experiment_id
         s = config.searcher
-        seed = config.experiment_seed + experiment_id
+        # A seed the config sets repeats the search in every experiment made from it, as
+        # Determined's master seeds its searcher with reproducibility.experiment_seed alone;
+        # without one each experiment draws its own (0 + its ID; Determined: the time).
+        given = config.reproducibility
+        seed = config.experiment_seed
+        if given is None or "experiment_seed" not in given.model_fields_set:
+            seed += experiment_id
         self._seed = seed
         if s.name == "grid":
             space = {
@@ -268,9 +305,7 @@ class Searcher:
             return optuna.pruners.NopPruner()
         rungs = s.rung_lengths()
         if s.mode == "standard":
-            return optuna.pruners.SuccessiveHalvingPruner(
-                min_resource=rungs[0], reduction_factor=s.divisor
-            )
+            return _successive_halving_class()(min_resource=rungs[0], reduction_factor=s.divisor)
         return optuna.pruners.HyperbandPruner(
             min_resource=rungs[0], max_resource=rungs[-1], reduction_factor=s.divisor
         )

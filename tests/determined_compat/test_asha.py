@@ -8,7 +8,13 @@ import pytest
 
 from ckptstore.experiment.config import load_config
 from ckptstore.registry import Registry
-from tests.determined_compat.conftest import ckptstore, copy_corpus, create_ok
+from tests.determined_compat.conftest import (
+    ckptstore,
+    copy_corpus,
+    create_ok,
+    create_then_sigterm,
+    resume_ok,
+)
 
 pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
 
@@ -95,3 +101,77 @@ def test_038_script_reporting_batches_is_stopped_at_rungs(tmp_path, where):
     assert all(n in (16, 32) for n in stopped)  # reports every 8 batches: rungs 16 and 32 hit
     assert output.count("STOPPED AT") == len(stopped)
     assert output.count("TRAINED 64 BATCHES") == 8 - len(stopped)
+
+
+# A 0.38-style Core API script (NumPy): 8 batches, a validation report, a checkpoint, again.
+# With WAIT_FOR_PREEMPT_AT set (the first run only), the first trial waits there to be stopped.
+PAUSABLE_PY = """
+import os
+import time
+
+import determined as det
+import numpy as np
+
+with det.core.init() as core_context:
+    info = det.get_cluster_info()
+    lr, weight, batches = info.trial.hparams["lr"], 0.0, 0
+    if info.latest_checkpoint:
+        with core_context.checkpoint.restore_path(info.latest_checkpoint) as path:
+            weight, batches = np.load(path / "state.npy")
+            batches = int(batches)
+    x = np.random.RandomState(0).uniform(-1, 1, size=64)
+    wait_at = int(os.environ.get("WAIT_FOR_PREEMPT_AT", "0"))
+    while batches < 32 and not core_context.preempt.should_preempt():
+        for _ in range(8):
+            weight -= lr * float(np.mean(2 * (weight * x - 3.0 * x) * x))
+            batches += 1
+        val_loss = float(np.mean((weight * x - 3.0 * x) ** 2))
+        core_context.train.report_validation_metrics(
+            batches, {"val_loss": val_loss, "batches": batches}
+        )
+        with core_context.checkpoint.store_path({"steps_completed": batches}) as (path, _):
+            np.save(path / "state.npy", np.array([weight, batches]))
+        while batches == wait_at and not core_context.preempt.should_preempt():
+            time.sleep(0.1)
+"""
+
+PAUSABLE_YAML = """
+hyperparameters:
+  lr: {type: categorical, vals: [0.0, 0.5]}
+searcher:
+  name: adaptive_asha
+  metric: val_loss
+  max_length: {batches: 32}
+  max_trials: 2
+  divisor: 2
+  max_rungs: 2
+reproducibility:
+  experiment_seed: 1  # the first trial draws lr 0.5 (learns), the second 0.0 (cannot)
+entrypoint: python3 train.py
+"""
+
+
+def test_a_trial_paused_before_its_rung_still_prunes_the_next(tmp_path, where):
+    """SIGTERM while the first (good) trial is short of its rung (16 batches), then `resume`:
+    the paused trial goes on first, so the second (useless) one meets its value at the rung and
+    stops there. Before, the second started first, met the rung alone and was promoted, and both
+    ran the full 32 batches."""
+    storage, registry = where
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "train.py").write_text(PAUSABLE_PY)
+    (model_dir / "adaptive.yaml").write_text(PAUSABLE_YAML)
+
+    def at_8(reg):
+        latest = reg.latest_checkpoint(1)
+        return latest is not None and latest.steps_completed == 8
+
+    create_then_sigterm(
+        "adaptive.yaml", model_dir, storage, registry, at_8, WAIT_FOR_PREEMPT_AT="8"
+    )
+    resume_ok(model_dir, storage, registry)
+    trials = {t.id: (t, steps) for t, steps in _trials(registry, 1)}
+    assert sorted(trials) == [1, 2] and all(t.state == "COMPLETED" for t, _ in trials.values())
+    assert [trials[i][0].hparams["lr"] for i in (1, 2)] == [0.5, 0.0]
+    assert trials[1][1] == [8, 16, 24, 32]  # the paused trial went on from its checkpoint
+    assert trials[2][1] == [8, 16]  # stopped at the rung

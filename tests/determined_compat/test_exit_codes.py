@@ -2,10 +2,23 @@
 trial and the end of its log; an experiment whose trials all failed is ERROR (issue 13.5)."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
-from tests.determined_compat.conftest import ckptstore, copy_corpus
+from ckptstore.registry import Registry
+from tests.determined_compat.conftest import (
+    CLI_TIMEOUT_S,
+    ckptstore,
+    cli_env,
+    copy_corpus,
+    paused_at,
+    resume_ok,
+)
 
 pytestmark = pytest.mark.e2e  # runs the ckptstore command in processes, trials end to end
 
@@ -107,3 +120,73 @@ def test_python3_is_the_interpreter_running_ckptstore(tmp_path, where, monkeypat
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"INTERPRETER {sys.executable}" in done.stdout + done.stderr
+
+
+# A Core API script that checkpoints every step and stops when asked (Ctrl-C reaches it too).
+STEPS_PY = """
+import time
+
+import determined as det
+
+with det.core.init() as core_context:
+    latest = det.get_cluster_info().latest_checkpoint
+    step = 0
+    if latest:
+        with core_context.checkpoint.restore_path(latest) as path:
+            step = int((path / "step.txt").read_text())
+    while step < 30:
+        step += 1
+        time.sleep(0.2)
+        core_context.train.report_validation_metrics(step, {"val_loss": 1.0 / step})
+        with core_context.checkpoint.store_path({"steps_completed": step}) as (path, _):
+            (path / "step.txt").write_text(str(step))
+        if core_context.preempt.should_preempt():
+            break
+"""
+
+
+def test_ctrl_c_pauses_the_experiment_and_exits_130(tmp_path, where):
+    """Ctrl-C in a terminal (SIGINT to the command's process group: the runner and its trial):
+    the trial checkpoints, the experiment is PAUSED, the command says how to go on and exits
+    130 (reference/errors.md); `experiment resume` finishes it from the checkpoint."""
+    storage, registry = where
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "train.py").write_text(STEPS_PY)
+    (model_dir / "const.yaml").write_text(
+        "searcher: {name: single, metric: val_loss}\nentrypoint: python3 train.py\n"
+    )
+    cmd = [sys.executable, "-m", "ckptstore.cli.main", "--storage", storage, "--registry", registry]
+    run = subprocess.Popen(
+        [*cmd, "experiment", "create", "const.yaml", "."],
+        cwd=model_dir,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell gives a foreground job
+    )
+    deadline = time.monotonic() + CLI_TIMEOUT_S
+    checkpointed = False
+    while not checkpointed and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.3)
+        try:
+            with Registry(registry) as reg:
+                checkpointed = reg.latest_checkpoint(1) is not None
+        except Exception:  # noqa: BLE001 - the registry or trial may not exist yet
+            pass
+    assert checkpointed, run.communicate(timeout=60)[1][-3000:]
+    os.killpg(run.pid, signal.SIGINT)
+    _, err = run.communicate(timeout=CLI_TIMEOUT_S)
+    assert run.returncode == 130, err[-3000:]
+    assert "ExperimentInterrupted: Experiment 1 was interrupted by Ctrl-C (SIGINT)" in err
+    assert "is PAUSED; continue it with `ckptstore experiment resume 1`" in err
+    cut = paused_at(registry)
+    assert 0 < cut < 30
+    with Registry(registry) as reg:
+        assert reg.get_experiment(1).state == "PAUSED"
+    resume_ok(model_dir, storage, registry)
+    with Registry(registry) as reg:
+        assert reg.get_experiment(1).state == "COMPLETED"
+        steps = [row.steps_completed for row in reg.get_metrics(1, "validation")]
+    assert steps == list(range(1, 31))  # went on after the checkpoint, nothing trained twice

@@ -2,6 +2,7 @@
 once, each taken by one runner, a dead runner's trial re-queued by Optuna's heartbeat and
 continued as the same registry trial, retries bounded by max_restarts."""
 
+import contextlib
 import time
 
 import optuna
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.e2e  # starts trial processes
 STATE = optuna.trial.TrialState
 
 
-def _config(max_trials: int = 3, max_restarts: int = 5):
+def _config(max_trials: int = 3, max_restarts: int = 5, **searcher):
     return parse_config(
         {
             "entrypoint": "python3 train.py",
@@ -27,6 +28,7 @@ def _config(max_trials: int = 3, max_restarts: int = 5):
                 "metric": "val_loss",
                 "max_length": {"batches": 10},
                 "max_trials": max_trials,
+                **searcher,
             },
             "max_restarts": max_restarts,
         }
@@ -232,3 +234,61 @@ def test_an_experiment_an_older_ckptstore_started_keeps_its_study(tmp_path):
             other, reg.get_experiment(other).created_at
         )
         storage.engine.dispose()
+
+
+@contextlib.contextmanager
+def _asha_queue(tmp_path, max_trials: int):
+    """A new adaptive_asha experiment's queue, slots enqueued (one trial at a time, rungs at 30
+    and 60 batches, smaller is better), and a function opening another runner's queue."""
+    url = f"sqlite:///{tmp_path / 'reg.db'}"
+    config = _config(
+        max_trials, name="adaptive_asha", max_length={"batches": 60}, divisor=2, max_rungs=2
+    )
+    with Registry(url) as reg:
+        exp = reg.create_experiment("asha", config={})
+        queue = TrialQueue(config, exp, reg, url)
+        queue.ensure_slots()
+        yield queue, lambda: TrialQueue(config, exp, reg, url)
+
+
+def test_a_trial_paused_before_its_rung_goes_on_before_the_next_starts(tmp_path):
+    """SIGTERM before the first trial's rung report, then `experiment resume`: the paused trial
+    is continued before the next slot starts, so the worse trial meets the better one's value
+    at the rung and stops there. (The next slot used to be taken first: it met the rung alone,
+    was promoted, then the paused trial too, and both ran full length.)"""
+    with _asha_queue(tmp_path, 2) as (first_run, another_runner):
+        good = first_run.pop()
+        first_run.requeue(good)  # paused at batch 20: checkpointed and handed back
+        resumed = another_runner()
+        again = resumed.pop()
+        assert again.trial_id == good.trial_id and again.retried
+        assert not resumed.searcher.should_prune(again.optuna_id, 30, 0.1)
+        assert not resumed.searcher.should_prune(again.optuna_id, 60, 0.05)
+        resumed.tell(again, 0.05)
+        worse = resumed.pop()
+        assert worse.trial_id != good.trial_id
+        assert resumed.searcher.should_prune(worse.optuna_id, 30, 0.9)  # stopped at the rung
+        resumed.tell(worse, None)
+        assert not resumed.busy()
+
+
+def test_a_trial_paused_after_its_rung_counts_once_there(tmp_path):
+    """A trial paused after its rung report goes on as Optuna's retry copy, which keeps its
+    rung value; the failed original keeps it too. ASHA must count it once: with 0.9 twice, a
+    third trial's 0.5 would be in the top half of [0.1, 0.5, 0.9, 0.9] and run on; of
+    [0.1, 0.5, 0.9] it is not the best of three, and stops."""
+    with _asha_queue(tmp_path, 3) as (queue, _):
+        paused = queue.pop()
+        assert not queue.searcher.should_prune(paused.optuna_id, 30, 0.9)  # alone: promoted
+        queue.requeue(paused)  # paused at batch 45
+        again = queue.pop()
+        assert again.trial_id == paused.trial_id
+        assert not queue.searcher.should_prune(again.optuna_id, 60, 0.8)
+        queue.tell(again, 0.8)
+        best = queue.pop()
+        assert not queue.searcher.should_prune(best.optuna_id, 30, 0.1)
+        queue.tell(best, 0.05)
+        middle = queue.pop()
+        assert queue.searcher.should_prune(middle.optuna_id, 30, 0.5)
+        queue.tell(middle, None)
+        assert not queue.busy()
