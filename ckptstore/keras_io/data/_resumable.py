@@ -624,13 +624,10 @@ class _TFDatasetData(_Base):
         of the pipeline its checkpoint leaves out (the rule and the warnings:
         ``_tfdata_state.py``)."""
         if self._iterator_saveable is None:
-            kind, reason = tfdata_state.outside_state(self._raw_dataset, self._iter())
-            self._iterator_saveable = kind != "python"
-            if kind == "draws":
-                logger.warning(tfdata_state.DRAWS, "this fit()", reason)
-            elif kind == "python":
-                then = "a resumed run reads the pipeline from its start (a cut epoch restarts)"
-                logger.warning(tfdata_state.PYTHON, "this fit()", reason, then)
+            then = "a resumed run reads the pipeline from its start (a cut epoch restarts)"
+            self._iterator_saveable = tfdata_state.saveable(
+                self._raw_dataset, self._iter(), "this fit()", then, logger
+            )
         return self._iterator_saveable
 
     def _restore_extra(self, state: dict[str, Any], checkpoint_dir: str) -> None:
