@@ -24,6 +24,8 @@ tf.data.Dataset        one iterator over ``dataset.repeat()`` for the whole fit 
                        ``tf.train.Checkpoint`` (TF's own iterator checkpointing: shuffle buffers,
                        shuffle seeds, position) -- exact whenever TF can checkpoint the pipeline
                        (a map with a stateful op: checkpoints without the position, a warning).
+torch DataLoader       one iterator per epoch, a resumed one made from the generator states
+                       its epoch began with (:mod:`~ckptstore.keras_io.data._resumable_torch`)
 Python generator, ...  cannot be rewound: a warning at fit start, and a preempted epoch restarts
                        from its first batch on resume.
 =====================  =========================================================================
@@ -200,6 +202,12 @@ def attach(
         elif data.overruns_epochs(getattr(epoch_iterator, "steps_per_execution", 1)):
             reason = "steps_per_execution not dividing the batches of a tf.data epoch"
         else:
+            return data
+    elif type(adapter).__name__ == "TorchDataLoaderAdapter":
+        from ckptstore.keras_io.data import _resumable_torch
+
+        data, reason = _resumable_torch.make(epoch_iterator, adapter)
+        if data is not None:
             return data
     else:
         reason = f"a {type(adapter).__name__} input (e.g. a Python generator) cannot be rewound"
