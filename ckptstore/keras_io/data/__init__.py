@@ -1,8 +1,7 @@
 """Resumable input for ``fit()`` on both Kerases: a preempted epoch continues at its next unseen
 batch, in the order an uninterrupted run would have seen (:mod:`._resumable` for Keras 3 on
-TensorFlow, :mod:`._resumable_jax` on JAX and PyTorch (:mod:`._resumable_torch` adds PyTorch's
-``DataLoader``), :mod:`._resumable_keras2` for Keras 2's
-``tf_keras``). ``DeterminedCallback`` attaches the one :func:`for_running_keras` names.
+TensorFlow, :mod:`._resumable_jax` on JAX and PyTorch, :mod:`._resumable_torch` for a torch
+``DataLoader`` on any of the three, :mod:`._resumable_keras2` for Keras 2's ``tf_keras``). ``DeterminedCallback`` attaches the one :func:`for_running_keras` names.
 
 Example::
 
