@@ -24,6 +24,9 @@ tf.data.Dataset        one iterator over ``dataset.repeat()`` for the whole fit 
                        ``tf.train.Checkpoint`` (TF's own iterator checkpointing: shuffle buffers,
                        shuffle seeds, position) -- exact whenever TF can checkpoint the pipeline
                        (a map with a stateful op: checkpoints without the position, a warning).
+                       Without ``steps_per_epoch``, when ``steps_per_execution`` does not divide a
+                       pass: each epoch's batches through a Python iterator ending with the pass
+                       (:meth:`_TFDatasetData.end_epochs_with_passes`).
 torch DataLoader       one iterator per epoch, a resumed one made from the generator states
                        its epoch began with (:mod:`~ckptstore.keras_io.data._resumable_torch`)
 Python generator, ...  cannot be rewound: a warning at fit start, and a preempted epoch restarts
@@ -46,6 +49,7 @@ Example (what DeterminedCallback does)::
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -199,9 +203,8 @@ def attach(
         data = _TFDatasetData.make(epoch_iterator, adapter)
         if data is None:
             reason = "a tf.data.Dataset of unknown length without steps_per_epoch"
-        elif data.overruns_epochs(getattr(epoch_iterator, "steps_per_execution", 1)):
-            reason = "steps_per_execution not dividing the batches of a tf.data epoch"
         else:
+            data.end_epochs_with_passes(getattr(epoch_iterator, "steps_per_execution", 1))
             return data
     elif type(adapter).__name__ == "TorchDataLoaderAdapter":
         from ckptstore.keras_io.data import _resumable_torch
@@ -567,6 +570,8 @@ class _TFDatasetData(_Base):
     #: Whether the iterator may be saved; None until the first checkpoint asks
     #: (:meth:`_saveable`).
     _iterator_saveable: bool | None = None
+    #: Whether each epoch's iterator ends with its pass (:meth:`end_epochs_with_passes`).
+    _pass_ends = False
 
     def __init__(
         self, epoch_iterator: Any, dataset: Any, num_batches: int, steps_given: bool
@@ -590,12 +595,12 @@ class _TFDatasetData(_Base):
             return cls(epoch_iterator, dataset.repeat(), cardinality, False)
         return None
 
-    def overruns_epochs(self, steps_per_execution: int) -> bool:
-        """Whether one iterator over the repeated dataset would run an execution of
-        ``steps_per_execution`` steps past the end of an epoch (Keras, with a fresh iterator
-        per pass, cuts that execution short). With ``steps_per_epoch`` Keras keeps one
-        iterator too, so the executions are the same as without ckptstore."""
-        return not self._steps_given and self.num_batches % steps_per_execution != 0
+    def end_epochs_with_passes(self, steps_per_execution: int) -> None:
+        """Make each epoch end with its pass when an execution of ``steps_per_execution``
+        steps would run on from the one iterator over the repeated dataset into the next pass
+        (Keras, with a fresh iterator per pass, cuts that execution short). With
+        ``steps_per_epoch`` Keras keeps one iterator too: the executions stay as they are."""
+        self._pass_ends = not self._steps_given and self.num_batches % steps_per_execution != 0
 
     def _set_epoch_steps(self, steps: int) -> None:
         if self._steps_given:
@@ -609,7 +614,14 @@ class _TFDatasetData(_Base):
         return self._iterator
 
     def _epoch_iterator(self) -> Iterator[Any]:
-        return self._iter()
+        if not self._pass_ends:
+            return self._iter()
+        # The epoch's batches left, read from the one iterator: a Python iterator, which Keras
+        # reads batch by batch (zip(range(k), iterator)) and which ends with the pass. Not an
+        # iterator per pass: TensorFlow's checkpoint of one whose shuffle has read its pass to
+        # the end (a prefetch reads ahead, as far as the load lets it) leaves out the state of
+        # the dataset's seed generator, and the passes after a resume reshuffle otherwise.
+        return itertools.islice(self._iter(), self.num_batches - self._start)
 
     def snapshot(self, epoch: int, batches_done: int, checkpoint_dir: str) -> dict[str, Any] | None:
         import tensorflow as tf
