@@ -156,8 +156,8 @@ def attach(
     checkpoint, so a resumed run gets the same orders). ``on_boundary`` is called first thing
     at every epoch end, validation begin and train end -- once every callback has finished
     the last batch and before any of them reacts to the end of the epoch -- and at every
-    train batch begin. ``adapt`` (the JAX loop's) makes the handle for the fit's epoch
-    iterator instead of this module's classes.
+    train batch begin. ``adapt`` (the JAX loop's, a torch DataLoader's) makes the handle for
+    the fit's epoch iterator instead of this module's :func:`_adapt`.
     """
     on_backend = keras.backend.backend() in ("tensorflow", "jax", "torch")
     frame = find_fit_frame(model) if on_backend else None
@@ -178,43 +178,35 @@ def attach(
             "exact)."
         )
         return None
-    if adapt is not None:  # the JAX loop's (see _resumable_jax.attach)
-        data, reason = adapt(epoch_iterator, seed)
-        return data if data is not None else _restarts(reason)
+    data, reason = (adapt or _adapt)(epoch_iterator, seed)
+    return data if data is not None else _restarts(reason)
+
+
+def _adapt(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
+    """``(handle, None)`` for an input Keras 3's TensorFlow loop reads that this module
+    resumes, else ``(None, reason)``."""
     adapter = epoch_iterator.data_adapter
     from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
     from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
     from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
-    reason = None
     if isinstance(adapter, ArrayDataAdapter):
         if epoch_iterator.steps_per_epoch:
-            reason = "arrays with steps_per_epoch (an epoch is not one pass over the data)"
-        elif _has_sparse(adapter._inputs):
-            reason = "sparse array inputs"
-        else:
-            return _ArrayData(epoch_iterator, adapter, seed)
-    elif isinstance(adapter, PyDatasetAdapter):
+            return None, "arrays with steps_per_epoch (an epoch is not one pass over the data)"
+        if _has_sparse(adapter._inputs):
+            return None, "sparse array inputs"
+        return _ArrayData(epoch_iterator, adapter, seed), None
+    if isinstance(adapter, PyDatasetAdapter):
         if epoch_iterator.steps_per_epoch or adapter.py_dataset.num_batches is None:
-            reason = "a PyDataset with steps_per_epoch or without a length"
-        else:
-            return _PyDatasetData(epoch_iterator, adapter, seed)
-    elif isinstance(adapter, TFDatasetAdapter):
+            return None, "a PyDataset with steps_per_epoch or without a length"
+        return _PyDatasetData(epoch_iterator, adapter, seed), None
+    if isinstance(adapter, TFDatasetAdapter):
         data = _TFDatasetData.make(epoch_iterator, adapter)
         if data is None:
-            reason = "a tf.data.Dataset of unknown length without steps_per_epoch"
-        else:
-            data.end_epochs_with_passes(getattr(epoch_iterator, "steps_per_execution", 1))
-            return data
-    elif type(adapter).__name__ == "TorchDataLoaderAdapter":
-        from ckptstore.keras_io.data import _resumable_torch
-
-        data, reason = _resumable_torch.make(epoch_iterator, adapter)
-        if data is not None:
-            return data
-    else:
-        reason = f"a {type(adapter).__name__} input (e.g. a Python generator) cannot be rewound"
-    return _restarts(reason)
+            return None, "a tf.data.Dataset of unknown length without steps_per_epoch"
+        data.end_epochs_with_passes(getattr(epoch_iterator, "steps_per_execution", 1))
+        return data, None
+    return None, f"a {type(adapter).__name__} input (e.g. a Python generator) cannot be rewound"
 
 
 def _restarts(reason: str | None) -> None:

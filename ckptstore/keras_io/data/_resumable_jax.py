@@ -288,10 +288,7 @@ def _adapt(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
         if data is not None:
             return data, None
         return None, "a tf.data.Dataset of unknown length without steps_per_epoch"
-    if type(adapter).__name__ == "TorchDataLoaderAdapter":
-        from ckptstore.keras_io.data import _resumable_torch
-
-        return _resumable_torch.make(epoch_iterator, adapter)
+    # a torch DataLoader: _resumable_torch, which comes here for every other input
     return None, f"a {type(adapter).__name__} input (it cannot be rewound)"
 
 

@@ -19,8 +19,9 @@ on PyTorch, NumPy arrays on JAX (``get_jax_iterator``), and on TensorFlow a
 ``tf.data.Dataset.from_generator`` of NumPy arrays per epoch (``get_tf_dataset``, with the output
 signature Keras computed from the loader's first batches).
 
-:func:`attach` is the PyTorch backend's (``for_running_keras()``): the JAX loop's, which hands a
-``DataLoader`` to :func:`make` (on TensorFlow, ``_resumable.attach`` does).
+:func:`attach` is what ``for_running_keras()`` names for Keras 3 on every backend: a ``DataLoader``
+here, every other input through the backend's module (:mod:`._resumable` on TensorFlow,
+:mod:`._resumable_jax` on JAX and PyTorch).
 
 Example (what DeterminedCallback does, in ``on_train_begin``)::
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import base64
 import random
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -40,13 +42,35 @@ from ckptstore.keras_io.data import _resumable as base
 from ckptstore.keras_io.data import _resumable_jax as jax_loop
 from ckptstore.keras_io.data._resumable_jax import _JaxHook
 
-#: As on JAX: Keras's PyTorch loop builds the model and its metrics before the callbacks start.
-restore_metrics = jax_loop.restore_metrics
-build_from_fit_data = jax_loop.build_from_fit_data
+
+def _own() -> ModuleType:
+    """The running backend's module, which resumes every input but a ``DataLoader``."""
+    import keras
+
+    return base if keras.backend.backend() == "tensorflow" else jax_loop
 
 
-#: The JAX loop's: it hands a ``DataLoader`` to :func:`make`, every other input as on JAX.
-attach = jax_loop.attach
+def attach(model: Any, **options: Any) -> base.ResumableData | None:
+    """:func:`ckptstore.keras_io.data._resumable.attach` (``seed``, ``distributed_size``,
+    ``on_boundary``) for Keras 3's fit loop on any backend."""
+    return base.attach(model, adapt=_adapt, **options)
+
+
+def _adapt(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
+    adapter = epoch_iterator.data_adapter
+    if type(adapter).__name__ == "TorchDataLoaderAdapter":
+        return make(epoch_iterator, adapter)
+    adapt: Any = _own()._adapt
+    return adapt(epoch_iterator, seed)
+
+
+def build_from_fit_data(model: Any) -> None:
+    """The running backend's (:func:`._resumable.build_from_fit_data` on TensorFlow)."""
+    _own().build_from_fit_data(model)
+
+
+#: The same on every backend.
+restore_metrics = base.restore_metrics
 
 
 def make(epoch_iterator: Any, adapter: Any) -> tuple[Any, str | None]:
