@@ -215,9 +215,10 @@ def fit_input(kind: str, x: np.ndarray, y: np.ndarray) -> tuple[tuple, dict]:
         processes = kind == "pydataset_processes"
         batches = ReorderingBatches(x, y, workers=2, use_multiprocessing=processes)
         return (batches,), {"shuffle": False}
-    if kind == "torch_loader":  # PyTorch only: the epoch's order drawn when it begins
+    if kind == "torch_loader":  # any backend: the epoch's order drawn when it begins
         import torch
 
+        torch.manual_seed(4)  # on TensorFlow and JAX keras.utils.set_random_seed leaves it
         pairs = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
         return (torch.utils.data.DataLoader(pairs, batch_size=BATCH, shuffle=True),), {}
     if kind == "inmemory_dict":  # Determined's InMemorySequence with a dict of labels

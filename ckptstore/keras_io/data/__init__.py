@@ -1,8 +1,8 @@
 """Resumable input for ``fit()`` on both Kerases: a preempted epoch continues at its next unseen
 batch, in the order an uninterrupted run would have seen (:mod:`._resumable` for Keras 3 on
-TensorFlow, :mod:`._resumable_jax` on JAX and PyTorch (:mod:`._resumable_torch` adds PyTorch's
-``DataLoader``), :mod:`._resumable_keras2` for Keras 2's
-``tf_keras``). ``DeterminedCallback`` attaches the one :func:`for_running_keras` names.
+TensorFlow, :mod:`._resumable_jax` on JAX and PyTorch, :mod:`._resumable_torch` for a torch
+``DataLoader`` on any of the three and the entry point of all three, :mod:`._resumable_keras2`
+for Keras 2's ``tf_keras``). ``DeterminedCallback`` attaches the one :func:`for_running_keras` names.
 
 Example::
 
@@ -19,12 +19,8 @@ def for_running_keras() -> ModuleType:
     """The module (``attach``, ``restore_metrics``) for the running Keras and backend."""
     if backend.IS_KERAS2:
         from ckptstore.keras_io.data import _resumable_keras2 as module
-    elif backend.backend_name() == "torch":
+    else:  # a torch DataLoader there, every other input through the backend's own module
         from ckptstore.keras_io.data import _resumable_torch as module
-    elif backend.backend_name() == "jax":
-        from ckptstore.keras_io.data import _resumable_jax as module
-    else:
-        from ckptstore.keras_io.data import _resumable as module
     return module
 
 

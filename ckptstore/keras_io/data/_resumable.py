@@ -24,6 +24,11 @@ tf.data.Dataset        one iterator over ``dataset.repeat()`` for the whole fit 
                        ``tf.train.Checkpoint`` (TF's own iterator checkpointing: shuffle buffers,
                        shuffle seeds, position) -- exact whenever TF can checkpoint the pipeline
                        (a map with a stateful op: checkpoints without the position, a warning).
+                       Without ``steps_per_epoch``, when ``steps_per_execution`` does not divide a
+                       pass: each epoch's batches through a Python iterator ending with the pass
+                       (:meth:`_TFDatasetData.end_epochs_with_passes`).
+torch DataLoader       one iterator per epoch, a resumed one made from the generator states
+                       its epoch began with (:mod:`~ckptstore.keras_io.data._resumable_torch`)
 Python generator, ...  cannot be rewound: a warning at fit start, and a preempted epoch restarts
                        from its first batch on resume.
 =====================  =========================================================================
@@ -44,6 +49,7 @@ Example (what DeterminedCallback does)::
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
@@ -150,8 +156,8 @@ def attach(
     checkpoint, so a resumed run gets the same orders). ``on_boundary`` is called first thing
     at every epoch end, validation begin and train end -- once every callback has finished
     the last batch and before any of them reacts to the end of the epoch -- and at every
-    train batch begin. ``adapt`` (the JAX loop's) makes the handle for the fit's epoch
-    iterator instead of this module's classes.
+    train batch begin. ``adapt`` (the JAX loop's, a torch DataLoader's) makes the handle for
+    the fit's epoch iterator instead of this module's :func:`_adapt`.
     """
     on_backend = keras.backend.backend() in ("tensorflow", "jax", "torch")
     frame = find_fit_frame(model) if on_backend else None
@@ -172,38 +178,35 @@ def attach(
             "exact)."
         )
         return None
-    if adapt is not None:  # the JAX loop's (see _resumable_jax.attach)
-        data, reason = adapt(epoch_iterator, seed)
-        return data if data is not None else _restarts(reason)
+    data, reason = (adapt or _adapt)(epoch_iterator, seed)
+    return data if data is not None else _restarts(reason)
+
+
+def _adapt(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
+    """``(handle, None)`` for an input Keras 3's TensorFlow loop reads that this module
+    resumes, else ``(None, reason)``."""
     adapter = epoch_iterator.data_adapter
     from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
     from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
     from keras.src.trainers.data_adapters.tf_dataset_adapter import TFDatasetAdapter
 
-    reason = None
     if isinstance(adapter, ArrayDataAdapter):
         if epoch_iterator.steps_per_epoch:
-            reason = "arrays with steps_per_epoch (an epoch is not one pass over the data)"
-        elif _has_sparse(adapter._inputs):
-            reason = "sparse array inputs"
-        else:
-            return _ArrayData(epoch_iterator, adapter, seed)
-    elif isinstance(adapter, PyDatasetAdapter):
+            return None, "arrays with steps_per_epoch (an epoch is not one pass over the data)"
+        if _has_sparse(adapter._inputs):
+            return None, "sparse array inputs"
+        return _ArrayData(epoch_iterator, adapter, seed), None
+    if isinstance(adapter, PyDatasetAdapter):
         if epoch_iterator.steps_per_epoch or adapter.py_dataset.num_batches is None:
-            reason = "a PyDataset with steps_per_epoch or without a length"
-        else:
-            return _PyDatasetData(epoch_iterator, adapter, seed)
-    elif isinstance(adapter, TFDatasetAdapter):
+            return None, "a PyDataset with steps_per_epoch or without a length"
+        return _PyDatasetData(epoch_iterator, adapter, seed), None
+    if isinstance(adapter, TFDatasetAdapter):
         data = _TFDatasetData.make(epoch_iterator, adapter)
         if data is None:
-            reason = "a tf.data.Dataset of unknown length without steps_per_epoch"
-        elif data.overruns_epochs(getattr(epoch_iterator, "steps_per_execution", 1)):
-            reason = "steps_per_execution not dividing the batches of a tf.data epoch"
-        else:
-            return data
-    else:
-        reason = f"a {type(adapter).__name__} input (e.g. a Python generator) cannot be rewound"
-    return _restarts(reason)
+            return None, "a tf.data.Dataset of unknown length without steps_per_epoch"
+        data.end_epochs_with_passes(getattr(epoch_iterator, "steps_per_execution", 1))
+        return data, None
+    return None, f"a {type(adapter).__name__} input (e.g. a Python generator) cannot be rewound"
 
 
 def _restarts(reason: str | None) -> None:
@@ -559,6 +562,8 @@ class _TFDatasetData(_Base):
     #: Whether the iterator may be saved; None until the first checkpoint asks
     #: (:meth:`_saveable`).
     _iterator_saveable: bool | None = None
+    #: Whether each epoch's iterator ends with its pass (:meth:`end_epochs_with_passes`).
+    _pass_ends = False
 
     def __init__(
         self, epoch_iterator: Any, dataset: Any, num_batches: int, steps_given: bool
@@ -582,12 +587,12 @@ class _TFDatasetData(_Base):
             return cls(epoch_iterator, dataset.repeat(), cardinality, False)
         return None
 
-    def overruns_epochs(self, steps_per_execution: int) -> bool:
-        """Whether one iterator over the repeated dataset would run an execution of
-        ``steps_per_execution`` steps past the end of an epoch (Keras, with a fresh iterator
-        per pass, cuts that execution short). With ``steps_per_epoch`` Keras keeps one
-        iterator too, so the executions are the same as without ckptstore."""
-        return not self._steps_given and self.num_batches % steps_per_execution != 0
+    def end_epochs_with_passes(self, steps_per_execution: int) -> None:
+        """Make each epoch end with its pass when an execution of ``steps_per_execution``
+        steps would run on from the one iterator over the repeated dataset into the next pass
+        (Keras, with a fresh iterator per pass, cuts that execution short). With
+        ``steps_per_epoch`` Keras keeps one iterator too: the executions stay as they are."""
+        self._pass_ends = not self._steps_given and self.num_batches % steps_per_execution != 0
 
     def _set_epoch_steps(self, steps: int) -> None:
         if self._steps_given:
@@ -601,7 +606,14 @@ class _TFDatasetData(_Base):
         return self._iterator
 
     def _epoch_iterator(self) -> Iterator[Any]:
-        return self._iter()
+        if not self._pass_ends:
+            return self._iter()
+        # The epoch's batches left, read from the one iterator: a Python iterator, which Keras
+        # reads batch by batch (zip(range(k), iterator)) and which ends with the pass. Not an
+        # iterator per pass: TensorFlow's checkpoint of one whose shuffle has read its pass to
+        # the end (a prefetch reads ahead, as far as the load lets it) leaves out the state of
+        # the dataset's seed generator, and the passes after a resume reshuffle otherwise.
+        return itertools.islice(self._iter(), self.num_batches - self._start)
 
     def snapshot(self, epoch: int, batches_done: int, checkpoint_dir: str) -> dict[str, Any] | None:
         import tensorflow as tf
@@ -624,13 +636,10 @@ class _TFDatasetData(_Base):
         of the pipeline its checkpoint leaves out (the rule and the warnings:
         ``_tfdata_state.py``)."""
         if self._iterator_saveable is None:
-            kind, reason = tfdata_state.outside_state(self._raw_dataset, self._iter())
-            self._iterator_saveable = kind != "python"
-            if kind == "draws":
-                logger.warning(tfdata_state.DRAWS, "this fit()", reason)
-            elif kind == "python":
-                then = "a resumed run reads the pipeline from its start (a cut epoch restarts)"
-                logger.warning(tfdata_state.PYTHON, "this fit()", reason, then)
+            then = "a resumed run reads the pipeline from its start (a cut epoch restarts)"
+            self._iterator_saveable = tfdata_state.saveable(
+                self._raw_dataset, self._iter(), "this fit()", then, logger
+            )
         return self._iterator_saveable
 
     def _restore_extra(self, state: dict[str, Any], checkpoint_dir: str) -> None:

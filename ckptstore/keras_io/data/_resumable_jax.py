@@ -20,9 +20,8 @@ Python generator with  one stream for the whole fit; the checkpoint records how 
 ``steps_per_epoch``    were drawn and a resumed run skips that many (without training on them).
                        Exact when the generator yields the same sequence each time the script
                        builds it (seeded), which a resume needs anyway.
-torch DataLoader       PyTorch only: one iterator per epoch, a resumed one made from the
-                       generator states its epoch began with
-                       (:mod:`~ckptstore.keras_io.data._resumable_torch`)
+torch DataLoader       one iterator per epoch, a resumed one made from the generator states
+                       its epoch began with (:mod:`~ckptstore.keras_io.data._resumable_torch`)
 =====================  =========================================================================
 
 No batch is read ahead of the step that trains on it (the look-ahead Keras adds on accelerators
@@ -289,7 +288,7 @@ def _adapt(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
         if data is not None:
             return data, None
         return None, "a tf.data.Dataset of unknown length without steps_per_epoch"
-    # e.g. a torch DataLoader on JAX (on PyTorch: _resumable_torch, which comes here first)
+    # a torch DataLoader: _resumable_torch, which comes here for every other input
     return None, f"a {type(adapter).__name__} input (it cannot be rewound)"
 
 

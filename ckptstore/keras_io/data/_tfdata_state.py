@@ -24,6 +24,7 @@ stateful to TensorFlow here: their pipelines checkpoint exactly.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 Kind = Literal["none", "draws", "python"]
@@ -86,6 +87,19 @@ def outside_state(dataset: Any, iterator: Any) -> tuple[Kind, str]:
     return "none", ""
 
 
+def saveable(dataset: Any, iterator: Any, who: str, then: str, log: logging.Logger) -> bool:
+    """Whether ``iterator`` (``dataset``'s, the one training reads) may be saved, with one
+    warning on ``log`` when its checkpoint leaves something out: :data:`DRAWS`, or
+    :data:`PYTHON` (then it may not) ending with ``then``, what a resume of ``who`` (e.g.
+    "this fit()") does instead. Callers ask once, at the first checkpoint, and keep the answer."""
+    kind, reason = outside_state(dataset, iterator)
+    if kind == "draws":
+        log.warning(DRAWS, who, reason)
+    elif kind == "python":
+        log.warning(PYTHON, who, reason, then)
+    return kind != "python"
+
+
 def _ops_of(dataset: Any) -> set[str]:
     """The op types of ``dataset``'s graph and its functions (``{"PyFunc"}`` when TensorFlow
     cannot say, which keeps the iterator unsaved: the safe side)."""
@@ -101,4 +115,4 @@ def _ops_of(dataset: Any) -> set[str]:
     return {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
 
 
-__all__ = ["DRAWS", "PYTHON", "Kind", "outside_state", "saving_positions"]
+__all__ = ["DRAWS", "PYTHON", "Kind", "outside_state", "saveable", "saving_positions"]

@@ -270,15 +270,11 @@ class DatasetData(TrainingData):
         """Whether the iterator may be saved, decided (with one warning when something is
         left out) at the first checkpoint; the rule is ``keras_io/data/_tfdata_state.py``'s."""
         if self._iterator_saveable is None:
-            kind, reason = tfdata_state.outside_state(
-                self.dataset, self._open_stream(self.batch_index)
+            then = "a resumed trial skips to the saved batch of the pass"
+            stream = self._open_stream(self.batch_index)
+            self._iterator_saveable = tfdata_state.saveable(
+                self.dataset, stream, "this trial", then, logger
             )
-            self._iterator_saveable = kind != "python"
-            if kind == "draws":
-                logger.warning(tfdata_state.DRAWS, "this trial", reason)
-            elif kind == "python":
-                then = "a resumed trial skips to the saved batch of the pass"
-                logger.warning(tfdata_state.PYTHON, "this trial", reason, then)
         return self._iterator_saveable
 
     def read_files(self, folder: str) -> None:
