@@ -192,3 +192,34 @@ def test_a_preempted_fit_ends_quietly_and_each_line_shows_once(tmp_path):
         assert err.count(f"ckptstore: fit() done for trial {trial} ") == 1, err[-3000:]
     committed = re.findall(r"ckptstore: Checkpoint (\S+) committed", err)
     assert committed and len(committed) == len(set(committed)), err[-3000:]
+
+
+def test_a_line_clears_the_progress_bar_on_a_terminal(tmp_path):
+    """With verbose=1 Keras draws its bar on the current line; a ckptstore line written then
+    read ``loss: 0.8071ckptstore: Checkpoint ...``. On a terminal it now clears the bar first
+    (Keras redraws it); in a file or pipe the line is written as it is."""
+    import io
+    import logging
+    import os
+    import pty
+
+    from ckptstore.keras_io.fit import _fit_log
+
+    def shown(stream, verbose_bar: bool) -> None:
+        handler = _fit_log._LineHandler(stream, over_bar=verbose_bar)
+        handler.setFormatter(logging.Formatter("ckptstore: %(message)s"))
+        handler.emit(logging.makeLogRecord({"msg": "Checkpoint x committed"}))
+        stream.flush()
+
+    master, replica = pty.openpty()
+    try:
+        with os.fdopen(replica, "w") as terminal:
+            shown(terminal, True)
+            assert os.read(master, 1000).startswith(b"\r\x1b[Kckptstore: Checkpoint x committed")
+            shown(terminal, False)  # verbose=2: one line per epoch, no bar to clear
+            assert os.read(master, 1000).startswith(b"ckptstore: Checkpoint x committed")
+    finally:
+        os.close(master)
+    piped = io.StringIO()
+    shown(piped, True)
+    assert piped.getvalue() == "ckptstore: Checkpoint x committed\n"
