@@ -485,11 +485,29 @@ class CheckpointContext(Collecting):
             return fmt.load_manifest(self.storage, storage_id)
         except errors.InvalidCheckpoint:
             if not self.storage.exists(storage_id):
-                raise errors.CheckpointNotFound(
-                    f"No checkpoint {storage_id} in {self.storage.url}; check the UUID and the "
-                    "storage URL (list them with ckptstore.checkpointing.list_committed)."
-                ) from None
+                raise errors.CheckpointNotFound(self._not_here(storage_id)) from None
             raise
+
+    def _not_here(self, storage_id: str) -> str:
+        """Why ``storage_id`` is not in this storage: in another one, if the index says so (a
+        trial trained on a bucket and run again on the default storage read "No checkpoint")."""
+        from ckptstore.checkpointing.row_storage import is_under
+        from ckptstore.masking import mask_text
+
+        recorded = ""
+        with contextlib.suppress(errors.CkptstoreError, AttributeError):
+            recorded = self.index.get_checkpoint(storage_id).storage_url or ""  # type: ignore[union-attr]
+        if recorded and not is_under(recorded, self.storage_url):
+            return (
+                f"Checkpoint {storage_id} is not in {self.storage.url}: the registry records it "
+                f"in {mask_text(recorded)}. Open that storage to read or resume it (storage=, "
+                "--storage or CKPTSTORE_STORAGE), or start a new trial (core.init() without "
+                "trial_id)."
+            )
+        return (
+            f"No checkpoint {storage_id} in {self.storage.url}; check the UUID and the "
+            "storage URL (list them with ckptstore.checkpointing.list_committed)."
+        )
 
     def download(
         self,

@@ -225,7 +225,7 @@ class BestN(GCPolicy):
         return f"trial best by {_metric_shown(self.metric, context)} (save_trial_best={self.n})"
 
     def should_preserve(self, checkpoints, *, context=None):
-        if not self.n:
+        if not self.n or not checkpoints:  # nothing to rank: no warning about the metric
             return [False] * len(checkpoints)
         ranking = _ranking("save_trial_best", self.n, self.metric, self.smaller_is_better, context)
         if ranking is None:
@@ -256,7 +256,7 @@ class ExperimentBestN(GCPolicy):
         return f"experiment best (save_experiment_best={self.n})"
 
     def should_preserve(self, checkpoints, *, context=None):
-        if not self.n:
+        if not self.n or not checkpoints:
             return [False] * len(checkpoints)
         ranking = _ranking(
             "save_experiment_best", self.n, self.metric, self.smaller_is_better, context

@@ -90,7 +90,7 @@ def list_cmd(
     include_all: bool,
     as_json: bool,
 ) -> None:
-    """List checkpoints by steps completed, then age (each trial's oldest first), with the
+    """List checkpoints trial by trial, each trial's by steps completed, then age, with the
     storage each is in. With --storage (or CKPTSTORE_STORAGE), only the checkpoints in that
     storage (or below it). With --all, a PENDING checkpoint whose upload was abandoned (older
     than GC's grace period) says so; `ckptstore gc` cleans it.
@@ -115,6 +115,8 @@ def list_cmd(
 
         # A row without a URL predates recording it: it belongs to whatever storage is asked.
         rows = [c for c in rows if not c.storage_url or is_under(c.storage_url, state.storage_url)]
+    # Trial by trial (the registry lists by steps: several trials' rows were interleaved).
+    rows.sort(key=lambda c: (c.trial_id is None, c.trial_id or 0))
     emit_rows([_marked(checkpoint_view(c), as_json) for c in rows], LIST_COLUMNS, as_json)
 
 

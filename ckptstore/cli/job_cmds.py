@@ -14,7 +14,7 @@ import json
 import click
 
 from ckptstore.cli.experiment import _setup_logging, _table, _targets
-from ckptstore.cli.output import json_option
+from ckptstore.cli.output import format_cell, json_option
 from ckptstore.masking import mask_value
 
 
@@ -100,8 +100,9 @@ def describe_cmd(ctx: click.Context, job_id: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
-    for key, value in info.items():
-        click.echo(f"{key}: {json.dumps(value) if isinstance(value, dict) else value}")
+    for key, value in info.items():  # no value: "-", as in every other listing (not "None")
+        shown = json.dumps(value) if isinstance(value, dict) else format_cell(value)
+        click.echo(f"{key}: {shown}")
 
 
 @job.command("logs")

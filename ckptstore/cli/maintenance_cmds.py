@@ -9,7 +9,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
+from collections.abc import Iterator
 
 import click
 
@@ -106,18 +109,20 @@ def gc(
 
     def run(dry: bool) -> list[str]:
         deleted: list[str] = []
-        for trial in trials:
-            context = CheckpointContext(
-                state.storage(),
-                index=registry,
-                trial_id=trial.id,
-                experiment_id=trial.experiment_id,
-                gc_policy=policy,
-            )
-            try:
-                deleted += [u for u in context.gc(dry_run=dry) if u not in deleted]
-            finally:
-                context.close()
+        # One warning per cause, not one per trial (a registry of many trials repeated it).
+        with _each_warning_once("ckptstore.checkpointing.retention"):
+            for trial in trials:
+                context = CheckpointContext(
+                    state.storage(),
+                    index=registry,
+                    trial_id=trial.id,
+                    experiment_id=trial.experiment_id,
+                    gc_policy=policy,
+                )
+                try:
+                    deleted += [u for u in context.gc(dry_run=dry) if u not in deleted]
+                finally:
+                    context.close()
         return deleted
 
     if not dry_run and not yes:
@@ -142,6 +147,26 @@ def gc(
     for uuid in deleted:
         click.echo(f"{verb} {uuid}")
     click.echo(f"{verb} {len(deleted)} checkpoint(s).")
+
+
+@contextlib.contextmanager
+def _each_warning_once(logger_name: str) -> Iterator[None]:
+    """While in the block, ``logger_name`` logs each distinct message once."""
+    seen: set[str] = set()
+
+    def first_time(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in seen:
+            return False
+        seen.add(message)
+        return True
+
+    logger = logging.getLogger(logger_name)
+    logger.addFilter(first_time)
+    try:
+        yield
+    finally:
+        logger.removeFilter(first_time)
 
 
 @click.command()

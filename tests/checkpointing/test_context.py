@@ -195,3 +195,23 @@ def test_bad_arguments_are_reported(tmp_path):
             ctx.upload(str(tmp_path / "missing"))
     with pytest.raises(errors.CheckpointError, match="closed"):
         ctx.upload(str(tmp_path))
+
+
+def test_a_checkpoint_in_another_storage_is_named_where_the_registry_has_it(tmp_path):
+    """The first hour: the README's quick start run on a bucket, then again on the default
+    storage, resumed its trial from the default storage and said only "No checkpoint <uuid>
+    in file://...". With a registry the error names the storage the row records."""
+    from ckptstore.registry import Registry
+
+    registry_url = f"sqlite:///{tmp_path / 'registry.db'}"
+    src = str(tmp_path / "src")
+    make_tree(src, {"weights.bin": b"w" * 64})
+    with Registry(registry_url) as registry:
+        with CheckpointContext(str(tmp_path / "bucket"), index=registry, trial_id=7) as there:
+            uuid = there.upload(src)
+        with CheckpointContext(str(tmp_path / "default"), index=registry, trial_id=7) as here:
+            with pytest.raises(errors.CheckpointNotFound) as info:
+                here.download(uuid, str(tmp_path / "out"))
+    text = str(info.value)
+    assert f"the registry records it in file://{tmp_path / 'bucket'}" in text, text
+    assert "CKPTSTORE_STORAGE" in text and "core.init() without trial_id" in text

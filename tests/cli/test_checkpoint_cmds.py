@@ -12,7 +12,8 @@ def test_list_and_describe(env):
     b = env.save(1, 20, experiment_id=1, metrics={"val_loss": 0.3})
     c = env.save(2, 5)
     rows = env.json("checkpoint", "list")
-    assert sorted(r["uuid"] for r in rows) == sorted([a, b, c])
+    # trial by trial, then by steps: trial 2's 5 steps after trial 1's 10 and 20, not between
+    assert [r["uuid"] for r in rows] == [a, b, c]
     assert {r["uuid"]: r["steps_completed"] for r in rows} == {a: 10, b: 20, c: 5}
     assert [r["uuid"] for r in env.json("checkpoint", "list", "--trial", "1")] == [a, b]
     assert [r["uuid"] for r in env.json("checkpoint", "list", "--experiment", "1")] == [a, b]

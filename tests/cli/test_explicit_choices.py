@@ -116,6 +116,22 @@ def test_gc_without_a_metric_keeps_every_checkpoint_and_says_so(tmp_path, caplog
     assert best in {r["uuid"] for r in env.json("checkpoint", "list")}
 
 
+def test_gc_says_once_that_no_metric_is_known(tmp_path, caplog):
+    """A first-hour store holds many script runs: gc said the same warning once per trial, and
+    also for trials with no checkpoint in the storage it was given."""
+    env, _best, _latest = _env_with_best(tmp_path)
+    env.save(2, 10)
+    env.save(2, 20)
+    with Registry(env.registry_url) as reg:
+        reg.ensure_trial(3)  # no checkpoint anywhere: nothing to rank, nothing to say
+    result = env.run("gc", "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert caplog.text.count("no metric is known") == 1, caplog.text
+    caplog.clear()
+    assert env.run("gc", "--dry-run", "--trial", "3").exit_code == 0
+    assert "no metric is known" not in caplog.text
+
+
 def test_gc_uses_the_searcher_metric_recorded_for_the_experiment(tmp_path):
     env = Env(str(tmp_path / "s"), f"sqlite:///{tmp_path / 'r.db'}", str(tmp_path))
     with Registry(env.registry_url) as reg:

@@ -134,3 +134,92 @@ def test_starting_fresh_in_a_trial_with_checkpoints_warns(where, caplog):
         _fit(where, 4, tiny_model(hidden=3), 1, checkpoint=None)
     assert "Trial 4 already holds checkpoints" in caplog.text
     assert "core.init() without trial_id" in caplog.text
+
+
+PREEMPTED_SCRIPT = """
+import os, signal, sys
+import numpy as np
+import keras
+import tensorflow as tf
+import ckptstore as det
+
+# 200 batches of 2: more than the input pipeline reads ahead, so a preemption cuts it
+x = np.linspace(-1, 1, 1200, dtype="float32").reshape(400, 3)
+
+
+class Preempt(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def fit(trial_id, data, callbacks=()):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    with det.core.init(trial_id=trial_id) as ctx:
+        cb = det.keras.DeterminedCallback(ctx, None, trial_id, export_saved_model="never")
+        kwargs = {"batch_size": 2} if isinstance(data[0], np.ndarray) else {}
+        model.fit(*data, epochs=2, callbacks=[cb, *callbacks], verbose=2, **kwargs)
+    return cb  # kept to the exit, as a script's callback is
+
+
+dataset = tf.data.Dataset.from_tensor_slices((x[:8], x[:8, :1])).batch(2)
+kept = [fit(1, (dataset,)), fit(2, (dataset,)), fit(3, (x, x[:, :1]), [Preempt()])]
+print("SCRIPT END", file=sys.stderr, flush=True)
+"""
+
+
+def test_a_preempted_fit_ends_quietly_and_each_line_shows_once(tmp_path):
+    """The first hour, on TensorFlow: a fit() of arrays stopped by SIGTERM left the fit loop's
+    tf.data iterator alive to the exit (TensorFlow's generator registry held it through
+    ckptstore's pipeline), and TensorFlow logged "Error occurred when finalizing
+    GeneratorDataset iterator" as the process ended; a fit() on a tf.data.Dataset printed each
+    ckptstore line twice from its first checkpoint on (the iterator's TF checkpoint logs through
+    absl, which gave the root logger a handler), and a later fit() none."""
+    done = subprocess.run(
+        [sys.executable, "-c", PREEMPTED_SCRIPT],
+        env=fresh_home_env(tmp_path, TF_CPP_MIN_LOG_LEVEL="0"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    err = done.stderr
+    assert "SIGTERM received" in err and "SCRIPT END" in err, err[-3000:]
+    assert "GeneratorDataset iterator" not in err, err[-3000:]
+    assert "INFO:ckptstore" not in err, err[-3000:]
+    for trial in (1, 2, 3):
+        assert err.count(f"ckptstore: fit() done for trial {trial} ") == 1, err[-3000:]
+    committed = re.findall(r"ckptstore: Checkpoint (\S+) committed", err)
+    assert committed and len(committed) == len(set(committed)), err[-3000:]
+
+
+def test_a_line_clears_the_progress_bar_on_a_terminal(tmp_path):
+    """With verbose=1 Keras draws its bar on the current line; a ckptstore line written then
+    read ``loss: 0.8071ckptstore: Checkpoint ...``. On a terminal it now clears the bar first
+    (Keras redraws it); in a file or pipe the line is written as it is."""
+    import io
+    import logging
+    import os
+    import pty
+
+    from ckptstore.keras_io.fit import _fit_log
+
+    def shown(stream, verbose_bar: bool) -> None:
+        handler = _fit_log._LineHandler(stream, over_bar=verbose_bar)
+        handler.setFormatter(logging.Formatter("ckptstore: %(message)s"))
+        handler.emit(logging.makeLogRecord({"msg": "Checkpoint x committed"}))
+        stream.flush()
+
+    master, replica = pty.openpty()
+    try:
+        with os.fdopen(replica, "w") as terminal:
+            shown(terminal, True)
+            assert os.read(master, 1000).startswith(b"\r\x1b[Kckptstore: Checkpoint x committed")
+            shown(terminal, False)  # verbose=2: one line per epoch, no bar to clear
+            assert os.read(master, 1000).startswith(b"ckptstore: Checkpoint x committed")
+    finally:
+        os.close(master)
+    piped = io.StringIO()
+    shown(piped, True)
+    assert piped.getvalue() == "ckptstore: Checkpoint x committed\n"

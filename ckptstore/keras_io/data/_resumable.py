@@ -59,6 +59,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ckptstore.keras_io import _tf_logging as tf_logging
 from ckptstore.keras_io import backend
 from ckptstore.keras_io._types import KerasModel
 from ckptstore.keras_io.backend import keras
@@ -349,6 +350,18 @@ class _Base:
     def _set_epoch_steps(self, steps: int) -> None:
         self._keras_iterator._num_batches = steps
 
+    def release(self) -> None:
+        """``fit()`` has ended: drop the fit loop's epoch iterator (it holds this object), so
+        it and the ``tf.data`` iterator in it are freed as ``fit()`` returns. Kept to the exit,
+        an iterator a preemption cut made TensorFlow log "Error occurred when finalizing
+        GeneratorDataset iterator" as the process ended."""
+        iterator, self._keras_iterator = self._keras_iterator, None
+        if iterator is not None:
+            # Keras's epoch iterator also holds itself (through the generator it iterates
+            # with): a cycle that lives until a garbage collection, often the one at exit.
+            iterator._current_iterator = None
+            iterator._epoch_iterator = None
+
     def _distribute(self, dataset: Any) -> Any:
         return self._strategy.experimental_distribute_dataset(dataset)
 
@@ -398,8 +411,19 @@ class _ArrayData(_Base):
         self._adapter = adapter
         self._seed = int(seed)
         self._dataset: Any = None
-        self._batches: list[np.ndarray] = []
+        # The epoch's batches, in a box the pipeline's generator reads: TensorFlow keeps that
+        # generator to the process's end, and through a `self` it kept this object, the fit
+        # loop's iterator and the pipeline (a copy of the arrays) for every fit() call.
+        self._box: list[list[np.ndarray]] = [[]]
         super().__init__(epoch_iterator, int(adapter.num_batches))
+
+    @property
+    def _batches(self) -> list[np.ndarray]:
+        return self._box[0]
+
+    @_batches.setter
+    def _batches(self, batches: list[np.ndarray]) -> None:
+        self._box[0] = batches
 
     def _extra(self) -> dict[str, Any]:
         return {"seed": self._seed, "num_batches": self.num_batches}
@@ -451,8 +475,9 @@ class _ArrayData(_Base):
             self._adapter._inputs, target_backend="tensorflow"
         )
         inputs_ds = tf.data.Dataset.from_tensors(tree.lists_to_tuples(inputs)).repeat()
+        box = self._box
         indices = tf.data.Dataset.from_generator(
-            lambda: iter(self._batches),
+            lambda: iter(box[0]),
             output_signature=tf.TensorSpec([self._static_batch()], tf.int64),
         )
 
@@ -600,6 +625,10 @@ class _TFDatasetData(_Base):
         # An endless iterator: Keras must stop after `steps`, not wait for the end of the data.
         self._keras_iterator._num_batches = steps
 
+    def release(self) -> None:
+        super().release()
+        self._iterator = None
+
     def _iter(self) -> Any:
         if self._iterator is None:
             self._iterator = iter(self._distribute(self._dataset))
@@ -622,7 +651,9 @@ class _TFDatasetData(_Base):
             return None
         folder = os.path.join(checkpoint_dir, ITERATOR_DIRNAME)
         os.makedirs(folder, exist_ok=True)
-        tf.train.Checkpoint(iterator=self._iter()).write(os.path.join(folder, _ITERATOR_PREFIX))
+        with tf_logging.root_left_alone():
+            checkpoint = tf.train.Checkpoint(iterator=self._iter())
+            checkpoint.write(os.path.join(folder, _ITERATOR_PREFIX))
         return {
             "kind": self.kind,
             "epoch": epoch,
@@ -646,7 +677,8 @@ class _TFDatasetData(_Base):
         import tensorflow as tf
 
         path = os.path.join(checkpoint_dir, state["iterator"])
-        tf.train.Checkpoint(iterator=self._iter()).read(path).assert_consumed()
+        with tf_logging.root_left_alone():
+            tf.train.Checkpoint(iterator=self._iter()).read(path).assert_consumed()
 
 
 __all__ = [

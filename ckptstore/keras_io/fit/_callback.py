@@ -462,6 +462,9 @@ class DeterminedCallback(CheckpointRestore, backend.CallbackBase):
                 self._writer = None
                 self._exports.close()
             snapshot_lib.release_buffers(self._layout)
+            data, self._data = self._data, None  # the fit loop's iterator goes with fit()
+            if data is not None and hasattr(data, "release"):
+                data.release()
             keras2_format.set_initial_epoch(self.model, None)
             self._fitlog.end(self._checkpoint if self.resumed else None, self._fit_call)
 

@@ -50,7 +50,7 @@ def show_during_fit(verbose: object) -> logging.Handler | None:
     would otherwise show them (none on the ``ckptstore`` loggers or the root logger)."""
     if verbose in (0, "0", False) or _ROOT.hasHandlers():
         return None
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _LineHandler(sys.stderr, over_bar=verbose in (1, "1", "auto", True))
     handler.setFormatter(logging.Formatter("ckptstore: %(message)s"))
     handler.setLevel(logging.INFO)
     _ROOT.addHandler(handler)
@@ -58,6 +58,21 @@ def show_during_fit(verbose: object) -> logging.Handler | None:
         handler._ckptstore_old_level = _ROOT.level  # type: ignore[attr-defined]
         _ROOT.setLevel(logging.INFO)
     return handler
+
+
+class _LineHandler(logging.StreamHandler):
+    """ckptstore's lines on stderr. With Keras's progress bar (``verbose=1``) on a terminal,
+    a line first clears the bar Keras is drawing on the current line (it redraws it at its
+    next update): appended to the bar, a line read ``loss: 0.8071ckptstore: Checkpoint ...``."""
+
+    def __init__(self, stream: Any, over_bar: bool) -> None:
+        super().__init__(stream)
+        self.over_bar = over_bar
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        isatty = getattr(self.stream, "isatty", None)
+        return "\r\x1b[K" + text if self.over_bar and isatty is not None and isatty() else text
 
 
 def stop_showing(handler: logging.Handler | None) -> None:

@@ -263,13 +263,22 @@ class TrialController:
         else:
             self.batches_per_epoch = self.train_data.batches_per_pass
         logger.info(
-            "Trial %s: %d batches of %d records, validation every %s, checkpoint every %s batches",
+            "Trial %s: %d batches of %d records; %s",
             self.context.trial_id,
             self.max_batches,
             self.gbs,
-            self.val_period,
-            self.ckpt_period,
+            self._schedule_summary(),
         )
+
+    def _schedule_summary(self) -> str:
+        """When the trial validates and checkpoints, in words (its first log line): it said
+        ``checkpoint every None batches`` without ``min_checkpoint_period``."""
+        validation = f"every {self.val_period} batches" if self.val_period else "at the end"
+        when = [f"every {self.ckpt_period} batches"] if self.ckpt_period else []
+        if self.val_period and self.config.checkpoint_policy in ("best", "all"):
+            best = self.config.checkpoint_policy == "best"
+            when.append("after each validation" + (" that is the best so far" if best else ""))
+        return f"validation {validation}; checkpoint {', '.join([*when, 'at the end'])}"
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def _scope(self) -> contextlib.AbstractContextManager[Any]:
