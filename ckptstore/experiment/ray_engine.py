@@ -415,6 +415,28 @@ class _DriverStop:
             ray.get(self.flag.set.remote(), timeout=30)
 
 
+def _connect(ray: Any, run: ExperimentRun, address: str | None) -> None:
+    """``ray.init`` the cluster at ``address`` (or ``RAY_ADDRESS``). A ``host:port`` nobody
+    answers on is found first by a plain TCP connect: Ray's own client ends the whole process
+    when its GCS does not answer, which would leave the experiment ACTIVE with a C++ log line.
+    Either failure pauses the experiment and raises ExperimentNotCompleted saying what to do."""
+    target = address or os.environ.get("RAY_ADDRESS") or ""
+    host, _, port = target.rpartition(":")
+    try:
+        if host and "://" not in target and port.isdigit():
+            socket.create_connection((host, int(port)), timeout=10).close()
+        ray.init(address=address, log_to_driver=True, include_dashboard=False)
+    except (OSError, ConnectionError, RuntimeError) as exc:
+        run.registry.set_experiment_state(run.experiment_id, "PAUSED")
+        raise errors.ExperimentNotCompleted(
+            f"Could not connect to the Ray cluster at {target or 'a new local Ray'} "
+            f"({type(exc).__name__}: {exc}). Experiment {run.experiment_id} is PAUSED. Check "
+            "that `ray start --head` runs there and the address (and Ray's auth token, if the "
+            "cluster uses one), then `ckptstore experiment resume "
+            f"{run.experiment_id} --engine ray --address HOST:PORT`."
+        ) from exc
+
+
 def run_on_ray(run: ExperimentRun, address: str | None) -> RunOutcome:
     """Run (or continue) ``run``'s experiment on the Ray cluster at ``address`` (``None``:
     ``RAY_ADDRESS``, else a local Ray started for this run)."""
@@ -423,7 +445,7 @@ def run_on_ray(run: ExperimentRun, address: str | None) -> RunOutcome:
     slots = check_config(config)
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(address=address, log_to_driver=True, include_dashboard=False)
+        _connect(ray, run, address)
     try:
         try:
             check_reachable(run.registry_url, run.storage_config.spec, other_hosts=other_hosts(ray))

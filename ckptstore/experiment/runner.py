@@ -367,9 +367,13 @@ class ExperimentRun:
             logger.error("Trial %d failed (exit status %d)", trial_id, rc)
             self.queue.tell(claim, None)
             return
-        if rc == 0 and state == "ACTIVE" and not self.config.entrypoint.is_trial_class:
-            # A script asked to stop (SIGTERM) checkpoints and exits 0: it is not finished.
-            state = "PAUSED" if self._stop else "COMPLETED"
+        if state == "ACTIVE" and self._stop:
+            # Stopped by this runner's signal, whatever its exit status (a script without a
+            # preemption check dies of Ctrl-C): paused, continued by `experiment resume`.
+            state = "PAUSED"
+            self.registry.set_trial_state(trial_id, state)
+        elif rc == 0 and state == "ACTIVE" and not self.config.entrypoint.is_trial_class:
+            state = "COMPLETED"  # a script that exits 0 unasked has finished
             self.registry.set_trial_state(trial_id, state)
         if state not in FINISHED:  # stopped by a signal: any runner continues it later
             self.queue.requeue(claim)
@@ -440,13 +444,23 @@ class ExperimentRun:
         finally:
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
-            for proc, claim in self.running.values():
+            for trial_id, (proc, claim) in self.running.items():
                 if proc.poll() is None:
                     proc.terminate()
                     proc.wait()
+                self._pause_if_active(trial_id)
                 self.queue.requeue(claim)
             self.logs.close_all()
         return self.conclude(self._stop)
+
+    def _pause_if_active(self, trial_id: int) -> None:
+        """A trial this runner terminated on its way out shows PAUSED, not ACTIVE (logged,
+        never raised: the runner may be leaving on another error)."""
+        try:
+            if self.registry.get_trial(trial_id).state == "ACTIVE":
+                self.registry.set_trial_state(trial_id, "PAUSED")
+        except errors.CkptstoreError as exc:
+            logger.warning("Could not mark trial %d PAUSED: %s", trial_id, exc)
 
     def conclude(self, stopped: bool) -> RunOutcome:
         """Mark the experiment COMPLETED (ERROR when every trial failed) once every trial

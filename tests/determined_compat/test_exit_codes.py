@@ -190,3 +190,33 @@ def test_ctrl_c_pauses_the_experiment_and_exits_130(tmp_path, where):
         assert reg.get_experiment(1).state == "COMPLETED"
         steps = [row.steps_completed for row in reg.get_metrics(1, "validation")]
     assert steps == list(range(1, 31))  # went on after the checkpoint, nothing trained twice
+
+
+def test_ctrl_c_on_a_script_without_a_preemption_check_pauses_its_trial(tmp_path, where):
+    """A script that never asks should_preempt() dies of Ctrl-C (KeyboardInterrupt, exit
+    status != 0): its trial shows PAUSED, not ACTIVE, like the experiment, and the command
+    still exits 130."""
+    storage, registry = where
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "train.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    (model_dir / "const.yaml").write_text(
+        "searcher: {name: single, metric: val_loss}\nentrypoint: python3 train.py\n"
+    )
+    cmd = [sys.executable, "-m", "ckptstore.cli.main", "--storage", storage, "--registry", registry]
+    run = subprocess.Popen(
+        [*cmd, "experiment", "create", "const.yaml", "."],
+        cwd=model_dir,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert run.stdout.readline().strip().endswith("up"), run.communicate(timeout=60)[1][-3000:]
+    os.killpg(run.pid, signal.SIGINT)
+    _, err = run.communicate(timeout=CLI_TIMEOUT_S)
+    assert run.returncode == 130, err[-3000:]
+    with Registry(registry) as reg:
+        (trial,) = reg.list_trials(1)
+        assert (reg.get_experiment(1).state, trial.state) == ("PAUSED", "PAUSED")

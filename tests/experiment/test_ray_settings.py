@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -202,5 +203,24 @@ def test_driver_on_another_host_refuses_local_registry_and_storage(ray_cluster, 
     assert "UnreachableFromCluster" in done.stderr
     assert "SQLite file" in done.stderr and "folder on this machine" in done.stderr
     assert "postgresql://" in done.stderr and "s3://" in done.stderr  # the fix
+    with Registry(registry) as reg:
+        assert reg.list_trials(1) == [] and reg.get_experiment(1).state == "PAUSED"
+
+
+def test_an_address_nobody_answers_on_pauses_the_experiment_with_the_fix(tmp_path):
+    """``--address`` of a port with no Ray behind it: a typed error naming the address and
+    how to resume, exit 1, the experiment PAUSED (Ray's own client would end the process
+    with a C++ log line and leave it ACTIVE)."""
+    with socket.socket() as sock:  # a free port: nothing listens once it is closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    registry = f"sqlite:///{tmp_path / 'reg.db'}"
+    model = _model_dir(tmp_path, length=5, trials=1, env=[])
+    create = _ckptstore("--registry", registry, "--storage", str(tmp_path / "ckpts"))
+    create += ["experiment", "create", "exp.yaml", ".", "--engine", "ray"]
+    done = _run([*create, "--address", f"127.0.0.1:{port}"], model, _driver_env(tmp_path))
+    assert done.returncode == 1, (done.stdout + done.stderr)[-4000:]
+    assert f"Could not connect to the Ray cluster at 127.0.0.1:{port}" in done.stderr
+    assert "experiment resume 1 --engine ray" in done.stderr
     with Registry(registry) as reg:
         assert reg.list_trials(1) == [] and reg.get_experiment(1).state == "PAUSED"
