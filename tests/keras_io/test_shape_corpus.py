@@ -192,5 +192,6 @@ def check_user_callbacks(workdir, stderr: str) -> None:
     assert [r["epoch"] for r in rows["run"]] == ["0", "1", "1"]
     assert rows["run"][0] == rows["straight"][0] and rows["run"][2] == rows["straight"][1]
     assert rows["run"][1] != rows["straight"][1]  # the cut epoch's partial row
-    assert not os.path.exists(os.path.join(folder, "run", "backup"))
+    backup = os.path.join(folder, "run", "backup")  # Keras 2 leaves the folder, empty
+    assert not os.path.exists(backup) or not os.listdir(backup)
     assert "fit() has BackupAndRestore beside DeterminedCallback" in stderr
