@@ -1,6 +1,9 @@
 """Shapes of the model-shape corpus built from Keras's own layers only (no class of the
-training script): its data helpers, and the round-3 input pipelines and adapted preprocessing.
-``shape_corpus_worker.py`` runs them beside its own (``SHAPES``); see its docstring.
+training script), trained the default way: the corpus's data helpers, the model shapes
+(Sequential, functional with dict inputs, nested, stateful RNN, augmentation layers) and the
+round-3 input pipelines and adapted preprocessing. ``shape_corpus_worker.py`` runs them beside
+its own (``SHAPES``); see its docstring. How a model is trained (fit() arguments, optimizers,
+callbacks) is ``shape_corpus_training.py``'s subject.
 """
 
 from __future__ import annotations
@@ -38,6 +41,83 @@ def images(size=8):
     x = (rng.rand(N, size, size, 3) * 255).astype("float32")
     y = (x.mean(axis=(1, 2, 3)) / 8).astype("int64") % 3
     return x, y
+
+
+# ---- model shapes -----------------------------------------------------------------------------
+def shape_sequential():
+    x, y = numbers()
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(8, activation="relu"),
+            keras.layers.Dropout(0.2),
+            keras.layers.Dense(3),
+        ]
+    )
+    return compiled(model, metrics=["accuracy"]), (x, y), {"shuffle": True}, x, {}
+
+
+def shape_functional_dict():
+    x, y = numbers(3)
+    words = WORDS[np.arange(N) % len(WORDS)].reshape(-1, 1)
+    lookup = keras.layers.StringLookup(output_mode="multi_hot")
+    lookup.adapt(words)
+    norm = keras.layers.Normalization()
+    norm.adapt(x)
+    num_in = keras.Input((3,), name="num")
+    word_in = keras.Input((1,), dtype="string", name="word")
+    h = keras.layers.Concatenate()([norm(num_in), lookup(word_in)])
+    out = keras.layers.Dense(3)(keras.layers.Dense(8, activation="relu")(h))
+    model = compiled(keras.Model({"num": num_in, "word": word_in}, out))
+    inputs = {"num": x, "word": words}
+    ds = tf.data.Dataset.from_tensor_slices((inputs, y)).shuffle(N, seed=2).batch(BATCH)
+    return model, (ds,), {}, inputs, {}
+
+
+def shape_nested():
+    x, y = numbers()
+    inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6, activation="relu")])
+    inp = keras.Input((4,))
+    model = compiled(keras.Model(inp, keras.layers.Dense(3)(inner(inp))))
+    return model, (x, y), {}, x, {}
+
+
+def shape_batchnorm():
+    x, y = numbers()
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(8), keras.layers.BatchNormalization()]
+        + [keras.layers.Dense(3)]
+    )
+    return compiled(model), (x, y), {"shuffle": True}, x, {}
+
+
+def shape_stateful_rnn():
+    rng = np.random.RandomState(1)
+    x = rng.rand(N, 5, 2).astype("float32")
+    y = (x.sum(axis=(1, 2)) * 3).astype("int64") % 3
+    model = keras.Sequential(
+        [keras.Input(batch_shape=(BATCH, 5, 2)), keras.layers.LSTM(4, stateful=True)]
+        + [keras.layers.Dense(3)]
+    )
+    return compiled(model), (x, y), {"shuffle": False}, x, {}
+
+
+def shape_augmentation_layers():
+    """Image classification from scratch: random augmentation layers inside the model (each
+    draws from its own seed state in training, and is the identity in predict)."""
+    x, y = images()
+    augment = keras.Sequential(
+        [
+            keras.layers.RandomFlip("horizontal"),
+            keras.layers.RandomRotation(0.1),
+            keras.layers.RandomZoom(0.1),
+        ]
+    )
+    inp = keras.Input((8, 8, 3))
+    h = keras.layers.Rescaling(1.0 / 255)(augment(inp))
+    h = keras.layers.Conv2D(4, 3, activation="relu")(h)
+    out = keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(h))
+    return compiled(keras.Model(inp, out)), (x, y), {"shuffle": True}, x, {}
 
 
 # ---- round 3: input pipelines and adapted preprocessing, Keras layers only --------------

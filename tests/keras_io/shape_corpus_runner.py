@@ -13,6 +13,7 @@ and ``D/<phase>-<shape>.npz`` (model and optimizer variables).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -20,11 +21,13 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import config as tf_config
 
 import ckptstore as det
 from tests.keras_io.keras_under_test import KERAS_MAJOR, keras, optimizer_variables
@@ -34,6 +37,9 @@ STEPS = 4  # per epoch
 EPOCHS = 2
 N = BATCH * STEPS
 SIGTERM_AT = 6  # inside epoch 2
+#: The phase whose shape is being built (``straight``, ``part``, ``final``): a shape whose
+#: callbacks write files (``user_callbacks``) gives the uninterrupted run its own folder.
+PHASE = ""
 
 
 class Sigterm(keras.callbacks.Callback):
@@ -65,9 +71,12 @@ def run_shape(corpus: ModuleType, name: str, phase: str, root: str) -> dict:
     if KERAS_MAJOR == 2:
         keras.backend.experimental.enable_tf_random_generator()
     keras.utils.set_random_seed(3)
+    global PHASE
+    PHASE = phase
     model, args, kwargs, sample, load = corpus.SHAPES[name]()
     kwargs = dict(kwargs)
     extra_callbacks = kwargs.pop("callbacks", [])
+    epochs = kwargs.pop("epochs", EPOCHS)  # with a user-set initial_epoch: 2 epochs still
     step = None
     if phase == "part":
         step = STEPS if name in corpus.SIGTERM_AT_EPOCH_END else SIGTERM_AT
@@ -81,7 +90,7 @@ def run_shape(corpus: ModuleType, name: str, phase: str, root: str) -> dict:
         )
         model.fit(
             *args,
-            epochs=EPOCHS,
+            epochs=epochs,
             verbose=0,
             callbacks=[sigterm, *extra_callbacks, cb],
             **_batch(args, kwargs),
@@ -91,6 +100,7 @@ def run_shape(corpus: ModuleType, name: str, phase: str, root: str) -> dict:
     optimizers = _optimizers(model)
     iterations = sum(int(o.iterations.numpy()) for o in optimizers)  # all the model stepped
     out.update(steps_here=sigterm.steps_here, iterations=iterations)
+    out["jit_compile"] = bool(getattr(model, "jit_compile", False))  # XLA ran the train step
     # by position: the straight and preempted runs share a process, so layer names differ
     variables = [v for v in model.variables if hasattr(v, "numpy")]  # not Keras 2's handlers
     arrays = {f"model/{i:03d}": v.numpy() for i, v in enumerate(variables)}
@@ -99,6 +109,11 @@ def run_shape(corpus: ModuleType, name: str, phase: str, root: str) -> dict:
         found = extra.variables
         opt = opt + list(found() if callable(found) else found)
     arrays.update({f"opt/{i:03d}": v.numpy() for i, v in enumerate(opt)})
+    arrays.update(_loss_scale(model.optimizer))
+    # a stateful RNN's carried states (in neither Keras's variables list): the state fit() left
+    stateful = [layer for layer in model.layers if getattr(layer, "stateful", False)]
+    for i, layer in enumerate(stateful):
+        arrays.update({f"state/{i}-{j}": np.asarray(s) for j, s in enumerate(layer.states)})
     np.savez(os.path.join(root, f"{phase}-{name}.npz"), **arrays)
     meta = {}
     if last:
@@ -122,6 +137,15 @@ def _optimizers(model: Any) -> list[Any]:
     return [model.optimizer, *(o for o in own if o is not model.optimizer)]
 
 
+def _loss_scale(optimizer: Any) -> dict[str, Any]:
+    """Keras 2's dynamic loss scale and its good-step counter, which its
+    ``LossScaleOptimizer.variables()`` leaves out (Keras 3's lists them)."""
+    counter = getattr(optimizer, "dynamic_counter", None) if KERAS_MAJOR == 2 else None
+    if counter is None:
+        return {}
+    return {"opt/loss_scale": np.asarray(optimizer.loss_scale), "opt/counter": counter.numpy()}
+
+
 def _batch(args, kwargs):
     """``batch_size`` for array inputs (a dataset or generator batches itself)."""
     if isinstance(args[0], (np.ndarray, dict, list, tuple)):
@@ -129,10 +153,27 @@ def _batch(args, kwargs):
     return kwargs
 
 
+@contextlib.contextmanager
+def without_op_determinism() -> Iterator[None]:
+    """TensorFlow's op determinism off inside (on again after, when it was on): Keras 3 turns a
+    model's ``jit_compile=True`` off when it compiles one under it."""
+    was_on = tf_config.is_op_determinism_enabled()
+    tf_config.disable_op_determinism()
+    try:
+        yield
+    finally:
+        if was_on:
+            tf_config.enable_op_determinism()
+
+
 def _load_and_compare(model, uuid, storage, registry, sample, load) -> dict:
     """Load checkpoint ``uuid`` by UUID (as the shape says) and compare predictions (with the
-    shape's ``predict`` when the model has no ``call``)."""
+    shape's ``predict`` when the model has no ``call``; without op determinism, where a
+    ``jit_compile=True`` model predicts with XLA, when the shape says ``op_determinism=False``)."""
     load = dict(load)
+    if not load.pop("op_determinism", True):
+        with without_op_determinism():
+            return _load_and_compare(model, uuid, storage, registry, sample, load)
     predict = load.pop("predict", _predict)
     if isinstance(sample, dict):  # string arrays go in as a dataset (Keras 3 refuses '<U5')
         sample = tf.data.Dataset.from_tensor_slices(sample).batch(BATCH)

@@ -4,9 +4,12 @@ runs them (``python tests/keras_io/shape_corpus_worker.py``: custom classes live
 
     python tests/keras_io/shape_corpus_worker.py --dir D --phase first|final [--shapes a,b]
 
-This script holds the shapes (each a function returning its compiled model, fit arguments,
-predict input and load arguments); ``shape_corpus_runner.py`` runs them, all in this process
-(``first``: straight and preempted, ``final``: resumed and loaded by UUID).
+This script holds the shapes whose classes or functions a training script defines (each shape a
+function returning its compiled model, fit arguments, predict input and load arguments);
+``shape_corpus_plain.py`` the model shapes of Keras layers only, ``shape_corpus_training.py``
+the shapes of how a model is trained (fit() arguments, optimizers, callbacks).
+``shape_corpus_runner.py`` runs them all, in this process (``first``: straight and preempted,
+``final``: resumed and loaded by UUID).
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tests.keras_io import shape_corpus_plain as plain  # noqa: E402
+from tests.keras_io import shape_corpus_training as training  # noqa: E402
 from tests.keras_io.keras_under_test import KERAS_MAJOR, keras  # noqa: E402
 from tests.keras_io.shape_corpus_plain import WORDS, compiled, images, numbers  # noqa: E402
-from tests.keras_io.shape_corpus_runner import BATCH, STEPS, N, main  # noqa: E402
+from tests.keras_io.shape_corpus_runner import BATCH, N, main  # noqa: E402
 
 
 # ---- custom classes of the training script (__main__), as keras-io examples define them ----
@@ -74,36 +78,6 @@ class MeanAbsTarget(keras.metrics.Metric):
 
 
 # ---- shapes: each returns (model, fit args, fit kwargs, predict input, load kwargs) -----------
-def shape_sequential():
-    x, y = numbers()
-    model = keras.Sequential(
-        [
-            keras.Input((4,)),
-            keras.layers.Dense(8, activation="relu"),
-            keras.layers.Dropout(0.2),
-            keras.layers.Dense(3),
-        ]
-    )
-    return compiled(model, metrics=["accuracy"]), (x, y), {"shuffle": True}, x, {}
-
-
-def shape_functional_dict():
-    x, y = numbers(3)
-    words = WORDS[np.arange(N) % len(WORDS)].reshape(-1, 1)
-    lookup = keras.layers.StringLookup(output_mode="multi_hot")
-    lookup.adapt(words)
-    norm = keras.layers.Normalization()
-    norm.adapt(x)
-    num_in = keras.Input((3,), name="num")
-    word_in = keras.Input((1,), dtype="string", name="word")
-    h = keras.layers.Concatenate()([norm(num_in), lookup(word_in)])
-    out = keras.layers.Dense(3)(keras.layers.Dense(8, activation="relu")(h))
-    model = compiled(keras.Model({"num": num_in, "word": word_in}, out))
-    inputs = {"num": x, "word": words}
-    ds = tf.data.Dataset.from_tensor_slices((inputs, y)).shuffle(N, seed=2).batch(BATCH)
-    return model, (ds,), {}, inputs, {}
-
-
 def shape_custom_layer_main():
     x, y = numbers()
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), Classifier(3)])
@@ -121,81 +95,11 @@ def shape_custom_layer_no_config():
     return _scaled_model(), (x, y), {}, x, {"model": _scaled_model}
 
 
-def shape_nested():
-    x, y = numbers()
-    inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6, activation="relu")])
-    inp = keras.Input((4,))
-    model = compiled(keras.Model(inp, keras.layers.Dense(3)(inner(inp))))
-    return model, (x, y), {}, x, {}
-
-
-def shape_batchnorm():
-    x, y = numbers()
-    model = keras.Sequential(
-        [keras.Input((4,)), keras.layers.Dense(8), keras.layers.BatchNormalization()]
-        + [keras.layers.Dense(3)]
-    )
-    return compiled(model), (x, y), {"shuffle": True}, x, {}
-
-
-def shape_sample_weight():
-    x, y = numbers()
-    w = np.linspace(0.5, 1.5, N).astype("float32")
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
-    return compiled(model), (x, y), {"sample_weight": w}, x, {}
-
-
-def shape_class_weight():
-    x, y = numbers()
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
-    return compiled(model), (x, y), {"class_weight": {0: 1.0, 1: 2.0, 2: 0.5}}, x, {}
-
-
 def shape_custom_metric():
     x, y = numbers()
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
     load = {"custom_objects": {"MeanAbsTarget": MeanAbsTarget}}
     return compiled(model, metrics=[MeanAbsTarget()]), (x, y), {}, x, load
-
-
-def shape_stateful_rnn():
-    rng = np.random.RandomState(1)
-    x = rng.rand(N, 5, 2).astype("float32")
-    y = (x.sum(axis=(1, 2)) * 3).astype("int64") % 3
-    model = keras.Sequential(
-        [keras.Input(batch_shape=(BATCH, 5, 2)), keras.layers.LSTM(4, stateful=True)]
-        + [keras.layers.Dense(3)]
-    )
-    return compiled(model), (x, y), {"shuffle": False}, x, {}
-
-
-def shape_mixed_precision():
-    x, y = numbers()
-    keras.mixed_precision.set_global_policy("mixed_float16")
-    try:
-        model = keras.Sequential(
-            [
-                keras.Input((4,)),
-                keras.layers.Dense(8, activation="relu"),
-                keras.layers.Dense(3, dtype="float32"),
-            ]
-        )
-        model = compiled(model)
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-    return model, (x, y), {}, x, {}
-
-
-def shape_endless_generator():
-    x, y = numbers()
-
-    def batches():
-        while True:  # one pass per epoch: steps_per_epoch == STEPS
-            for i in range(0, N, BATCH):
-                yield x[i : i + BATCH], y[i : i + BATCH]
-
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
-    return compiled(model), (batches(),), {"steps_per_epoch": STEPS}, x, {}
 
 
 class GAN(keras.Model):
@@ -259,44 +163,6 @@ def shape_gan_two_optimizers():
     return _gan(), (ds,), {}, z, {"model": _gan}
 
 
-# ---- shapes of keras-io examples the shapes above do not cover --------------------------------
-def shape_augmentation_layers():
-    """Image classification from scratch: random augmentation layers inside the model (each
-    draws from its own seed state in training, and is the identity in predict)."""
-    x, y = images()
-    augment = keras.Sequential(
-        [
-            keras.layers.RandomFlip("horizontal"),
-            keras.layers.RandomRotation(0.1),
-            keras.layers.RandomZoom(0.1),
-        ]
-    )
-    inp = keras.Input((8, 8, 3))
-    h = keras.layers.Rescaling(1.0 / 255)(augment(inp))
-    h = keras.layers.Conv2D(4, 3, activation="relu")(h)
-    out = keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(h))
-    return compiled(keras.Model(inp, out)), (x, y), {"shuffle": True}, x, {}
-
-
-def shape_gradient_accumulation():
-    """``gradient_accumulation_steps=4``: SIGTERM after step 6 lands between two updates, with
-    2 gradients in the accumulators (optimizer variables)."""
-    x, y = numbers()
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6), keras.layers.Dense(3)])
-    model.compile(
-        keras.optimizers.Adam(0.01, gradient_accumulation_steps=4),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    return model, (x, y), {"shuffle": True}, x, {}
-
-
-def shape_steps_per_execution():
-    """``compile(steps_per_execution=2)``: callbacks see every 2nd batch."""
-    x, y = numbers()
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6), keras.layers.Dense(3)])
-    return compiled(model, steps_per_execution=2), (x, y), {"shuffle": True}, x, {}
-
-
 class TokenAndPosition(keras.layers.Layer):
     """Token embedding plus a learned position embedding (the keras-io text transformer's)."""
 
@@ -355,31 +221,6 @@ def shape_text_transformer():
     sample = tf.data.Dataset.from_tensor_slices(texts).batch(BATCH)
     load = {"custom_objects": {"TokenAndPosition": TokenAndPosition, "Encoder": Encoder}}
     return model, (ds,), {}, sample, load
-
-
-def shape_lr_schedule_ema():
-    """A ``LearningRateSchedule`` object as the learning rate, and ``use_ema=True``."""
-    x, y = numbers()
-    decay = keras.optimizers.schedules.ExponentialDecay(0.02, decay_steps=3, decay_rate=0.5)
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6), keras.layers.Dense(3)])
-    model.compile(
-        keras.optimizers.Adam(decay, use_ema=True, ema_momentum=0.9),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
-    return model, (x, y), {"shuffle": True}, x, {}
-
-
-def halve_after_first(epoch, lr):
-    """A LearningRateScheduler schedule of the keras docs' kind: from the current rate."""
-    return lr if epoch < 1 else lr * 0.5
-
-
-def shape_lr_scheduler_callback():
-    """``LearningRateScheduler`` changing the rate (from its current value) at epoch begin."""
-    x, y = numbers()
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6), keras.layers.Dense(3)])
-    schedule = keras.callbacks.LearningRateScheduler(halve_after_first)
-    return compiled(model), (x, y), {"shuffle": True, "callbacks": [schedule]}, x, {}
 
 
 class PenalizedOutputs(keras.Model):
@@ -743,6 +584,7 @@ def shape_multilabel_counter():
 SHAPES = {
     **{n.removeprefix("shape_"): fn for n, fn in dict(globals()).items() if n.startswith("shape_")},
     **plain.SHAPES,  # Keras layers only, from shape_corpus_plain.py
+    **training.SHAPES,  # how a model is trained: shape_corpus_training.py
 }
 #: Shapes whose resumed run's final checkpoint gets a SavedModel (the others export "never", to
 #: keep the corpus fast): classes from __main__ (exported in-process), no config, and a

@@ -17,6 +17,7 @@ column under ``TF_USE_LEGACY_KERAS=1``).
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -171,4 +172,26 @@ def test_every_shape_resumes_bit_exactly_loads_and_matches_the_docs_table(tmp_pa
     if KERAS_MAJOR == 3:  # SIGTERM after step 6 of 8: 1 update done, 2 gradients accumulated
         assert part["gradient_accumulation"]["iterations"] == 1
         assert final["gradient_accumulation"]["iterations"] == 2
+    # XLA ran the train step (Keras 3 turns it off under op determinism unless compiled without)
+    assert all(p["jit_compile"]["jit_compile"] for p in (straight, part, final))
+    check_user_callbacks(tmp_path, first["stderr"])
     check_table(column)
+
+
+def check_user_callbacks(workdir, stderr: str) -> None:
+    """``user_callbacks``: ``CSVLogger(append=True)`` in the preempted and resumed runs' shared
+    file logs the cut epoch twice, the preempted run's row (over the batches it ran) and then the
+    resumed run's, equal to the uninterrupted run's row; the user's ``BackupAndRestore`` drew one
+    warning and left no backup behind (it deletes it when ``fit()`` stops)."""
+    folder = os.path.join(workdir, "user-callbacks")
+    rows = {}
+    for run in ("straight", "run"):
+        with open(os.path.join(folder, run, "log.csv"), encoding="utf-8") as f:
+            rows[run] = list(csv.DictReader(f))
+    assert [r["epoch"] for r in rows["straight"]] == ["0", "1"]
+    assert [r["epoch"] for r in rows["run"]] == ["0", "1", "1"]
+    assert rows["run"][0] == rows["straight"][0] and rows["run"][2] == rows["straight"][1]
+    assert rows["run"][1] != rows["straight"][1]  # the cut epoch's partial row
+    backup = os.path.join(folder, "run", "backup")  # Keras 2 leaves the folder, empty
+    assert not os.path.exists(backup) or not os.listdir(backup)
+    assert "fit() has BackupAndRestore beside DeterminedCallback" in stderr

@@ -132,7 +132,9 @@ def build_metrics(model: KerasModel, element_spec: Any) -> None:
         if losses is not None and not losses.built:
             losses.build(y_pred)
         if metrics is not None and not metrics.built and y is not None:
-            metrics.build(y_pred, y)
+            # as Keras 2's update_state does first: targets keyed by output name (a dict) to
+            # the structure of the outputs (a multi-output model's list)
+            metrics.build(y_pred, metrics._conform_to_outputs(y_pred, y))
 
     build.get_concrete_function(element_spec)
 

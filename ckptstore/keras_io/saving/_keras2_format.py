@@ -166,6 +166,10 @@ def _training_json(model: KerasModel) -> str | None:
     try:
         meta = saving_utils.model_metadata(model, include_optimizer=True, require_config=False)
         training = meta.get("training_config")
+        if training and getattr(model, "_jit_compile", None) is True:
+            # not in Keras 2's legacy training_config: a model loaded without it predicts
+            # through the graph, not XLA, and differs from the trained model in the last bit
+            training["jit_compile"] = True
         return json.dumps(training, default=json_utils.get_json_type) if training else None
     except (AttributeError, NotImplementedError, TypeError, ValueError) as exc:
         # Best effort, as for model_config.json: a model whose compile arguments do not
@@ -672,7 +676,8 @@ def _compile_as_saved(
     training = json.loads(raw)
     try:
         with SafeModeScope(safe_mode):
-            model.compile(**saving_utils.compile_args_from_training_config(training, objects))
+            args = saving_utils.compile_args_from_training_config(training, objects)
+            model.compile(**args, jit_compile=training.get("jit_compile"))
     except (ValueError, TypeError) as exc:
         raise errors.ModelLoadError(
             f"Keras 2 could not compile the model of {path} as it was saved: {exc}. Pass "
