@@ -25,7 +25,10 @@ reorders itself in ``on_epoch_end`` with ``get_state``/``load_state``, a seeded 
 ``EarlyStopping(restore_best_weights=True)`` beside ``DeterminedCallback``.
 
 Runs in the JAX and PyTorch child runs (``test_jax_suite.py``, ``test_torch_suite.py``): two
-worker processes each. The last test here runs on every backend, TensorFlow included.
+worker processes each. The last two tests here run on every backend, TensorFlow included: a
+``tf.data`` pipeline holding state outside it, and a VAE whose sampling layer draws from its own
+``SeedGenerator``, loaded by UUID as ``keras.saving.load_model`` loads it (the initial seed
+state: Keras saves none).
 """
 
 from __future__ import annotations
@@ -197,3 +200,63 @@ def test_a_pipeline_holding_state_outside_it_leaves_fit_running(where, caplog, o
             assert (data is not None) == (outside == "draws"), data
     cb, rows = fit(rows[-1].uuid, 3)
     assert cb.resumed and [r.steps_completed for r in rows] == [2, 4, 6]
+
+
+class Sampling(keras.layers.Layer):
+    """keras-io's VAE sampling layer: ``z_mean + exp(z_log_var / 2) * eps``, ``eps`` drawn from
+    its own ``SeedGenerator(1337)``; it adds the KL divergence to the model's losses."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seed_generator = keras.random.SeedGenerator(1337)
+
+    def call(self, inputs):
+        z_mean, z_log_var = inputs
+        kl = 1 + z_log_var - keras.ops.square(z_mean) - keras.ops.exp(z_log_var)
+        self.add_loss(-0.5 * keras.ops.mean(keras.ops.sum(kl, axis=1)))
+        eps = keras.random.normal(keras.ops.shape(z_mean), seed=self.seed_generator)
+        return z_mean + keras.ops.exp(0.5 * z_log_var) * eps
+
+
+def _seed_state(model):
+    return keras.ops.convert_to_numpy(model.get_layer("sampling").seed_generator.state).tolist()
+
+
+def test_a_vae_loaded_by_uuid_samples_as_keras_load_model_does(where):
+    """A SeedGenerator's state is a variable of the model, but no weight of the ``.keras``
+    format: ``keras.saving.load_model`` gives the loaded model its initial state (Keras 3.15, on
+    TensorFlow, JAX and PyTorch), not the one training ended with. A load by UUID does the same
+    (the same draws as Keras's own load of the checkpoint's model.keras); the checkpoint keeps
+    the trained state for a resume (``callback_state.json``), which a resumed fit() restores."""
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((4,))
+    h = keras.layers.Dense(6, activation="relu")(inputs)
+    z_mean, z_log_var = keras.layers.Dense(2)(h), keras.layers.Dense(2)(h)
+    z = Sampling(name="sampling")([z_mean, z_log_var])
+    vae = keras.Model(inputs, keras.layers.Dense(4, activation="sigmoid")(z))
+    vae.compile(keras.optimizers.Adam(0.01), loss="binary_crossentropy")
+    x = np.random.RandomState(0).rand(8, 4).astype("float32")
+    with det.core.init(**where.core_kwargs(), trial_id=1) as core:
+        cb = det.keras.DeterminedCallback(core, None, 1, export_saved_model="never")
+        vae.fit(x, x, batch_size=4, epochs=1, verbose=0, callbacks=[cb])
+        cb.wait()
+        uuid = cb.last_checkpoint
+        with core.checkpoint.restore_path(uuid) as path:
+            plain = keras.saving.load_model(
+                os.path.join(path, "model.keras"), custom_objects={"Sampling": Sampling}
+            )
+            with open(os.path.join(path, "callback_state.json")) as f:
+                kept = json.load(f)["extra_variables"]
+    trained = _seed_state(vae)
+    loaded = det.load_checkpoint_model(
+        checkpoint_uuid=uuid,
+        storage=where.storage,
+        registry=where.registry,
+        custom_objects={"Sampling": Sampling},
+    )
+    assert trained == [1337, 2]  # one draw a step: 2 steps
+    assert _seed_state(loaded) == _seed_state(plain) == [1337, 0]
+    draws = [keras.ops.convert_to_numpy(m(x)) for m in (loaded, plain, vae)]
+    assert np.array_equal(draws[0], draws[1])  # as Keras's own load draws
+    assert not np.array_equal(draws[0], draws[2])  # the trained model draws on from its state
+    assert [v["value"] for v in kept.values()] == [trained]  # what a resume puts back
