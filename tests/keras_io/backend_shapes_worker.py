@@ -48,6 +48,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import ckptstore as det  # noqa: E402
+from tests.keras_io import backend_shapes_worker_agnostic as agnostic  # noqa: E402
 from tests.keras_io import backend_shapes_worker_data as data  # noqa: E402
 from tests.keras_io import backend_shapes_worker_script as script  # noqa: E402
 from tests.keras_io import backend_shapes_worker_steps as steps  # noqa: E402
@@ -59,7 +60,7 @@ from tests.keras_io.backend_shapes_worker_base import (  # noqa: E402
 )
 
 #: shape -> (its builder, the backends it runs on), family by family
-SHAPES = {**steps.SHAPES, **script.SHAPES, **data.SHAPES}
+SHAPES = {**steps.SHAPES, **script.SHAPES, **data.SHAPES, **agnostic.SHAPES}
 
 
 def shapes_here() -> list[str]:
@@ -119,6 +120,7 @@ def run_shape(name: str, phase: str, root: str) -> dict[str, Any]:
         optimizers = optimizers or [model.optimizer]
         out["iterations"] = [int(keras.ops.convert_to_numpy(o.iterations)) for o in optimizers]
         out["layout"] = _layout(model.trainable_variables[0])
+        out["optimizer"] = type(optimizers[0]).__name__
         out["learning_rate"] = float(keras.ops.convert_to_numpy(optimizers[0].learning_rate))
         out["epoch2_layout"] = sigterm.epoch2_layout
         out["batch_specs"] = sorted(set(BATCH_SPECS))

@@ -76,6 +76,9 @@ KERAS_IO = {
     "generator_steps_per_epoch",
     "script_objects",
     "keras_callbacks",
+    "ops_layer_lazy_build",
+    "embedding_pooling_generator",
+    "mixed_float16",
 }
 ON_BOTH = {"augmentation", "gradient_accumulation", "augmentation_in_tf_data"} | KERAS_IO
 
@@ -100,6 +103,7 @@ def _backend_shapes_resume_bit_exactly_and_load(tmp_path):
             "jax_data_parallel",
             "jax_model_parallel",
             "jax_steps_per_execution",
+            "jax_no_jit",
         },
         "torch": {"torch_train_step", "torch_gan_seed_generator"},
     }[HERE] | ON_BOTH
@@ -141,6 +145,11 @@ def _backend_shapes_resume_bit_exactly_and_load(tmp_path):
         assert phase["keras_callbacks"]["iterations"] == [12]
         assert phase["keras_callbacks"]["learning_rate"] == pytest.approx(0.05 / 4)
     assert "val_true_p" in final["script_objects"]["logs"][0]  # the script's own metric
+    assert "val_loss" in final["ops_layer_lazy_build"]["logs"][0]  # a PyDataset every epoch
+    if HERE == "jax":
+        assert "val_loss" in final["jax_no_jit"]["logs"][0]
+    # compile() wrapped Adam in a LossScaleOptimizer: its dynamic scale came back on resume
+    assert final["mixed_float16"]["optimizer"] == "LossScaleOptimizer"
     assert "has no get_state()" not in first + last  # the PyDataset carries its order
     # the draws left out were named once per fit() (straight, part, then final)
     assert (first.count(WARNED), last.count(WARNED)) == (2, 1)
