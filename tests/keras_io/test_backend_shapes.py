@@ -22,7 +22,11 @@ mapped over a string dataset into an ``Embedding`` model, a ``PyDataset`` (``wor
 reorders itself in ``on_epoch_end`` with ``get_state``/``load_state``, a seeded generator with
 ``steps_per_epoch``, a layer, a metric and a loss function of the script with
 ``BatchNormalization`` and ``Dropout``, and ``ModelCheckpoint`` + ``ReduceLROnPlateau`` +
-``EarlyStopping(restore_best_weights=True)`` beside ``DeterminedCallback``.
+``EarlyStopping(restore_best_weights=True)`` beside ``DeterminedCallback``; and where users of
+JAX and PyTorch go next: a ``keras.ops`` layer whose ``build()`` makes its weights from the first
+batch (a ``Sequential`` without ``Input``) validated on a ``PyDataset``, ``Embedding`` +
+``GlobalAveragePooling1D`` on integer sequences from a generator, the ``mixed_float16`` policy
+(a ``LossScaleOptimizer``), and on JAX ``jit_compile=False``.
 
 Runs in the JAX and PyTorch child runs (``test_jax_suite.py``, ``test_torch_suite.py``): two
 worker processes each. The last two tests here run on every backend, TensorFlow included: a
