@@ -21,6 +21,7 @@ from tests.keras_io.backend_shapes_worker_base import (
     Shape,
     compiled,
     dense_body,
+    endless,
     numbers,
 )
 
@@ -88,19 +89,11 @@ def shape_embedding_pooling_generator() -> Shape:
     """An endless seeded generator of shuffled padded sequences, ``steps_per_epoch=4`` (one
     pass): ``Embedding(mask_zero=True)`` -> ``GlobalAveragePooling1D`` (masked) -> Dense."""
     x, y = sequences(12)
-
-    def batches() -> Any:
-        rng = np.random.RandomState(13)
-        while True:
-            order = rng.permutation(N)
-            for i in range(0, N, BATCH):
-                yield x[order[i : i + BATCH]], y[order[i : i + BATCH]]
-
     inputs = keras.Input((LENGTH,), dtype="int32")
     h = keras.layers.Embedding(VOCABULARY, 8, mask_zero=True)(inputs)
     h = keras.layers.Dropout(0.2)(keras.layers.GlobalAveragePooling1D()(h))
     model = compiled(keras.Model(inputs, keras.layers.Dense(2)(h)))
-    return Shape(model, (batches(),), {"steps_per_epoch": 4}, x)
+    return Shape(model, (endless(x, y, 13),), {"steps_per_epoch": 4}, x)
 
 
 def shape_mixed_float16() -> Shape:
@@ -122,13 +115,7 @@ def shape_jax_no_jit() -> Shape:
     """``compile(jit_compile=False)`` on JAX: every step runs op by op, Dropout included."""
     x, y = numbers()
     inputs = keras.Input((4,))
-    model = keras.Model(inputs, dense_body(inputs))
-    model.compile(
-        keras.optimizers.Adam(0.01),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-        jit_compile=False,
-    )
+    model = compiled(keras.Model(inputs, dense_body(inputs)), jit_compile=False)
     return Shape(model, (x, y), {**ARRAYS, "validation_data": numbers(seed=14)}, x)
 
 

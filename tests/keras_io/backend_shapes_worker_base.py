@@ -57,13 +57,24 @@ class Shape:
 ARRAYS = {"batch_size": BATCH, "shuffle": True}
 
 
-def compiled(model: Any, optimizer: Any = None) -> Any:
+def compiled(model: Any, optimizer: Any = None, **options: Any) -> Any:
+    """``model`` compiled for its 3 logits (Adam(0.01) by default; ``options``: compile()'s)."""
     model.compile(
         optimizer or keras.optimizers.Adam(0.01),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
+        **options,
     )
     return model
+
+
+def endless(x: np.ndarray, y: np.ndarray, seed: int) -> Any:
+    """An endless generator of batches, each pass over ``x, y`` in a new seeded order."""
+    rng = np.random.RandomState(seed)
+    while True:
+        order = rng.permutation(N)
+        for i in range(0, N, BATCH):
+            yield x[order[i : i + BATCH]], y[order[i : i + BATCH]]
 
 
 #: The sharding of the input batch of every train step JAX compiled in this run.

@@ -17,6 +17,7 @@ from tests.keras_io.backend_shapes_worker_base import (
     Shape,
     classifier,
     dense_model,
+    endless,
     numbers,
     small_images,
 )
@@ -153,15 +154,7 @@ def shape_pydataset_workers_1() -> Shape:
 def shape_generator_steps_per_epoch() -> Shape:
     """An endless seeded generator of shuffled batches with steps_per_epoch=3 (passes of 4)."""
     x, y = numbers()
-
-    def batches() -> Any:
-        rng = np.random.RandomState(9)
-        while True:
-            order = rng.permutation(N)
-            for i in range(0, N, BATCH):
-                yield x[order[i : i + BATCH]], y[order[i : i + BATCH]]
-
-    return Shape(dense_model(), (batches(),), {"steps_per_epoch": 3}, x, sigterm_at=4)
+    return Shape(dense_model(), (endless(x, y, 9),), {"steps_per_epoch": 3}, x, sigterm_at=4)
 
 
 #: shape -> the backends it runs on

@@ -188,13 +188,7 @@ def shape_jax_steps_per_execution() -> Shape:
     x, y = numbers()
     ds = tf.data.Dataset.from_tensor_slices((x[:12], y[:12])).shuffle(12, seed=4).batch(BATCH)
     inputs = keras.Input((4,))
-    model = keras.Model(inputs, dense_body(inputs))
-    model.compile(
-        keras.optimizers.Adam(0.01),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-        steps_per_execution=2,
-    )
+    model = compiled(keras.Model(inputs, dense_body(inputs)), steps_per_execution=2)
     return Shape(model, (ds,), {"shuffle": False}, x, sigterm_at=3)
 
 
