@@ -92,7 +92,7 @@ def run_phase(workdir, phase: str) -> str:
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
     env = keras_env(HERE, TF_CPP_MIN_LOG_LEVEL="2", XLA_FLAGS=flags.strip())
     argv = [sys.executable, WORKER, "--dir", str(workdir), "--phase", phase]
-    proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc.stderr
 
