@@ -22,10 +22,17 @@ mapped over a string dataset into an ``Embedding`` model, a ``PyDataset`` (``wor
 reorders itself in ``on_epoch_end`` with ``get_state``/``load_state``, a seeded generator with
 ``steps_per_epoch``, a layer, a metric and a loss function of the script with
 ``BatchNormalization`` and ``Dropout``, and ``ModelCheckpoint`` + ``ReduceLROnPlateau`` +
-``EarlyStopping(restore_best_weights=True)`` beside ``DeterminedCallback``.
+``EarlyStopping(restore_best_weights=True)`` beside ``DeterminedCallback``; and where users of
+JAX and PyTorch go next: a ``keras.ops`` layer whose ``build()`` makes its weights from the first
+batch (a ``Sequential`` without ``Input``) validated on a ``PyDataset``, ``Embedding`` +
+``GlobalAveragePooling1D`` on integer sequences from a generator, the ``mixed_float16`` policy
+(a ``LossScaleOptimizer``), and on JAX ``jit_compile=False``.
 
 Runs in the JAX and PyTorch child runs (``test_jax_suite.py``, ``test_torch_suite.py``): two
-worker processes each. The last test here runs on every backend, TensorFlow included.
+worker processes each. The last two tests here run on every backend, TensorFlow included: a
+``tf.data`` pipeline holding state outside it, and a VAE whose sampling layer draws from its own
+``SeedGenerator``, loaded by UUID as ``keras.saving.load_model`` loads it (the initial seed
+state: Keras saves none).
 """
 
 from __future__ import annotations
@@ -73,6 +80,9 @@ KERAS_IO = {
     "generator_steps_per_epoch",
     "script_objects",
     "keras_callbacks",
+    "ops_layer_lazy_build",
+    "embedding_pooling_generator",
+    "mixed_float16",
 }
 ON_BOTH = {"augmentation", "gradient_accumulation", "augmentation_in_tf_data"} | KERAS_IO
 
@@ -82,7 +92,7 @@ def run_phase(workdir, phase: str) -> str:
     flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
     env = keras_env(HERE, TF_CPP_MIN_LOG_LEVEL="2", XLA_FLAGS=flags.strip())
     argv = [sys.executable, WORKER, "--dir", str(workdir), "--phase", phase]
-    proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc.stderr
 
@@ -97,6 +107,7 @@ def _backend_shapes_resume_bit_exactly_and_load(tmp_path):
             "jax_data_parallel",
             "jax_model_parallel",
             "jax_steps_per_execution",
+            "jax_no_jit",
         },
         "torch": {"torch_train_step", "torch_gan_seed_generator"},
     }[HERE] | ON_BOTH
@@ -138,6 +149,11 @@ def _backend_shapes_resume_bit_exactly_and_load(tmp_path):
         assert phase["keras_callbacks"]["iterations"] == [12]
         assert phase["keras_callbacks"]["learning_rate"] == pytest.approx(0.05 / 4)
     assert "val_true_p" in final["script_objects"]["logs"][0]  # the script's own metric
+    assert "val_loss" in final["ops_layer_lazy_build"]["logs"][0]  # a PyDataset every epoch
+    if HERE == "jax":
+        assert "val_loss" in final["jax_no_jit"]["logs"][0]
+    # compile() wrapped Adam in a LossScaleOptimizer: its dynamic scale came back on resume
+    assert final["mixed_float16"]["optimizer"] == "LossScaleOptimizer"
     assert "has no get_state()" not in first + last  # the PyDataset carries its order
     # the draws left out were named once per fit() (straight, part, then final)
     assert (first.count(WARNED), last.count(WARNED)) == (2, 1)
@@ -197,3 +213,63 @@ def test_a_pipeline_holding_state_outside_it_leaves_fit_running(where, caplog, o
             assert (data is not None) == (outside == "draws"), data
     cb, rows = fit(rows[-1].uuid, 3)
     assert cb.resumed and [r.steps_completed for r in rows] == [2, 4, 6]
+
+
+class Sampling(keras.layers.Layer):
+    """keras-io's VAE sampling layer: ``z_mean + exp(z_log_var / 2) * eps``, ``eps`` drawn from
+    its own ``SeedGenerator(1337)``; it adds the KL divergence to the model's losses."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seed_generator = keras.random.SeedGenerator(1337)
+
+    def call(self, inputs):
+        z_mean, z_log_var = inputs
+        kl = 1 + z_log_var - keras.ops.square(z_mean) - keras.ops.exp(z_log_var)
+        self.add_loss(-0.5 * keras.ops.mean(keras.ops.sum(kl, axis=1)))
+        eps = keras.random.normal(keras.ops.shape(z_mean), seed=self.seed_generator)
+        return z_mean + keras.ops.exp(0.5 * z_log_var) * eps
+
+
+def _seed_state(model):
+    return keras.ops.convert_to_numpy(model.get_layer("sampling").seed_generator.state).tolist()
+
+
+def test_a_vae_loaded_by_uuid_samples_as_keras_load_model_does(where):
+    """A SeedGenerator's state is a variable of the model, but no weight of the ``.keras``
+    format: ``keras.saving.load_model`` gives the loaded model its initial state (Keras 3.15, on
+    TensorFlow, JAX and PyTorch), not the one training ended with. A load by UUID does the same
+    (the same draws as Keras's own load of the checkpoint's model.keras); the checkpoint keeps
+    the trained state for a resume (``callback_state.json``), which a resumed fit() restores."""
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((4,))
+    h = keras.layers.Dense(6, activation="relu")(inputs)
+    z_mean, z_log_var = keras.layers.Dense(2)(h), keras.layers.Dense(2)(h)
+    z = Sampling(name="sampling")([z_mean, z_log_var])
+    vae = keras.Model(inputs, keras.layers.Dense(4, activation="sigmoid")(z))
+    vae.compile(keras.optimizers.Adam(0.01), loss="binary_crossentropy")
+    x = np.random.RandomState(0).rand(8, 4).astype("float32")
+    with det.core.init(**where.core_kwargs(), trial_id=1) as core:
+        cb = det.keras.DeterminedCallback(core, None, 1, export_saved_model="never")
+        vae.fit(x, x, batch_size=4, epochs=1, verbose=0, callbacks=[cb])
+        cb.wait()
+        uuid = cb.last_checkpoint
+        with core.checkpoint.restore_path(uuid) as path:
+            plain = keras.saving.load_model(
+                os.path.join(path, "model.keras"), custom_objects={"Sampling": Sampling}
+            )
+            with open(os.path.join(path, "callback_state.json")) as f:
+                kept = json.load(f)["extra_variables"]
+    trained = _seed_state(vae)
+    loaded = det.load_checkpoint_model(
+        checkpoint_uuid=uuid,
+        storage=where.storage,
+        registry=where.registry,
+        custom_objects={"Sampling": Sampling},
+    )
+    assert trained == [1337, 2]  # one draw a step: 2 steps
+    assert _seed_state(loaded) == _seed_state(plain) == [1337, 0]
+    draws = [keras.ops.convert_to_numpy(m(x)) for m in (loaded, plain, vae)]
+    assert np.array_equal(draws[0], draws[1])  # as Keras's own load draws
+    assert not np.array_equal(draws[0], draws[2])  # the trained model draws on from its state
+    assert [v["value"] for v in kept.values()] == [trained]  # what a resume puts back

@@ -18,8 +18,10 @@ script (``test_backend_coverage.py``), and scripts written for JAX in keras-io's
 (``test_backend_shapes.py``: a stateless ``train_step``, ``DataParallel`` and ``ModelParallel``
 on two host CPU devices, augmentation layers, gradient accumulation, and keras-io's
 backend-agnostic scripts: tf.data pipelines, TextVectorization, a PyDataset, a generator, a
-layer/metric/loss of the script, Keras's stateful callbacks; SIGTERM, bit-equal resume and load
-in two worker processes, ~100 CPU-s).
+layer/metric/loss of the script, Keras's stateful callbacks, a ``keras.ops`` layer built by
+``fit()``, integer sequences from a generator, ``mixed_float16``, ``jit_compile=False``; SIGTERM,
+bit-equal resume and load in two worker processes, ~115 CPU-s; and a VAE's sampling layer loaded
+by UUID as ``keras.saving.load_model`` loads it).
 """
 
 from __future__ import annotations

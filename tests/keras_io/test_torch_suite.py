@@ -20,7 +20,7 @@ batch inference from a torch checkpoint (``test_jobs.py``), and scripts written 
 keras-io's shapes (``test_backend_shapes.py``: a ``train_step`` with ``zero_grad()``/
 ``backward()``, a GAN drawing from its own ``SeedGenerator``, augmentation layers, gradient
 accumulation, keras-io's backend-agnostic scripts as on JAX; SIGTERM, bit-equal resume and load
-in two worker processes, ~44 CPU-s).
+in two worker processes, ~45 CPU-s; a VAE loaded by UUID).
 """
 
 from __future__ import annotations
