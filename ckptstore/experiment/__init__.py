@@ -15,13 +15,8 @@ from ckptstore.experiment.config import (
     load_config,
     parse_config,
 )
-from ckptstore.experiment.runner import (
-    create_experiment,
-    describe_experiment,
-    list_experiments,
-    resume_experiment,
-    run_experiment,
-)
+from ckptstore.experiment.describe import describe_experiment, list_experiments
+from ckptstore.experiment.runner import create_experiment, resume_experiment, run_experiment
 
 __all__ = [
     "ExperimentConfig",

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ckptstore import defaults
 from ckptstore.core import info as trial_info
 from ckptstore.launch.process import child_command, child_env
 from ckptstore.launch.tensorflow import SLOTS_ENV
@@ -137,3 +138,24 @@ def trial_env(
     return child_process_env(
         base, settings, model_dir=experiment_env[MODEL_DIR_ENV], who="ckptstore experiment"
     )
+
+
+def registry_url(registry: Registry | str | None) -> str:
+    """The registry's URL with its password (for child processes), from a URL, None or Registry."""
+    if registry is None:
+        return defaults.default_registry_url()
+    if isinstance(registry, str):
+        return registry
+    db = getattr(registry, "_db", None)
+    engine = getattr(db, "engine", None)
+    if engine is not None:
+        return engine.url.render_as_string(hide_password=False)
+    return str(registry.url)
+
+
+def open_registry(registry: Registry | str | None) -> tuple[Any, bool]:
+    from ckptstore.registry import Registry
+
+    if isinstance(registry, Registry):
+        return registry, False
+    return Registry(registry_url(registry)), True

@@ -44,14 +44,15 @@ from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors
 from ckptstore.core import info as trial_info
-from ckptstore.experiment.common import child_process_env, die_with_parent, run_settings
-from ckptstore.experiment.config import ExperimentConfig, load_config, parse_config
-from ckptstore.experiment.runner import (
-    _open_registry,
-    _registry_url,
-    _storage_config,
-    warn_ignored_keys,
+from ckptstore.experiment.common import (
+    child_process_env,
+    die_with_parent,
+    open_registry,
+    registry_url,
+    run_settings,
 )
+from ckptstore.experiment.config import ExperimentConfig, load_config, parse_config
+from ckptstore.experiment.runner import _storage_config, warn_ignored_keys
 from ckptstore.launch.process import OutputTail, child_command
 from ckptstore.registry.jobs import CHECKPOINTS_USED_KEY
 
@@ -190,7 +191,7 @@ def run_job(
         )
     resolved = _storage_config(storage, config)
     warn_ignored_keys(config)
-    reg, owned = _open_registry(registry)
+    reg, owned = open_registry(registry)
     try:
         storage_url = resolved.to_env()
         job_id = reg.create_job(config.raw, str(folder), storage_url, config.description or None)
@@ -198,7 +199,7 @@ def run_job(
         if config.slots > 1:
             cmd = [sys.executable, "-m", "ckptstore.launch.tensorflow", "--", *cmd]
         logger.info("Job %d: running %s with %d worker(s)", job_id, cmd, config.slots)
-        env = _job_env(job_id, config, resolved, _registry_url(registry), str(folder))
+        env = _job_env(job_id, config, resolved, registry_url(registry), str(folder))
         job = _Job(reg, job_id, cmd, str(folder), env)
         try:
             code = job.wait()
@@ -216,7 +217,7 @@ def run_job(
 
 def describe_job(job_id: int, *, registry: Registry | str | None = None) -> dict[str, Any]:
     """A job as a JSON-able dict (without its log; see :func:`job_log`)."""
-    reg, owned = _open_registry(registry)
+    reg, owned = open_registry(registry)
     try:
         job = reg.get_job(job_id)
         return {
@@ -239,7 +240,7 @@ def describe_job(job_id: int, *, registry: Registry | str | None = None) -> dict
 
 def list_jobs(*, registry: Registry | str | None = None) -> list[dict[str, Any]]:
     """Every job, as :func:`describe_job` dicts."""
-    reg, owned = _open_registry(registry)
+    reg, owned = open_registry(registry)
     try:
         ids = [job.id for job in reg.list_jobs()]
         return [describe_job(i, registry=reg) for i in ids]
@@ -250,7 +251,7 @@ def list_jobs(*, registry: Registry | str | None = None) -> list[dict[str, Any]]
 
 def job_log(job_id: int, *, registry: Registry | str | None = None) -> str:
     """The output of a job's workers as stored (updated every few seconds while it runs)."""
-    reg, owned = _open_registry(registry)
+    reg, owned = open_registry(registry)
     try:
         return reg.get_job(job_id).log
     finally:

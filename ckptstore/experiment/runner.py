@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import subprocess
@@ -49,20 +48,22 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ckptstore import defaults, errors
+from ckptstore import errors
 from ckptstore.core import info as trial_info
 from ckptstore.experiment.common import (
     MODEL_DIR_ENV,
     RUNNER_KEY,
     die_with_parent,
     experiment_config,
+    open_registry,
+    registry_url,
     run_settings,
     trial_command,
     trial_env,
 )
 from ckptstore.experiment.config import ExperimentConfig, load_config, parse_config
 from ckptstore.experiment.metrics import searcher_metric_value
-from ckptstore.experiment.optuna_queue import Claim, TrialQueue, runner_name, runners
+from ckptstore.experiment.optuna_queue import Claim, TrialQueue, runner_name
 from ckptstore.experiment.trial_logs import TrialLogs
 
 if TYPE_CHECKING:
@@ -79,27 +80,6 @@ _SCAN_S = 2.0
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-def _registry_url(registry: Registry | str | None) -> str:
-    """The registry's URL with its password (for child processes), from a URL, None or Registry."""
-    if registry is None:
-        return defaults.default_registry_url()
-    if isinstance(registry, str):
-        return registry
-    db = getattr(registry, "_db", None)
-    engine = getattr(db, "engine", None)
-    if engine is not None:
-        return engine.url.render_as_string(hide_password=False)
-    return str(registry.url)
-
-
-def _open_registry(registry: Registry | str | None) -> tuple[Any, bool]:
-    from ckptstore.registry import Registry
-
-    if isinstance(registry, Registry):
-        return registry, False
-    return Registry(_registry_url(registry)), True
-
-
 def warn_ignored_keys(config: ExperimentConfig) -> None:
     """One warning naming the config keys that only mean something on a Determined cluster
     or that Determined itself removed."""
@@ -146,17 +126,6 @@ def _final_metric(registry: Registry, trial_id: int, metric: str) -> float | Non
         if value is not None:
             return value
     return None
-
-
-def _best_metric(registry: Registry, trial_id: int, metric: str, smaller: bool) -> float | None:
-    values = []
-    for row in registry.get_metrics(trial_id, "validation"):
-        value = searcher_metric_value(row.metrics, metric)
-        if value is not None and math.isfinite(value):
-            values.append(value)
-    if not values:
-        return None
-    return min(values) if smaller else max(values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -549,7 +518,7 @@ def create_experiment(
         check_config(config)
     resolved = _storage_config(storage, config)
     warn_ignored_keys(config)
-    reg, owned = _open_registry(registry)
+    reg, owned = open_registry(registry)
     try:
         stored = dict(config.raw)
         stored[RUNNER_KEY] = {
@@ -568,7 +537,7 @@ def create_experiment(
         )
         if run:
             run_ = ExperimentRun(
-                exp_id, reg, _registry_url(registry), storage if storage is not None else None
+                exp_id, reg, registry_url(registry), storage if storage is not None else None
             )
             _start(run_, engine, address)
         return exp_id
@@ -642,105 +611,13 @@ def run_experiment(
         if not outcome.ok:
             print(outcome.message())
     """
-    reg, owned = _open_registry(registry)
+    reg, owned = open_registry(registry)
     try:
         reg.get_experiment(experiment_id)  # ExperimentNotFound early
         _check_engine(engine)
-        run = ExperimentRun(experiment_id, reg, _registry_url(registry), storage, model_dir)
+        run = ExperimentRun(experiment_id, reg, registry_url(registry), storage, model_dir)
         reg.set_experiment_state(experiment_id, "ACTIVE")
         return _start(run, engine, address)
-    finally:
-        if owned:
-            reg.close()
-
-
-def describe_experiment(
-    experiment_id: int, *, registry: Registry | str | None = None
-) -> dict[str, Any]:
-    """The experiment's trials (state, hparams, batches, best metric, checkpoints, the runner
-    that runs or ran each) and its best trial, metric and checkpoint by ``searcher.metric``, as
-    a JSON-able dict.
-
-    Example::
-
-        info = describe_experiment(3)
-        info["best_trial"], info["best_metric"], info["best_checkpoint"]
-    """
-    reg, owned = _open_registry(registry)
-    try:
-        exp = reg.get_experiment(experiment_id)
-        config = parse_config(experiment_config(reg, experiment_id))
-        metric, smaller = config.searcher.metric, config.searcher.smaller_is_better
-        trials = []
-        ran_by = runners(_registry_url(registry), experiment_id, reg)
-        for t in reg.list_trials(experiment_id):
-            runner, active = ran_by.get(t.id, (None, False))
-            latest = reg.latest_checkpoint(t.id)
-            best_ckpt = reg.best_checkpoint(trial_id=t.id, metric=metric, smaller_is_better=smaller)
-            trials.append(
-                {
-                    "id": t.id,
-                    "state": t.state,
-                    "status": t.status,  # LOST: ACTIVE, but its process stopped its heartbeat
-                    "hparams": t.hparams,
-                    "batches_trained": latest.steps_completed if latest else 0,
-                    "best_metric": _best_metric(reg, t.id, metric, smaller),
-                    "latest_checkpoint": latest.uuid if latest else None,
-                    "best_checkpoint": best_ckpt.uuid if best_ckpt else None,
-                    # the runner (host:pid) running it now or that ran it last
-                    "runner": runner,
-                    "runner_active": active,
-                }
-            )
-        scored = [t for t in trials if t["best_metric"] is not None]
-        best = None
-        if scored:
-            best = (min if smaller else max)(scored, key=lambda t: t["best_metric"])
-        best_ckpt = reg.best_checkpoint(
-            experiment_id=experiment_id, metric=metric, smaller_is_better=smaller
-        )
-        return {
-            "id": exp.id,
-            "description": exp.description or "",
-            "state": exp.state,
-            "searcher": config.searcher.name,
-            "metric": metric,
-            "smaller_is_better": smaller,
-            "max_trials": config.searcher.max_trials,
-            "trials": trials,
-            "best_trial": best["id"] if best else None,
-            "best_metric": best["best_metric"] if best else None,
-            "best_checkpoint": best_ckpt.uuid if best_ckpt else None,
-        }
-    finally:
-        if owned:
-            reg.close()
-
-
-def list_experiments(*, registry: Registry | str | None = None) -> list[dict[str, Any]]:
-    """Every experiment: id, description, state, searcher and trial count.
-
-    Example::
-
-        for exp in list_experiments():
-            print(exp["id"], exp["state"])
-    """
-    reg, owned = _open_registry(registry)
-    try:
-        out = []
-        for exp in reg.list_experiments():
-            cfg = dict(exp.config or {})
-            out.append(
-                {
-                    "id": exp.id,
-                    "description": exp.description or "",
-                    "state": exp.state,
-                    "searcher": (cfg.get("searcher") or {}).get("name"),
-                    "trials": len(reg.list_trials(exp.id)),
-                    "created_at": exp.created_at.isoformat() if exp.created_at else None,
-                }
-            )
-        return out
     finally:
         if owned:
             reg.close()
@@ -751,8 +628,6 @@ __all__ = [
     "RunOutcome",
     "TrialFailure",
     "create_experiment",
-    "describe_experiment",
-    "list_experiments",
     "resume_experiment",
     "run_experiment",
 ]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ import yaml
 
 from ckptstore.registry import Registry
 from ckptstore.storage_backends import open_storage
+from tests._helpers.ports import free_port
 from tests.experiment.waiting import wait_for
 from tests.servers.ray_cluster import CLUSTER_ENV, cmdline
 
@@ -211,9 +211,7 @@ def test_an_address_nobody_answers_on_pauses_the_experiment_with_the_fix(tmp_pat
     """``--address`` of a port with no Ray behind it: a typed error naming the address and
     how to resume, exit 1, the experiment PAUSED (Ray's own client would end the process
     with a C++ log line and leave it ACTIVE)."""
-    with socket.socket() as sock:  # a free port: nothing listens once it is closed
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # nothing listens on it
     registry = f"sqlite:///{tmp_path / 'reg.db'}"
     model = _model_dir(tmp_path, length=5, trials=1, env=[])
     create = _ckptstore("--registry", registry, "--storage", str(tmp_path / "ckpts"))
