@@ -145,14 +145,12 @@ with det.core.init() as core_context:
 """
 
 
-def test_ctrl_c_pauses_the_experiment_and_exits_130(tmp_path, where):
-    """Ctrl-C in a terminal (SIGINT to the command's process group: the runner and its trial):
-    the trial checkpoints, the experiment is PAUSED, the command says how to go on and exits
-    130 (reference/errors.md); `experiment resume` finishes it from the checkpoint."""
-    storage, registry = where
+def _create_in_own_group(tmp_path, storage, registry, train_py):
+    """``experiment create`` of a single-trial ``train_py`` in its own process group, as a
+    shell runs a foreground job (so killpg is Ctrl-C): (model folder, the process)."""
     model_dir = tmp_path / "m"
     model_dir.mkdir()
-    (model_dir / "train.py").write_text(STEPS_PY)
+    (model_dir / "train.py").write_text(train_py)
     (model_dir / "const.yaml").write_text(
         "searcher: {name: single, metric: val_loss}\nentrypoint: python3 train.py\n"
     )
@@ -164,8 +162,17 @@ def test_ctrl_c_pauses_the_experiment_and_exits_130(tmp_path, where):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,  # its own process group, as a shell gives a foreground job
+        start_new_session=True,
     )
+    return model_dir, run
+
+
+def test_ctrl_c_pauses_the_experiment_and_exits_130(tmp_path, where):
+    """Ctrl-C in a terminal (SIGINT to the command's process group: the runner and its trial):
+    the trial checkpoints, the experiment is PAUSED, the command says how to go on and exits
+    130 (reference/errors.md); `experiment resume` finishes it from the checkpoint."""
+    storage, registry = where
+    model_dir, run = _create_in_own_group(tmp_path, storage, registry, STEPS_PY)
     deadline = time.monotonic() + CLI_TIMEOUT_S
     checkpointed = False
     while not checkpointed and time.monotonic() < deadline and run.poll() is None:
@@ -197,22 +204,8 @@ def test_ctrl_c_on_a_script_without_a_preemption_check_pauses_its_trial(tmp_path
     status != 0): its trial shows PAUSED, not ACTIVE, like the experiment, and the command
     still exits 130."""
     storage, registry = where
-    model_dir = tmp_path / "m"
-    model_dir.mkdir()
-    (model_dir / "train.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
-    (model_dir / "const.yaml").write_text(
-        "searcher: {name: single, metric: val_loss}\nentrypoint: python3 train.py\n"
-    )
-    cmd = [sys.executable, "-m", "ckptstore.cli.main", "--storage", storage, "--registry", registry]
-    run = subprocess.Popen(
-        [*cmd, "experiment", "create", "const.yaml", "."],
-        cwd=model_dir,
-        env=cli_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    sleeper = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"
+    _, run = _create_in_own_group(tmp_path, storage, registry, sleeper)
     assert run.stdout.readline().strip().endswith("up"), run.communicate(timeout=60)[1][-3000:]
     os.killpg(run.pid, signal.SIGINT)
     _, err = run.communicate(timeout=CLI_TIMEOUT_S)
