@@ -355,7 +355,8 @@ class _Base:
         it and the ``tf.data`` iterator in it are freed as ``fit()`` returns. Kept to the exit,
         an iterator a preemption cut made TensorFlow log "Error occurred when finalizing
         GeneratorDataset iterator" as the process ended."""
-        iterator, self._keras_iterator = self._keras_iterator, None
+        iterator = getattr(self, "_keras_iterator", None)  # Keras 2's handler sets none
+        self._keras_iterator = None
         if iterator is not None:
             # Keras's epoch iterator also holds itself (through the generator it iterates
             # with): a cycle that lives until a garbage collection, often the one at exit.
