@@ -150,10 +150,11 @@ def _run_to_end(
 
 def _paused(exp_id: int, registry: str | None) -> RunOutcome:
     """The experiment marked PAUSED (unless it finished) after a Ctrl-C the runner missed."""
+    from ckptstore.experiment.common import registry_url
     from ckptstore.experiment.runner import RunOutcome
     from ckptstore.registry import Registry
 
-    with Registry(registry or defaults.default_registry_url()) as reg:
+    with Registry(registry_url(registry)) as reg:
         state = reg.get_experiment(exp_id).state
         if state not in ("COMPLETED", "ERROR"):
             state = "PAUSED"

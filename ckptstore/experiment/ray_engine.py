@@ -56,6 +56,7 @@ from ckptstore.experiment.config import ExperimentConfig
 from ckptstore.experiment.optuna_queue import FINISHED, Claim, TrialQueue
 from ckptstore.experiment.reach import check_reachable
 from ckptstore.launch.tensorflow import SLOTS_ENV
+from ckptstore.masking import mask_text
 
 #: A trial's final searcher metric by registry trial id (None when it reported none).
 MetricOf = Callable[[int], float | None]
@@ -429,8 +430,8 @@ def _connect(ray: Any, run: ExperimentRun, address: str | None) -> None:
     except (OSError, ConnectionError, RuntimeError) as exc:
         run.registry.set_experiment_state(run.experiment_id, "PAUSED")
         raise errors.ExperimentNotCompleted(
-            f"Could not connect to the Ray cluster at {target or 'a new local Ray'} "
-            f"({type(exc).__name__}: {exc}). Experiment {run.experiment_id} is PAUSED. Check "
+            f"Could not connect to the Ray cluster at {mask_text(target) or 'a new local Ray'} "
+            f"({type(exc).__name__}: {mask_text(str(exc))}). Experiment {run.experiment_id} is PAUSED. Check "
             "that `ray start --head` runs there and the address (and Ray's auth token, if the "
             "cluster uses one), then `ckptstore experiment resume "
             f"{run.experiment_id} --engine ray --address HOST:PORT`."

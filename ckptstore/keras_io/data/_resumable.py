@@ -34,7 +34,8 @@ Python generator, ...  cannot be rewound: a warning at fit start, and a preempte
 =====================  =========================================================================
 
 Keras 3 with the TensorFlow backend is handled here; on the JAX backend the same classes are
-hooked into the JAX epoch iterator by :mod:`~ckptstore.keras_io.data._resumable_jax`; Keras 2
+hooked into the JAX epoch iterator by :mod:`~ckptstore.keras_io.data._resumable_jax` (through
+:mod:`~ckptstore.keras_io.data._resumable_torch`); Keras 2
 (``tf_keras``) has the same classes hooked into its
 ``DataHandler`` in :mod:`~ckptstore.keras_io.data._resumable_keras2`. Anything else gets
 :data:`None` from :func:`attach` and the epoch-restart behaviour.

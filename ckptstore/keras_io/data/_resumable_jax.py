@@ -237,23 +237,6 @@ class _GeneratorData(_JaxHook, base._Base):
         self._stream.skip = int(state["drawn"])
 
 
-def attach(
-    model: Any,
-    *,
-    seed: int,
-    distributed_size: int = 1,
-    on_boundary: Callable[[], None] | None = None,
-) -> base.ResumableData | None:
-    """:func:`ckptstore.keras_io.data._resumable.attach` for the JAX and PyTorch fit loops."""
-    return base.attach(
-        model,
-        seed=seed,
-        distributed_size=distributed_size,
-        on_boundary=on_boundary,
-        adapt=_adapt,
-    )
-
-
 #: Puts the interrupted epoch's metric accumulators back (the TensorFlow loop's own rule).
 restore_metrics = base.restore_metrics
 
@@ -292,4 +275,4 @@ def _adapt(epoch_iterator: Any, seed: int) -> tuple[Any, str | None]:
     return None, f"a {type(adapter).__name__} input (it cannot be rewound)"
 
 
-__all__ = ["attach", "build_from_fit_data", "restore_metrics"]
+__all__ = ["build_from_fit_data", "restore_metrics"]
